@@ -1,0 +1,193 @@
+//! The command line: raw flags become a validated policy before anything runs.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::broker::Broker;
+use crate::policy::{Overrides, Policy, PolicyFile};
+use crate::sandbox::ConsentMode;
+use crate::transport::{self, DEFAULT_MAX_LINE, ServeOptions};
+
+/// Hand an MCP server file access without handing it the disk.
+///
+/// fsbroker answers an MCP server's `roots/list` and `files/*` requests on the client's
+/// side. Every path is resolved beneath an approved root through a directory capability,
+/// so no `..`, absolute path or symlink leads out of it.
+#[derive(Debug, Parser)]
+#[command(name = "fsbroker", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Answer requests on stdin, one JSON-RPC message per line; responses go to stdout.
+    ///
+    /// Example: echo '{"jsonrpc":"2.0","id":1,"method":"roots/list"}' | fsbroker serve --root .
+    ///
+    /// Logs go to stderr (set RUST_LOG, e.g. RUST_LOG=fsbroker=debug); stdout carries
+    /// protocol messages only. At end of input, requests in flight finish and it exits 0.
+    Serve(ServeArgs),
+    /// Check a policy file, or print its JSON Schema.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Policy file (TOML): roots, deny globs, limits. See `fsbroker policy schema`.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Add a root (repeatable), named after its last component, consent "auto", read-only
+    /// unless --read-write. Added to the policy's roots.
+    #[arg(long = "root", value_name = "DIR")]
+    roots: Vec<PathBuf>,
+    /// Make the --root directories writable (policy roots keep their own mode).
+    #[arg(long)]
+    read_write: bool,
+    /// Override the consent mode of every root.
+    #[arg(long, value_enum, value_name = "MODE")]
+    consent: Option<ConsentArg>,
+    /// Longest accepted input line in bytes; longer lines are discarded and answered -32600.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_LINE)]
+    max_line_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ConsentArg {
+    /// Approve paths inside roots.
+    Auto,
+    /// Ask a person.
+    Prompt,
+    /// Approve nothing.
+    Deny,
+}
+
+impl From<ConsentArg> for ConsentMode {
+    fn from(c: ConsentArg) -> Self {
+        match c {
+            ConsentArg::Auto => ConsentMode::Auto,
+            ConsentArg::Prompt => ConsentMode::Prompt,
+            ConsentArg::Deny => ConsentMode::Deny,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Validate a policy: syntax, unknown keys, roots that exist and open, names, globs,
+    /// limits. Prints a summary and exits 0, or names the problem and exits 1.
+    Check {
+        /// The policy file.
+        file: PathBuf,
+    },
+    /// Print the JSON Schema of policy files, for editors (e.g. taplo, Even Better TOML).
+    Schema,
+}
+
+/// Parses the command line and runs it.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Policy(PolicyCommand::Check { file }) => policy_check(file),
+        Command::Policy(PolicyCommand::Schema) => {
+            println!("{:#}", PolicyFile::json_schema());
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let overrides = Overrides {
+        roots: args.roots,
+        read_write: args.read_write,
+        consent: args.consent.map(Into::into),
+    };
+    let policy = match Policy::load(args.policy.as_deref(), &overrides) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if policy.roots().is_empty() {
+        tracing::warn!(
+            "no roots: every files/* request will be refused (add --root DIR or a policy)"
+        );
+    }
+    for root in policy.roots() {
+        tracing::info!(name = root.name(), path = %root.path().display(), mode = ?root.mode(), consent = ?root.consent(), "root");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fsbroker: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let broker = Broker::new(policy);
+    let session = std::sync::Arc::new(broker.session());
+    let opts = ServeOptions {
+        max_line: args.max_line_bytes,
+        ..ServeOptions::default()
+    };
+    match runtime.block_on(transport::serve_stdio(session, opts)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn policy_check(file: PathBuf) -> ExitCode {
+    match Policy::load(Some(&file), &Overrides::default()) {
+        Ok(policy) => {
+            println!("{}: ok, {} root(s)", file.display(), policy.roots().len());
+            for r in policy.roots() {
+                println!(
+                    "  {} = {} ({}, consent {}{})",
+                    r.name(),
+                    r.path().display(),
+                    match r.mode() {
+                        crate::sandbox::Mode::ReadOnly => "read-only",
+                        crate::sandbox::Mode::ReadWrite => "read-write",
+                    },
+                    match r.consent() {
+                        ConsentMode::Auto => "auto",
+                        ConsentMode::Prompt => "prompt",
+                        ConsentMode::Deny => "deny",
+                    },
+                    if r.deny().is_empty() {
+                        String::new()
+                    } else {
+                        format!(", deny {}", r.deny().patterns().join(" "))
+                    }
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! JSON-RPC 2.0 envelopes in, response frames out.
+//!
+//! Parsing reads only the envelope (`jsonrpc`, `id`, `method`, `params`), keeping `id` and
+//! `params` as raw JSON text: an id is echoed byte for byte (so `92` and `"92"` stay
+//! different), and each method parses its own params. Frames are written straight into a byte
+//! buffer, so a large result (a base64 chunk) is encoded once, in place, with no intermediate
+//! `serde_json::Value` or string escaping scan.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
+
+use crate::error::{Error, ErrorKind};
+
+/// An incoming message, classified.
+#[derive(Debug)]
+pub enum Incoming<'a> {
+    /// A request: it gets exactly one response.
+    Request {
+        /// The raw id text, echoed in the response.
+        id: &'a RawValue,
+        /// The method name.
+        method: String,
+        /// The raw params, if present.
+        params: Option<&'a RawValue>,
+    },
+    /// A notification: it gets no response.
+    Notification {
+        /// The method name.
+        method: String,
+    },
+    /// A response to a request we did not send (the broker sends none in `serve`).
+    Response,
+    /// Not a valid message. Answered when `id` is known or the line was not JSON at all.
+    Invalid {
+        /// The id, when one could be read.
+        id: Option<&'a RawValue>,
+        /// What is wrong.
+        error: Error,
+    },
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    error: Option<&'a RawValue>,
+}
+
+/// Keeps a field that is present with value `null` apart from an absent one.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// Classifies one line (without its newline).
+pub fn parse(line: &[u8]) -> Incoming<'_> {
+    // serde would happily read a JSON array positionally into the envelope struct; only an
+    // object is a message (MCP has no batches).
+    if line.trim_ascii_start().first() != Some(&b'{') {
+        let (kind, reason) = match serde_json::from_slice::<serde::de::IgnoredAny>(line) {
+            Ok(_) => (
+                ErrorKind::InvalidRequest,
+                "a message must be a JSON object (batches are not supported)".to_owned(),
+            ),
+            Err(e) => (ErrorKind::ParseError, format!("not valid JSON: {e}")),
+        };
+        return Incoming::Invalid {
+            id: None,
+            error: Error::new(kind, reason),
+        };
+    }
+    let env: Envelope = match serde_json::from_slice(line) {
+        Ok(env) => env,
+        Err(e) => {
+            let kind = match e.classify() {
+                serde_json::error::Category::Data => ErrorKind::InvalidRequest,
+                _ => ErrorKind::ParseError,
+            };
+            let reason = match kind {
+                ErrorKind::InvalidRequest => format!("not a JSON-RPC message: {e}"),
+                _ => format!("not valid JSON: {e}"),
+            };
+            return Incoming::Invalid {
+                id: None,
+                error: Error::new(kind, reason),
+            };
+        }
+    };
+    let invalid = |id, reason: &str| Incoming::Invalid {
+        id,
+        error: Error::new(ErrorKind::InvalidRequest, reason),
+    };
+    let id = match env.id {
+        Some(raw) if is_valid_id(raw) => Some(raw),
+        Some(_) => return invalid(None, "id must be a string or an integer"),
+        None => None,
+    };
+    if env.jsonrpc.map(RawValue::get) != Some("\"2.0\"") {
+        return invalid(id, "jsonrpc must be \"2.0\"");
+    }
+    let Some(method) = env.method else {
+        if id.is_some() && (env.result.is_some() || env.error.is_some()) {
+            return Incoming::Response;
+        }
+        return invalid(id, "missing method");
+    };
+    let Ok(method) = serde_json::from_str::<String>(method.get()) else {
+        return invalid(id, "method must be a string");
+    };
+    if let Some(p) = env.params {
+        if !matches!(p.get().as_bytes().first(), Some(b'{') | Some(b'[')) {
+            return invalid(id, "params must be an object or an array");
+        }
+    }
+    match id {
+        Some(id) => Incoming::Request {
+            id,
+            method,
+            params: env.params,
+        },
+        None => Incoming::Notification { method },
+    }
+}
+
+/// MCP ids are strings or integers (never null, never fractional).
+fn is_valid_id(raw: &RawValue) -> bool {
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'"') => true,
+        Some(b'-' | b'0'..=b'9') => text.bytes().all(|b| b == b'-' || b.is_ascii_digit()),
+        _ => false,
+    }
+}
+
+/// Something that can write itself as the `result` of a response.
+pub trait WriteResult {
+    /// Appends this result's JSON to `out`.
+    fn write_result(&self, out: &mut Vec<u8>);
+}
+
+/// Any serializable value is a result.
+#[derive(Debug)]
+pub struct Json<T>(pub T);
+
+impl<T: Serialize> WriteResult for Json<T> {
+    fn write_result(&self, out: &mut Vec<u8>) {
+        if serde_json::to_writer(&mut *out, &self.0).is_err() {
+            // Our result types serialize infallibly (no maps with non-string keys); an
+            // empty object keeps the frame valid if that ever changes.
+            out.extend_from_slice(b"{}");
+        }
+    }
+}
+
+/// A complete response frame (newline included) for a successful request.
+pub fn result_frame(id: &RawValue, result: &dyn WriteResult, size_hint: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48 + id.get().len() + size_hint);
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.extend_from_slice(id.get().as_bytes());
+    out.extend_from_slice(b",\"result\":");
+    result.write_result(&mut out);
+    out.extend_from_slice(b"}\n");
+    out
+}
+
+#[derive(Serialize)]
+struct ErrorData<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path: Option<&'a str>,
+    reason: &'a str,
+}
+
+#[derive(Serialize)]
+struct ErrorObject<'a> {
+    code: i32,
+    message: String,
+    data: ErrorData<'a>,
+}
+
+/// A complete error frame (newline included); `id` `None` is written as `null`.
+pub fn error_frame(id: Option<&RawValue>, err: &Error) -> Vec<u8> {
+    let wire = err.kind().wire();
+    let obj = ErrorObject {
+        code: wire.number,
+        message: err.message(),
+        data: ErrorData {
+            code: wire.name,
+            path: err.path(),
+            reason: err.reason(),
+        },
+    };
+    let mut out = Vec::with_capacity(160);
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.extend_from_slice(id.map_or("null", RawValue::get).as_bytes());
+    out.extend_from_slice(b",\"error\":");
+    Json(obj).write_result(&mut out);
+    out.extend_from_slice(b"}\n");
+    out
+}
+
+/// A notification frame (newline included).
+pub fn notification_frame(method: &str, params: &dyn WriteResult) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + method.len());
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
+    Json(method).write_result(&mut out);
+    out.extend_from_slice(b",\"params\":");
+    params.write_result(&mut out);
+    out.extend_from_slice(b"}\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind_of(line: &str) -> String {
+        match parse(line.as_bytes()) {
+            Incoming::Request { id, method, .. } => format!("req {} {method}", id.get()),
+            Incoming::Notification { method } => format!("note {method}"),
+            Incoming::Response => "response".into(),
+            Incoming::Invalid { id, error } => {
+                format!(
+                    "invalid {} {}",
+                    id.map_or("-", RawValue::get),
+                    error.kind().wire().number
+                )
+            }
+        }
+    }
+
+    #[test]
+    fn classifies_envelopes() {
+        let cases = [
+            (r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#, "req 1 ping"),
+            (
+                r#"{"jsonrpc":"2.0","id":"92","method":"ping"}"#,
+                "req \"92\" ping",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+                "note notifications/initialized",
+            ),
+            (r#"{"jsonrpc":"2.0","id":3,"result":{}}"#, "response"),
+            (r#"not json"#, "invalid - -32700"),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"x""#,
+                "invalid - -32700",
+            ),
+            (r#"[1,2]"#, "invalid - -32600"),
+            (r#""str""#, "invalid - -32600"),
+            (
+                r#"{"jsonrpc":"1.0","id":4,"method":"ping"}"#,
+                "invalid 4 -32600",
+            ),
+            (r#"{"jsonrpc":"2.0","id":5,"method":7}"#, "invalid 5 -32600"),
+            (
+                r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
+                "invalid - -32600",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#,
+                "invalid - -32600",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":6,"method":"ping","params":3}"#,
+                "invalid 6 -32600",
+            ),
+            (r#"{"jsonrpc":"2.0","id":7}"#, "invalid 7 -32600"),
+        ];
+        for (line, want) in cases {
+            assert_eq!(kind_of(line), want, "{line}");
+        }
+    }
+
+    #[test]
+    fn frames_echo_the_id() {
+        let id = RawValue::from_string("\"a\\\"b\"".into()).unwrap();
+        let f = result_frame(&id, &Json(serde_json::json!({})), 0);
+        assert_eq!(
+            f,
+            b"{\"jsonrpc\":\"2.0\",\"id\":\"a\\\"b\",\"result\":{}}\n"
+        );
+        let e = error_frame(None, &Error::outside_roots().with_path("../x"));
+        let v: serde_json::Value = serde_json::from_slice(&e).unwrap();
+        assert_eq!(v["id"], serde_json::Value::Null);
+        assert_eq!(v["error"]["code"], -31002);
+        assert_eq!(v["error"]["data"]["code"], "PERMISSION_DENIED");
+        assert_eq!(v["error"]["data"]["path"], "../x");
+        assert_eq!(
+            v["error"]["message"],
+            "permission denied: outside every root"
+        );
+    }
+}

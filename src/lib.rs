@@ -1,0 +1,59 @@
+//! fsbroker: the client side of MCP file access.
+//!
+//! An MCP server asks the client for files (`files/read`, `files/list`, ...) and for its
+//! roots (`roots/list`); fsbroker answers, resolving every path beneath a capability handle
+//! for an approved root, so the server never holds the disk.
+//!
+//! # Layout
+//!
+//! A message travels one way through layers that each do one thing:
+//!
+//! ```text
+//! bytes ─► transport ─► jsonrpc ─► session ─► methods/<name> ─► sandbox (cap-std) ─► disk
+//! ```
+//!
+//! - [`transport`]: line framing with a named maximum ([`transport::framing`]), the stdio
+//!   server ([`transport::serve`]).
+//! - [`jsonrpc`]: envelope parsing (id kept raw, params parsed by each method) and response
+//!   frames written straight into a buffer.
+//! - [`broker`]: [`Broker`], the state every session shares (the policy, hence the roots).
+//! - [`session`]: [`Session`], one connected server; turns a message into a response.
+//! - `methods/`: one file per method (`roots.rs`, `read.rs`, `list.rs`, `ping.rs`), each with
+//!   its `Params`, result and `handle`; `methods/mod.rs` dispatches.
+//! - [`sandbox`]: [`sandbox::Root`] (the only ambient-authority open), path resolution
+//!   ([`sandbox::resolve`]), deny globs, and safe opens ([`sandbox::open`]).
+//! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`policy::Policy`].
+//! - [`error`]: [`Error`] and the single kind → wire-code mapping.
+//! - [`codec`]: UTF-8 and base64 content, with the SIMD base64 engine.
+//! - [`cli`]: the `fsbroker` command line.
+//!
+//! # Embedding
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use fsbroker::{Broker, policy::{Overrides, Policy}};
+//! let policy = Policy::load(None, &Overrides { roots: vec![".".into()], ..Default::default() })?;
+//! let session = Broker::new(policy).session();
+//! let reply = session.handle(br#"{"jsonrpc":"2.0","id":1,"method":"roots/list"}"#).await;
+//! assert!(reply.is_some());
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod broker;
+pub mod cli;
+pub mod codec;
+pub mod error;
+pub mod jsonrpc;
+mod methods;
+pub mod policy;
+pub mod rfc3339;
+pub mod sandbox;
+pub mod session;
+pub mod transport;
+
+pub use broker::Broker;
+pub use error::{Error, ErrorKind};
+pub use session::Session;

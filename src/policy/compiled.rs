@@ -1,0 +1,323 @@
+//! The runtime policy: roots opened, globs compiled, limits checked.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{LimitsFile, PolicyError, PolicyFile};
+use crate::sandbox::{ConsentMode, Mode, Root, RootSpec};
+
+/// Roots and switches from the command line, merged into a policy (§1.1).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--root DIR`: added to the policy's roots, `consent = "auto"`.
+    pub roots: Vec<PathBuf>,
+    /// `--read-write`: command-line roots are writable (policy roots keep their mode).
+    pub read_write: bool,
+    /// `--consent MODE`: overrides the consent mode of every root.
+    pub consent: Option<ConsentMode>,
+}
+
+/// Validated limits (§2 `[limits]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Default read length.
+    pub chunk_size: usize,
+    /// Largest read or write payload.
+    pub max_chunk_size: usize,
+    /// Largest file a write may produce.
+    pub max_file_size: u64,
+    /// Per-operation time limit.
+    pub timeout: Duration,
+    /// Requests per second per session; 0 = unlimited.
+    pub requests_per_second: u32,
+    /// Burst above the request rate.
+    pub request_burst: u32,
+    /// Payload bytes per second per session; 0 = unlimited.
+    pub bytes_per_second: u64,
+    /// Watches per session.
+    pub max_watches: u32,
+    /// Entries per `files/list` page.
+    pub max_list_entries: usize,
+    /// Kept locks per session.
+    pub max_locks: u32,
+    /// Lifetime of a kept lock.
+    pub lock_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        // The file defaults are valid by construction.
+        Limits::from_file(&LimitsFile::default()).unwrap_or_else(|_| unreachable!())
+    }
+}
+
+impl Limits {
+    fn from_file(f: &LimitsFile) -> Result<Limits, PolicyError> {
+        let positive = |key: &'static str, v: u64| {
+            if v == 0 {
+                Err(PolicyError::Limit {
+                    key,
+                    reason: "must be greater than 0".into(),
+                })
+            } else {
+                Ok(v)
+            }
+        };
+        let as_usize = |key: &'static str, v: u64| {
+            usize::try_from(v).map_err(|_| PolicyError::Limit {
+                key,
+                reason: format!("{v} is too large for this machine"),
+            })
+        };
+        let chunk_size = as_usize("chunk_size", positive("chunk_size", f.chunk_size)?)?;
+        let max_chunk_size = as_usize(
+            "max_chunk_size",
+            positive("max_chunk_size", f.max_chunk_size)?,
+        )?;
+        if chunk_size > max_chunk_size {
+            return Err(PolicyError::Limit {
+                key: "chunk_size",
+                reason: format!("{chunk_size} is larger than max_chunk_size ({max_chunk_size})"),
+            });
+        }
+        // A chunk is sent as base64 on one line; keep it well inside what the framer accepts
+        // (and what servers can be expected to allocate).
+        const MAX_CHUNK: u64 = 16 << 20;
+        if f.max_chunk_size > MAX_CHUNK {
+            return Err(PolicyError::Limit {
+                key: "max_chunk_size",
+                reason: format!(
+                    "{} is above the supported maximum of {MAX_CHUNK}",
+                    f.max_chunk_size
+                ),
+            });
+        }
+        Ok(Limits {
+            chunk_size,
+            max_chunk_size,
+            max_file_size: positive("max_file_size", f.max_file_size)?,
+            timeout: Duration::from_millis(positive("timeout_ms", f.timeout_ms)?),
+            requests_per_second: f.requests_per_second,
+            request_burst: f.request_burst,
+            bytes_per_second: f.bytes_per_second,
+            max_watches: f.max_watches,
+            max_list_entries: as_usize(
+                "max_list_entries",
+                positive("max_list_entries", f.max_list_entries.into())?,
+            )?,
+            max_locks: f.max_locks,
+            lock_timeout: Duration::from_millis(positive("lock_timeout_ms", f.lock_timeout_ms)?),
+        })
+    }
+}
+
+/// The policy a broker runs with. Built once per load; requests share it through an `Arc`.
+#[derive(Debug)]
+pub struct Policy {
+    roots: Vec<Arc<Root>>,
+    limits: Limits,
+    source: Option<PathBuf>,
+}
+
+impl Policy {
+    /// Loads the policy file (if any), merges the command-line overrides and compiles.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Policy, PolicyError> {
+        let (parsed, base) = match file {
+            Some(path) => {
+                let parsed = PolicyFile::load(path)?;
+                let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                (parsed, Some(base))
+            }
+            None => (PolicyFile::default(), None),
+        };
+        let mut policy = Policy::compile(&parsed, base.as_deref(), overrides)?;
+        policy.source = file.map(Path::to_path_buf);
+        Ok(policy)
+    }
+
+    /// Compiles parsed policy text; relative root paths are taken from `base`.
+    pub fn compile(
+        file: &PolicyFile,
+        base: Option<&Path>,
+        overrides: &Overrides,
+    ) -> Result<Policy, PolicyError> {
+        let mut specs: Vec<RootSpec> = Vec::new();
+        for entry in &file.root {
+            specs.push(RootSpec {
+                path: expand(&entry.path, base),
+                name: entry.name.clone(),
+                mode: entry.mode,
+                consent: entry.consent,
+                deny: entry.deny.clone(),
+            });
+        }
+        for dir in &overrides.roots {
+            specs.push(RootSpec {
+                path: expand(dir, None),
+                name: None,
+                mode: if overrides.read_write {
+                    Mode::ReadWrite
+                } else {
+                    Mode::ReadOnly
+                },
+                consent: ConsentMode::Auto,
+                deny: Vec::new(),
+            });
+        }
+        if let Some(consent) = overrides.consent {
+            for spec in &mut specs {
+                spec.consent = consent;
+            }
+        }
+        let mut roots: Vec<Arc<Root>> = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            let root = Root::open(spec)?;
+            if let Some(other) = roots.iter().find(|r| r.name() == root.name()) {
+                return Err(PolicyError::DuplicateName {
+                    name: root.name().to_owned(),
+                    first: other.path().to_owned(),
+                    second: root.path().to_owned(),
+                });
+            }
+            if let Some(other) = roots.iter().find(|r| r.path() == root.path()) {
+                return Err(PolicyError::DuplicatePath {
+                    path: root.path().to_owned(),
+                    first: other.name().to_owned(),
+                    second: root.name().to_owned(),
+                });
+            }
+            roots.push(Arc::new(root));
+        }
+        Ok(Policy {
+            roots,
+            limits: Limits::from_file(&file.limits)?,
+            source: None,
+        })
+    }
+
+    /// The approved roots, in policy order then command-line order.
+    pub fn roots(&self) -> &[Arc<Root>] {
+        &self.roots
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The policy file this was loaded from, if any.
+    pub fn source(&self) -> Option<&Path> {
+        self.source.as_deref()
+    }
+}
+
+/// `~/x` → `$HOME/x`; a relative path → under `base` (the policy's directory) when given,
+/// else under the working directory (command-line roots).
+fn expand(path: &Path, base: Option<&Path>) -> PathBuf {
+    if let Ok(rest) = path.strip_prefix("~") {
+        if let Some(home) = std::env::var_os("HOME") {
+            return PathBuf::from(home).join(rest);
+        }
+    }
+    match base {
+        Some(base) if path.is_relative() => base.join(path),
+        _ => path.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compile(text: &str, overrides: &Overrides) -> Result<Policy, PolicyError> {
+        let file = PolicyFile::parse(text, Path::new("t.toml"))?;
+        Policy::compile(&file, None, overrides)
+    }
+
+    #[test]
+    fn cli_roots_merge_with_policy_roots() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("a"), t.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let text = format!(
+            "[[root]]\npath = {:?}\nmode = \"read-write\"\n",
+            a.display().to_string()
+        );
+        let p = compile(
+            &text,
+            &Overrides {
+                roots: vec![b.clone()],
+                read_write: false,
+                consent: None,
+            },
+        )
+        .unwrap();
+        let names: Vec<_> = p
+            .roots()
+            .iter()
+            .map(|r| (r.name(), r.mode(), r.consent()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("a", Mode::ReadWrite, ConsentMode::Prompt),
+                ("b", Mode::ReadOnly, ConsentMode::Auto)
+            ]
+        );
+        let p = compile(
+            &text,
+            &Overrides {
+                roots: vec![b],
+                read_write: true,
+                consent: Some(ConsentMode::Deny),
+            },
+        )
+        .unwrap();
+        assert!(p.roots().iter().all(|r| r.consent() == ConsentMode::Deny));
+        assert_eq!(p.roots()[1].mode(), Mode::ReadWrite);
+    }
+
+    #[test]
+    fn name_collision_is_a_clear_error() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("x/same"), t.path().join("y/same"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let err = compile(
+            "",
+            &Overrides {
+                roots: vec![a, b],
+                ..Overrides::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("two roots are named \"same\""), "{err}");
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let err = compile(
+            "[limits]\nchunk_size = 10\nmax_chunk_size = 5\n",
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("chunk_size"), "{err}");
+        let err = compile("[limits]\ntimeout_ms = 0\n", &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn missing_root_is_an_error() {
+        let err = compile(
+            "[[root]]\npath = \"/no/such/dir/fsbroker\"\n",
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("/no/such/dir/fsbroker"), "{err}");
+    }
+}

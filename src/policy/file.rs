@@ -1,0 +1,148 @@
+//! The policy file as written: strict serde types, also the source of `policy schema`.
+
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::PolicyError;
+use crate::sandbox::{ConsentMode, Mode};
+
+/// A policy file (TOML). Unknown keys are errors.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "fsbroker policy")]
+pub struct PolicyFile {
+    /// Approved roots: the only directories a server can reach.
+    #[serde(default)]
+    pub root: Vec<RootEntry>,
+    /// Limits on sizes, time and rates.
+    #[serde(default)]
+    pub limits: LimitsFile,
+}
+
+/// One `[[root]]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RootEntry {
+    /// The directory. Must exist. `~/` is the user's home; a relative path is relative to
+    /// the policy file's directory. Canonicalised at load.
+    pub path: PathBuf,
+    /// Unique single path segment; the first segment of `NAME/rel` paths. Default: the
+    /// directory's last component.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `read-only` (default) or `read-write`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// `auto`, `prompt` (default) or `deny`: how `files/consent` is answered.
+    #[serde(default)]
+    pub consent: ConsentMode,
+    /// Globs relative to the root (`*` stops at `/`; `dir/**` hides `dir` too): these
+    /// paths are hidden from listings and refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+}
+
+/// The `[limits]` table. Sizes are bytes, times milliseconds.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsFile {
+    /// Default read length.
+    pub chunk_size: u64,
+    /// Largest read or write payload (decoded).
+    pub max_chunk_size: u64,
+    /// Largest file a write may produce.
+    pub max_file_size: u64,
+    /// Per-operation time limit.
+    pub timeout_ms: u64,
+    /// Requests per second per session; 0 = unlimited.
+    pub requests_per_second: u32,
+    /// Requests that may arrive at once above the rate.
+    pub request_burst: u32,
+    /// Read plus write payload bytes per second per session; 0 = unlimited.
+    pub bytes_per_second: u64,
+    /// Watches per session.
+    pub max_watches: u32,
+    /// Entries per `files/list` response (then `nextCursor`).
+    pub max_list_entries: u32,
+    /// Kept locks per session.
+    pub max_locks: u32,
+    /// A kept lock is dropped after this long.
+    pub lock_timeout_ms: u64,
+}
+
+impl Default for LimitsFile {
+    fn default() -> Self {
+        LimitsFile {
+            chunk_size: 1 << 20,
+            max_chunk_size: 8 << 20,
+            max_file_size: 1 << 30,
+            timeout_ms: 60_000,
+            requests_per_second: 200,
+            request_burst: 400,
+            bytes_per_second: 0,
+            max_watches: 64,
+            max_list_entries: 10_000,
+            max_locks: 256,
+            lock_timeout_ms: 300_000,
+        }
+    }
+}
+
+impl PolicyFile {
+    /// Reads and parses a policy file.
+    pub fn load(path: &Path) -> Result<PolicyFile, PolicyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses policy text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &Path) -> Result<PolicyFile, PolicyError> {
+        toml::from_str(text).map_err(|e| PolicyError::Parse {
+            path: origin.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })
+    }
+
+    /// The JSON Schema of the policy file, for editors.
+    pub fn json_schema() -> serde_json::Value {
+        serde_json::to_value(schemars::schema_for!(PolicyFile))
+            .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let text = "[[root]]\npath = \"/tmp\"\n\n[limits]\nchunk_sise = 4\n";
+        let err = PolicyFile::parse(text, Path::new("p.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("chunk_sise"), "{err}");
+        assert!(err.contains("line 5"), "{err}");
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let p = PolicyFile::parse("[[root]]\npath = \"/tmp\"\n", Path::new("p")).unwrap();
+        assert_eq!(p.root[0].mode, Mode::ReadOnly);
+        assert_eq!(p.root[0].consent, ConsentMode::Prompt);
+        assert_eq!(p.limits, LimitsFile::default());
+        assert_eq!(p.limits.max_chunk_size, 8_388_608);
+    }
+
+    #[test]
+    fn bad_enum_value_is_an_error() {
+        let err = PolicyFile::parse("[[root]]\npath = \"/x\"\nmode = \"rw\"\n", Path::new("p"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rw") && err.contains("line 3"), "{err}");
+    }
+}

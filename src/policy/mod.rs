@@ -1,0 +1,88 @@
+//! Policy: what the TOML file says ([`file`]), and what the broker runs with ([`compiled`]).
+//!
+//! A [`PolicyFile`] is parsed strictly (unknown keys are errors naming the key and line),
+//! merged with command-line roots ([`Overrides`]), then compiled once into a [`Policy`]:
+//! opened root capabilities, compiled globs, validated limits. Requests read a snapshot of
+//! the compiled policy and never the file.
+
+mod compiled;
+mod file;
+
+use std::path::PathBuf;
+
+pub use compiled::{Limits, Overrides, Policy};
+pub use file::{LimitsFile, PolicyFile, RootEntry};
+
+/// Why a policy could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The file could not be read.
+    #[error("cannot read policy {path}: {source}")]
+    Read {
+        /// The policy file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed, has an unknown key or a value of the wrong type.
+    #[error("invalid policy {path}: {message}")]
+    Parse {
+        /// The policy file.
+        path: PathBuf,
+        /// The parser's message, which names the key and the line.
+        message: String,
+    },
+    /// A root directory is missing, not a directory, or cannot be opened.
+    #[error("root {path}: {reason}")]
+    Root {
+        /// The root's path as configured.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A root name is not a single usable path segment.
+    #[error("root name {name:?} {reason}")]
+    RootName {
+        /// The offending name.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Two roots share a name.
+    #[error("two roots are named {name:?} ({first} and {second}); give one of them a `name`")]
+    DuplicateName {
+        /// The shared name.
+        name: String,
+        /// The first root's path.
+        first: PathBuf,
+        /// The second root's path.
+        second: PathBuf,
+    },
+    /// The same directory is configured twice.
+    #[error("directory {path} is listed twice, as {first:?} and {second:?}")]
+    DuplicatePath {
+        /// The canonical directory.
+        path: PathBuf,
+        /// The first name.
+        first: String,
+        /// The second name.
+        second: String,
+    },
+    /// A deny glob does not compile.
+    #[error("deny pattern {pattern:?}: {reason}")]
+    Glob {
+        /// The pattern as written.
+        pattern: String,
+        /// The glob compiler's message.
+        reason: String,
+    },
+    /// A limit is out of range or inconsistent with another.
+    #[error("[limits] {key}: {reason}")]
+    Limit {
+        /// The key under `[limits]`.
+        key: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}

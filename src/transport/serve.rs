@@ -1,0 +1,150 @@
+//! `fsbroker serve`: one session over a byte stream (stdio, later a socket).
+//!
+//! The reader turns lines into tasks; each task's response frame goes through a bounded
+//! channel to a writer thread that owns the output. Responses leave in completion order,
+//! each carrying its request's id. At end of input the requests in flight finish, the writer
+//! flushes, and the session ends.
+
+use std::io::{self, BufWriter, Write};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use tokio::io::AsyncRead;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+use super::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
+use crate::error::{Error, ErrorKind};
+use crate::jsonrpc;
+use crate::session::Session;
+
+/// Knobs of one served connection.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Longest accepted line, in bytes.
+    pub max_line: usize,
+    /// Requests handled at once; beyond this the reader waits instead of buffering.
+    pub max_in_flight: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            max_line: DEFAULT_MAX_LINE,
+            max_in_flight: 64,
+        }
+    }
+}
+
+/// Frames waiting for the writer; small, so a peer that stops reading stalls the broker's
+/// reading rather than growing its memory.
+const OUTPUT_QUEUE: usize = 64;
+
+/// Serves `session` on this process's stdin and stdout.
+pub async fn serve_stdio(session: Arc<Session>, opts: ServeOptions) -> io::Result<()> {
+    let stdout = std::fs::File::from(io::stdout().as_fd().try_clone_to_owned()?);
+    serve_connection(session, tokio::io::stdin(), stdout, opts).await
+}
+
+/// Serves `session`: requests from `input`, responses to `output` (written from a thread of
+/// its own, so a large frame goes out in one blocking write without a copy into tokio).
+pub async fn serve_connection<R, W>(
+    session: Arc<Session>,
+    input: R,
+    output: W,
+    opts: ServeOptions,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: Write + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(OUTPUT_QUEUE);
+    let writer = std::thread::Builder::new()
+        .name("fsbroker-writer".into())
+        .spawn(move || write_frames(rx, output))?;
+    let in_flight = Arc::new(Semaphore::new(opts.max_in_flight.max(1)));
+    let mut tasks = JoinSet::new();
+    let mut reader = LineReader::new(input, opts.max_line);
+    loop {
+        let frame = match reader.next_frame().await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(session = session.id(), error = %e, "input failed; ending the session");
+                break;
+            }
+        };
+        if tx.is_closed() {
+            break;
+        }
+        match frame {
+            Frame::TooLong { len } => {
+                tracing::warn!(
+                    session = session.id(),
+                    len,
+                    max = opts.max_line,
+                    "discarded an over-long line"
+                );
+                let err = Error::new(
+                    ErrorKind::InvalidRequest,
+                    format!(
+                        "line of {len} bytes is longer than the maximum of {} bytes",
+                        opts.max_line
+                    ),
+                );
+                let _ = tx.send(jsonrpc::error_frame(None, &err)).await;
+            }
+            Frame::Line(line) => {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+                    break;
+                };
+                let session = Arc::clone(&session);
+                let tx = tx.clone();
+                tasks.spawn(async move {
+                    if let Some(frame) = session.handle(&line).await {
+                        let _ = tx.send(frame).await;
+                    }
+                    drop(permit);
+                });
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    drop(tx);
+    match writer.join() {
+        Ok(result) => result,
+        Err(_) => Err(io::Error::other("the writer thread panicked")),
+    }
+}
+
+/// Writes frames as they come, flushing whenever the queue runs dry.
+fn write_frames<W: Write>(mut rx: mpsc::Receiver<Vec<u8>>, output: W) -> io::Result<()> {
+    let mut out = BufWriter::with_capacity(256 << 10, output);
+    while let Some(frame) = rx.blocking_recv() {
+        if let Err(e) = out.write_all(&frame) {
+            rx.close();
+            return quiet_broken_pipe(e);
+        }
+        if rx.is_empty() {
+            if let Err(e) = out.flush() {
+                rx.close();
+                return quiet_broken_pipe(e);
+            }
+        }
+    }
+    out.flush().or_else(quiet_broken_pipe)
+}
+
+/// A peer that closed its end is how sessions end, not a failure.
+fn quiet_broken_pipe(e: io::Error) -> io::Result<()> {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        tracing::debug!("output closed by the peer");
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
