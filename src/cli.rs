@@ -96,8 +96,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Policy(PolicyCommand::Check { file }) => policy_check(file),
         Command::Policy(PolicyCommand::Schema) => {
-            println!("{:#}", PolicyFile::json_schema());
-            ExitCode::SUCCESS
+            print(&format!("{:#}\n", PolicyFile::json_schema()))
         }
     }
 }
@@ -161,10 +160,10 @@ fn serve(args: ServeArgs) -> ExitCode {
 fn policy_check(file: PathBuf) -> ExitCode {
     match Policy::load(Some(&file), &Overrides::default()) {
         Ok(policy) => {
-            println!("{}: ok, {} root(s)", file.display(), policy.roots().len());
+            let mut text = format!("{}: ok, {} root(s)\n", file.display(), policy.roots().len());
             for r in policy.roots() {
-                println!(
-                    "  {} = {} ({}, consent {}{})",
+                text += &format!(
+                    "  {} = {} ({}, consent {}{})\n",
                     r.name(),
                     r.path().display(),
                     match r.mode() {
@@ -183,10 +182,23 @@ fn policy_check(file: PathBuf) -> ExitCode {
                     }
                 );
             }
-            ExitCode::SUCCESS
+            print(&text)
         }
         Err(e) => {
             eprintln!("fsbroker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes command output to stdout; a reader that went away (`| head`) is not an error.
+fn print(text: &str) -> ExitCode {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fsbroker: cannot write output: {e}");
             ExitCode::FAILURE
         }
     }

@@ -22,7 +22,6 @@ use crate::session::Session;
 /// What a handler sees: the policy snapshot for this request and the session.
 pub(crate) struct Ctx<'a> {
     pub policy: Arc<Policy>,
-    #[allow(dead_code)] // grants, locks and limits hang off the session in later methods
     pub session: &'a Session,
 }
 
@@ -59,14 +58,14 @@ pub(crate) async fn call(
         session,
     };
     match Method::from_name(method) {
-        Method::Ping => respond(id, ping::handle(parse(params))),
-        Method::RootsList => respond(id, roots::handle(&ctx, parse(params))),
+        Method::Ping => respond(&ctx, method, id, ping::handle(parse(params))),
+        Method::RootsList => respond(&ctx, method, id, roots::handle(&ctx, parse(params))),
         Method::FilesRead => match parse(params) {
-            Ok(p) => respond(id, read::handle(&ctx, p).await),
+            Ok(p) => respond(&ctx, method, id, read::handle(&ctx, p).await),
             Err(e) => jsonrpc::error_frame(Some(id), &e),
         },
         Method::FilesList => match parse(params) {
-            Ok(p) => respond(id, list::handle(&ctx, p).await),
+            Ok(p) => respond(&ctx, method, id, list::handle(&ctx, p).await),
             Err(e) => jsonrpc::error_frame(Some(id), &e),
         },
         Method::Unknown => {
@@ -79,12 +78,20 @@ pub(crate) async fn call(
     }
 }
 
-fn respond<R: WriteResult + SizeHint>(id: &RawValue, result: Result<R>) -> Vec<u8> {
+fn respond<R: WriteResult + SizeHint>(
+    ctx: &Ctx<'_>,
+    method: &str,
+    id: &RawValue,
+    result: Result<R>,
+) -> Vec<u8> {
     match result {
         Ok(r) => jsonrpc::result_frame(id, &r, r.size_hint()),
         Err(e) => {
+            // Refusals are what an operator watches for: a server probing outside its roots.
             if e.kind() == ErrorKind::PermissionDenied {
                 tracing::warn!(
+                    session = ctx.session.id(),
+                    method,
                     path = e.path().unwrap_or(""),
                     reason = e.reason(),
                     "refused"

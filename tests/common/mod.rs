@@ -1,0 +1,135 @@
+//! Drives the real `fsbroker` binary over real pipes.
+
+#![allow(dead_code)] // each test file uses its own part of this helper
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+
+use serde_json::{Value, json};
+
+/// A running `fsbroker serve` (or any subcommand) with piped stdin and stdout.
+pub struct Broker {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    next_id: u64,
+    /// The raw text of the last line read from stdout, for "no outside byte" checks.
+    pub last_raw: String,
+}
+
+/// The `fsbroker` binary Cargo built for these tests.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_fsbroker")
+}
+
+impl Broker {
+    /// Starts `fsbroker ARGS...` (stderr inherited, so its logs show in failing tests).
+    pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Broker {
+        let mut child = Command::new(bin())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start fsbroker");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Broker {
+            child,
+            stdin,
+            stdout,
+            next_id: 1,
+            last_raw: String::new(),
+        }
+    }
+
+    /// `fsbroker serve --root DIR` (read-only, consent auto).
+    pub fn serve_root(dir: &Path) -> Broker {
+        Broker::spawn(&["serve".as_ref(), "--root".as_ref(), dir.as_os_str()])
+    }
+
+    /// Writes raw bytes to the broker's stdin.
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(bytes).expect("write to fsbroker");
+        stdin.flush().expect("flush");
+    }
+
+    /// Sends a request with a fresh numeric id and returns that id.
+    pub fn send(&mut self, method: &str, params: Value) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let mut line = serde_json::to_vec(&msg).unwrap();
+        line.push(b'\n');
+        self.send_raw(&line);
+        id
+    }
+
+    /// Reads one line from stdout and parses it.
+    pub fn read_message(&mut self) -> Value {
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line).expect("read from fsbroker");
+        assert!(n > 0, "fsbroker closed stdout");
+        assert!(line.ends_with('\n'), "frame without newline: {line:?}");
+        let v = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+        self.last_raw = line;
+        v
+    }
+
+    /// Sends a request and returns its response (which must carry the same id).
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params);
+        let resp = self.read_message();
+        assert_eq!(resp["id"], json!(id), "response to another request: {resp}");
+        assert_eq!(resp["jsonrpc"], "2.0");
+        resp
+    }
+
+    /// The `result` of a request that must succeed.
+    pub fn ok(&mut self, method: &str, params: Value) -> Value {
+        let resp = self.request(method, params.clone());
+        assert!(resp.get("error").is_none(), "{method} {params} failed: {resp}");
+        resp["result"].clone()
+    }
+
+    /// The `error` of a request that must fail.
+    pub fn err(&mut self, method: &str, params: Value) -> Value {
+        let resp = self.request(method, params.clone());
+        assert!(resp.get("result").is_none(), "{method} {params} should fail: {resp}");
+        resp["error"].clone()
+    }
+
+    /// Closes stdin and waits for exit; returns the status and whatever stdout still held.
+    pub fn finish(mut self) -> (ExitStatus, String) {
+        drop(self.stdin.take());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).expect("read rest");
+        let status = self.child.wait().expect("wait");
+        (status, rest)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `error.data.code` (the contract's string code), or the JSON-RPC number as a string for
+/// protocol errors that have none.
+pub fn code(error: &Value) -> String {
+    match error["data"]["code"].as_str() {
+        Some(s) => s.to_owned(),
+        None => error["code"].to_string(),
+    }
+}
+
+/// A temp directory with its canonical path (macOS-style `/tmp` symlinks resolved).
+pub fn tempdir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let t = tempfile::tempdir().expect("tempdir");
+    let p = t.path().canonicalize().expect("canonicalize");
+    (t, p)
+}
