@@ -112,8 +112,14 @@ pub(crate) trait SizeHint {
 impl<T> SizeHint for jsonrpc::Json<T> {}
 
 /// Parses params; absent params read as `{}`.
+///
+/// Every method takes named params. serde would read an array into a struct by position,
+/// which would let a server skip the unknown-field check, so arrays are refused here.
 fn parse<P: DeserializeOwned>(params: Option<&RawValue>) -> Result<P> {
     let text = params.map_or("{}", RawValue::get);
+    if !text.starts_with('{') {
+        return Err(Error::invalid_params("params must be an object"));
+    }
     serde_json::from_str(text).map_err(|e| Error::invalid_params(e.to_string()))
 }
 

@@ -24,10 +24,28 @@ pub struct RegularFile {
     pub meta: Metadata,
 }
 
-/// Refuses `target` when it, or an ancestor, matches one of its root's deny globs.
+/// Refuses `target` when it, or an ancestor, matches one of its root's deny globs — as
+/// spelled, and as it resolves through symlinks inside the root.
+///
+/// The resolved check runs before anything else looks at the file, so that a link to a
+/// denied path is refused as denied and does not even reveal what kind of file it leads to.
+/// It is advisory (the link could change before the open); the check on the opened
+/// descriptor that follows every open is the one that holds.
 pub fn check_not_denied(target: &Resolved, raw: &str) -> Result<()> {
-    if target.root.deny().is_denied(&target.rel) {
+    let deny = target.root.deny();
+    if deny.is_empty() {
+        return Ok(());
+    }
+    if deny.is_denied(&target.rel) {
         return Err(denied(raw));
+    }
+    if let Ok(real) = target.root.dir().canonicalize(target.rel_path()) {
+        if real
+            .to_str()
+            .is_some_and(|r| deny.is_denied(r.trim_start_matches("./")))
+        {
+            return Err(denied(raw));
+        }
     }
     Ok(())
 }

@@ -70,7 +70,10 @@ impl Broker {
     /// Reads one line from stdout and parses it.
     pub fn read_message(&mut self) -> Value {
         let mut line = String::new();
-        let n = self.stdout.read_line(&mut line).expect("read from fsbroker");
+        let n = self
+            .stdout
+            .read_line(&mut line)
+            .expect("read from fsbroker");
         assert!(n > 0, "fsbroker closed stdout");
         assert!(line.ends_with('\n'), "frame without newline: {line:?}");
         let v = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
@@ -90,14 +93,20 @@ impl Broker {
     /// The `result` of a request that must succeed.
     pub fn ok(&mut self, method: &str, params: Value) -> Value {
         let resp = self.request(method, params.clone());
-        assert!(resp.get("error").is_none(), "{method} {params} failed: {resp}");
+        assert!(
+            resp.get("error").is_none(),
+            "{method} {params} failed: {resp}"
+        );
         resp["result"].clone()
     }
 
     /// The `error` of a request that must fail.
     pub fn err(&mut self, method: &str, params: Value) -> Value {
         let resp = self.request(method, params.clone());
-        assert!(resp.get("result").is_none(), "{method} {params} should fail: {resp}");
+        assert!(
+            resp.get("result").is_none(),
+            "{method} {params} should fail: {resp}"
+        );
         resp["error"].clone()
     }
 
@@ -132,4 +141,32 @@ pub fn tempdir() -> (tempfile::TempDir, std::path::PathBuf) {
     let t = tempfile::tempdir().expect("tempdir");
     let p = t.path().canonicalize().expect("canonicalize");
     (t, p)
+}
+
+/// Runs `f` on its own thread and returns its result; if it has not finished within `limit`,
+/// calls `on_timeout` (which may unblock it, e.g. by opening a FIFO's other end) and panics,
+/// so a broker that blocks fails the test instead of hanging it. A panic in `f` is passed on.
+pub fn with_deadline<T: Send + 'static>(
+    limit: std::time::Duration,
+    on_timeout: impl FnOnce(),
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(value) => {
+            let _ = worker.join();
+            value
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match worker.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(()) => panic!("worker ended without a result"),
+        },
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            on_timeout();
+            panic!("did not finish within {limit:?}: a request blocked");
+        }
+    }
 }
