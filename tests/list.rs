@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{Broker, code, tempdir};
+use common::{Broker, code, serve_policy, tempdir};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -19,24 +19,6 @@ fn fixture() -> (tempfile::TempDir, PathBuf) {
     let root = base.join("proj");
     std::fs::create_dir(&root).unwrap();
     (t, root)
-}
-
-/// Serves `root` as the root `r` (consent auto) through a policy file; `root_extra` goes into
-/// the `[[root]]` table, `limits` into `[limits]`.
-fn serve_policy(root: &Path, root_extra: &str, limits: &str) -> (tempfile::TempDir, Broker) {
-    let (t, dir) = tempdir();
-    let policy = dir.join("policy.toml");
-    let root = root.to_str().unwrap();
-    assert!(!root.contains('\''), "temp path unusable in a TOML literal");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = '{root}'\nname = \"r\"\nconsent = \"auto\"\n{root_extra}\n\n[limits]\n{limits}\n"
-        ),
-    )
-    .unwrap();
-    let b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
-    (t, b)
 }
 
 /// Creates `rel` (a file with `content`, or a directory when `rel` ends in `/`).

@@ -4,10 +4,10 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use common::{Broker, bin, tempdir};
+use common::{Broker, bin, tempdir, uri_path};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -21,20 +21,6 @@ fn fixture() -> (tempfile::TempDir, PathBuf) {
     std::fs::create_dir(&root).unwrap();
     std::fs::write(root.join("f.txt"), "small").unwrap();
     (t, root)
-}
-
-/// Percent-encodes a path the way a `file://` URI must: everything but unreserved
-/// characters and `/`.
-fn uri_path(p: &Path) -> String {
-    let mut s = String::new();
-    for &byte in p.to_str().unwrap().as_bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
-            s.push(byte as char);
-        } else {
-            s.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    s
 }
 
 /// Sends one raw line (a newline is added), then a `ping`, and returns the response to the

@@ -3,10 +3,10 @@
 mod common;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use base64::Engine;
-use common::{Broker, code, tempdir};
+use common::{Broker, code, serve_policy, tempdir, uri_path};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -19,24 +19,6 @@ fn fixture() -> (tempfile::TempDir, PathBuf) {
     let root = base.join("proj");
     std::fs::create_dir(&root).unwrap();
     (t, root)
-}
-
-/// Serves `root` as the root `r` (consent auto) through a policy file whose `[limits]` table
-/// holds `limits`. The returned temp dir holds the policy file.
-fn serve_with_limits(root: &Path, limits: &str) -> (tempfile::TempDir, Broker) {
-    let (t, dir) = tempdir();
-    let policy = dir.join("policy.toml");
-    let root = root.to_str().unwrap();
-    assert!(!root.contains('\''), "temp path unusable in a TOML literal");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = '{root}'\nname = \"r\"\nconsent = \"auto\"\n\n[limits]\n{limits}\n"
-        ),
-    )
-    .unwrap();
-    let b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
-    (t, b)
 }
 
 fn b64_decode(s: &str) -> Vec<u8> {
@@ -96,19 +78,6 @@ fn read_in_chunks(
     (out, chunks)
 }
 
-/// Percent-encodes a path for a `file://` URI: everything but unreserved characters and `/`.
-fn uri_path(p: &Path) -> String {
-    let mut s = String::new();
-    for &byte in p.to_str().unwrap().as_bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
-            s.push(byte as char);
-        } else {
-            s.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    s
-}
-
 fn etag(b: &mut Broker, path: &str) -> String {
     let r = b.ok("files/read", json!({"path": path}));
     r["etag"].as_str().expect("etag is a string").to_owned()
@@ -161,7 +130,7 @@ fn default_length_is_chunk_size() {
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();
     std::fs::write(root.join("t.txt"), &text).unwrap();
-    let (_p, mut b) = serve_with_limits(&root, "chunk_size = 16\nmax_chunk_size = 64");
+    let (_p, mut b) = serve_policy(&root, "", "chunk_size = 16\nmax_chunk_size = 64");
     let r = b.ok("files/read", json!({"path": "r/t.txt"}));
     assert_eq!(r["length"], 16);
     assert_eq!(r["content"], &text[..16]);
@@ -179,7 +148,7 @@ fn length_above_max_chunk_size_is_clamped() {
     let (_t, root) = fixture();
     let data: Vec<u8> = (0..200u32).map(|i| b'0' + (i % 10) as u8).collect();
     std::fs::write(root.join("t.txt"), &data).unwrap();
-    let (_p, mut b) = serve_with_limits(&root, "chunk_size = 16\nmax_chunk_size = 64");
+    let (_p, mut b) = serve_policy(&root, "", "chunk_size = 16\nmax_chunk_size = 64");
     let r = b.ok("files/read", json!({"path": "r/t.txt", "length": 1000}));
     assert_eq!(r["length"], 64);
     assert_eq!(r["content"].as_str().unwrap().as_bytes(), &data[..64]);

@@ -10,7 +10,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 
 use cap_fs_ext::{DirExt, OpenOptionsFollowExt};
-use cap_std::fs::{Dir, FileType, OpenOptions, OpenOptionsExt};
+use cap_std::fs::{Dir, FileType, Metadata as CapMetadata, OpenOptions, OpenOptionsExt};
 
 use super::{Resolved, Root};
 use crate::error::{Error, ErrorKind, Result};
@@ -77,7 +77,8 @@ pub fn open_regular(target: &Resolved, raw: &str) -> Result<RegularFile> {
         .into_std();
     let meta = file.metadata().map_err(|e| Error::from_io(&e, raw))?;
     if !meta.is_file() {
-        return Err(not_regular(describe_std(&meta.file_type()), raw));
+        let what = describe(CapMetadata::from_just_metadata(meta.clone()).file_type());
+        return Err(not_regular(what, raw));
     }
     check_real_path(&target.root, &file, raw)?;
     Ok(RegularFile { file, meta })
@@ -181,21 +182,6 @@ pub fn describe(ft: FileType) -> &'static str {
         "a regular file"
     } else if ft.is_symlink() {
         "a symlink"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_block_device() || ft.is_char_device() {
-        "a device"
-    } else {
-        "an unknown kind of file"
-    }
-}
-
-fn describe_std(ft: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
-        "a directory"
     } else if ft.is_fifo() {
         "a FIFO"
     } else if ft.is_socket() {

@@ -170,3 +170,34 @@ pub fn with_deadline<T: Send + 'static>(
         }
     }
 }
+
+/// Serves `root` as the root `r` (consent auto) through a policy file; `root_extra` goes into
+/// the `[[root]]` table, `limits` into `[limits]`. The returned temp dir holds the policy.
+pub fn serve_policy(root: &Path, root_extra: &str, limits: &str) -> (tempfile::TempDir, Broker) {
+    let (t, dir) = tempdir();
+    let policy = dir.join("policy.toml");
+    let root = root.to_str().unwrap();
+    assert!(!root.contains('\''), "temp path unusable in a TOML literal");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[root]]\npath = '{root}'\nname = \"r\"\nconsent = \"auto\"\n{root_extra}\n\n[limits]\n{limits}\n"
+        ),
+    )
+    .unwrap();
+    let b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
+    (t, b)
+}
+
+/// Percent-encodes a path for a `file://` URI: everything but unreserved characters and `/`.
+pub fn uri_path(p: &Path) -> String {
+    let mut s = String::new();
+    for &byte in p.to_str().unwrap().as_bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            s.push(byte as char);
+        } else {
+            s.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    s
+}
