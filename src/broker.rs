@@ -3,16 +3,18 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use crate::locks::LockTable;
 use crate::policy::Policy;
 use crate::session::Session;
 
-/// Shared state behind every session: the policy (and through it the roots).
+/// Shared state behind every session: the policy (and through it the roots) and the locks.
 ///
 /// A request takes one snapshot of the policy ([`Broker::policy`]) and uses it throughout,
 /// so a reload never changes the rules halfway through an operation.
 #[derive(Debug)]
 pub struct Broker {
     policy: RwLock<Arc<Policy>>,
+    locks: Arc<LockTable>,
     next_session: AtomicU64,
 }
 
@@ -21,6 +23,7 @@ impl Broker {
     pub fn new(policy: Policy) -> Arc<Broker> {
         Arc::new(Broker {
             policy: RwLock::new(Arc::new(policy)),
+            locks: Arc::default(),
             next_session: AtomicU64::new(1),
         })
     }
@@ -35,6 +38,11 @@ impl Broker {
     /// Replaces the policy; requests already running keep the snapshot they took.
     pub fn set_policy(&self, policy: Policy) {
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+    }
+
+    /// The path locks every session shares.
+    pub fn locks(&self) -> &Arc<LockTable> {
+        &self.locks
     }
 
     /// Opens a new session (one connection, one MCP server).

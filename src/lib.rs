@@ -16,12 +16,18 @@
 //!   server ([`transport::serve`]).
 //! - [`jsonrpc`]: envelope parsing (id kept raw, params parsed by each method) and response
 //!   frames written straight into a buffer.
-//! - [`broker`]: [`Broker`], the state every session shares (the policy, hence the roots).
-//! - [`session`]: [`Session`], one connected server; turns a message into a response.
-//! - `methods/`: one file per method (`roots.rs`, `read.rs`, `list.rs`, `ping.rs`), each with
-//!   its `Params`, result and `handle`; `methods/mod.rs` dispatches.
+//! - [`broker`]: [`Broker`], the state every session shares (the policy, hence the roots;
+//!   the lock table).
+//! - [`session`]: [`Session`], one connected server; turns a message into a response; owns
+//!   the session's uploads and, on drop, releases its locks.
+//! - `methods/`: one file per method (`roots.rs`, `read.rs`, `list.rs`, `write.rs`,
+//!   `create.rs`, `delete.rs`, `rename.rs`, `unlock.rs`, `ping.rs`), each with its `Params`,
+//!   result and `handle`; `methods/mod.rs` dispatches.
 //! - [`sandbox`]: [`sandbox::Root`] (the only ambient-authority open), path resolution
-//!   ([`sandbox::resolve`]), deny globs, and safe opens ([`sandbox::open`]).
+//!   ([`sandbox::resolve`]), deny globs, safe opens ([`sandbox::open`]) and the building
+//!   blocks of mutations ([`sandbox::mutate`]: parent handles, staging files, renames).
+//! - [`locks`]: the broker's path locks (SEP-1708), shared and exclusive, kept locks.
+//! - [`upload`]: chunked uploads staged beside their targets.
 //! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`policy::Policy`].
 //! - [`error`]: [`Error`] and the single kind → wire-code mapping.
 //! - [`codec`]: UTF-8 and base64 content, with the SIMD base64 engine.
@@ -47,12 +53,14 @@ pub mod cli;
 pub mod codec;
 pub mod error;
 pub mod jsonrpc;
+pub mod locks;
 mod methods;
 pub mod policy;
 pub mod rfc3339;
 pub mod sandbox;
 pub mod session;
 pub mod transport;
+pub mod upload;
 
 pub use broker::Broker;
 pub use error::{Error, ErrorKind};

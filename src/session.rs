@@ -5,17 +5,28 @@ use std::sync::Arc;
 use crate::broker::Broker;
 use crate::jsonrpc::{self, Incoming};
 use crate::methods;
+use crate::upload::Uploads;
 
 /// One peer's view of the broker. Cheap to share: requests of a session run concurrently.
 #[derive(Debug)]
 pub struct Session {
     broker: Arc<Broker>,
     id: u64,
+    uploads: Uploads,
 }
 
 impl Session {
     pub(crate) fn new(broker: Arc<Broker>, id: u64) -> Session {
-        Session { broker, id }
+        Session {
+            broker,
+            id,
+            uploads: Uploads::default(),
+        }
+    }
+
+    /// The chunked uploads in progress.
+    pub(crate) fn uploads(&self) -> &Uploads {
+        &self.uploads
     }
 
     /// This session's number, unique within its broker (it names the session in logs).
@@ -51,6 +62,18 @@ impl Session {
                 tracing::debug!(session = self.id, %error, "invalid message");
                 Some(jsonrpc::error_frame(id, &error))
             }
+        }
+    }
+}
+
+/// A session ends when its connection does: its kept locks are released, and its unfinished
+/// uploads (dropped with it) remove their staging files.
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.broker.locks().release_session(self.id);
+        let abandoned = self.uploads.len();
+        if abandoned > 0 {
+            tracing::info!(session = self.id, abandoned, "removing unfinished uploads");
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::jsonrpc::WriteResult;
 use crate::policy::Policy;
 use crate::rfc3339;
-use crate::sandbox::{self, Root, open};
+use crate::sandbox::{self, Root, mutate, open};
 
 /// `files/list` parameters.
 #[derive(Debug, Deserialize)]
@@ -215,6 +215,10 @@ impl Page<'_> {
                 continue;
             };
             if !self.params.include_hidden && name.starts_with('.') {
+                continue;
+            }
+            // Uploads in progress are the broker's business, not a listing's.
+            if mutate::is_staging_name(name) {
                 continue;
             }
             let entry_rel = join(lexical, name);

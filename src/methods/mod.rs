@@ -4,10 +4,15 @@
 //! not a silent default), its result type and one `handle` function. Blocking file-system work
 //! runs on tokio's blocking pool so a slow disk never stalls the session's other requests.
 
+mod create;
+mod delete;
 mod list;
 mod ping;
 mod read;
+mod rename;
 mod roots;
+mod unlock;
+mod write;
 
 use std::sync::Arc;
 
@@ -16,13 +21,56 @@ use serde_json::value::RawValue;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::{self, WriteResult};
+use crate::locks::{LockGuard, LockMode, LockTable};
 use crate::policy::Policy;
 use crate::session::Session;
+use crate::upload::Uploads;
 
 /// What a handler sees: the policy snapshot for this request and the session.
 pub(crate) struct Ctx<'a> {
     pub policy: Arc<Policy>,
     pub session: &'a Session,
+}
+
+impl Ctx<'_> {
+    /// The parts of the context that blocking work needs, owned so they can move to
+    /// another thread.
+    fn owned(&self) -> Op {
+        Op {
+            policy: Arc::clone(&self.policy),
+            locks: Arc::clone(self.session.broker().locks()),
+            session: self.session.id(),
+            uploads: self.session.uploads().clone(),
+        }
+    }
+}
+
+/// An operation's context on the blocking pool.
+#[derive(Clone)]
+pub(crate) struct Op {
+    pub policy: Arc<Policy>,
+    pub locks: Arc<LockTable>,
+    pub session: u64,
+    pub uploads: Uploads,
+}
+
+impl Op {
+    /// Locks `key` for this operation (`FILE_LOCKED` at once if another session holds it).
+    fn lock(&self, key: &std::path::Path, mode: LockMode, raw: &str) -> Result<LockGuard> {
+        self.locks
+            .acquire(key.to_path_buf(), self.session, mode, raw)
+    }
+
+    /// With `keepLocked`, turns the operation's exclusive lock into a kept lock.
+    fn keep(&self, guard: &LockGuard, keep: bool, raw: &str) -> Result<Option<String>> {
+        if !keep {
+            return Ok(None);
+        }
+        let limits = self.policy.limits();
+        self.locks
+            .keep(guard, limits.lock_timeout, limits.max_locks, raw)
+            .map(Some)
+    }
 }
 
 /// The methods the broker answers, as a closed set.
@@ -31,6 +79,11 @@ enum Method {
     RootsList,
     FilesRead,
     FilesList,
+    FilesWrite,
+    FilesCreate,
+    FilesDelete,
+    FilesRename,
+    FilesUnlock,
     Unknown,
 }
 
@@ -41,6 +94,11 @@ impl Method {
             "roots/list" => Method::RootsList,
             "files/read" => Method::FilesRead,
             "files/list" => Method::FilesList,
+            "files/write" => Method::FilesWrite,
+            "files/create" => Method::FilesCreate,
+            "files/delete" => Method::FilesDelete,
+            "files/rename" => Method::FilesRename,
+            "files/unlock" => Method::FilesUnlock,
             _ => Method::Unknown,
         }
     }
@@ -68,6 +126,23 @@ pub(crate) async fn call(
             Ok(p) => respond(&ctx, method, id, list::handle(&ctx, p).await),
             Err(e) => jsonrpc::error_frame(Some(id), &e),
         },
+        Method::FilesWrite => match parse(params) {
+            Ok(p) => respond(&ctx, method, id, write::handle(&ctx, p).await),
+            Err(e) => jsonrpc::error_frame(Some(id), &e),
+        },
+        Method::FilesCreate => match parse(params) {
+            Ok(p) => respond(&ctx, method, id, create::handle(&ctx, p).await),
+            Err(e) => jsonrpc::error_frame(Some(id), &e),
+        },
+        Method::FilesDelete => match parse(params) {
+            Ok(p) => respond(&ctx, method, id, delete::handle(&ctx, p).await),
+            Err(e) => jsonrpc::error_frame(Some(id), &e),
+        },
+        Method::FilesRename => match parse(params) {
+            Ok(p) => respond(&ctx, method, id, rename::handle(&ctx, p).await),
+            Err(e) => jsonrpc::error_frame(Some(id), &e),
+        },
+        Method::FilesUnlock => respond(&ctx, method, id, unlock::handle(&ctx, parse(params))),
         Method::Unknown => {
             let err = Error::new(
                 ErrorKind::MethodNotFound,

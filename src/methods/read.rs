@@ -6,11 +6,11 @@ use std::os::unix::fs::FileExt;
 
 use serde::Deserialize;
 
-use super::{Ctx, SizeHint, blocking};
+use super::{Ctx, Op, SizeHint, blocking};
 use crate::codec::{self, Encoding};
 use crate::error::{Error, Result};
 use crate::jsonrpc::WriteResult;
-use crate::policy::Policy;
+use crate::locks::LockMode;
 use crate::sandbox::{self, open};
 
 /// `files/read` parameters.
@@ -23,6 +23,8 @@ pub(crate) struct Params {
     #[serde(default)]
     offset: u64,
     length: Option<u64>,
+    #[serde(default)]
+    keep_locked: bool,
     #[serde(rename = "_meta", default)]
     _meta: Option<serde::de::IgnoredAny>,
 }
@@ -37,16 +39,25 @@ pub(crate) struct Reply {
     eof: bool,
     mime: &'static str,
     etag: String,
+    lock_id: Option<String>,
 }
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
-    let policy = ctx.policy.clone();
-    blocking(move || read(&policy, params)).await
+    let op = ctx.owned();
+    blocking(move || read(&op, params)).await
 }
 
-fn read(policy: &Policy, p: Params) -> Result<Reply> {
+fn read(op: &Op, p: Params) -> Result<Reply> {
+    let policy = &op.policy;
     let target = sandbox::resolve(policy.roots(), &p.path)?;
     let opened = open::open_regular(&target, &p.path)?;
+    // Readers share; `keepLocked` asks for the exclusive lock that outlives the read.
+    let mode = if p.keep_locked {
+        LockMode::Exclusive
+    } else {
+        LockMode::Shared
+    };
+    let lock = op.lock(&target.root.path().join(&opened.real), mode, &p.path)?;
     let size = opened.meta.len();
     let limits = policy.limits();
     let wanted = p
@@ -79,6 +90,7 @@ fn read(policy: &Policy, p: Params) -> Result<Reply> {
         eof: p.offset.saturating_add(length) >= size,
         mime,
         etag: open::etag(&opened.meta),
+        lock_id: op.keep(&lock, p.keep_locked, &p.path)?,
         data,
     })
 }
@@ -150,6 +162,10 @@ impl WriteResult for Reply {
         let _ = serde_json::to_writer(&mut *out, self.mime);
         out.extend_from_slice(b",\"etag\":");
         let _ = serde_json::to_writer(&mut *out, &self.etag);
+        if let Some(id) = &self.lock_id {
+            out.extend_from_slice(b",\"lockId\":");
+            let _ = serde_json::to_writer(&mut *out, id);
+        }
         out.push(b'}');
     }
 }

@@ -9,6 +9,7 @@
 //! where a path *really* leads, not only how it was spelled.
 
 mod deny;
+pub mod mutate;
 pub mod open;
 mod resolve;
 mod root;

@@ -22,6 +22,8 @@ pub struct RegularFile {
     pub file: File,
     /// `fstat` of `file`, so size and version describe exactly what was opened.
     pub meta: Metadata,
+    /// Where the file really is, relative to the root (symlinks resolved).
+    pub real: String,
 }
 
 /// Refuses `target` when it, or an ancestor, matches one of its root's deny globs — as
@@ -80,8 +82,11 @@ pub fn open_regular(target: &Resolved, raw: &str) -> Result<RegularFile> {
         let what = describe(CapMetadata::from_just_metadata(meta.clone()).file_type());
         return Err(not_regular(what, raw));
     }
-    check_real_path(&target.root, &file, raw)?;
-    Ok(RegularFile { file, meta })
+    let real = real_rel(&target.root, &file, raw)?;
+    if target.root.deny().is_denied(&real) {
+        return Err(denied(raw));
+    }
+    Ok(RegularFile { file, meta, real })
 }
 
 /// Opens a directory beneath the root and returns its capability and its real path
@@ -123,24 +128,14 @@ pub fn open_child_dir(parent: &Dir, name: &std::ffi::OsStr) -> std::io::Result<D
     parent.open_dir_nofollow(name)
 }
 
+/// The descriptor's path relative to the root, from `/proc/self/fd`.
+///
 /// Deny globs are written against paths inside the root, but a symlink inside the root can
-/// lead to a denied file under another name. After opening, ask the kernel where the
-/// descriptor really is and check that path too. Only roots with deny globs pay for this.
-fn check_real_path(root: &Root, fd: &impl AsFd, raw: &str) -> Result<()> {
-    if root.deny().is_empty() {
-        return Ok(());
-    }
-    let real = real_rel(root, fd, raw)?;
-    if root.deny().is_denied(&real) {
-        return Err(denied(raw));
-    }
-    Ok(())
-}
-
-/// The descriptor's path relative to the root, from `/proc/self/fd`. Failing to tell, or a
-/// path that is no longer under the root (it was moved away), refuses the request: an
-/// unanswerable question about a deny glob must not be answered "allowed".
-fn real_rel(root: &Root, fd: &impl AsFd, raw: &str) -> Result<String> {
+/// lead to a denied file under another name, and locks must name a file the same way however
+/// it was reached; so after opening, the kernel is asked where the descriptor really is.
+/// Failing to tell, or a path that is no longer under the root (it was moved away), refuses
+/// the request: an unanswerable question about a deny glob must not be answered "allowed".
+pub(crate) fn real_rel(root: &Root, fd: &impl AsFd, raw: &str) -> Result<String> {
     let link = PathBuf::from(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()));
     let real = std::fs::read_link(&link).map_err(|e| {
         Error::new(

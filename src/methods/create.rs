@@ -1,0 +1,133 @@
+//! `files/create {path, type: "file"|"directory", keepLocked?}` → `{created, lockId?}`.
+//!
+//! Parents are created as needed, one level at a time, each checked against the deny globs
+//! where it really is (so a symlinked parent cannot be used to create inside a denied tree).
+//! An existing entry of the requested type is left untouched (`created: false`); one of
+//! another type is `ALREADY_EXISTS`.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Ctx, Op, SizeHint, blocking};
+use crate::error::{Error, ErrorKind, Result};
+use crate::jsonrpc::WriteResult;
+use crate::locks::LockMode;
+use crate::sandbox::mutate::{self, Parent};
+use crate::sandbox::{self, Resolved, open};
+
+/// What to create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Kind {
+    File,
+    Directory,
+}
+
+/// `files/create` parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct Params {
+    path: String,
+    #[serde(rename = "type")]
+    kind: Kind,
+    #[serde(default)]
+    keep_locked: bool,
+    #[serde(rename = "_meta", default)]
+    _meta: Option<serde::de::IgnoredAny>,
+}
+
+/// The result.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Reply {
+    created: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lock_id: Option<String>,
+}
+
+impl WriteResult for Reply {
+    fn write_result(&self, out: &mut Vec<u8>) {
+        crate::jsonrpc::Json(self).write_result(out);
+    }
+}
+
+impl SizeHint for Reply {}
+
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
+    let op = ctx.owned();
+    blocking(move || create(&op, &params)).await
+}
+
+fn create(op: &Op, p: &Params) -> Result<Reply> {
+    let raw = p.path.as_str();
+    let target = sandbox::resolve(op.policy.roots(), raw)?;
+    mutate::require_writable(&target, raw)?;
+    if target.rel.is_empty() {
+        return match p.kind {
+            Kind::Directory if !p.keep_locked => Ok(Reply {
+                created: false,
+                lock_id: None,
+            }),
+            Kind::Directory => Err(mutate::root_itself("locked", raw)),
+            Kind::File => {
+                Err(Error::new(ErrorKind::AlreadyExists, "the root is a directory").with_path(raw))
+            }
+        };
+    }
+    open::check_not_denied(&target, raw)?;
+    make_parents(&target, raw)?;
+    let parent = mutate::open_parent(&target, raw)?;
+    let lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
+    let created = match p.kind {
+        Kind::Directory => parent.create_dir(raw)?,
+        Kind::File => parent.create_file(raw)?,
+    };
+    if created {
+        parent.sync().map_err(|e| e.or_path(raw))?;
+    } else {
+        let existing = parent.entry_type(raw)?;
+        let same = existing.is_some_and(|t| match p.kind {
+            Kind::Directory => t.is_dir(),
+            Kind::File => t.is_file(),
+        });
+        if !same {
+            let what = existing.map_or("something", open::describe);
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("{what} already exists there"),
+            )
+            .with_path(raw));
+        }
+    }
+    Ok(Reply {
+        created,
+        lock_id: op.keep(&lock, p.keep_locked, raw)?,
+    })
+}
+
+/// Creates each missing ancestor of `target`, each through its own checked parent.
+fn make_parents(target: &Resolved, raw: &str) -> Result<()> {
+    let mut end = 0;
+    while let Some(i) = target.rel[end..].find('/') {
+        end += i;
+        let ancestor = Resolved {
+            root: target.root.clone(),
+            rel: target.rel[..end].to_owned(),
+        };
+        let parent: Parent = mutate::open_parent(&ancestor, raw)?;
+        match parent.entry_type(raw)? {
+            None => {
+                parent.create_dir(raw)?;
+            }
+            Some(t) if t.is_dir() || t.is_symlink() => {}
+            Some(t) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidPath,
+                    format!("a parent is {}, not a directory", open::describe(t)),
+                )
+                .with_path(raw));
+            }
+        }
+        end += 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! `files/delete {path, recursive?}` → `{}`.
+//!
+//! The last component is never followed: a symlink is removed, never its target. A non-empty
+//! directory needs `recursive`, and is refused if anything beneath it is denied by policy
+//! (deleting a tree must not reach files the server may not even see). The root itself is
+//! never deleted.
+
+use serde::Deserialize;
+
+use super::{Ctx, Op, blocking};
+use crate::error::{Error, ErrorKind, Result};
+use crate::jsonrpc::Json;
+use crate::locks::LockMode;
+use crate::methods::ping::Empty;
+use crate::sandbox::{self, mutate};
+
+/// `files/delete` parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct Params {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    #[serde(rename = "_meta", default)]
+    _meta: Option<serde::de::IgnoredAny>,
+}
+
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Empty>> {
+    let op = ctx.owned();
+    blocking(move || delete(&op, &params)).await
+}
+
+fn delete(op: &Op, p: &Params) -> Result<Json<Empty>> {
+    let raw = p.path.as_str();
+    let target = sandbox::resolve(op.policy.roots(), raw)?;
+    mutate::require_writable(&target, raw)?;
+    if target.rel.is_empty() {
+        return Err(mutate::root_itself("deleted", raw));
+    }
+    let parent = mutate::open_parent(&target, raw)?;
+    let _lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
+    let is_dir = parent.entry_type(raw)?.is_some_and(|t| t.is_dir());
+    if p.recursive && is_dir && mutate::tree_has_denied(&target.root, &parent, raw)? {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "the directory holds paths denied by policy",
+        )
+        .with_path(raw));
+    }
+    parent.remove(p.recursive, raw)?;
+    Ok(Json(Empty {}))
+}

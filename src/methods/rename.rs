@@ -1,0 +1,138 @@
+//! `files/rename {oldPath, newPath, overwrite?}` → `{}`.
+//!
+//! Both paths lie in writable roots (possibly two); neither may be a root. The last component
+//! of each is never followed: a symlink is moved, or replaced, as the link it is. Without
+//! `overwrite` an existing target is `ALREADY_EXISTS`, decided atomically by the kernel
+//! (`renameat2(RENAME_NOREPLACE)`), never by a stat before the rename. Across file systems a
+//! regular file is copied (the kernel's `copy_file_range`, bounded memory) into a staging file
+//! beside the target, synced, committed the same way, and only then is the source removed.
+
+use serde::Deserialize;
+
+use super::{Ctx, Op, blocking};
+use crate::error::{Error, ErrorKind, Result};
+use crate::jsonrpc::Json;
+use crate::locks::LockMode;
+use crate::methods::ping::Empty;
+use crate::sandbox::mutate::{self, Parent};
+use crate::sandbox::{self, open};
+
+/// `files/rename` parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct Params {
+    old_path: String,
+    new_path: String,
+    #[serde(default)]
+    overwrite: bool,
+    #[serde(rename = "_meta", default)]
+    _meta: Option<serde::de::IgnoredAny>,
+}
+
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Empty>> {
+    let op = ctx.owned();
+    blocking(move || rename(&op, &params)).await
+}
+
+fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
+    let (old_raw, new_raw) = (p.old_path.as_str(), p.new_path.as_str());
+    let from = sandbox::resolve(op.policy.roots(), old_raw)?;
+    let to = sandbox::resolve(op.policy.roots(), new_raw)?;
+    mutate::require_writable(&from, old_raw)?;
+    mutate::require_writable(&to, new_raw)?;
+    if from.rel.is_empty() {
+        return Err(mutate::root_itself("renamed", old_raw));
+    }
+    if to.rel.is_empty() {
+        return Err(mutate::root_itself("replaced", new_raw));
+    }
+    let src = mutate::open_parent(&from, old_raw)?;
+    let dst = mutate::open_parent(&to, new_raw)?;
+    let Some(kind) = src.entry_type(old_raw)? else {
+        return Err(
+            Error::new(ErrorKind::FileNotFound, "no such file or directory").with_path(old_raw),
+        );
+    };
+    let _src_lock = op.lock(&src.key, LockMode::Exclusive, old_raw)?;
+    if src.key == dst.key {
+        return Ok(Json(Empty {}));
+    }
+    let _dst_lock = op.lock(&dst.key, LockMode::Exclusive, new_raw)?;
+    match mutate::rename(&src, &dst, p.overwrite) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::XDEV) if kind.is_file() => {
+            copy_across(&src, &dst, p.overwrite, new_raw)?
+        }
+        Err(rustix::io::Errno::XDEV) => {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("cannot move {} across file systems", open::describe(kind)),
+            )
+            .with_path(old_raw));
+        }
+        Err(e) => return Err(rename_error(e, p.overwrite, old_raw, new_raw)),
+    }
+    dst.sync().map_err(|e| e.or_path(new_raw))?;
+    src.sync().map_err(|e| e.or_path(old_raw))?;
+    Ok(Json(Empty {}))
+}
+
+fn rename_error(e: rustix::io::Errno, overwrite: bool, old_raw: &str, new_raw: &str) -> Error {
+    use rustix::io::Errno;
+    match e {
+        Errno::EXIST => Error::new(
+            ErrorKind::AlreadyExists,
+            "the target exists (set overwrite to replace it)",
+        )
+        .with_path(new_raw),
+        Errno::NOTEMPTY if !overwrite => Error::new(
+            ErrorKind::AlreadyExists,
+            "the target exists (set overwrite to replace it)",
+        )
+        .with_path(new_raw),
+        Errno::NOTEMPTY => {
+            Error::new(ErrorKind::Io, "the target is a non-empty directory").with_path(new_raw)
+        }
+        Errno::INVAL => Error::new(
+            ErrorKind::InvalidPath,
+            "cannot move a directory inside itself",
+        )
+        .with_path(new_raw),
+        Errno::ISDIR => Error::new(
+            ErrorKind::InvalidPath,
+            "cannot replace a directory with a file",
+        )
+        .with_path(new_raw),
+        Errno::NOTDIR => Error::new(
+            ErrorKind::InvalidPath,
+            "cannot replace a file with a directory",
+        )
+        .with_path(new_raw),
+        other => Error::from_io(&other.into(), old_raw),
+    }
+}
+
+/// Moves a regular file to another file system: copy into a staging file beside the target,
+/// commit it (without replacing unless `overwrite`), then remove the source.
+fn copy_across(src: &Parent, dst: &Parent, overwrite: bool, new_raw: &str) -> Result<()> {
+    let (mut file, meta) = src.open_existing(new_raw)?;
+    let mut staged = dst.stage(new_raw)?;
+    std::io::copy(&mut file, staged.file()).map_err(|e| Error::from_io(&e, new_raw))?;
+    staged.finish(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
+        new_raw,
+    )?;
+    dst.commit_with(staged, overwrite, new_raw)
+        .map(drop)
+        .map_err(|e| match e.kind() {
+            ErrorKind::AlreadyExists => Error::new(
+                ErrorKind::AlreadyExists,
+                "the target exists (set overwrite to replace it)",
+            )
+            .with_path(new_raw),
+            _ => e,
+        })?;
+    src.dir
+        .remove_file(&src.name)
+        .map_err(|e| Error::from_io(&e, new_raw))
+}

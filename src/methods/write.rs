@@ -1,0 +1,356 @@
+//! `files/write {path, content, encoding?, create?, offset?, final?, ifMatch?, append?,
+//! keepLocked?}` → `{bytesWritten, size, etag?, lockId?}`.
+//!
+//! Without `offset`: an atomic replace. The content goes to a staging file beside the target,
+//! is synced, gets the old file's permission bits, and is renamed over the target; the
+//! directory is synced. A reader sees the old file or the new one, never a mix; on any failure
+//! the staging file is removed and the target is untouched.
+//!
+//! With `offset`: one chunk of an upload ([`crate::upload`]); the `final` chunk commits the same
+//! way.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::LazyLock;
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+use super::{Ctx, Op, SizeHint, blocking};
+use crate::codec::{BASE64, Encoding};
+use crate::error::{Error, ErrorKind, Result};
+use crate::jsonrpc::WriteResult;
+use crate::locks::LockMode;
+use crate::sandbox::mutate::{self, Parent};
+use crate::sandbox::{self, Resolved, open};
+use crate::upload::{self, Upload};
+
+/// `files/write` parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct Params {
+    path: String,
+    content: String,
+    #[serde(default)]
+    encoding: Encoding,
+    #[serde(default = "yes")]
+    create: bool,
+    offset: Option<u64>,
+    #[serde(rename = "final", default = "yes")]
+    last: bool,
+    if_match: Option<String>,
+    #[serde(default)]
+    append: bool,
+    #[serde(default)]
+    keep_locked: bool,
+    #[serde(rename = "_meta", default)]
+    _meta: Option<serde::de::IgnoredAny>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The result.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Reply {
+    bytes_written: u64,
+    size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    etag: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lock_id: Option<String>,
+}
+
+impl WriteResult for Reply {
+    fn write_result(&self, out: &mut Vec<u8>) {
+        crate::jsonrpc::Json(self).write_result(out);
+    }
+}
+
+impl SizeHint for Reply {}
+
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
+    let op = ctx.owned();
+    blocking(move || write(&op, params)).await
+}
+
+fn write(op: &Op, mut p: Params) -> Result<Reply> {
+    let raw = p.path.clone();
+    let raw = raw.as_str();
+    let limits = op.policy.limits();
+    let target = sandbox::resolve(op.policy.roots(), raw)?;
+    mutate::require_writable(&target, raw)?;
+    if target.rel.is_empty() {
+        return Err(Error::new(ErrorKind::InvalidPath, "the root is a directory").with_path(raw));
+    }
+    if p.append && p.offset.is_some() {
+        return Err(Error::invalid_params(
+            "append and offset cannot be combined",
+        ));
+    }
+    let data = decode(
+        std::mem::take(&mut p.content),
+        p.encoding,
+        limits.max_chunk_size,
+        raw,
+    )?;
+    let parent = parent_following_inner_link(&target, raw)?;
+    match p.offset {
+        None => replace(op, &p, &parent, &data, raw),
+        Some(offset) => chunk(op, &p, parent, offset, &data, raw),
+    }
+}
+
+/// The payload as bytes, refused before decoding when it cannot fit `max_chunk_size`.
+fn decode(content: String, encoding: Encoding, max: usize, raw: &str) -> Result<Vec<u8>> {
+    let too_big = |n: usize| {
+        Error::new(
+            ErrorKind::QuotaExceeded,
+            format!("payload of {n} bytes is over max_chunk_size ({max})"),
+        )
+        .with_path(raw)
+    };
+    let data = match encoding {
+        Encoding::Utf8 => content.into_bytes(),
+        Encoding::Base64 => {
+            let estimate = content.len() / 4 * 3;
+            if estimate > max + 3 {
+                return Err(too_big(estimate));
+            }
+            BASE64
+                .decode(content.as_bytes())
+                .map_err(|e| Error::invalid_params(format!("content is not valid base64: {e}")))?
+        }
+    };
+    if data.len() > max {
+        return Err(too_big(data.len()));
+    }
+    Ok(data)
+}
+
+/// Opens the target's parent. A symlink at the target that stays inside the root is written
+/// through: the write lands on the link's target, the link stays (reads follow such links, so
+/// a read after the write sees what was written). One that leads out, or is absolute, is
+/// refused by the confined resolution, as a read of it would be.
+fn parent_following_inner_link(target: &Resolved, raw: &str) -> Result<Parent> {
+    let parent = mutate::open_parent(target, raw)?;
+    if !parent.entry_type(raw)?.is_some_and(|t| t.is_symlink()) {
+        return Ok(parent);
+    }
+    let real = target
+        .root
+        .dir()
+        .canonicalize(target.rel_path())
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::new(
+                ErrorKind::InvalidPath,
+                "a symlink whose target does not exist",
+            )
+            .with_path(raw),
+            _ => Error::from_io(&e, raw),
+        })?;
+    let rel = real
+        .to_str()
+        .map(|s| s.trim_start_matches("./").to_owned())
+        .ok_or_else(|| Error::new(ErrorKind::InvalidPath, "path is not UTF-8").with_path(raw))?;
+    let through = Resolved {
+        root: target.root.clone(),
+        rel,
+    };
+    let parent = mutate::open_parent(&through, raw)?;
+    if parent.entry_type(raw)?.is_some_and(|t| t.is_symlink()) {
+        // The link changed while we followed it; do not chase it further.
+        return Err(
+            Error::new(ErrorKind::Io, "the symlink changed during the write").with_path(raw),
+        );
+    }
+    Ok(parent)
+}
+
+/// The existing file at the target, or `None`; refuses directories and special files.
+fn existing(parent: &Parent, raw: &str) -> Result<Option<(std::fs::File, std::fs::Metadata)>> {
+    match parent.entry_type(raw)? {
+        None => Ok(None),
+        Some(t) if t.is_file() => parent.open_existing(raw).map(Some),
+        Some(t) => Err(Error::new(
+            ErrorKind::InvalidPath,
+            format!("not a regular file ({})", open::describe(t)),
+        )
+        .with_path(raw)),
+    }
+}
+
+/// `create: false` and `ifMatch`, against what is there now.
+fn check_preconditions(p: &Params, current: Option<&std::fs::Metadata>, raw: &str) -> Result<()> {
+    if current.is_none() && !p.create {
+        return Err(
+            Error::new(ErrorKind::FileNotFound, "no such file (create is false)").with_path(raw),
+        );
+    }
+    if let Some(want) = &p.if_match {
+        let now = current.map(open::etag);
+        if now.as_deref() != Some(want.as_str()) {
+            return Err(Error::new(
+                ErrorKind::ConcurrencyConflict,
+                match now {
+                    Some(_) => "ifMatch differs from the file's current etag",
+                    None => "ifMatch given but the file does not exist",
+                },
+            )
+            .with_path(raw));
+        }
+    }
+    Ok(())
+}
+
+/// Just before a commit: the file must still be what `ifMatch` named (another program may
+/// have changed it while the content was being written).
+fn recheck_if_match(p: &Params, parent: &Parent, raw: &str) -> Result<()> {
+    if p.if_match.is_none() {
+        return Ok(());
+    }
+    let now = existing(parent, raw)?;
+    check_preconditions(p, now.as_ref().map(|(_, m)| m), raw)
+}
+
+/// The permission bits of the file being replaced, or the default for a new file.
+fn mode_for(current: Option<&std::fs::Metadata>) -> u32 {
+    current.map_or(*NEW_FILE_MODE, |m| m.permissions().mode() & 0o7777)
+}
+
+/// `0o666` less the process umask, as `open(2)` would give a new file. Read once from
+/// `/proc/self/status`: `umask(2)` can only be read by setting it, which would race with
+/// other threads creating files.
+static NEW_FILE_MODE: LazyLock<u32> = LazyLock::new(|| {
+    let umask = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        })
+        .unwrap_or(0o022);
+    0o666 & !umask
+});
+
+fn too_large(size: u64, max: u64, raw: &str) -> Error {
+    Error::new(
+        ErrorKind::QuotaExceeded,
+        format!("the file would be {size} bytes, over max_file_size ({max})"),
+    )
+    .with_path(raw)
+}
+
+fn replace(op: &Op, p: &Params, parent: &Parent, data: &[u8], raw: &str) -> Result<Reply> {
+    let max_file = op.policy.limits().max_file_size;
+    let lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
+    let current = existing(parent, raw)?;
+    check_preconditions(p, current.as_ref().map(|(_, m)| m), raw)?;
+    let kept = if p.append {
+        current.as_ref().map_or(0, |(_, m)| m.len())
+    } else {
+        0
+    };
+    let size = kept + data.len() as u64;
+    if size > max_file {
+        return Err(too_large(size, max_file, raw));
+    }
+    let mut staged = parent.stage(raw)?;
+    if let (true, Some((file, _))) = (p.append, current.as_ref()) {
+        let mut src = file;
+        std::io::copy(&mut src, staged.file()).map_err(|e| Error::from_io(&e, raw))?;
+    }
+    staged.write(data, raw)?;
+    staged.finish(mode_for(current.as_ref().map(|(_, m)| m)), raw)?;
+    recheck_if_match(p, parent, raw)?;
+    let meta = parent.commit(staged, raw)?;
+    Ok(Reply {
+        bytes_written: data.len() as u64,
+        size: meta.len(),
+        etag: Some(open::etag(&meta)),
+        lock_id: op.keep(&lock, p.keep_locked, raw)?,
+    })
+}
+
+fn chunk(
+    op: &Op,
+    p: &Params,
+    parent: Parent,
+    offset: u64,
+    data: &[u8],
+    raw: &str,
+) -> Result<Reply> {
+    let max_file = op.policy.limits().max_file_size;
+    let key = parent.key.clone();
+    if offset == 0 {
+        // A new upload (or a restart: the earlier one at this path is dropped first, so its
+        // lock does not stand in the way of this one).
+        op.uploads.end(&key);
+        let lock = op.lock(&key, LockMode::Exclusive, raw)?;
+        let current = existing(&parent, raw)?;
+        check_preconditions(p, current.as_ref().map(|(_, m)| m), raw)?;
+        let mode = mode_for(current.as_ref().map(|(_, m)| m));
+        let staged = parent.stage(raw)?;
+        op.uploads.start(
+            key.clone(),
+            Upload {
+                parent,
+                staged,
+                written: 0,
+                mode,
+                lock,
+            },
+        );
+    }
+    let conflict = |why: String| Error::new(ErrorKind::ConcurrencyConflict, why).with_path(raw);
+    let slot = op.uploads.get(&key).ok_or_else(|| {
+        conflict(format!(
+            "no upload in progress for this path; offset {offset} needs an upload started at offset 0"
+        ))
+    })?;
+    let mut guard = upload::lock(&slot);
+    let Some(up) = guard.as_mut() else {
+        return Err(conflict("the upload has already ended".into()));
+    };
+    if up.written != offset {
+        return Err(conflict(format!(
+            "offset {offset} does not match the {} bytes staged so far",
+            up.written
+        )));
+    }
+    let size = up.written + data.len() as u64;
+    if size > max_file {
+        drop(guard);
+        op.uploads.end(&key);
+        return Err(too_large(size, max_file, raw));
+    }
+    if let Err(e) = up.staged.write(data, raw) {
+        drop(guard);
+        op.uploads.end(&key);
+        return Err(e);
+    }
+    up.written = size;
+    if !p.last {
+        return Ok(Reply {
+            bytes_written: data.len() as u64,
+            size,
+            etag: None,
+            lock_id: None,
+        });
+    }
+    let Some(mut up) = guard.take() else {
+        return Err(conflict("the upload has already ended".into()));
+    };
+    drop(guard);
+    op.uploads.end(&key);
+    up.staged.finish(up.mode, raw)?;
+    recheck_if_match(p, &up.parent, raw)?;
+    let meta = up.parent.commit(up.staged, raw)?;
+    Ok(Reply {
+        bytes_written: data.len() as u64,
+        size: meta.len(),
+        etag: Some(open::etag(&meta)),
+        lock_id: op.keep(&up.lock, p.keep_locked, raw)?,
+    })
+}

@@ -1,0 +1,342 @@
+//! The safe building blocks of every mutation.
+//!
+//! A mutation never opens its target by path from the root. It opens the target's *parent*
+//! beneath the root (intermediate symlinks that stay inside are followed; the kernel refuses
+//! the rest), and then works on the last component with `*at` calls that never follow it:
+//! `renameat2`, `unlinkat`, `mkdirat`, `openat(O_CREAT | O_EXCL)`. So a symlink planted at
+//! the target can be replaced, moved or removed, but never written through by accident.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+
+use cap_fs_ext::{DirExt, OpenOptionsFollowExt, OpenOptionsMaybeDirExt};
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+
+use super::open::{check_not_denied, real_rel};
+use super::{Mode, Resolved, Root};
+use crate::error::{Error, ErrorKind, Result};
+
+/// The directory holding a path, opened beneath the root, and the path's last component.
+#[derive(Debug)]
+pub struct Parent {
+    /// The parent directory's capability.
+    pub dir: Dir,
+    /// The last component of the path.
+    pub name: String,
+    /// Where the entry really is, relative to the root (the parent resolved through any
+    /// symlinks, then `name`).
+    pub real: String,
+    /// The lock key: the root's canonical path joined with `real`.
+    pub key: PathBuf,
+}
+
+/// Refuses mutations of a read-only root.
+pub fn require_writable(target: &Resolved, raw: &str) -> Result<()> {
+    match target.root.mode() {
+        Mode::ReadWrite => Ok(()),
+        Mode::ReadOnly => {
+            Err(Error::new(ErrorKind::PermissionDenied, "read-only root").with_path(raw))
+        }
+    }
+}
+
+/// The error for an operation on the root itself, which is never deleted, renamed or replaced.
+pub fn root_itself(what: &str, raw: &str) -> Error {
+    Error::new(
+        ErrorKind::PermissionDenied,
+        format!("the root itself cannot be {what}"),
+    )
+    .with_path(raw)
+}
+
+/// Opens the parent of `target` (which must not be the root itself) and checks the deny
+/// globs against where the entry really is.
+pub fn open_parent(target: &Resolved, raw: &str) -> Result<Parent> {
+    check_not_denied(target, raw)?;
+    let (parent_rel, name) = match target.rel.rsplit_once('/') {
+        Some((p, n)) => (p, n),
+        None => ("", target.rel.as_str()),
+    };
+    if name.is_empty() {
+        return Err(root_itself("changed", raw));
+    }
+    let root = &target.root;
+    let dir = if parent_rel.is_empty() {
+        root.dir().try_clone()
+    } else {
+        root.dir().open_dir(parent_rel)
+    }
+    .map_err(|e| Error::from_io(&e, raw))?;
+    let real_parent = real_rel(root, &dir, raw)?;
+    let real = if real_parent.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{real_parent}/{name}")
+    };
+    if root.deny().is_denied(&real) {
+        return Err(Error::new(ErrorKind::PermissionDenied, "denied by policy").with_path(raw));
+    }
+    Ok(Parent {
+        key: root.path().join(&real),
+        dir,
+        name: name.to_owned(),
+        real,
+    })
+}
+
+impl Parent {
+    /// Flushes the parent directory, so a rename or unlink in it survives a crash.
+    pub fn sync(&self) -> Result<()> {
+        // The capability may be an `O_PATH` descriptor, which `fsync` refuses; open the
+        // directory itself for reading to sync it.
+        let mut opts = OpenOptions::new();
+        opts.read(true).maybe_dir(true);
+        self.dir
+            .open_with(".", &opts)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot sync the directory: {e}")))
+    }
+
+    /// `lstat` of the entry: `None` when it does not exist.
+    pub fn entry_type(&self, raw: &str) -> Result<Option<cap_std::fs::FileType>> {
+        match self.dir.symlink_metadata(&self.name) {
+            Ok(m) => Ok(Some(m.file_type())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::from_io(&e, raw)),
+        }
+    }
+
+    /// Opens the existing regular file at the entry for reading, without following a
+    /// symlink, and returns it with its `fstat`.
+    pub fn open_existing(&self, raw: &str) -> Result<(File, std::fs::Metadata)> {
+        let mut opts = OpenOptions::new();
+        opts.read(true)
+            .follow(cap_fs_ext::FollowSymlinks::No)
+            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+        let file = self
+            .dir
+            .open_with(&self.name, &opts)
+            .map_err(|e| Error::from_io(&e, raw))?
+            .into_std();
+        let meta = file.metadata().map_err(|e| Error::from_io(&e, raw))?;
+        if !meta.is_file() {
+            return Err(Error::new(ErrorKind::InvalidPath, "not a regular file").with_path(raw));
+        }
+        Ok((file, meta))
+    }
+
+    /// Creates a staging file beside the entry, private to the owner until committed.
+    pub fn stage(&self, raw: &str) -> Result<Staged> {
+        let dir = self.dir.try_clone().map_err(|e| Error::from_io(&e, raw))?;
+        // Keep the whole name within NAME_MAX (255 bytes) whatever the target's length.
+        let mut stem = self.name.as_str();
+        while stem.len() > 200 {
+            let mut cut = 200.min(stem.len() - 1);
+            while !stem.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            stem = &stem[..cut];
+        }
+        let name = format!(
+            ".{stem}{STAGING_MARK}{}{STAGING_SUFFIX}",
+            crate::locks::random_hex(8)
+        );
+        let mut opts = OpenOptions::new();
+        opts.write(true)
+            .create_new(true)
+            .follow(cap_fs_ext::FollowSymlinks::No)
+            .mode(0o600);
+        let file = dir
+            .open_with(&name, &opts)
+            .map_err(|e| Error::from_io(&e, raw))?
+            .into_std();
+        Ok(Staged {
+            dir,
+            name,
+            file,
+            done: false,
+        })
+    }
+
+    /// Renames `staged` over the entry (replacing whatever is there, a symlink included,
+    /// never following it), then syncs the directory. Returns the committed file's `fstat`
+    /// taken after the rename (a rename changes the inode's change time, hence its etag).
+    pub fn commit(&self, staged: Staged, raw: &str) -> Result<std::fs::Metadata> {
+        self.commit_with(staged, true, raw)
+    }
+
+    /// Like [`Parent::commit`]; without `overwrite` an existing entry is `ALREADY_EXISTS`,
+    /// decided atomically by `RENAME_NOREPLACE`.
+    pub fn commit_with(
+        &self,
+        mut staged: Staged,
+        overwrite: bool,
+        raw: &str,
+    ) -> Result<std::fs::Metadata> {
+        let flags = if overwrite {
+            rustix::fs::RenameFlags::empty()
+        } else {
+            rustix::fs::RenameFlags::NOREPLACE
+        };
+        rustix::fs::renameat_with(&staged.dir, &staged.name, &self.dir, &self.name, flags)
+            .map_err(|e| Error::from_io(&e.into(), raw))?;
+        staged.done = true;
+        self.sync().map_err(|e| e.or_path(raw))?;
+        staged.file.metadata().map_err(|e| Error::from_io(&e, raw))
+    }
+
+    /// Creates the directory entry; `Ok(false)` when something already exists there.
+    pub fn create_dir(&self, raw: &str) -> Result<bool> {
+        match self.dir.create_dir(&self.name) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(Error::from_io(&e, raw)),
+        }
+    }
+
+    /// Creates an empty regular file; `Ok(false)` when something already exists there.
+    pub fn create_file(&self, raw: &str) -> Result<bool> {
+        let mut opts = OpenOptions::new();
+        opts.write(true)
+            .create_new(true)
+            .follow(cap_fs_ext::FollowSymlinks::No)
+            .mode(0o666);
+        match self.dir.open_with(&self.name, &opts) {
+            Ok(f) => {
+                f.sync_all().map_err(|e| Error::from_io(&e, raw))?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(Error::from_io(&e, raw)),
+        }
+    }
+
+    /// Removes the entry: a file or symlink is unlinked (never its target), a directory
+    /// removed if empty, or with everything beneath it when `recursive`.
+    pub fn remove(&self, recursive: bool, raw: &str) -> Result<()> {
+        let Some(ft) = self.entry_type(raw)? else {
+            return Err(
+                Error::new(ErrorKind::FileNotFound, "no such file or directory").with_path(raw),
+            );
+        };
+        let result = if ft.is_dir() {
+            match self.dir.remove_dir(&self.name) {
+                Err(e) if is_not_empty(&e) && recursive => self.dir.remove_dir_all(&self.name),
+                Err(e) if is_not_empty(&e) => {
+                    return Err(Error::new(
+                        ErrorKind::Io,
+                        "directory not empty (set recursive to delete its contents)",
+                    )
+                    .with_path(raw));
+                }
+                other => other,
+            }
+        } else {
+            self.dir.remove_file_or_symlink(&self.name)
+        };
+        result.map_err(|e| Error::from_io(&e, raw))?;
+        self.sync().map_err(|e| e.or_path(raw))
+    }
+}
+
+/// Whether anything beneath the directory entry is denied by the root's globs (walked without
+/// following symlinks). Roots without deny globs answer at once.
+pub fn tree_has_denied(root: &Root, parent: &Parent, raw: &str) -> Result<bool> {
+    if root.deny().is_empty() {
+        return Ok(false);
+    }
+    let top = parent
+        .dir
+        .open_dir_nofollow(&parent.name)
+        .map_err(|e| Error::from_io(&e, raw))?;
+    let mut stack = vec![(top, parent.real.clone())];
+    while let Some((dir, rel)) = stack.pop() {
+        for entry in dir.entries().map_err(|e| Error::from_io(&e, raw))? {
+            let entry = entry.map_err(|e| Error::from_io(&e, raw))?;
+            let name = entry.file_name();
+            // A name that is not UTF-8 cannot be matched by a glob; be safe and refuse.
+            let Some(name) = name.to_str() else {
+                return Ok(true);
+            };
+            let child = format!("{rel}/{name}");
+            if root.deny().is_denied(&child) {
+                return Ok(true);
+            }
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                let sub = dir
+                    .open_dir_nofollow(name)
+                    .map_err(|e| Error::from_io(&e, raw))?;
+                stack.push((sub, child));
+            }
+        }
+    }
+    Ok(false)
+}
+
+fn is_not_empty(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::NOTEMPTY.raw_os_error())
+        || e.kind() == std::io::ErrorKind::DirectoryNotEmpty
+}
+
+/// Marks fsbroker's staging files: `.NAME.fsbroker-RANDOM.part`.
+pub const STAGING_MARK: &str = ".fsbroker-";
+/// The staging files' suffix.
+pub const STAGING_SUFFIX: &str = ".part";
+
+/// Whether a directory entry's name is one of fsbroker's staging files.
+pub fn is_staging_name(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(STAGING_SUFFIX) && name.contains(STAGING_MARK)
+}
+
+/// A staging file beside its target. Removed when dropped unless committed, so every
+/// failure path — an error, a quota, a session that ends mid-upload — cleans up.
+#[derive(Debug)]
+pub struct Staged {
+    dir: Dir,
+    name: String,
+    file: File,
+    done: bool,
+}
+
+impl Staged {
+    /// Appends bytes.
+    pub fn write(&mut self, data: &[u8], raw: &str) -> Result<()> {
+        self.file
+            .write_all(data)
+            .map_err(|e| Error::from_io(&e, raw))
+    }
+
+    /// The open staging file (to copy into it, or to set its permissions).
+    pub fn file(&mut self) -> &mut File {
+        &mut self.file
+    }
+
+    /// Flushes data and sets the permission bits the committed file will have.
+    pub fn finish(&mut self, mode: u32, raw: &str) -> Result<()> {
+        rustix::fs::fchmod(&self.file, rustix::fs::Mode::from_raw_mode(mode))
+            .map_err(|e| Error::from_io(&e.into(), raw))?;
+        self.file.sync_all().map_err(|e| Error::from_io(&e, raw))
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Err(e) = self.dir.remove_file(&self.name) {
+                tracing::warn!(name = %self.name, error = %e, "could not remove a staging file");
+            }
+        }
+    }
+}
+
+/// Renames `from` to `to` across any two parents; `overwrite: false` is atomic
+/// (`RENAME_NOREPLACE`), never stat-then-rename.
+pub fn rename(from: &Parent, to: &Parent, overwrite: bool) -> rustix::io::Result<()> {
+    let flags = if overwrite {
+        rustix::fs::RenameFlags::empty()
+    } else {
+        rustix::fs::RenameFlags::NOREPLACE
+    };
+    rustix::fs::renameat_with(&from.dir, &from.name, &to.dir, &to.name, flags)
+}

@@ -1,0 +1,90 @@
+//! Chunked uploads: a sequence of `files/write` calls with `offset`, staged beside the target
+//! and committed atomically by the `final` chunk.
+//!
+//! An upload holds an exclusive lock on its path from its first chunk to its commit, so other
+//! sessions see `FILE_LOCKED` rather than a half-built file, and its staging file is removed
+//! whenever the upload ends without a commit: an error, a quota, a restart at offset 0, or the
+//! session ending (the map is dropped with the session).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::locks::LockGuard;
+use crate::sandbox::mutate::{Parent, Staged};
+
+/// One upload in progress.
+#[derive(Debug)]
+pub struct Upload {
+    /// Where it will land.
+    pub parent: Parent,
+    /// The staging file.
+    pub staged: Staged,
+    /// Bytes staged so far: the `offset` the next chunk must carry.
+    pub written: u64,
+    /// Permission bits the committed file gets.
+    pub mode: u32,
+    /// Held until the upload ends.
+    pub lock: LockGuard,
+}
+
+/// A slot for an upload; `None` once it committed or was aborted, so a chunk that raced with
+/// the end of its upload sees that instead of writing into a finished one.
+pub type Slot = Arc<Mutex<Option<Upload>>>;
+
+/// A session's uploads, by lock key (the canonical target path).
+#[derive(Debug, Default, Clone)]
+pub struct Uploads {
+    map: Arc<Mutex<HashMap<PathBuf, Slot>>>,
+}
+
+impl Uploads {
+    fn map(&self) -> MutexGuard<'_, HashMap<PathBuf, Slot>> {
+        // Every mutation of the map is a single insert or remove: never half-done.
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts an upload, replacing (and so aborting) any earlier one at the same key.
+    pub fn start(&self, key: PathBuf, upload: Upload) -> Slot {
+        let slot: Slot = Arc::new(Mutex::new(Some(upload)));
+        let old = self.map().insert(key, Arc::clone(&slot));
+        if let Some(old) = old {
+            abort(old);
+        }
+        slot
+    }
+
+    /// The upload at `key`, if one is in progress.
+    pub fn get(&self, key: &Path) -> Option<Slot> {
+        self.map().get(key).cloned()
+    }
+
+    /// Ends the upload at `key` (its staging file goes with it unless already committed).
+    pub fn end(&self, key: &Path) {
+        let old = self.map().remove(key);
+        if let Some(old) = old {
+            abort(old);
+        }
+    }
+
+    /// How many uploads are in progress.
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Whether no upload is in progress.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Empties a slot so a chunk holding a clone of it finds the upload gone.
+fn abort(slot: Slot) {
+    let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
+    drop(guard.take());
+}
+
+/// Locks a slot for one chunk.
+pub fn lock(slot: &Slot) -> MutexGuard<'_, Option<Upload>> {
+    slot.lock().unwrap_or_else(|e| e.into_inner())
+}
