@@ -89,7 +89,8 @@ impl SizeHint for Reply {
     }
 }
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Reply> {
+    let params = params?;
     let policy = ctx.policy.clone();
     blocking(move || list(&policy, params)).await
 }

@@ -118,30 +118,12 @@ pub(crate) async fn call(
     match Method::from_name(method) {
         Method::Ping => respond(&ctx, method, id, ping::handle(parse(params))),
         Method::RootsList => respond(&ctx, method, id, roots::handle(&ctx, parse(params))),
-        Method::FilesRead => match parse(params) {
-            Ok(p) => respond(&ctx, method, id, read::handle(&ctx, p).await),
-            Err(e) => jsonrpc::error_frame(Some(id), &e),
-        },
-        Method::FilesList => match parse(params) {
-            Ok(p) => respond(&ctx, method, id, list::handle(&ctx, p).await),
-            Err(e) => jsonrpc::error_frame(Some(id), &e),
-        },
-        Method::FilesWrite => match parse(params) {
-            Ok(p) => respond(&ctx, method, id, write::handle(&ctx, p).await),
-            Err(e) => jsonrpc::error_frame(Some(id), &e),
-        },
-        Method::FilesCreate => match parse(params) {
-            Ok(p) => respond(&ctx, method, id, create::handle(&ctx, p).await),
-            Err(e) => jsonrpc::error_frame(Some(id), &e),
-        },
-        Method::FilesDelete => match parse(params) {
-            Ok(p) => respond(&ctx, method, id, delete::handle(&ctx, p).await),
-            Err(e) => jsonrpc::error_frame(Some(id), &e),
-        },
-        Method::FilesRename => match parse(params) {
-            Ok(p) => respond(&ctx, method, id, rename::handle(&ctx, p).await),
-            Err(e) => jsonrpc::error_frame(Some(id), &e),
-        },
+        Method::FilesRead => respond(&ctx, method, id, read::handle(&ctx, parse(params)).await),
+        Method::FilesList => respond(&ctx, method, id, list::handle(&ctx, parse(params)).await),
+        Method::FilesWrite => respond(&ctx, method, id, write::handle(&ctx, parse(params)).await),
+        Method::FilesCreate => respond(&ctx, method, id, create::handle(&ctx, parse(params)).await),
+        Method::FilesDelete => respond(&ctx, method, id, delete::handle(&ctx, parse(params)).await),
+        Method::FilesRename => respond(&ctx, method, id, rename::handle(&ctx, parse(params)).await),
         Method::FilesUnlock => respond(&ctx, method, id, unlock::handle(&ctx, parse(params))),
         Method::Unknown => {
             let err = Error::new(

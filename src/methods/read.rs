@@ -42,7 +42,8 @@ pub(crate) struct Reply {
     lock_id: Option<String>,
 }
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Reply> {
+    let params = params?;
     let op = ctx.owned();
     blocking(move || read(&op, params)).await
 }

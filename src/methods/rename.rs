@@ -29,7 +29,8 @@ pub(crate) struct Params {
     _meta: Option<serde::de::IgnoredAny>,
 }
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Empty>> {
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Empty>> {
+    let params = params?;
     let op = ctx.owned();
     blocking(move || rename(&op, &params)).await
 }

@@ -70,7 +70,8 @@ impl WriteResult for Reply {
 
 impl SizeHint for Reply {}
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Reply> {
+    let params = params?;
     let op = ctx.owned();
     blocking(move || write(&op, params)).await
 }
