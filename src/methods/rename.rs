@@ -54,6 +54,16 @@ fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
             Error::new(ErrorKind::FileNotFound, "no such file or directory").with_path(old_raw),
         );
     };
+    // Moving a tree would carry denied files out from under the globs that hide them (to
+    // another root, or to a place the globs do not name), so it is refused like a recursive
+    // delete of that tree.
+    if kind.is_dir() && mutate::tree_has_denied(&from.root, &src, old_raw)? {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "the directory holds paths denied by policy",
+        )
+        .with_path(old_raw));
+    }
     let _src_lock = op.lock(&src.key, LockMode::Exclusive, old_raw)?;
     if src.key == dst.key {
         return Ok(Json(Empty {}));
@@ -109,6 +119,10 @@ fn rename_error(e: rustix::io::Errno, overwrite: bool, old_raw: &str, new_raw: &
             "cannot replace a file with a directory",
         )
         .with_path(new_raw),
+        // The kernel does not say which of the two names was too long; the longer one was.
+        Errno::NAMETOOLONG if new_raw.len() > old_raw.len() => {
+            Error::from_io(&e.into(), new_raw)
+        }
         other => Error::from_io(&other.into(), old_raw),
     }
 }
