@@ -129,11 +129,7 @@ impl LockTable {
             .filter(|k| k.session == guard.session)
             .count();
         if mine >= max_per_session as usize {
-            return Err(Error::new(
-                ErrorKind::QuotaExceeded,
-                format!("this session already keeps {mine} locks (max_locks)"),
-            )
-            .with_path(raw));
+            return Err(quota(mine, raw));
         }
         let id = new_lock_id();
         t.add(&guard.key, guard.session, LockMode::Exclusive);
@@ -146,6 +142,18 @@ impl LockTable {
             },
         );
         Ok(id)
+    }
+
+    /// Fails with `QUOTA_EXCEEDED` when `session` already keeps `max_per_session` locks, so
+    /// a request that would be refused a kept lock is refused before it does any work.
+    pub fn check_keep_quota(&self, session: u64, max_per_session: u32, raw: &str) -> Result<()> {
+        let mut t = self.lock();
+        t.expire(Instant::now());
+        let mine = t.kept.values().filter(|k| k.session == session).count();
+        if mine >= max_per_session as usize {
+            return Err(quota(mine, raw));
+        }
+        Ok(())
     }
 
     /// Releases a kept lock of `session`. Unknown ids and other sessions' ids give the same
@@ -182,8 +190,7 @@ impl LockTable {
         }
     }
 
-    /// Drops kept locks whose time is up, and lets the rest say which keys they cover.
-    /// Returns the number of kept locks (for tests and logs).
+    /// The number of kept locks still in force (expired ones are dropped first).
     pub fn kept_count(&self) -> usize {
         let mut t = self.lock();
         t.expire(Instant::now());
@@ -267,6 +274,14 @@ impl Table {
             }
         }
     }
+}
+
+fn quota(kept: usize, raw: &str) -> Error {
+    Error::new(
+        ErrorKind::QuotaExceeded,
+        format!("this session already keeps {kept} locks (max_locks)"),
+    )
+    .with_path(raw)
 }
 
 fn locked(raw: &str) -> Error {

@@ -24,6 +24,9 @@ pub struct Upload {
     pub written: u64,
     /// Permission bits the committed file gets.
     pub mode: u32,
+    /// The first chunk's `ifMatch`, checked again at the commit: the precondition is the
+    /// upload's, not only its first chunk's.
+    pub if_match: Option<String>,
     /// Held until the upload ends.
     pub lock: LockGuard,
 }

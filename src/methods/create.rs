@@ -75,7 +75,8 @@ fn create(op: &Op, p: &Params) -> Result<Reply> {
         };
     }
     open::check_not_denied(&target, raw)?;
-    make_parents(&target, raw)?;
+    op.check_keep_quota(p.keep_locked, raw)?;
+    make_parents(op, &target, raw)?;
     let parent = mutate::open_parent(&target, raw)?;
     let lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
     let created = match p.kind {
@@ -105,8 +106,9 @@ fn create(op: &Op, p: &Params) -> Result<Reply> {
     })
 }
 
-/// Creates each missing ancestor of `target`, each through its own checked parent.
-fn make_parents(target: &Resolved, raw: &str) -> Result<()> {
+/// Creates each missing ancestor of `target`, each through its own checked parent and under
+/// its own lock, so a directory another session keeps locked gains nothing beneath it.
+fn make_parents(op: &Op, target: &Resolved, raw: &str) -> Result<()> {
     let mut end = 0;
     while let Some(i) = target.rel[end..].find('/') {
         end += i;
@@ -117,6 +119,10 @@ fn make_parents(target: &Resolved, raw: &str) -> Result<()> {
         let parent: Parent = mutate::open_parent(&ancestor, raw)?;
         match parent.entry_type(raw)? {
             None => {
+                // Locked only when it is to be made: an existing directory is not changed,
+                // and locking it would refuse this create whenever another session merely
+                // reads a file beside it.
+                let _lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
                 parent.create_dir(raw)?;
             }
             Some(t) if t.is_dir() || t.is_symlink() => {}

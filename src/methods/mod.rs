@@ -61,6 +61,16 @@ impl Op {
             .acquire(key.to_path_buf(), self.session, mode, raw)
     }
 
+    /// With `keepLocked`, refuses *before* any work when the session's kept locks are at
+    /// `max_locks`: a request answered `QUOTA_EXCEEDED` must not have changed anything.
+    fn check_keep_quota(&self, keep: bool, raw: &str) -> Result<()> {
+        if keep {
+            self.locks
+                .check_keep_quota(self.session, self.policy.limits().max_locks, raw)?;
+        }
+        Ok(())
+    }
+
     /// With `keepLocked`, turns the operation's exclusive lock into a kept lock.
     fn keep(&self, guard: &LockGuard, keep: bool, raw: &str) -> Result<Option<String>> {
         if !keep {

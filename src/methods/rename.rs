@@ -120,9 +120,7 @@ fn rename_error(e: rustix::io::Errno, overwrite: bool, old_raw: &str, new_raw: &
         )
         .with_path(new_raw),
         // The kernel does not say which of the two names was too long; the longer one was.
-        Errno::NAMETOOLONG if new_raw.len() > old_raw.len() => {
-            Error::from_io(&e.into(), new_raw)
-        }
+        Errno::NAMETOOLONG if new_raw.len() > old_raw.len() => Error::from_io(&e.into(), new_raw),
         other => Error::from_io(&other.into(), old_raw),
     }
 }

@@ -96,6 +96,9 @@ fn write(op: &Op, mut p: Params) -> Result<Reply> {
         limits.max_chunk_size,
         raw,
     )?;
+    if p.last {
+        op.check_keep_quota(p.keep_locked, raw)?;
+    }
     let parent = parent_following_inner_link(&target, raw)?;
     match p.offset {
         None => replace(op, &p, &parent, &data, raw),
@@ -189,30 +192,35 @@ fn check_preconditions(p: &Params, current: Option<&std::fs::Metadata>, raw: &st
             Error::new(ErrorKind::FileNotFound, "no such file (create is false)").with_path(raw),
         );
     }
-    if let Some(want) = &p.if_match {
-        let now = current.map(open::etag);
-        if now.as_deref() != Some(want.as_str()) {
-            return Err(Error::new(
-                ErrorKind::ConcurrencyConflict,
-                match now {
-                    Some(_) => "ifMatch differs from the file's current etag",
-                    None => "ifMatch given but the file does not exist",
-                },
-            )
-            .with_path(raw));
-        }
+    match &p.if_match {
+        Some(want) => match_etag(want, current, raw),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Just before a commit: the file must still be what `ifMatch` named (another program may
 /// have changed it while the content was being written).
-fn recheck_if_match(p: &Params, parent: &Parent, raw: &str) -> Result<()> {
-    if p.if_match.is_none() {
+fn recheck_if_match(if_match: Option<&str>, parent: &Parent, raw: &str) -> Result<()> {
+    let Some(want) = if_match else {
+        return Ok(());
+    };
+    let now = existing(parent, raw)?;
+    match_etag(want, now.as_ref().map(|(_, m)| m), raw)
+}
+
+fn match_etag(want: &str, current: Option<&std::fs::Metadata>, raw: &str) -> Result<()> {
+    let now = current.map(open::etag);
+    if now.as_deref() == Some(want) {
         return Ok(());
     }
-    let now = existing(parent, raw)?;
-    check_preconditions(p, now.as_ref().map(|(_, m)| m), raw)
+    Err(Error::new(
+        ErrorKind::ConcurrencyConflict,
+        match now {
+            Some(_) => "ifMatch differs from the file's current etag",
+            None => "ifMatch given but the file does not exist",
+        },
+    )
+    .with_path(raw))
 }
 
 /// The permission bits of the file being replaced, or the default for a new file.
@@ -264,7 +272,7 @@ fn replace(op: &Op, p: &Params, parent: &Parent, data: &[u8], raw: &str) -> Resu
     }
     staged.write(data, raw)?;
     staged.finish(mode_for(current.as_ref().map(|(_, m)| m)), raw)?;
-    recheck_if_match(p, parent, raw)?;
+    recheck_if_match(p.if_match.as_deref(), parent, raw)?;
     let meta = parent.commit(staged, raw)?;
     Ok(Reply {
         bytes_written: data.len() as u64,
@@ -300,6 +308,7 @@ fn chunk(
                 staged,
                 written: 0,
                 mode,
+                if_match: p.if_match.clone(),
                 lock,
             },
         );
@@ -346,7 +355,8 @@ fn chunk(
     drop(guard);
     op.uploads.end(&key);
     up.staged.finish(up.mode, raw)?;
-    recheck_if_match(p, &up.parent, raw)?;
+    recheck_if_match(up.if_match.as_deref(), &up.parent, raw)?;
+    recheck_if_match(p.if_match.as_deref(), &up.parent, raw)?;
     let meta = up.parent.commit(up.staged, raw)?;
     Ok(Reply {
         bytes_written: data.len() as u64,

@@ -27,13 +27,21 @@ pub struct RegularFile {
 }
 
 /// Refuses `target` when it, or an ancestor, matches one of its root's deny globs — as
-/// spelled, and as it resolves through symlinks inside the root.
+/// spelled, and as it resolves through symlinks inside the root — or names one of fsbroker's
+/// staging files (an upload in progress is nobody's to read or change but its own).
 ///
 /// The resolved check runs before anything else looks at the file, so that a link to a
 /// denied path is refused as denied and does not even reveal what kind of file it leads to.
 /// It is advisory (the link could change before the open); the check on the opened
 /// descriptor that follows every open is the one that holds.
 pub fn check_not_denied(target: &Resolved, raw: &str) -> Result<()> {
+    if target.rel.split('/').any(super::mutate::is_staging_name) {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "reserved for fsbroker's staging files",
+        )
+        .with_path(raw));
+    }
     let deny = target.root.deny();
     if deny.is_empty() {
         return Ok(());

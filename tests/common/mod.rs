@@ -201,3 +201,37 @@ pub fn uri_path(p: &Path) -> String {
     }
     s
 }
+
+impl Broker {
+    /// Starts `program ARGS...` (for instance a shell that sets limits and then `exec`s
+    /// [`bin`]) with the same pipes as [`Broker::spawn`].
+    pub fn spawn_program<S: AsRef<std::ffi::OsStr>>(program: &str, args: &[S]) -> Broker {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {program}: {e}"));
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Broker {
+            child,
+            stdin,
+            stdout,
+            next_id: 1,
+            last_raw: String::new(),
+        }
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGKILL (no chance to clean up) and reaps the process.
+    pub fn kill_now(&mut self) -> ExitStatus {
+        self.child.kill().expect("SIGKILL fsbroker");
+        self.child.wait().expect("wait")
+    }
+}

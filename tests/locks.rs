@@ -1,0 +1,1264 @@
+//! Locks (SEP-1708, PROTOCOL.md §5 "Locks"): two sessions of one broker, through the library
+//! API, on real temporary directories.
+//!
+//! Readers never refuse readers; `keepLocked` on read, write and create returns a 128-bit
+//! `lockId`; while a lock is kept the other session fails at once with `FILE_LOCKED` (naming the
+//! request path, never the lock id) and the holder carries on; locks cover subtrees; they end
+//! with `files/unlock` (own id only), with the session, or after `lock_timeout_ms`; `max_locks`
+//! is a per-session quota; an upload in progress locks its path, and an abandoned one leaves
+//! nothing behind; one file reached through several spellings is one lock.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fsbroker::policy::{Overrides, Policy};
+use fsbroker::{Broker, Session};
+use serde_json::{Value, json};
+
+/// How long any single request may take before the test calls it a hang.
+const HANG: Duration = Duration::from_secs(20);
+/// "At once": a refused request must come back well within this.
+const AT_ONCE: Duration = Duration::from_secs(2);
+
+/// A broker over one read-write root `r` (consent auto) in a fresh temporary directory.
+struct Env {
+    _tmp: tempfile::TempDir,
+    /// The root's canonical path.
+    root: PathBuf,
+    broker: Arc<Broker>,
+}
+
+impl Env {
+    /// `limits` is extra TOML for the `[limits]` table.
+    fn new(limits: &str) -> Env {
+        Env::with_inner_root(limits, None)
+    }
+
+    /// Like [`Env::new`]; with `inner`, the directory `r/INNER` (created here) is a second,
+    /// nested read-write root named `inner`.
+    fn with_inner_root(limits: &str, inner: Option<&str>) -> Env {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let base = tmp.path().canonicalize().expect("canonicalize");
+        let root = base.join("r");
+        std::fs::create_dir(&root).unwrap();
+        let mut text = format!(
+            "[[root]]\npath = {:?}\nname = \"r\"\nmode = \"read-write\"\nconsent = \"auto\"\n\n",
+            root.to_str().unwrap()
+        );
+        if let Some(inner) = inner {
+            let dir = root.join(inner);
+            std::fs::create_dir_all(&dir).unwrap();
+            text.push_str(&format!(
+                "[[root]]\npath = {:?}\nname = \"inner\"\nmode = \"read-write\"\nconsent = \"auto\"\n\n",
+                dir.to_str().unwrap()
+            ));
+        }
+        text.push_str(&format!("[limits]\nrequests_per_second = 0\n{limits}\n"));
+        let policy_path = base.join("policy.toml");
+        std::fs::write(&policy_path, text).unwrap();
+        let policy = Policy::load(Some(&policy_path), &Overrides::default()).expect("policy");
+        Env {
+            _tmp: tmp,
+            root,
+            broker: Broker::new(policy),
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// The absolute spelling of `r/rel`.
+    fn abs(&self, rel: &str) -> String {
+        self.path(rel).to_str().unwrap().to_owned()
+    }
+
+    fn put(&self, rel: &str, content: &str) {
+        let p = self.path(rel);
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(p, content).unwrap();
+    }
+
+    fn get(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(rel)).unwrap()
+    }
+}
+
+/// Sends one request and returns the parsed response and its raw frame.
+async fn call_raw(s: &Session, method: &str, params: Value) -> (Value, String) {
+    let msg = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let line = serde_json::to_vec(&msg).unwrap();
+    let frame = tokio::time::timeout(HANG, s.handle(&line))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {params} hung"))
+        .expect("a request gets a response");
+    assert!(frame.ends_with(b"\n"), "frame without newline");
+    let text = String::from_utf8(frame).expect("UTF-8 frame");
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(v["jsonrpc"], "2.0");
+    assert_eq!(v["id"], 1);
+    (v, text)
+}
+
+/// The result of a request that must succeed.
+async fn ok(s: &Session, method: &str, params: Value) -> Value {
+    let (v, _) = call_raw(s, method, params.clone()).await;
+    assert!(v.get("error").is_none(), "{method} {params} failed: {v}");
+    v["result"].clone()
+}
+
+/// The error of a request that must fail.
+async fn err(s: &Session, method: &str, params: Value) -> Value {
+    let (v, _) = call_raw(s, method, params.clone()).await;
+    assert!(
+        v.get("result").is_none(),
+        "{method} {params} should fail: {v}"
+    );
+    v["error"].clone()
+}
+
+/// A request that must fail at once with `FILE_LOCKED` naming `path`, and whose whole
+/// response never mentions any of `secrets` (the holder's lock ids).
+async fn locked(s: &Session, method: &str, params: Value, path: &str, secrets: &[&str]) {
+    let started = Instant::now();
+    let (v, raw) = call_raw(s, method, params.clone()).await;
+    let took = started.elapsed();
+    assert!(
+        v.get("result").is_none(),
+        "{method} {params} should be FILE_LOCKED: {v}"
+    );
+    let e = &v["error"];
+    assert_eq!(e["code"], -32100, "{method} {params}: {e}");
+    assert_eq!(e["data"]["code"], "FILE_LOCKED", "{method} {params}: {e}");
+    assert_eq!(e["data"]["path"], path, "{method} {params}: {e}");
+    assert!(
+        took < AT_ONCE,
+        "{method} {params} took {took:?}, not at once"
+    );
+    for id in secrets {
+        assert!(!raw.contains(id), "the refusal leaks the lock id: {raw}");
+    }
+}
+
+/// `keepLocked` result's lock id, checked to be 128 bits of hex.
+fn lock_id(result: &Value) -> String {
+    let id = result["lockId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no lockId in {result}"))
+        .to_owned();
+    assert_eq!(id.len(), 32, "lockId is not 32 hex chars: {id}");
+    assert!(
+        id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "lockId is not hex: {id}"
+    );
+    id
+}
+
+async fn keep_write(s: &Session, path: &str, content: &str) -> String {
+    lock_id(
+        &ok(
+            s,
+            "files/write",
+            json!({"path": path, "content": content, "keepLocked": true}),
+        )
+        .await,
+    )
+}
+
+async fn keep_read(s: &Session, path: &str) -> String {
+    lock_id(&ok(s, "files/read", json!({"path": path, "keepLocked": true})).await)
+}
+
+async fn read_text(s: &Session, path: &str) -> String {
+    let r = ok(s, "files/read", json!({"path": path})).await;
+    r["content"].as_str().expect("text content").to_owned()
+}
+
+async fn write(s: &Session, path: &str, content: &str) -> Value {
+    ok(s, "files/write", json!({"path": path, "content": content})).await
+}
+
+/// Names in `dir` that look like fsbroker staging files.
+fn staging_names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".fsbroker-"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readers_never_refuse_readers() {
+    let env = Env::new("");
+    // Large enough that two reads of it overlap on the blocking pool.
+    let big = "x".repeat(2 << 20);
+    env.put("f.txt", &big);
+    let a = env.broker.session();
+    let b = env.broker.session();
+    for _ in 0..8 {
+        let params = json!({"path": "r/f.txt", "length": 4 << 20});
+        let (ra, rb, ra2, rb2) = tokio::join!(
+            call_raw(&a, "files/read", params.clone()),
+            call_raw(&b, "files/read", params.clone()),
+            call_raw(&a, "files/read", json!({"path": env.abs("f.txt")})),
+            call_raw(&b, "files/read", json!({"path": "r/f.txt", "offset": 100})),
+        );
+        for (v, _) in [&ra, &rb, &ra2, &rb2] {
+            assert!(v.get("error").is_none(), "a reader was refused: {v}");
+            assert!(
+                v["result"].get("lockId").is_none(),
+                "plain read kept a lock"
+            );
+        }
+        assert_eq!(ra.0["result"]["content"].as_str().unwrap().len(), big.len());
+        assert_eq!(rb.0["result"]["content"].as_str().unwrap().len(), big.len());
+    }
+    // Plain reads leave nothing behind: the other session can write at once.
+    write(&b, "r/f.txt", "after").await;
+    assert_eq!(read_text(&a, "r/f.txt").await, "after");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_locked_on_write_read_create_returns_distinct_128_bit_ids() {
+    let env = Env::new("");
+    env.put("read.txt", "r");
+    let a = env.broker.session();
+    let b = env.broker.session();
+
+    let plain = write(&a, "r/plain.txt", "p").await;
+    assert!(
+        plain.get("lockId").is_none(),
+        "no keepLocked, no lockId: {plain}"
+    );
+    let plain = ok(
+        &a,
+        "files/create",
+        json!({"path": "r/plain2.txt", "type": "file"}),
+    )
+    .await;
+    assert!(
+        plain.get("lockId").is_none(),
+        "no keepLocked, no lockId: {plain}"
+    );
+
+    let mut ids = vec![
+        keep_write(&a, "r/write.txt", "w").await,
+        keep_read(&a, "r/read.txt").await,
+        lock_id(
+            &ok(
+                &a,
+                "files/create",
+                json!({"path": "r/created.txt", "type": "file", "keepLocked": true}),
+            )
+            .await,
+        ),
+        lock_id(
+            &ok(
+                &a,
+                "files/create",
+                json!({"path": "r/dir", "type": "directory", "keepLocked": true}),
+            )
+            .await,
+        ),
+        keep_write(&b, "r/b-write.txt", "bw").await,
+        keep_read(&b, "r/plain.txt").await,
+    ];
+    let n = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "lock ids repeat: {ids:?}");
+    // The results are otherwise the ordinary ones.
+    assert_eq!(env.get("write.txt"), "w");
+    assert!(env.path("created.txt").is_file());
+    assert!(env.path("dir").is_dir());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_lock_refuses_the_other_session_at_once_and_not_its_holder() {
+    let env = Env::new("");
+    env.put("f.txt", "old");
+    env.put("h.txt", "other file");
+    let a = env.broker.session();
+    let b = env.broker.session();
+    let id = keep_write(&a, "r/f.txt", "held by a").await;
+    let ids = [id.as_str()];
+
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/f.txt"}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/f.txt", "keepLocked": true}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/f.txt", "content": "b was here"}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/f.txt", "content": "b", "append": true}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/f.txt", "content": "b", "offset": 0, "final": false}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/delete",
+        json!({"path": "r/f.txt"}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/rename",
+        json!({"oldPath": "r/f.txt", "newPath": "r/g.txt"}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/rename",
+        json!({"oldPath": "r/h.txt", "newPath": "r/f.txt", "overwrite": true}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/create",
+        json!({"path": "r/f.txt", "type": "file"}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+
+    // Nothing b tried changed anything.
+    assert_eq!(env.get("f.txt"), "held by a");
+    assert_eq!(env.get("h.txt"), "other file");
+    assert!(!env.path("g.txt").exists());
+    assert!(
+        staging_names(&env.root).is_empty(),
+        "{:?}",
+        staging_names(&env.root)
+    );
+
+    // The holder carries on: read, replace, append, chunked upload, create of what exists.
+    assert_eq!(read_text(&a, "r/f.txt").await, "held by a");
+    write(&a, "r/f.txt", "a again").await;
+    ok(
+        &a,
+        "files/write",
+        json!({"path": "r/f.txt", "content": "!", "append": true}),
+    )
+    .await;
+    assert_eq!(env.get("f.txt"), "a again!");
+    ok(
+        &a,
+        "files/write",
+        json!({"path": "r/f.txt", "content": "up", "offset": 0, "final": false}),
+    )
+    .await;
+    ok(
+        &a,
+        "files/write",
+        json!({"path": "r/f.txt", "content": "load", "offset": 2, "final": true}),
+    )
+    .await;
+    assert_eq!(env.get("f.txt"), "upload");
+    let c = ok(
+        &a,
+        "files/create",
+        json!({"path": "r/f.txt", "type": "file"}),
+    )
+    .await;
+    assert_eq!(c["created"], false);
+
+    // The lock is still kept after all that.
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/f.txt"}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+
+    // The holder can also delete and rename what it keeps.
+    env.put("gone.txt", "g");
+    env.put("mv.txt", "m");
+    let gone = keep_read(&a, "r/gone.txt").await;
+    let mv = keep_read(&a, "r/mv.txt").await;
+    locked(
+        &b,
+        "files/delete",
+        json!({"path": "r/gone.txt"}),
+        "r/gone.txt",
+        &[&gone],
+    )
+    .await;
+    ok(&a, "files/delete", json!({"path": "r/gone.txt"})).await;
+    assert!(!env.path("gone.txt").exists());
+    locked(
+        &b,
+        "files/rename",
+        json!({"oldPath": "r/mv.txt", "newPath": "r/mv2.txt"}),
+        "r/mv.txt",
+        &[&mv],
+    )
+    .await;
+    ok(
+        &a,
+        "files/rename",
+        json!({"oldPath": "r/mv.txt", "newPath": "r/mv2.txt"}),
+    )
+    .await;
+    assert_eq!(env.get("mv2.txt"), "m");
+
+    // Other paths are not locked.
+    write(&b, "r/h.txt", "b writes elsewhere").await;
+    write(&b, "r/f.txt.bak", "prefix sibling").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_lock_covers_its_subtree() {
+    let env = Env::new("");
+    env.put("d/inside.txt", "inside");
+    env.put("dx/sibling.txt", "sibling");
+    let a = env.broker.session();
+    let b = env.broker.session();
+    let id = lock_id(
+        &ok(
+            &a,
+            "files/create",
+            json!({"path": "r/d", "type": "directory", "keepLocked": true}),
+        )
+        .await,
+    );
+    let ids = [id.as_str()];
+
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/d/new.txt", "content": "b"}),
+        "r/d/new.txt",
+        &ids,
+    )
+    .await;
+    assert!(!env.path("d/new.txt").exists());
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/d/inside.txt", "content": "b"}),
+        "r/d/inside.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/d/inside.txt"}),
+        "r/d/inside.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/delete",
+        json!({"path": "r/d/inside.txt"}),
+        "r/d/inside.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/delete",
+        json!({"path": "r/d", "recursive": true}),
+        "r/d",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/rename",
+        json!({"oldPath": "r/d/inside.txt", "newPath": "r/out.txt"}),
+        "r/d/inside.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/create",
+        json!({"path": "r/d/newdir", "type": "directory"}),
+        "r/d/newdir",
+        &ids,
+    )
+    .await;
+    assert!(!env.path("d/newdir").exists());
+    env.put("loose.txt", "loose");
+    locked(
+        &b,
+        "files/rename",
+        json!({"oldPath": "r/loose.txt", "newPath": "r/d/moved.txt"}),
+        "r/d/moved.txt",
+        &ids,
+    )
+    .await;
+    assert!(env.path("loose.txt").exists() && !env.path("d/moved.txt").exists());
+    // A create that would make parents beneath the locked directory must not make them.
+    locked(
+        &b,
+        "files/create",
+        json!({"path": "r/d/sub/deeper.txt", "type": "file"}),
+        "r/d/sub/deeper.txt",
+        &ids,
+    )
+    .await;
+    assert!(
+        !env.path("d/sub").exists(),
+        "a refused create made directories beneath another session's locked directory"
+    );
+    assert_eq!(env.get("d/inside.txt"), "inside");
+    assert!(!env.path("out.txt").exists());
+
+    // The holder works beneath it; a prefix sibling is not covered.
+    write(&a, "r/d/new.txt", "a").await;
+    assert_eq!(env.get("d/new.txt"), "a");
+    write(&b, "r/dx/sibling.txt", "b").await;
+    assert_eq!(env.get("dx/sibling.txt"), "b");
+
+    ok(&a, "files/unlock", json!({"lockId": id})).await;
+    write(&b, "r/d/inside.txt", "b after unlock").await;
+    assert_eq!(env.get("d/inside.txt"), "b after unlock");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_lock_covers_its_ancestors_against_delete_and_rename() {
+    let env = Env::new("");
+    env.put("p/q/f.txt", "deep");
+    env.put("p/other.txt", "other");
+    env.put("px/f.txt", "prefix sibling");
+    let a = env.broker.session();
+    let b = env.broker.session();
+    let id = keep_write(&a, "r/p/q/f.txt", "kept").await;
+    let ids = [id.as_str()];
+
+    locked(
+        &b,
+        "files/delete",
+        json!({"path": "r/p", "recursive": true}),
+        "r/p",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/delete",
+        json!({"path": "r/p/q", "recursive": true}),
+        "r/p/q",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/rename",
+        json!({"oldPath": "r/p", "newPath": "r/p2"}),
+        "r/p",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/rename",
+        json!({"oldPath": "r/p/q", "newPath": "r/q2"}),
+        "r/p/q",
+        &ids,
+    )
+    .await;
+    // Renaming another directory over an ancestor would pull the file away too.
+    std::fs::create_dir(env.path("empty")).unwrap();
+    locked(
+        &b,
+        "files/rename",
+        json!({"oldPath": "r/empty", "newPath": "r/p/q", "overwrite": true}),
+        "r/p/q",
+        &ids,
+    )
+    .await;
+    assert_eq!(env.get("p/q/f.txt"), "kept");
+    assert!(!env.path("p2").exists() && !env.path("q2").exists());
+
+    // Siblings and prefix siblings are not covered; neither is a read of the directory.
+    write(&b, "r/p/other.txt", "b").await;
+    write(&b, "r/px/f.txt", "b").await;
+    ok(&b, "files/list", json!({"path": "r/p", "recursive": true})).await;
+    ok(
+        &b,
+        "files/delete",
+        json!({"path": "r/px", "recursive": true}),
+    )
+    .await;
+
+    // The holder may move the tree it holds a lock in.
+    ok(
+        &a,
+        "files/rename",
+        json!({"oldPath": "r/p", "newPath": "r/p3"}),
+    )
+    .await;
+    assert_eq!(env.get("p3/q/f.txt"), "kept");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unlock_releases_only_with_the_holders_own_id() {
+    let env = Env::new("");
+    env.put("f.txt", "old");
+    let a = env.broker.session();
+    let b = env.broker.session();
+    let id = keep_write(&a, "r/f.txt", "a").await;
+    let b_id = keep_write(&b, "r/g.txt", "b").await;
+
+    // Another session's id: refused, and the lock stays.
+    let e = err(&b, "files/unlock", json!({"lockId": id})).await;
+    assert_eq!(e["code"], -32602, "{e}");
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/f.txt"}),
+        "r/f.txt",
+        &[&id],
+    )
+    .await;
+    // A made-up id, from either session: refused, the lock stays.
+    for made_up in [
+        "0".repeat(32),
+        "f".repeat(32),
+        "not-a-lock".to_owned(),
+        String::new(),
+    ] {
+        for s in [&a, &b] {
+            let e = err(s, "files/unlock", json!({"lockId": made_up})).await;
+            assert_eq!(e["code"], -32602, "{made_up:?}: {e}");
+        }
+    }
+    // The id in another case is not the id either.
+    if id.to_uppercase() != id {
+        let e = err(&a, "files/unlock", json!({"lockId": id.to_uppercase()})).await;
+        assert_eq!(e["code"], -32602, "{e}");
+    }
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/f.txt", "content": "b"}),
+        "r/f.txt",
+        &[&id],
+    )
+    .await;
+    // b's lock is b's: a cannot release it either.
+    let e = err(&a, "files/unlock", json!({"lockId": b_id})).await;
+    assert_eq!(e["code"], -32602, "{e}");
+    locked(
+        &a,
+        "files/read",
+        json!({"path": "r/g.txt"}),
+        "r/g.txt",
+        &[&b_id],
+    )
+    .await;
+    assert_eq!(env.get("f.txt"), "a");
+
+    // The holder's unlock releases: `{}`, and the other session then succeeds.
+    let r = ok(&a, "files/unlock", json!({"lockId": id})).await;
+    assert_eq!(r, json!({}));
+    write(&b, "r/f.txt", "b now").await;
+    assert_eq!(env.get("f.txt"), "b now");
+    // Twice is unknown.
+    let e = err(&a, "files/unlock", json!({"lockId": id})).await;
+    assert_eq!(e["code"], -32602, "{e}");
+
+    ok(&b, "files/unlock", json!({"lockId": b_id})).await;
+    write(&a, "r/g.txt", "a now").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_lock_ends_with_its_session() {
+    let env = Env::new("");
+    env.put("f.txt", "old");
+    env.put("d/x.txt", "x");
+    let a = env.broker.session();
+    let b = env.broker.session();
+    let id = keep_write(&a, "r/f.txt", "a").await;
+    let dir_id = lock_id(
+        &ok(
+            &a,
+            "files/create",
+            json!({"path": "r/d", "type": "directory", "keepLocked": true}),
+        )
+        .await,
+    );
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/f.txt"}),
+        "r/f.txt",
+        &[&id],
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/d/x.txt", "content": "b"}),
+        "r/d/x.txt",
+        &[&dir_id],
+    )
+    .await;
+
+    drop(a);
+
+    write(&b, "r/f.txt", "b").await;
+    write(&b, "r/d/x.txt", "b").await;
+    ok(
+        &b,
+        "files/delete",
+        json!({"path": "r/d", "recursive": true}),
+    )
+    .await;
+    assert_eq!(env.get("f.txt"), "b");
+    // The ended session's id means nothing to anyone now.
+    let e = err(&b, "files/unlock", json!({"lockId": id})).await;
+    assert_eq!(e["code"], -32602, "{e}");
+    // A new session may keep the path.
+    let c = env.broker.session();
+    keep_read(&c, "r/f.txt").await;
+    locked(&b, "files/read", json!({"path": "r/f.txt"}), "r/f.txt", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_lock_ends_after_lock_timeout_ms() {
+    let env = Env::new("lock_timeout_ms = 300");
+    env.put("f.txt", "old");
+    let a = env.broker.session();
+    let b = env.broker.session();
+    let id = keep_write(&a, "r/f.txt", "a").await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/f.txt", "content": "b"}),
+        "r/f.txt",
+        &[&id],
+    )
+    .await;
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    write(&b, "r/f.txt", "b").await;
+    assert_eq!(env.get("f.txt"), "b");
+    // Now b may keep it, and a is the one refused.
+    let b_id = keep_read(&b, "r/f.txt").await;
+    assert_ne!(b_id, id);
+    locked(
+        &a,
+        "files/read",
+        json!({"path": "r/f.txt"}),
+        "r/f.txt",
+        &[&b_id],
+    )
+    .await;
+    // a's expired id no longer unlocks anything (and certainly not b's lock).
+    let e = err(&a, "files/unlock", json!({"lockId": id})).await;
+    assert_eq!(e["code"], -32602, "{e}");
+    locked(
+        &a,
+        "files/read",
+        json!({"path": "r/f.txt"}),
+        "r/f.txt",
+        &[&b_id],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_locks_is_a_per_session_quota() {
+    let env = Env::new("max_locks = 2");
+    for n in 1..=5 {
+        env.put(&format!("{n}.txt"), &format!("file {n}"));
+    }
+    let a = env.broker.session();
+    let b = env.broker.session();
+    let id1 = keep_read(&a, "r/1.txt").await;
+    keep_read(&a, "r/2.txt").await;
+
+    let e = err(
+        &a,
+        "files/read",
+        json!({"path": "r/3.txt", "keepLocked": true}),
+    )
+    .await;
+    assert_eq!(e["code"], -31007, "{e}");
+    assert_eq!(e["data"]["code"], "QUOTA_EXCEEDED", "{e}");
+    // The refused keep left no lock behind.
+    write(&b, "r/3.txt", "b wrote 3").await;
+    // A plain read is not a kept lock and is not counted.
+    assert_eq!(read_text(&a, "r/3.txt").await, "b wrote 3");
+
+    // The quota is per session: b has its own two.
+    keep_read(&b, "r/4.txt").await;
+    keep_read(&b, "r/5.txt").await;
+    let e = err(
+        &b,
+        "files/write",
+        json!({"path": "r/3.txt", "content": "x", "keepLocked": true}),
+    )
+    .await;
+    assert_eq!(e["code"], -31007, "{e}");
+
+    // Unlocking frees a slot.
+    ok(&a, "files/unlock", json!({"lockId": id1})).await;
+    keep_read(&a, "r/3.txt").await;
+    locked(&b, "files/read", json!({"path": "r/3.txt"}), "r/3.txt", &[]).await;
+}
+
+/// A `keepLocked` request refused for the lock quota is an error: the client is told the
+/// operation failed, so it must not have happened.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keep_refused_by_the_quota_changes_nothing() {
+    let env = Env::new("max_locks = 1");
+    env.put("held.txt", "h");
+    env.put("w.txt", "old");
+    let a = env.broker.session();
+    keep_read(&a, "r/held.txt").await;
+
+    let e = err(
+        &a,
+        "files/write",
+        json!({"path": "r/w.txt", "content": "new", "keepLocked": true}),
+    )
+    .await;
+    assert_eq!(e["code"], -31007, "{e}");
+    let e2 = err(
+        &a,
+        "files/create",
+        json!({"path": "r/c.txt", "type": "file", "keepLocked": true}),
+    )
+    .await;
+    assert_eq!(e2["code"], -31007, "{e2}");
+    assert!(staging_names(&env.root).is_empty());
+    let mut wrong = Vec::new();
+    if env.get("w.txt") != "old" {
+        wrong.push("files/write answered QUOTA_EXCEEDED but replaced the file anyway");
+    }
+    if env.path("c.txt").exists() {
+        wrong.push("files/create answered QUOTA_EXCEEDED but created the file anyway");
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_in_progress_locks_its_path() {
+    let env = Env::new("");
+    env.put("up.bin", "old content");
+    let a = env.broker.session();
+    let b = env.broker.session();
+    let first = ok(
+        &a,
+        "files/write",
+        json!({"path": "r/up.bin", "content": "AAAA", "offset": 0, "final": false}),
+    )
+    .await;
+    assert!(first.get("lockId").is_none(), "{first}");
+
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/up.bin"}),
+        "r/up.bin",
+        &[],
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/up.bin", "content": "b"}),
+        "r/up.bin",
+        &[],
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/up.bin", "content": "b", "offset": 0, "final": false}),
+        "r/up.bin",
+        &[],
+    )
+    .await;
+    // b cannot continue a's upload either (it has none; a's is a's).
+    let e = err(
+        &b,
+        "files/write",
+        json!({"path": "r/up.bin", "content": "b", "offset": 4, "final": true}),
+    )
+    .await;
+    assert!(
+        e["data"]["code"] == "FILE_LOCKED" || e["data"]["code"] == "CONCURRENCY_CONFLICT",
+        "{e}"
+    );
+    locked(
+        &b,
+        "files/delete",
+        json!({"path": "r/up.bin"}),
+        "r/up.bin",
+        &[],
+    )
+    .await;
+    locked(
+        &b,
+        "files/rename",
+        json!({"oldPath": "r/up.bin", "newPath": "r/moved.bin"}),
+        "r/up.bin",
+        &[],
+    )
+    .await;
+    // The target keeps its old content until the final chunk; the uploader may read it.
+    assert_eq!(env.get("up.bin"), "old content");
+    assert_eq!(read_text(&a, "r/up.bin").await, "old content");
+
+    ok(
+        &a,
+        "files/write",
+        json!({"path": "r/up.bin", "content": "BBBB", "offset": 4, "final": true}),
+    )
+    .await;
+    assert_eq!(env.get("up.bin"), "AAAABBBB");
+    assert_eq!(read_text(&b, "r/up.bin").await, "AAAABBBB");
+    write(&b, "r/up.bin", "b after").await;
+    assert_eq!(env.get("up.bin"), "b after");
+    assert!(staging_names(&env.root).is_empty());
+
+    // An upload to a new path locks that path too.
+    ok(
+        &a,
+        "files/write",
+        json!({"path": "r/new.bin", "content": "N", "offset": 0, "final": false}),
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/new.bin", "content": "b"}),
+        "r/new.bin",
+        &[],
+    )
+    .await;
+    locked(
+        &b,
+        "files/create",
+        json!({"path": "r/new.bin", "type": "file"}),
+        "r/new.bin",
+        &[],
+    )
+    .await;
+    assert!(!env.path("new.bin").exists());
+    ok(
+        &a,
+        "files/write",
+        json!({"path": "r/new.bin", "content": "EW", "offset": 1, "final": true}),
+    )
+    .await;
+    assert_eq!(read_text(&b, "r/new.bin").await, "NEW");
+
+    // An upload whose final chunk asks keepLocked keeps the path past the commit.
+    ok(
+        &a,
+        "files/write",
+        json!({"path": "r/up.bin", "content": "K", "offset": 0, "final": false}),
+    )
+    .await;
+    let id = lock_id(
+        &ok(
+            &a,
+            "files/write",
+            json!({"path": "r/up.bin", "content": "EPT", "offset": 1, "final": true, "keepLocked": true}),
+        )
+        .await,
+    );
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/up.bin"}),
+        "r/up.bin",
+        &[&id],
+    )
+    .await;
+    ok(&a, "files/unlock", json!({"lockId": id})).await;
+    assert_eq!(read_text(&b, "r/up.bin").await, "KEPT");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dropping_a_session_mid_upload_removes_its_staging_file_and_releases_the_path() {
+    let env = Env::new("");
+    env.put("up.bin", "old content");
+    env.put("sub/deep.bin", "old deep");
+    let a = env.broker.session();
+    let b = env.broker.session();
+    for path in ["r/up.bin", "r/sub/deep.bin", "r/sub/fresh.bin"] {
+        ok(
+            &a,
+            "files/write",
+            json!({"path": path, "content": "partial", "offset": 0, "final": false}),
+        )
+        .await;
+    }
+    assert_eq!(staging_names(&env.root).len(), 1, "one upload staged in r/");
+    assert_eq!(
+        staging_names(&env.path("sub")).len(),
+        2,
+        "two staged in r/sub"
+    );
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/up.bin", "content": "b"}),
+        "r/up.bin",
+        &[],
+    )
+    .await;
+
+    drop(a);
+
+    assert!(
+        staging_names(&env.root).is_empty(),
+        "{:?}",
+        staging_names(&env.root)
+    );
+    assert!(
+        staging_names(&env.path("sub")).is_empty(),
+        "{:?}",
+        staging_names(&env.path("sub"))
+    );
+    assert_eq!(env.get("up.bin"), "old content");
+    assert_eq!(env.get("sub/deep.bin"), "old deep");
+    assert!(!env.path("sub/fresh.bin").exists());
+
+    assert_eq!(read_text(&b, "r/up.bin").await, "old content");
+    write(&b, "r/up.bin", "b").await;
+    write(&b, "r/sub/fresh.bin", "b").await;
+    // b can run its own upload there now.
+    ok(
+        &b,
+        "files/write",
+        json!({"path": "r/sub/deep.bin", "content": "bb", "offset": 0, "final": false}),
+    )
+    .await;
+    ok(
+        &b,
+        "files/write",
+        json!({"path": "r/sub/deep.bin", "content": "b", "offset": 2}),
+    )
+    .await;
+    assert_eq!(env.get("sub/deep.bin"), "bbb");
+    assert_eq!(env.get("up.bin"), "b");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_file_under_several_spellings_is_one_lock() {
+    let env = Env::new("");
+    env.put("f.txt", "content");
+    std::os::unix::fs::symlink("f.txt", env.path("alias")).unwrap();
+    let a = env.broker.session();
+    let b = env.broker.session();
+    let abs = env.abs("f.txt");
+    let uri = format!("file://{abs}");
+
+    // Kept through the root-name spelling.
+    let id = keep_read(&a, "r/f.txt").await;
+    let ids = [id.as_str()];
+    locked(&b, "files/read", json!({"path": abs}), &abs, &ids).await;
+    locked(&b, "files/read", json!({"path": uri}), &uri, &ids).await;
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/alias"}),
+        "r/alias",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": abs, "content": "b"}),
+        &abs,
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/alias", "content": "b"}),
+        "r/alias",
+        &ids,
+    )
+    .await;
+    locked(&b, "files/delete", json!({"path": abs}), &abs, &ids).await;
+    assert_eq!(env.get("f.txt"), "content");
+    assert!(env.path("alias").is_symlink());
+    // The holder reaches it under every spelling.
+    assert_eq!(read_text(&a, &abs).await, "content");
+    assert_eq!(read_text(&a, "r/alias").await, "content");
+    ok(&a, "files/unlock", json!({"lockId": id})).await;
+
+    // Kept through the absolute spelling.
+    let id = keep_write(&a, &abs, "v2").await;
+    let ids = [id.as_str()];
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/f.txt"}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/alias"}),
+        "r/alias",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/rename",
+        json!({"oldPath": "r/f.txt", "newPath": "r/g.txt"}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    ok(&a, "files/unlock", json!({"lockId": id})).await;
+
+    // Kept through the symlink: the lock is on the file it leads to.
+    let id = keep_read(&a, "r/alias").await;
+    let ids = [id.as_str()];
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/f.txt"}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/f.txt", "content": "b"}),
+        "r/f.txt",
+        &ids,
+    )
+    .await;
+    locked(&b, "files/read", json!({"path": abs}), &abs, &ids).await;
+    // Keeping the same file under another spelling in the same session is the same lock
+    // (or at least not a conflict with itself).
+    keep_read(&a, &abs).await;
+    ok(&a, "files/unlock", json!({"lockId": id})).await;
+
+    assert_eq!(env.get("f.txt"), "v2");
+    // With a's locks gone (the second keep of the same file may have returned the same id
+    // or a new one; end the session to be sure), b succeeds under every spelling.
+    drop(a);
+    assert_eq!(read_text(&b, "r/alias").await, "v2");
+    write(&b, "r/alias", "b").await;
+    assert_eq!(read_text(&b, &uri).await, "b");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_symlinked_directory_and_a_nested_root_reach_the_same_lock() {
+    let env = Env::with_inner_root("", Some("sub"));
+    env.put("sub/f.txt", "content");
+    std::os::unix::fs::symlink("sub", env.path("dl")).unwrap();
+    let a = env.broker.session();
+    let b = env.broker.session();
+
+    let id = keep_write(&a, "r/sub/f.txt", "a").await;
+    let ids = [id.as_str()];
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/dl/f.txt", "content": "b"}),
+        "r/dl/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "r/dl/f.txt"}),
+        "r/dl/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "inner/f.txt", "content": "b"}),
+        "inner/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/read",
+        json!({"path": "inner/f.txt"}),
+        "inner/f.txt",
+        &ids,
+    )
+    .await;
+    locked(
+        &b,
+        "files/delete",
+        json!({"path": "inner/f.txt"}),
+        "inner/f.txt",
+        &ids,
+    )
+    .await;
+    assert_eq!(env.get("sub/f.txt"), "a");
+    ok(&a, "files/unlock", json!({"lockId": id})).await;
+
+    // And the other way round: kept through the nested root, seen through the outer one.
+    let id = keep_read(&a, "inner/f.txt").await;
+    locked(
+        &b,
+        "files/write",
+        json!({"path": "r/sub/f.txt", "content": "b"}),
+        "r/sub/f.txt",
+        &[&id],
+    )
+    .await;
+    ok(&a, "files/unlock", json!({"lockId": id})).await;
+    write(&b, "r/dl/f.txt", "b").await;
+    assert_eq!(env.get("sub/f.txt"), "b");
+}
