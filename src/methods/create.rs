@@ -7,9 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Ctx, Op, SizeHint, blocking};
+use super::{Ctx, Op, blocking};
 use crate::error::{Error, ErrorKind, Result};
-use crate::jsonrpc::WriteResult;
+use crate::jsonrpc::Json;
 use crate::locks::LockMode;
 use crate::sandbox::mutate::{self, Parent};
 use crate::sandbox::{self, Resolved, open};
@@ -44,18 +44,10 @@ pub(crate) struct Reply {
     lock_id: Option<String>,
 }
 
-impl WriteResult for Reply {
-    fn write_result(&self, out: &mut Vec<u8>) {
-        crate::jsonrpc::Json(self).write_result(out);
-    }
-}
-
-impl SizeHint for Reply {}
-
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Reply> {
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
     let op = ctx.owned();
-    blocking(move || create(&op, &params)).await
+    blocking(move || create(&op, &params)).await.map(Json)
 }
 
 fn create(op: &Op, p: &Params) -> Result<Reply> {

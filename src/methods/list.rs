@@ -13,9 +13,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use cap_std::fs::{Dir, FileType};
 use serde::{Deserialize, Serialize};
 
-use super::{Ctx, SizeHint, blocking};
+use super::{Ctx, blocking};
 use crate::error::{Error, Result};
-use crate::jsonrpc::WriteResult;
+use crate::jsonrpc::Json;
 use crate::policy::Policy;
 use crate::rfc3339;
 use crate::sandbox::{self, Root, mutate, open};
@@ -77,22 +77,10 @@ pub(crate) struct Reply {
     next_cursor: Option<String>,
 }
 
-impl WriteResult for Reply {
-    fn write_result(&self, out: &mut Vec<u8>) {
-        crate::jsonrpc::Json(self).write_result(out);
-    }
-}
-
-impl SizeHint for Reply {
-    fn size_hint(&self) -> usize {
-        self.entries.len() * 128 + 64
-    }
-}
-
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Reply> {
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
     let policy = ctx.policy.clone();
-    blocking(move || list(&policy, params)).await
+    blocking(move || list(&policy, params)).await.map(Json)
 }
 
 /// Cursors carry the last path returned; they are opaque to servers, not secret.

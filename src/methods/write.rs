@@ -15,10 +15,10 @@ use std::sync::LazyLock;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use super::{Ctx, Op, SizeHint, blocking};
+use super::{Ctx, Op, blocking};
 use crate::codec::{BASE64, Encoding};
 use crate::error::{Error, ErrorKind, Result};
-use crate::jsonrpc::WriteResult;
+use crate::jsonrpc::Json;
 use crate::locks::LockMode;
 use crate::sandbox::mutate::{self, Parent};
 use crate::sandbox::{self, Resolved, open};
@@ -62,18 +62,10 @@ pub(crate) struct Reply {
     lock_id: Option<String>,
 }
 
-impl WriteResult for Reply {
-    fn write_result(&self, out: &mut Vec<u8>) {
-        crate::jsonrpc::Json(self).write_result(out);
-    }
-}
-
-impl SizeHint for Reply {}
-
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Reply> {
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
     let op = ctx.owned();
-    blocking(move || write(&op, params)).await
+    blocking(move || write(&op, params)).await.map(Json)
 }
 
 fn write(op: &Op, mut p: Params) -> Result<Reply> {

@@ -26,22 +26,7 @@ pub fn bin() -> &'static str {
 impl Broker {
     /// Starts `fsbroker ARGS...` (stderr inherited, so its logs show in failing tests).
     pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Broker {
-        let mut child = Command::new(bin())
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start fsbroker");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        Broker {
-            child,
-            stdin,
-            stdout,
-            next_id: 1,
-            last_raw: String::new(),
-        }
+        Broker::spawn_program(bin(), args)
     }
 
     /// `fsbroker serve --root DIR` (read-only, consent auto).
