@@ -64,7 +64,7 @@ fn session_for(dir: &Path) -> Session {
         },
     )
     .expect("policy for the temp dir");
-    Broker::new(policy).session()
+    Broker::new(policy).expect("broker").session()
 }
 
 /// Checks once, outside the timing, that a frame carries the whole chunk as expected, so a

@@ -1,31 +1,59 @@
 //! The broker: state shared by every session.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
 
+use crate::audit::{AuditError, AuditLog};
 use crate::locks::LockTable;
-use crate::policy::Policy;
-use crate::session::Session;
+use crate::policy::{Overrides, Policy, PolicyError};
+use crate::sandbox::ConsentMode;
+use crate::session::{Session, SessionState};
 
-/// Shared state behind every session: the policy (and through it the roots) and the locks.
+/// Shared state behind every session: the policy (and through it the roots), the locks, the
+/// audit log, and the sessions themselves (to revoke and notify on a policy reload).
 ///
 /// A request takes one snapshot of the policy ([`Broker::policy`]) and uses it throughout,
 /// so a reload never changes the rules halfway through an operation.
 #[derive(Debug)]
 pub struct Broker {
     policy: RwLock<Arc<Policy>>,
+    overrides: Overrides,
     locks: Arc<LockTable>,
+    audit: Option<AuditLog>,
+    sessions: Mutex<Vec<Weak<SessionState>>>,
     next_session: AtomicU64,
 }
 
+/// What a policy reload changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Roots (canonical paths) whose access was revoked: removed, or consent turned `deny`.
+    pub revoked: Vec<PathBuf>,
+    /// Whether anything about the roots changed (and `list_changed` was sent).
+    pub roots_changed: bool,
+}
+
 impl Broker {
-    /// A broker running `policy`.
-    pub fn new(policy: Policy) -> Arc<Broker> {
-        Arc::new(Broker {
+    /// A broker running `policy`; `overrides` are the command-line roots and switches that
+    /// are merged again into every reload of the policy file. Opens the audit log when the
+    /// policy asks for one.
+    pub fn with_overrides(policy: Policy, overrides: Overrides) -> Result<Arc<Broker>, AuditError> {
+        let audit = policy.audit().map(AuditLog::open).transpose()?;
+        Ok(Arc::new(Broker {
             policy: RwLock::new(Arc::new(policy)),
+            overrides,
             locks: Arc::default(),
+            audit,
+            sessions: Mutex::new(Vec::new()),
             next_session: AtomicU64::new(1),
-        })
+        }))
+    }
+
+    /// A broker running `policy` (no command-line overrides).
+    pub fn new(policy: Policy) -> Result<Arc<Broker>, AuditError> {
+        Broker::with_overrides(policy, Overrides::default())
     }
 
     /// The policy in force now.
@@ -35,19 +63,166 @@ impl Broker {
         Arc::clone(&self.policy.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Replaces the policy; requests already running keep the snapshot they took.
-    pub fn set_policy(&self, policy: Policy) {
-        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
-    }
-
     /// The path locks every session shares.
     pub fn locks(&self) -> &Arc<LockTable> {
         &self.locks
     }
 
+    /// The audit log, when auditing is on.
+    pub fn audit(&self) -> Option<&AuditLog> {
+        self.audit.as_ref()
+    }
+
     /// Opens a new session (one connection, one MCP server).
     pub fn session(self: &Arc<Self>) -> Session {
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
-        Session::new(Arc::clone(self), id)
+        let (session, state) = Session::new(Arc::clone(self), id);
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions.retain(|w| w.strong_count() > 0);
+        sessions.push(Arc::downgrade(&state));
+        session
+    }
+
+    /// Loads the policy file again (with the same command-line overrides) and applies it.
+    /// A policy that fails to load leaves the current one in force; the error says why.
+    pub fn reload(&self) -> Result<ReloadReport, PolicyError> {
+        let old = self.policy();
+        let new = Policy::load(old.source(), &self.overrides)?;
+        if new.audit() != old.audit() {
+            tracing::warn!("the [audit] table changed; the audit log in use stays until restart");
+        }
+        Ok(self.apply(new))
+    }
+
+    /// Puts `new` in force: roots that were removed, or whose consent turned `deny`, lose
+    /// their grants, uploads and kept locks at once, and every session hears
+    /// `notifications/roots/list_changed` when the roots changed in any way.
+    pub fn apply(&self, new: Policy) -> ReloadReport {
+        let old = self.policy();
+        let revoked: Vec<PathBuf> = old
+            .roots()
+            .iter()
+            .filter(
+                |r| match new.roots().iter().find(|n| n.path() == r.path()) {
+                    None => true,
+                    Some(n) => n.consent() == ConsentMode::Deny && r.consent() != ConsentMode::Deny,
+                },
+            )
+            .map(|r| r.path().to_path_buf())
+            .collect();
+        let roots_changed = signature(&old) != signature(&new);
+        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
+        for root in &revoked {
+            self.locks.release_under(root);
+        }
+        let sessions: Vec<Arc<SessionState>> = {
+            let mut list = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            list.retain(|w| w.strong_count() > 0);
+            list.iter().filter_map(Weak::upgrade).collect()
+        };
+        for s in &sessions {
+            s.revoke(&revoked);
+            if roots_changed {
+                s.notify_roots_changed();
+            }
+        }
+        if !revoked.is_empty() || roots_changed {
+            tracing::info!(revoked = ?revoked, roots_changed, sessions = sessions.len(), "policy reloaded");
+        }
+        ReloadReport {
+            revoked,
+            roots_changed,
+        }
+    }
+
+    /// Watches the policy file (if the policy came from one) and reloads it on every change,
+    /// after a short quiet period (editors write in several steps). Returns the watcher, which
+    /// stops when dropped.
+    pub fn watch_policy(self: &Arc<Self>) -> Option<PolicyWatcher> {
+        let file = self.policy().source()?.to_path_buf();
+        match PolicyWatcher::start(Arc::downgrade(self), &file) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(path = %file.display(), error = %e, "cannot watch the policy file; reload with SIGHUP");
+                None
+            }
+        }
+    }
+
+    /// Reloads, logging the outcome: what a signal or a file change calls.
+    pub fn reload_and_log(&self) {
+        match self.reload() {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "policy reload failed; the previous policy stays in force")
+            }
+        }
+    }
+}
+
+/// Everything `roots/list` and the access rules show of the roots.
+fn signature(p: &Policy) -> Vec<(PathBuf, String, String)> {
+    p.roots()
+        .iter()
+        .map(|r| {
+            (
+                r.path().to_path_buf(),
+                r.name().to_owned(),
+                format!("{:?} {:?} {:?}", r.mode(), r.consent(), r.deny().patterns()),
+            )
+        })
+        .collect()
+}
+
+/// A running watch of the policy file.
+pub struct PolicyWatcher {
+    _watcher: notify::RecommendedWatcher,
+}
+
+impl std::fmt::Debug for PolicyWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PolicyWatcher")
+    }
+}
+
+/// Changes arriving within this long of each other are one reload.
+const QUIET: Duration = Duration::from_millis(50);
+
+impl PolicyWatcher {
+    fn start(broker: Weak<Broker>, file: &Path) -> notify::Result<PolicyWatcher> {
+        use notify::Watcher;
+        // Watch the directory, not the file: editors replace a file by renaming a new one
+        // over it, which a watch on the old inode would never see.
+        let dir = file
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = file.file_name().map(|n| n.to_os_string());
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+            if let Ok(ev) = ev {
+                if ev
+                    .paths
+                    .iter()
+                    .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
+                {
+                    let _ = tx.send(());
+                }
+            }
+        })?;
+        watcher.watch(dir, notify::RecursiveMode::NonRecursive)?;
+        std::thread::Builder::new()
+            .name("fsbroker-policy".into())
+            .spawn(move || {
+                while rx.recv().is_ok() {
+                    while rx.recv_timeout(QUIET).is_ok() {}
+                    match broker.upgrade() {
+                        Some(b) => b.reload_and_log(),
+                        None => break,
+                    }
+                }
+            })
+            .map_err(|e| notify::Error::generic(&e.to_string()))?;
+        Ok(PolicyWatcher { _watcher: watcher })
     }
 }

@@ -34,6 +34,20 @@ enum Command {
     /// Check a policy file, or print its JSON Schema.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Work with audit logs.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Check an audit log's hash chain. Exit 0 with a one-line summary when every line is
+    /// intact and in order; exit 1 naming the first line that was edited, removed,
+    /// reordered or inserted.
+    Verify {
+        /// The audit log (JSON lines).
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -51,6 +65,10 @@ struct ServeArgs {
     /// Override the consent mode of every root.
     #[arg(long, value_enum, value_name = "MODE")]
     consent: Option<ConsentArg>,
+    /// Append a hash-chained audit line for every roots/list and files/* request to FILE
+    /// (overrides the policy's [audit] path). If it cannot be written, requests are refused.
+    #[arg(long, value_name = "FILE")]
+    audit: Option<PathBuf>,
     /// Longest accepted input line in bytes; longer lines are discarded and answered -32600.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_LINE)]
     max_line_bytes: usize,
@@ -95,6 +113,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Policy(PolicyCommand::Check { file }) => policy_check(file),
+        Command::Audit(AuditCommand::Verify { file }) => audit_verify(&file),
         Command::Policy(PolicyCommand::Schema) => {
             print(&format!("{:#}\n", PolicyFile::json_schema()))
         }
@@ -116,6 +135,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         roots: args.roots,
         read_write: args.read_write,
         consent: args.consent.map(Into::into),
+        audit: args.audit,
     };
     let policy = match Policy::load(args.policy.as_deref(), &overrides) {
         Ok(p) => p,
@@ -142,14 +162,59 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let broker = Broker::new(policy);
+    let broker = match Broker::with_overrides(policy, overrides) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The policy file is watched, and SIGHUP reloads it too: either is how a user revokes
+    // access in the middle of a session.
+    let _watcher = broker.watch_policy();
     let session = std::sync::Arc::new(broker.session());
     let opts = ServeOptions {
         max_line: args.max_line_bytes,
         ..ServeOptions::default()
     };
-    match runtime.block_on(transport::serve_stdio(session, opts)) {
+    let result = runtime.block_on(async {
+        let hup = std::sync::Arc::clone(&broker);
+        let hangups = tokio::spawn(async move {
+            let Ok(mut signal) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                return;
+            };
+            while signal.recv().await.is_some() {
+                let b = std::sync::Arc::clone(&hup);
+                let _ = tokio::task::spawn_blocking(move || b.reload_and_log()).await;
+            }
+        });
+        let result = transport::serve_stdio(session, opts).await;
+        hangups.abort();
+        result
+    });
+    if let Some(log) = broker.audit() {
+        log.sync();
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn audit_verify(file: &std::path::Path) -> ExitCode {
+    match crate::audit::verify(file) {
+        Ok(s) => print(&format!(
+            "{}: ok, {} line(s), first {}, last {}; the hash chain is intact\n",
+            file.display(),
+            s.lines,
+            s.first.as_deref().unwrap_or("-"),
+            s.last.as_deref().unwrap_or("-")
+        )),
         Err(e) => {
             eprintln!("fsbroker: {e}");
             ExitCode::FAILURE

@@ -87,6 +87,21 @@ impl ErrorKind {
     }
 }
 
+impl ErrorKind {
+    /// The name an audit line gives this outcome: the `data.code`, or for JSON-RPC errors a
+    /// name in the same style.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            ErrorKind::ParseError => "PARSE_ERROR",
+            ErrorKind::InvalidRequest => "INVALID_REQUEST",
+            ErrorKind::MethodNotFound => "METHOD_NOT_FOUND",
+            ErrorKind::InvalidParams => "INVALID_PARAMS",
+            ErrorKind::Internal => "INTERNAL_ERROR",
+            other => other.wire().name.unwrap_or("ERROR"),
+        }
+    }
+}
+
 /// A failed request: its kind, the path it concerns, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {reason}{}", kind.wire().label, path.as_deref().map(|p| format!(" ({p})")).unwrap_or_default())]

@@ -208,13 +208,15 @@ pub fn error_frame(id: Option<&RawValue>, err: &Error) -> Vec<u8> {
     out
 }
 
-/// A notification frame (newline included).
-pub fn notification_frame(method: &str, params: &dyn WriteResult) -> Vec<u8> {
+/// A notification frame (newline included); `params` `None` leaves the member out.
+pub fn notification_frame(method: &str, params: Option<&dyn WriteResult>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + method.len());
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
     Json(method).write_result(&mut out);
-    out.extend_from_slice(b",\"params\":");
-    params.write_result(&mut out);
+    if let Some(params) = params {
+        out.extend_from_slice(b",\"params\":");
+        params.write_result(&mut out);
+    }
     out.extend_from_slice(b"}\n");
     out
 }

@@ -39,7 +39,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use fsbroker::{Broker, policy::{Overrides, Policy}};
 //! let policy = Policy::load(None, &Overrides { roots: vec![".".into()], ..Default::default() })?;
-//! let session = Broker::new(policy).session();
+//! let session = Broker::new(policy)?.session();
 //! let reply = session.handle(br#"{"jsonrpc":"2.0","id":1,"method":"roots/list"}"#).await;
 //! assert!(reply.is_some());
 //! # Ok(()) }
@@ -48,9 +48,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod audit;
 pub mod broker;
 pub mod cli;
 pub mod codec;
+pub mod consent;
 pub mod error;
 pub mod jsonrpc;
 pub mod locks;

@@ -174,6 +174,22 @@ impl LockTable {
         }
     }
 
+    /// Releases every kept lock, of any session, on a path under `root` (a revoked root).
+    pub fn release_under(&self, root: &Path) {
+        let mut t = self.lock();
+        let ids: Vec<String> = t
+            .kept
+            .iter()
+            .filter(|(_, k)| k.key.starts_with(root))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            if let Some(k) = t.kept.remove(&id) {
+                t.release(&k.key, k.session, LockMode::Exclusive);
+            }
+        }
+    }
+
     /// Releases every kept lock of a session that has ended.
     pub fn release_session(&self, session: u64) {
         let mut t = self.lock();

@@ -1,42 +1,152 @@
 //! A session: one connected MCP server.
 
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
 
 use crate::broker::Broker;
 use crate::jsonrpc::{self, Incoming};
 use crate::methods;
 use crate::upload::Uploads;
 
-/// One peer's view of the broker. Cheap to share: requests of a session run concurrently.
+/// How many notifications may wait for a session's writer before new ones are dropped.
+const NOTIFICATION_QUEUE: usize = 1024;
+
+/// One peer's view of the broker. Requests of a session run concurrently; share it in an
+/// `Arc`.
 #[derive(Debug)]
 pub struct Session {
     broker: Arc<Broker>,
-    id: u64,
-    uploads: Uploads,
+    state: Arc<SessionState>,
+    notifications: Mutex<Option<mpsc::Receiver<Vec<u8>>>>,
 }
 
-impl Session {
-    pub(crate) fn new(broker: Arc<Broker>, id: u64) -> Session {
-        Session {
-            broker,
-            id,
-            uploads: Uploads::default(),
+/// A subtree of a root granted by `files/consent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Grant {
+    /// The root's canonical path.
+    root: PathBuf,
+    /// Normalised path relative to the root; `""` is the whole root.
+    rel: String,
+}
+
+/// What the broker and running operations need of a session, shared and outliving no one:
+/// the broker holds it weakly, to revoke grants and send notifications on a policy reload.
+#[derive(Debug)]
+pub(crate) struct SessionState {
+    pub(crate) id: u64,
+    pub(crate) uploads: Uploads,
+    grants: Mutex<Vec<Grant>>,
+    notify: mpsc::Sender<Vec<u8>>,
+    peer: Mutex<Option<String>>,
+}
+
+impl SessionState {
+    /// Grants the subtree `rel` of the root at `root` to this session.
+    pub(crate) fn grant(&self, root: &Path, rel: &str) {
+        let mut grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
+        let g = Grant {
+            root: root.to_path_buf(),
+            rel: rel.to_owned(),
+        };
+        if !grants.contains(&g) {
+            grants.push(g);
         }
     }
 
-    /// The chunked uploads in progress.
-    pub(crate) fn uploads(&self) -> &Uploads {
-        &self.uploads
+    /// Whether a grant covers `rel` (the path itself or an ancestor) in the root at `root`.
+    pub(crate) fn is_granted(&self, root: &Path, rel: &str) -> bool {
+        let grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
+        grants.iter().any(|g| {
+            g.root == root
+                && (g.rel.is_empty()
+                    || rel == g.rel
+                    || rel.strip_prefix(&g.rel).is_some_and(|r| r.starts_with('/')))
+        })
     }
 
-    /// This session's number, unique within its broker (it names the session in logs).
+    /// Drops every grant, upload and kept lock under the roots at `roots`.
+    pub(crate) fn revoke(&self, roots: &[PathBuf]) {
+        let mut grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
+        grants.retain(|g| !roots.contains(&g.root));
+        drop(grants);
+        for root in roots {
+            self.uploads.end_under(root);
+        }
+    }
+
+    /// Queues a notification; a peer that does not read is not allowed to grow the queue
+    /// without bound, so beyond it notifications are dropped (and that is logged).
+    pub(crate) fn notify(&self, frame: Vec<u8>) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.notify.try_send(frame) {
+            tracing::warn!(
+                session = self.id,
+                "notification queue full; dropping a notification"
+            );
+        }
+    }
+
+    /// Queues `notifications/roots/list_changed`.
+    pub(crate) fn notify_roots_changed(&self) {
+        self.notify(jsonrpc::notification_frame(
+            "notifications/roots/list_changed",
+            None,
+        ));
+    }
+
+    /// The MCP server's name, when the transport learned it.
+    pub(crate) fn peer_name(&self) -> Option<String> {
+        self.peer.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl Session {
+    pub(crate) fn new(broker: Arc<Broker>, id: u64) -> (Session, Arc<SessionState>) {
+        let (tx, rx) = mpsc::channel(NOTIFICATION_QUEUE);
+        let state = Arc::new(SessionState {
+            id,
+            uploads: Uploads::default(),
+            grants: Mutex::new(Vec::new()),
+            notify: tx,
+            peer: Mutex::new(None),
+        });
+        let session = Session {
+            broker,
+            state: Arc::clone(&state),
+            notifications: Mutex::new(Some(rx)),
+        };
+        (session, state)
+    }
+
+    /// This session's number, unique within its broker (it names the session in logs and
+    /// in the audit log).
     pub fn id(&self) -> u64 {
-        self.id
+        self.state.id
     }
 
     /// The broker this session belongs to.
     pub fn broker(&self) -> &Arc<Broker> {
         &self.broker
+    }
+
+    pub(crate) fn state(&self) -> &Arc<SessionState> {
+        &self.state
+    }
+
+    /// Names the MCP server on the other end (shown in consent prompts).
+    pub fn set_peer_name(&self, name: impl Into<String>) {
+        *self.state.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(name.into());
+    }
+
+    /// The stream of notification frames (newline included) for this session's peer:
+    /// `notifications/roots/list_changed`, and later `notifications/files/changed`. It can be
+    /// taken once; the transport that owns the peer's output takes it.
+    pub fn take_notifications(&self) -> Option<mpsc::Receiver<Vec<u8>>> {
+        self.notifications
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Handles one message (a line without its newline) and returns the response frame,
@@ -48,18 +158,18 @@ impl Session {
                 Some(methods::call(self, &method, params, id).await)
             }
             Incoming::Notification { method } => {
-                tracing::debug!(session = self.id, %method, "notification");
+                tracing::debug!(session = self.id(), %method, "notification");
                 None
             }
             Incoming::Response => {
                 tracing::debug!(
-                    session = self.id,
+                    session = self.id(),
                     "ignoring a response to no request of ours"
                 );
                 None
             }
             Incoming::Invalid { id, error } => {
-                tracing::debug!(session = self.id, %error, "invalid message");
+                tracing::debug!(session = self.id(), %error, "invalid message");
                 Some(jsonrpc::error_frame(id, &error))
             }
         }
@@ -67,13 +177,18 @@ impl Session {
 }
 
 /// A session ends when its connection does: its kept locks are released, and its unfinished
-/// uploads (dropped with it) remove their staging files.
+/// uploads remove their staging files.
 impl Drop for Session {
     fn drop(&mut self) {
-        self.broker.locks().release_session(self.id);
-        let abandoned = self.uploads.len();
+        self.broker.locks().release_session(self.id());
+        let abandoned = self.state.uploads.len();
         if abandoned > 0 {
-            tracing::info!(session = self.id, abandoned, "removing unfinished uploads");
+            tracing::info!(
+                session = self.id(),
+                abandoned,
+                "removing unfinished uploads"
+            );
         }
+        self.state.uploads.clear();
     }
 }

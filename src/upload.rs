@@ -70,6 +70,26 @@ impl Uploads {
         }
     }
 
+    /// Ends every upload whose target lies under `root` (a root being revoked).
+    pub fn end_under(&self, root: &Path) {
+        let gone: Vec<Slot> = {
+            let mut map = self.map();
+            let keys: Vec<PathBuf> = map
+                .keys()
+                .filter(|k| k.starts_with(root))
+                .cloned()
+                .collect();
+            keys.iter().filter_map(|k| map.remove(k)).collect()
+        };
+        gone.into_iter().for_each(abort);
+    }
+
+    /// Ends every upload (the session is over).
+    pub fn clear(&self) {
+        let gone: Vec<Slot> = self.map().drain().map(|(_, slot)| slot).collect();
+        gone.into_iter().for_each(abort);
+    }
+
     /// How many uploads are in progress.
     pub fn len(&self) -> usize {
         self.map().len()

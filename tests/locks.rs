@@ -61,7 +61,7 @@ impl Env {
         Env {
             _tmp: tmp,
             root,
-            broker: Broker::new(policy),
+            broker: Broker::new(policy).expect("broker"),
         }
     }
 

@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
 use crate::sandbox::mutate::{self, Parent};
-use crate::sandbox::{self, Resolved, open};
+use crate::sandbox::{Resolved, open};
 
 /// What to create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -44,6 +44,8 @@ pub(crate) struct Reply {
     lock_id: Option<String>,
 }
 
+impl super::PayloadBytes for Reply {}
+
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
     let op = ctx.owned();
@@ -52,7 +54,7 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json
 
 fn create(op: &Op, p: &Params) -> Result<Reply> {
     let raw = p.path.as_str();
-    let target = sandbox::resolve(op.policy.roots(), raw)?;
+    let target = op.resolve(raw)?;
     mutate::require_writable(&target, raw)?;
     if target.rel.is_empty() {
         return match p.kind {
@@ -70,6 +72,7 @@ fn create(op: &Op, p: &Params) -> Result<Reply> {
     op.check_keep_quota(p.keep_locked, raw)?;
     make_parents(op, &target, raw)?;
     let parent = mutate::open_parent(&target, raw)?;
+    op.authorize(&target.root, &parent.real, raw)?;
     let lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
     let created = match p.kind {
         Kind::Directory => parent.create_dir(raw)?,

@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
 use crate::methods::ping::Empty;
-use crate::sandbox::{self, mutate};
+use crate::sandbox::mutate;
 
 /// `files/delete` parameters.
 #[derive(Debug, Deserialize)]
@@ -33,12 +33,13 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json
 
 fn delete(op: &Op, p: &Params) -> Result<Json<Empty>> {
     let raw = p.path.as_str();
-    let target = sandbox::resolve(op.policy.roots(), raw)?;
+    let target = op.resolve(raw)?;
     mutate::require_writable(&target, raw)?;
     if target.rel.is_empty() {
         return Err(mutate::root_itself("deleted", raw));
     }
     let parent = mutate::open_parent(&target, raw)?;
+    op.authorize(&target.root, &parent.real, raw)?;
     let _lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
     let is_dir = parent.entry_type(raw)?.is_some_and(|t| t.is_dir());
     if p.recursive && is_dir && mutate::tree_has_denied(&target.root, &parent, raw)? {

@@ -13,10 +13,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use cap_std::fs::{Dir, FileType};
 use serde::{Deserialize, Serialize};
 
-use super::{Ctx, blocking};
+use super::{Ctx, Op, blocking};
 use crate::error::{Error, Result};
 use crate::jsonrpc::Json;
-use crate::policy::Policy;
 use crate::rfc3339;
 use crate::sandbox::{self, Root, mutate, open};
 
@@ -77,10 +76,12 @@ pub(crate) struct Reply {
     next_cursor: Option<String>,
 }
 
+impl super::PayloadBytes for Reply {}
+
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
-    let policy = ctx.policy.clone();
-    blocking(move || list(&policy, params)).await.map(Json)
+    let op = ctx.owned();
+    blocking(move || list(&op, params)).await.map(Json)
 }
 
 /// Cursors carry the last path returned; they are opaque to servers, not secret.
@@ -116,16 +117,17 @@ struct Page<'a> {
     heap: BinaryHeap<Entry>,
 }
 
-fn list(policy: &Policy, p: Params) -> Result<Reply> {
-    let max = policy.limits().max_list_entries;
+fn list(op: &Op, p: Params) -> Result<Reply> {
+    let max = op.policy.limits().max_list_entries;
     let limit = match p.limit {
         Some(0) => return Err(Error::invalid_params("limit must be at least 1")),
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX).min(max),
         None => max,
     };
     let after = p.cursor.as_deref().map(decode_cursor).transpose()?;
-    let target = sandbox::resolve(policy.roots(), &p.path)?;
+    let target = op.resolve(&p.path)?;
     let (dir, real) = open::open_dir(&target, &p.path)?;
+    op.authorize(&target.root, &real, &p.path)?;
     let mut page = Page {
         params: &p,
         root: &target.root,

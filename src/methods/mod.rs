@@ -4,6 +4,7 @@
 //! not a silent default), its result type and one `handle` function. Blocking file-system work
 //! runs on tokio's blocking pool so a slow disk never stalls the session's other requests.
 
+mod consent;
 mod create;
 mod delete;
 mod list;
@@ -15,16 +16,19 @@ mod unlock;
 mod write;
 
 use std::sync::Arc;
+use std::time::Instant;
 
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
+use crate::audit::Record;
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::{self, WriteResult};
 use crate::locks::{LockGuard, LockMode, LockTable};
 use crate::policy::Policy;
-use crate::session::Session;
-use crate::upload::Uploads;
+use crate::sandbox::{self, ConsentMode, Resolved, Root};
+use crate::session::{Session, SessionState};
 
 /// What a handler sees: the policy snapshot for this request and the session.
 pub(crate) struct Ctx<'a> {
@@ -39,8 +43,7 @@ impl Ctx<'_> {
         Op {
             policy: Arc::clone(&self.policy),
             locks: Arc::clone(self.session.broker().locks()),
-            session: self.session.id(),
-            uploads: self.session.uploads().clone(),
+            state: Arc::clone(self.session.state()),
         }
     }
 }
@@ -50,15 +53,37 @@ impl Ctx<'_> {
 pub(crate) struct Op {
     pub policy: Arc<Policy>,
     pub locks: Arc<LockTable>,
-    pub session: u64,
-    pub uploads: Uploads,
+    pub state: Arc<SessionState>,
 }
 
 impl Op {
+    /// Resolves a request path (§3) and checks that this session may touch it: a root whose
+    /// consent mode is not `auto` needs a grant covering the path.
+    fn resolve(&self, raw: &str) -> Result<Resolved> {
+        let target = sandbox::resolve(self.policy.roots(), raw)?;
+        self.authorize(&target.root, &target.rel, raw)?;
+        Ok(target)
+    }
+
+    /// The consent check, for a path as spelled and again for where it really leads (a
+    /// symlink inside a granted subtree must not carry the session into an ungranted one).
+    fn authorize(&self, root: &Root, rel: &str, raw: &str) -> Result<()> {
+        let allowed = match root.consent() {
+            ConsentMode::Auto => true,
+            ConsentMode::Deny => false,
+            ConsentMode::Prompt => self.state.is_granted(root.path(), rel),
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorKind::PermissionDenied, "no consent").with_path(raw))
+        }
+    }
+
     /// Locks `key` for this operation (`FILE_LOCKED` at once if another session holds it).
     fn lock(&self, key: &std::path::Path, mode: LockMode, raw: &str) -> Result<LockGuard> {
         self.locks
-            .acquire(key.to_path_buf(), self.session, mode, raw)
+            .acquire(key.to_path_buf(), self.state.id, mode, raw)
     }
 
     /// With `keepLocked`, refuses *before* any work when the session's kept locks are at
@@ -66,7 +91,7 @@ impl Op {
     fn check_keep_quota(&self, keep: bool, raw: &str) -> Result<()> {
         if keep {
             self.locks
-                .check_keep_quota(self.session, self.policy.limits().max_locks, raw)?;
+                .check_keep_quota(self.state.id, self.policy.limits().max_locks, raw)?;
         }
         Ok(())
     }
@@ -94,6 +119,7 @@ enum Method {
     FilesDelete,
     FilesRename,
     FilesUnlock,
+    FilesConsent,
     Unknown,
 }
 
@@ -109,50 +135,122 @@ impl Method {
             "files/delete" => Method::FilesDelete,
             "files/rename" => Method::FilesRename,
             "files/unlock" => Method::FilesUnlock,
+            "files/consent" => Method::FilesConsent,
             _ => Method::Unknown,
         }
     }
 }
 
-/// Runs one request and returns its response frame.
+/// Runs one request and returns its response frame; writes its audit line when the broker
+/// keeps an audit log, and refuses it when that log cannot be written.
 pub(crate) async fn call(
     session: &Session,
     method: &str,
     params: Option<&RawValue>,
     id: &RawValue,
 ) -> Vec<u8> {
+    let started = Instant::now();
+    let audit = session
+        .broker()
+        .audit()
+        .filter(|_| method == "roots/list" || method.starts_with("files/"));
+    if audit.is_some_and(|a| !a.is_healthy()) {
+        return jsonrpc::error_frame(Some(id), &audit_unavailable());
+    }
+    let (frame, outcome) = dispatch(session, method, params, id).await;
+    if let Some(log) = audit {
+        let paths: AuditPaths = params
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .unwrap_or_default();
+        let record = Record {
+            session: session.id(),
+            method,
+            path: paths.path.as_deref().or(paths.old_path.as_deref()),
+            new_path: paths.new_path.as_deref(),
+            paths: paths.requested_paths.as_deref(),
+            outcome: outcome.code,
+            bytes: outcome.bytes,
+            duration: started.elapsed(),
+        };
+        if log.record(&record).is_err() {
+            return jsonrpc::error_frame(Some(id), &audit_unavailable());
+        }
+    }
+    frame
+}
+
+fn audit_unavailable() -> Error {
+    Error::new(ErrorKind::Io, "audit log unavailable")
+}
+
+/// The paths a request names, for its audit line; everything else in the params is ignored.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AuditPaths {
+    path: Option<String>,
+    old_path: Option<String>,
+    new_path: Option<String>,
+    requested_paths: Option<Vec<String>>,
+}
+
+/// How a request ended, for the audit log.
+struct Outcome {
+    /// `ok`, or the error's `data.code` (or JSON-RPC name).
+    code: &'static str,
+    /// Payload bytes read or written.
+    bytes: u64,
+}
+
+async fn dispatch(
+    session: &Session,
+    method: &str,
+    params: Option<&RawValue>,
+    id: &RawValue,
+) -> (Vec<u8>, Outcome) {
     let ctx = Ctx {
         policy: session.broker().policy(),
         session,
     };
+    let c = &ctx;
     match Method::from_name(method) {
-        Method::Ping => respond(&ctx, method, id, ping::handle(parse(params))),
-        Method::RootsList => respond(&ctx, method, id, roots::handle(&ctx, parse(params))),
-        Method::FilesRead => respond(&ctx, method, id, read::handle(&ctx, parse(params)).await),
-        Method::FilesList => respond(&ctx, method, id, list::handle(&ctx, parse(params)).await),
-        Method::FilesWrite => respond(&ctx, method, id, write::handle(&ctx, parse(params)).await),
-        Method::FilesCreate => respond(&ctx, method, id, create::handle(&ctx, parse(params)).await),
-        Method::FilesDelete => respond(&ctx, method, id, delete::handle(&ctx, parse(params)).await),
-        Method::FilesRename => respond(&ctx, method, id, rename::handle(&ctx, parse(params)).await),
-        Method::FilesUnlock => respond(&ctx, method, id, unlock::handle(&ctx, parse(params))),
+        Method::Ping => respond(c, method, id, ping::handle(parse(params))),
+        Method::RootsList => respond(c, method, id, roots::handle(c, parse(params))),
+        Method::FilesRead => respond(c, method, id, read::handle(c, parse(params)).await),
+        Method::FilesList => respond(c, method, id, list::handle(c, parse(params)).await),
+        Method::FilesWrite => respond(c, method, id, write::handle(c, parse(params)).await),
+        Method::FilesCreate => respond(c, method, id, create::handle(c, parse(params)).await),
+        Method::FilesDelete => respond(c, method, id, delete::handle(c, parse(params)).await),
+        Method::FilesRename => respond(c, method, id, rename::handle(c, parse(params)).await),
+        Method::FilesUnlock => respond(c, method, id, unlock::handle(c, parse(params))),
+        Method::FilesConsent => respond(c, method, id, consent::handle(c, parse(params)).await),
         Method::Unknown => {
             let err = Error::new(
                 ErrorKind::MethodNotFound,
                 format!("unknown method {method:?}"),
             );
-            jsonrpc::error_frame(Some(id), &err)
+            let code = err.kind().outcome();
+            (
+                jsonrpc::error_frame(Some(id), &err),
+                Outcome { code, bytes: 0 },
+            )
         }
     }
 }
 
-fn respond<R: WriteResult + SizeHint>(
+fn respond<R: WriteResult + ReplyInfo>(
     ctx: &Ctx<'_>,
     method: &str,
     id: &RawValue,
     result: Result<R>,
-) -> Vec<u8> {
+) -> (Vec<u8>, Outcome) {
     match result {
-        Ok(r) => jsonrpc::result_frame(id, &r, r.size_hint()),
+        Ok(r) => (
+            jsonrpc::result_frame(id, &r, r.size_hint()),
+            Outcome {
+                code: "ok",
+                bytes: r.bytes(),
+            },
+        ),
         Err(e) => {
             // Refusals are what an operator watches for: a server probing outside its roots.
             if e.kind() == ErrorKind::PermissionDenied {
@@ -164,19 +262,38 @@ fn respond<R: WriteResult + SizeHint>(
                     "refused"
                 );
             }
-            jsonrpc::error_frame(Some(id), &e)
+            let code = e.kind().outcome();
+            (
+                jsonrpc::error_frame(Some(id), &e),
+                Outcome { code, bytes: 0 },
+            )
         }
     }
 }
 
-/// How many bytes a result will roughly take, so its frame is allocated once.
-pub(crate) trait SizeHint {
+/// What a result says about itself: its rough size (so its frame is allocated once) and
+/// the payload bytes it carries (for the audit log).
+pub(crate) trait ReplyInfo {
     fn size_hint(&self) -> usize {
         256
     }
+    fn bytes(&self) -> u64 {
+        0
+    }
 }
 
-impl<T> SizeHint for jsonrpc::Json<T> {}
+/// Payload bytes of a serialized result type (most carry none).
+pub(crate) trait PayloadBytes {
+    fn payload_bytes(&self) -> u64 {
+        0
+    }
+}
+
+impl<T: PayloadBytes> ReplyInfo for jsonrpc::Json<T> {
+    fn bytes(&self) -> u64 {
+        self.0.payload_bytes()
+    }
+}
 
 /// Parses params; absent params read as `{}`.
 ///

@@ -17,6 +17,8 @@ pub(crate) struct Params {
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct Empty {}
 
+impl super::PayloadBytes for Empty {}
+
 pub(crate) fn handle(params: Result<Params>) -> Result<Json<Empty>> {
     params.map(|_| Json(Empty {}))
 }

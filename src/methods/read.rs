@@ -6,12 +6,12 @@ use std::os::unix::fs::FileExt;
 
 use serde::Deserialize;
 
-use super::{Ctx, Op, SizeHint, blocking};
+use super::{Ctx, Op, ReplyInfo, blocking};
 use crate::codec::{self, Encoding};
 use crate::error::{Error, Result};
 use crate::jsonrpc::WriteResult;
 use crate::locks::LockMode;
-use crate::sandbox::{self, open};
+use crate::sandbox::open;
 
 /// `files/read` parameters.
 #[derive(Debug, Deserialize)]
@@ -50,8 +50,9 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Repl
 
 fn read(op: &Op, p: Params) -> Result<Reply> {
     let policy = &op.policy;
-    let target = sandbox::resolve(policy.roots(), &p.path)?;
+    let target = op.resolve(&p.path)?;
     let opened = open::open_regular(&target, &p.path)?;
+    op.authorize(&target.root, &opened.real, &p.path)?;
     // Readers share; `keepLocked` asks for the exclusive lock that outlives the read.
     let mode = if p.keep_locked {
         LockMode::Exclusive
@@ -171,8 +172,11 @@ impl WriteResult for Reply {
     }
 }
 
-impl SizeHint for Reply {
+impl ReplyInfo for Reply {
     fn size_hint(&self) -> usize {
         self.data.len() / 3 * 4 + 256
+    }
+    fn bytes(&self) -> u64 {
+        self.data.len() as u64
     }
 }

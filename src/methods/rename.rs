@@ -15,7 +15,7 @@ use crate::jsonrpc::Json;
 use crate::locks::LockMode;
 use crate::methods::ping::Empty;
 use crate::sandbox::mutate::{self, Parent};
-use crate::sandbox::{self, open};
+use crate::sandbox::open;
 
 /// `files/rename` parameters.
 #[derive(Debug, Deserialize)]
@@ -37,8 +37,8 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json
 
 fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
     let (old_raw, new_raw) = (p.old_path.as_str(), p.new_path.as_str());
-    let from = sandbox::resolve(op.policy.roots(), old_raw)?;
-    let to = sandbox::resolve(op.policy.roots(), new_raw)?;
+    let from = op.resolve(old_raw)?;
+    let to = op.resolve(new_raw)?;
     mutate::require_writable(&from, old_raw)?;
     mutate::require_writable(&to, new_raw)?;
     if from.rel.is_empty() {
@@ -49,6 +49,8 @@ fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
     }
     let src = mutate::open_parent(&from, old_raw)?;
     let dst = mutate::open_parent(&to, new_raw)?;
+    op.authorize(&from.root, &src.real, old_raw)?;
+    op.authorize(&to.root, &dst.real, new_raw)?;
     let Some(kind) = src.entry_type(old_raw)? else {
         return Err(
             Error::new(ErrorKind::FileNotFound, "no such file or directory").with_path(old_raw),

@@ -27,6 +27,8 @@ pub(crate) struct Reply {
     roots: Vec<RootInfo>,
 }
 
+impl super::PayloadBytes for Reply {}
+
 pub(crate) fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     params?;
     let roots = ctx

@@ -21,7 +21,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
 use crate::sandbox::mutate::{self, Parent};
-use crate::sandbox::{self, Resolved, open};
+use crate::sandbox::{Resolved, open};
 use crate::upload::{self, Upload};
 
 /// `files/write` parameters.
@@ -62,6 +62,12 @@ pub(crate) struct Reply {
     lock_id: Option<String>,
 }
 
+impl super::PayloadBytes for Reply {
+    fn payload_bytes(&self) -> u64 {
+        self.bytes_written
+    }
+}
+
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
     let op = ctx.owned();
@@ -72,7 +78,7 @@ fn write(op: &Op, mut p: Params) -> Result<Reply> {
     let raw = p.path.clone();
     let raw = raw.as_str();
     let limits = op.policy.limits();
-    let target = sandbox::resolve(op.policy.roots(), raw)?;
+    let target = op.resolve(raw)?;
     mutate::require_writable(&target, raw)?;
     if target.rel.is_empty() {
         return Err(Error::new(ErrorKind::InvalidPath, "the root is a directory").with_path(raw));
@@ -92,6 +98,7 @@ fn write(op: &Op, mut p: Params) -> Result<Reply> {
         op.check_keep_quota(p.keep_locked, raw)?;
     }
     let parent = parent_following_inner_link(&target, raw)?;
+    op.authorize(&target.root, &parent.real, raw)?;
     match p.offset {
         None => replace(op, &p, &parent, &data, raw),
         Some(offset) => chunk(op, &p, parent, offset, &data, raw),
@@ -287,13 +294,13 @@ fn chunk(
     if offset == 0 {
         // A new upload (or a restart: the earlier one at this path is dropped first, so its
         // lock does not stand in the way of this one).
-        op.uploads.end(&key);
+        op.state.uploads.end(&key);
         let lock = op.lock(&key, LockMode::Exclusive, raw)?;
         let current = existing(&parent, raw)?;
         check_preconditions(p, current.as_ref().map(|(_, m)| m), raw)?;
         let mode = mode_for(current.as_ref().map(|(_, m)| m));
         let staged = parent.stage(raw)?;
-        op.uploads.start(
+        op.state.uploads.start(
             key.clone(),
             Upload {
                 parent,
@@ -306,7 +313,7 @@ fn chunk(
         );
     }
     let conflict = |why: String| Error::new(ErrorKind::ConcurrencyConflict, why).with_path(raw);
-    let slot = op.uploads.get(&key).ok_or_else(|| {
+    let slot = op.state.uploads.get(&key).ok_or_else(|| {
         conflict(format!(
             "no upload in progress for this path; offset {offset} needs an upload started at offset 0"
         ))
@@ -324,12 +331,12 @@ fn chunk(
     let size = up.written + data.len() as u64;
     if size > max_file {
         drop(guard);
-        op.uploads.end(&key);
+        op.state.uploads.end(&key);
         return Err(too_large(size, max_file, raw));
     }
     if let Err(e) = up.staged.write(data, raw) {
         drop(guard);
-        op.uploads.end(&key);
+        op.state.uploads.end(&key);
         return Err(e);
     }
     up.written = size;
@@ -345,7 +352,7 @@ fn chunk(
         return Err(conflict("the upload has already ended".into()));
     };
     drop(guard);
-    op.uploads.end(&key);
+    op.state.uploads.end(&key);
     up.staged.finish(up.mode, raw)?;
     recheck_if_match(up.if_match.as_deref(), &up.parent, raw)?;
     recheck_if_match(p.if_match.as_deref(), &up.parent, raw)?;

@@ -7,6 +7,26 @@ use std::time::Duration;
 use super::{LimitsFile, PolicyError, PolicyFile};
 use crate::sandbox::{ConsentMode, Mode, Root, RootSpec};
 
+/// How `prompt` roots ask a person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsentConfig {
+    /// The external decision program (argv), if any; it wins over the terminal.
+    pub command: Vec<String>,
+    /// Whether the controlling terminal may be used.
+    pub terminal: bool,
+    /// How long a prompt may go unanswered before it counts as a denial.
+    pub timeout: Duration,
+}
+
+/// Where and how the audit log is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditConfig {
+    /// The log file (absolute, or relative to the working directory).
+    pub path: PathBuf,
+    /// Whether paths are logged as their sha256.
+    pub redact_paths: bool,
+}
+
 /// Roots and switches from the command line, merged into a policy (§1.1).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Overrides {
@@ -16,6 +36,8 @@ pub struct Overrides {
     pub read_write: bool,
     /// `--consent MODE`: overrides the consent mode of every root.
     pub consent: Option<ConsentMode>,
+    /// `--audit FILE`: the audit log, overriding the policy's `[audit] path`.
+    pub audit: Option<PathBuf>,
 }
 
 /// Validated limits (§2 `[limits]`).
@@ -117,6 +139,8 @@ impl Limits {
 pub struct Policy {
     roots: Vec<Arc<Root>>,
     limits: Limits,
+    consent: ConsentConfig,
+    audit: Option<AuditConfig>,
     source: Option<PathBuf>,
 }
 
@@ -189,9 +213,40 @@ impl Policy {
             }
             roots.push(Arc::new(root));
         }
+        if file.consent.command.first().is_some_and(|c| c.is_empty()) {
+            return Err(PolicyError::Table {
+                table: "consent",
+                reason: "command must start with a program name".into(),
+            });
+        }
+        if file.consent.timeout_ms == 0 {
+            return Err(PolicyError::Table {
+                table: "consent",
+                reason: "timeout_ms must be greater than 0".into(),
+            });
+        }
+        let consent = ConsentConfig {
+            command: file.consent.command.clone(),
+            terminal: file.consent.terminal,
+            timeout: Duration::from_millis(file.consent.timeout_ms),
+        };
+        let redact_paths = file.audit.as_ref().is_some_and(|a| a.redact_paths);
+        let audit = match (&overrides.audit, &file.audit) {
+            (Some(path), _) => Some(AuditConfig {
+                path: expand(path, None),
+                redact_paths,
+            }),
+            (None, Some(a)) => Some(AuditConfig {
+                path: expand(&a.path, base),
+                redact_paths,
+            }),
+            (None, None) => None,
+        };
         Ok(Policy {
             roots,
             limits: Limits::from_file(&file.limits)?,
+            consent,
+            audit,
             source: None,
         })
     }
@@ -204,6 +259,16 @@ impl Policy {
     /// The limits.
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// How `prompt` roots ask.
+    pub fn consent(&self) -> &ConsentConfig {
+        &self.consent
+    }
+
+    /// The audit log's configuration, if auditing is on.
+    pub fn audit(&self) -> Option<&AuditConfig> {
+        self.audit.as_ref()
     }
 
     /// The policy file this was loaded from, if any.
@@ -250,7 +315,7 @@ mod tests {
             &Overrides {
                 roots: vec![b.clone()],
                 read_write: false,
-                consent: None,
+                ..Overrides::default()
             },
         )
         .unwrap();
@@ -272,6 +337,7 @@ mod tests {
                 roots: vec![b],
                 read_write: true,
                 consent: Some(ConsentMode::Deny),
+                ..Overrides::default()
             },
         )
         .unwrap();

@@ -19,6 +19,47 @@ pub struct PolicyFile {
     /// Limits on sizes, time and rates.
     #[serde(default)]
     pub limits: LimitsFile,
+    /// How `consent = "prompt"` roots ask a person.
+    #[serde(default)]
+    pub consent: ConsentFile,
+    /// The hash-chained audit log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditFile>,
+}
+
+/// The `[consent]` table: how a `prompt` root asks.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsentFile {
+    /// An external program (argv) that decides: it gets a JSON request on stdin and prints
+    /// a JSON decision. When set, it is used instead of the terminal.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Ask on the controlling terminal (`/dev/tty`) when there is one and no command is set.
+    pub terminal: bool,
+    /// A prompt unanswered for this long is a denial.
+    pub timeout_ms: u64,
+}
+
+impl Default for ConsentFile {
+    fn default() -> Self {
+        ConsentFile {
+            command: Vec::new(),
+            terminal: true,
+            timeout_ms: 60_000,
+        }
+    }
+}
+
+/// The `[audit]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuditFile {
+    /// The log file: JSON lines, append-only, hash-chained. Relative to the policy file.
+    pub path: PathBuf,
+    /// Log the sha256 of paths instead of the paths.
+    #[serde(default)]
+    pub redact_paths: bool,
 }
 
 /// One `[[root]]` table.

@@ -10,8 +10,8 @@ mod file;
 
 use std::path::PathBuf;
 
-pub use compiled::{Limits, Overrides, Policy};
-pub use file::{LimitsFile, PolicyFile, RootEntry};
+pub use compiled::{AuditConfig, ConsentConfig, Limits, Overrides, Policy};
+pub use file::{AuditFile, ConsentFile, LimitsFile, PolicyFile, RootEntry};
 
 /// Why a policy could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +75,14 @@ pub enum PolicyError {
         /// The pattern as written.
         pattern: String,
         /// The glob compiler's message.
+        reason: String,
+    },
+    /// The `[consent]` or `[audit]` table is inconsistent.
+    #[error("[{table}] {reason}")]
+    Table {
+        /// The table's name.
+        table: &'static str,
+        /// What is wrong.
         reason: String,
     },
     /// A limit is out of range or inconsistent with another.

@@ -62,6 +62,17 @@ where
     let writer = std::thread::Builder::new()
         .name("fsbroker-writer".into())
         .spawn(move || write_frames(rx, output))?;
+    // Notifications (roots changed, files changed) share the output with responses.
+    let forwarder = session.take_notifications().map(|mut notes| {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(frame) = notes.recv().await {
+                if tx.send(frame).await.is_err() {
+                    break;
+                }
+            }
+        })
+    });
     let in_flight = Arc::new(Semaphore::new(opts.max_in_flight.max(1)));
     let mut tasks = JoinSet::new();
     let mut reader = LineReader::new(input, opts.max_line);
@@ -114,6 +125,10 @@ where
         while tasks.try_join_next().is_some() {}
     }
     while tasks.join_next().await.is_some() {}
+    if let Some(f) = forwarder {
+        f.abort();
+        let _ = f.await;
+    }
     drop(tx);
     match writer.join() {
         Ok(result) => result,

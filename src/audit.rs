@@ -1,0 +1,434 @@
+//! The hash-chained audit log (§6).
+//!
+//! One JSON line per `roots/list` and `files/*` request, allowed or refused. Each line carries
+//! `prev` (the previous line's `hash`, or 64 zeros) and `hash`: the hex sha256 of the line's
+//! canonical JSON without `hash` (compact, keys sorted, UTF-8). Editing, removing, reordering
+//! or inserting a line breaks the chain at that line, which [`verify`] names. File contents are
+//! never logged; with `redact_paths`, neither are paths (their sha256 is).
+//!
+//! The log fails closed: once a line cannot be written, the broker refuses every audited
+//! request (`IO_ERROR`, "audit log unavailable") rather than act unrecorded.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::policy::AuditConfig;
+
+/// The `prev` of the first line.
+pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Why the audit log could not be opened or verified.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuditError {
+    /// The file could not be opened, read or written.
+    #[error("audit log {path}: {source}")]
+    Io {
+        /// The log file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The chain is broken (or the file is not an audit log).
+    #[error("audit log {path}: line {line}: {reason}")]
+    Broken {
+        /// The log file.
+        path: PathBuf,
+        /// The first bad line, counting from 1.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// What one request did, for its audit line.
+#[derive(Debug, Clone, Default)]
+pub struct Record<'a> {
+    /// The session's number.
+    pub session: u64,
+    /// The JSON-RPC method.
+    pub method: &'a str,
+    /// The request's `path` (or `oldPath`).
+    pub path: Option<&'a str>,
+    /// A rename's `newPath`.
+    pub new_path: Option<&'a str>,
+    /// A consent request's `requestedPaths`.
+    pub paths: Option<&'a [String]>,
+    /// `ok`, or the error's code.
+    pub outcome: &'a str,
+    /// Payload bytes read or written.
+    pub bytes: u64,
+    /// How long the request took.
+    pub duration: Duration,
+}
+
+struct Chain {
+    file: File,
+    prev: String,
+}
+
+/// An open, append-only audit log.
+pub struct AuditLog {
+    path: PathBuf,
+    redact: bool,
+    chain: Mutex<Chain>,
+    healthy: AtomicBool,
+}
+
+impl std::fmt::Debug for AuditLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditLog")
+            .field("path", &self.path)
+            .field("redact", &self.redact)
+            .field("healthy", &self.is_healthy())
+            .finish()
+    }
+}
+
+impl AuditLog {
+    /// Opens (or creates, owner-only) the log and continues its chain from its last line.
+    ///
+    /// A log whose last line is incomplete (a crash mid-write, or a file that is not an audit
+    /// log) is refused: appending to it would hide the damage inside a valid-looking chain.
+    pub fn open(config: &AuditConfig) -> Result<AuditLog, AuditError> {
+        let path = config.path.clone();
+        let io = |source| AuditError::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        let prev = last_hash(&mut file, &path)?;
+        Ok(AuditLog {
+            redact: config.redact_paths,
+            chain: Mutex::new(Chain { file, prev }),
+            healthy: AtomicBool::new(true),
+            path,
+        })
+    }
+
+    /// The log file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// False once a write has failed: every audited request is then refused.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// Appends one line. On failure the log turns unhealthy for good and the error is logged.
+    pub fn record(&self, r: &Record<'_>) -> Result<(), ()> {
+        if !self.is_healthy() {
+            return Err(());
+        }
+        let mut fields: BTreeMap<&str, Value> = BTreeMap::new();
+        fields.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
+        fields.insert("session", Value::from(r.session));
+        fields.insert("method", Value::from(r.method));
+        let mut put_path = |plain: &'static str, hashed: &'static str, p: &str| {
+            if self.redact {
+                fields.insert(hashed, Value::from(sha256_hex(p.as_bytes())));
+            } else {
+                fields.insert(plain, Value::from(p));
+            }
+        };
+        if let Some(p) = r.path {
+            put_path("path", "pathSha256", p);
+        }
+        if let Some(p) = r.new_path {
+            put_path("newPath", "newPathSha256", p);
+        }
+        if let Some(ps) = r.paths {
+            let (key, list): (&str, Vec<Value>) = if self.redact {
+                (
+                    "pathsSha256",
+                    ps.iter()
+                        .map(|p| Value::from(sha256_hex(p.as_bytes())))
+                        .collect(),
+                )
+            } else {
+                (
+                    "paths",
+                    ps.iter().map(|p| Value::from(p.as_str())).collect(),
+                )
+            };
+            fields.insert(key, Value::from(list));
+        }
+        fields.insert("outcome", Value::from(r.outcome));
+        fields.insert("bytes", Value::from(r.bytes));
+        fields.insert(
+            "durationMs",
+            Value::from((r.duration.as_secs_f64() * 1e6).round() / 1e3),
+        );
+        let mut chain = self.chain.lock().unwrap_or_else(|e| e.into_inner());
+        fields.insert("prev", Value::from(chain.prev.clone()));
+        let hash = sha256_hex(&canonical(&fields));
+        fields.insert("hash", Value::from(hash.clone()));
+        let mut line = canonical(&fields);
+        line.push(b'\n');
+        // One write per line: a line is either in the file whole or (on a failed write) the
+        // log is marked broken and nothing more is appended after the torn piece.
+        match chain.file.write_all(&line) {
+            Ok(()) => {
+                chain.prev = hash;
+                Ok(())
+            }
+            Err(e) => {
+                self.healthy.store(false, Ordering::Release);
+                tracing::error!(path = %self.path.display(), error = %e, "audit log unavailable: refusing every audited request from now on");
+                Err(())
+            }
+        }
+    }
+
+    /// Flushes the log to disk (at exit).
+    pub fn sync(&self) {
+        let chain = self.chain.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = chain.file.sync_all() {
+            tracing::error!(path = %self.path.display(), error = %e, "cannot sync the audit log");
+        }
+    }
+}
+
+/// Compact JSON with keys in byte order: what the hash covers.
+fn canonical(fields: &BTreeMap<&str, Value>) -> Vec<u8> {
+    // A BTreeMap serializes its keys in order whatever serde_json's features are.
+    serde_json::to_vec(fields).unwrap_or_default()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut s = String::with_capacity(64);
+    for b in digest.iter() {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// The `hash` of the file's last line, or [`GENESIS`] for an empty file.
+fn last_hash(file: &mut File, path: &Path) -> Result<String, AuditError> {
+    let io = |source| AuditError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let len = file.seek(SeekFrom::End(0)).map_err(io)?;
+    if len == 0 {
+        return Ok(GENESIS.to_owned());
+    }
+    // Read backwards until the start of the last line is in hand.
+    let mut tail: Vec<u8> = Vec::new();
+    let mut pos = len;
+    loop {
+        let step = pos.min(64 << 10);
+        pos -= step;
+        let mut chunk = vec![0u8; step as usize];
+        file.seek(SeekFrom::Start(pos)).map_err(io)?;
+        file.read_exact(&mut chunk).map_err(io)?;
+        chunk.extend_from_slice(&tail);
+        tail = chunk;
+        let body = &tail[..tail.len() - 1];
+        if body.contains(&b'\n') || pos == 0 {
+            break;
+        }
+    }
+    let broken = |reason: &str| AuditError::Broken {
+        path: path.to_owned(),
+        line: 0,
+        reason: reason.to_owned(),
+    };
+    if tail.last() != Some(&b'\n') {
+        return Err(broken(
+            "the last line is incomplete; run `fsbroker audit verify` and repair or move the log",
+        ));
+    }
+    let body = &tail[..tail.len() - 1];
+    let start = body.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let last: BTreeMap<String, Value> = serde_json::from_slice(&body[start..])
+        .map_err(|_| broken("the last line is not an audit record"))?;
+    match last.get("hash").and_then(Value::as_str) {
+        Some(h) if h.len() == 64 => Ok(h.to_owned()),
+        _ => Err(broken("the last line has no hash")),
+    }
+}
+
+/// What [`verify`] found in an intact log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// Lines in the log.
+    pub lines: usize,
+    /// The first line's `ts`.
+    pub first: Option<String>,
+    /// The last line's `ts`.
+    pub last: Option<String>,
+}
+
+/// Checks every line's hash and link; the error names the first bad line.
+pub fn verify(path: &Path) -> Result<Summary, AuditError> {
+    let text = std::fs::read(path).map_err(|source| AuditError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let broken = |line: usize, reason: String| AuditError::Broken {
+        path: path.to_owned(),
+        line,
+        reason,
+    };
+    let mut prev = GENESIS.to_owned();
+    let mut summary = Summary {
+        lines: 0,
+        first: None,
+        last: None,
+    };
+    if text.is_empty() {
+        return Ok(summary);
+    }
+    if text.last() != Some(&b'\n') {
+        let n = text.iter().filter(|&&b| b == b'\n').count() + 1;
+        return Err(broken(n, "incomplete line (no newline at the end)".into()));
+    }
+    for (i, raw) in text[..text.len() - 1].split(|&b| b == b'\n').enumerate() {
+        let n = i + 1;
+        let mut fields: BTreeMap<String, Value> = serde_json::from_slice(raw)
+            .map_err(|e| broken(n, format!("not a JSON object: {e}")))?;
+        let Some(Value::String(hash)) = fields.remove("hash") else {
+            return Err(broken(n, "no hash".into()));
+        };
+        let line_prev = fields.get("prev").and_then(Value::as_str).unwrap_or("");
+        if line_prev != prev {
+            return Err(broken(
+                n,
+                "does not follow the line before it: a line was removed, reordered or inserted here"
+                    .into(),
+            ));
+        }
+        let sorted: BTreeMap<&str, Value> = fields
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        if sha256_hex(&canonical(&sorted)) != hash {
+            return Err(broken(
+                n,
+                "its hash does not match its content: the line was edited".into(),
+            ));
+        }
+        let ts = fields.get("ts").and_then(Value::as_str).map(str::to_owned);
+        if summary.first.is_none() {
+            summary.first = ts.clone();
+        }
+        summary.last = ts;
+        summary.lines = n;
+        prev = hash;
+    }
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(dir: &Path, redact: bool) -> AuditLog {
+        AuditLog::open(&AuditConfig {
+            path: dir.join("audit.jsonl"),
+            redact_paths: redact,
+        })
+        .unwrap()
+    }
+
+    fn rec<'a>(path: &'a str) -> Record<'a> {
+        Record {
+            session: 1,
+            method: "files/read",
+            path: Some(path),
+            outcome: "ok",
+            bytes: 3,
+            ..Record::default()
+        }
+    }
+
+    #[test]
+    fn chain_survives_reopen_and_verifies() {
+        let t = tempfile::tempdir().unwrap();
+        let a = log(t.path(), false);
+        a.record(&rec("p/a")).unwrap();
+        a.record(&rec("p/b")).unwrap();
+        drop(a);
+        let a = log(t.path(), false);
+        a.record(&rec("p/c")).unwrap();
+        let s = verify(&t.path().join("audit.jsonl")).unwrap();
+        assert_eq!(s.lines, 3);
+        let text = std::fs::read_to_string(t.path().join("audit.jsonl")).unwrap();
+        let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(first["prev"], GENESIS);
+        assert_eq!(first["path"], "p/a");
+    }
+
+    #[test]
+    fn verify_names_the_first_bad_line() {
+        let t = tempfile::tempdir().unwrap();
+        let a = log(t.path(), false);
+        for p in ["p/1", "p/2", "p/3", "p/4"] {
+            a.record(&rec(p)).unwrap();
+        }
+        let path = t.path().join("audit.jsonl");
+        let good = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = good.lines().collect();
+        let check = |text: String, line: usize| {
+            std::fs::write(&path, text).unwrap();
+            match verify(&path) {
+                Err(AuditError::Broken { line: l, .. }) => assert_eq!(l, line),
+                other => panic!("expected line {line}: {other:?}"),
+            }
+        };
+        check(good.replace("p/2", "p/X"), 2);
+        check(format!("{}\n{}\n{}\n", lines[0], lines[2], lines[3]), 2);
+        check(
+            format!("{}\n{}\n{}\n{}\n", lines[0], lines[2], lines[1], lines[3]),
+            2,
+        );
+        check(
+            format!(
+                "{}\n{}\n{}\n{}\n{}\n",
+                lines[0], lines[1], lines[1], lines[2], lines[3]
+            ),
+            3,
+        );
+    }
+
+    #[test]
+    fn redaction_hides_paths() {
+        let t = tempfile::tempdir().unwrap();
+        let a = log(t.path(), true);
+        a.record(&rec("secret/plan.txt")).unwrap();
+        let text = std::fs::read_to_string(t.path().join("audit.jsonl")).unwrap();
+        assert!(!text.contains("secret"), "{text}");
+        assert!(text.contains(&sha256_hex(b"secret/plan.txt")));
+    }
+
+    #[test]
+    fn a_torn_last_line_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("audit.jsonl"), "{\"hash\":").unwrap();
+        assert!(matches!(
+            AuditLog::open(&AuditConfig {
+                path: t.path().join("audit.jsonl"),
+                redact_paths: false
+            }),
+            Err(AuditError::Broken { .. })
+        ));
+    }
+}

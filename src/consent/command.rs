@@ -1,0 +1,77 @@
+//! The external consent command: JSON request on stdin, JSON decision on stdout.
+//!
+//! Request: `{"server": "name"|null, "message": "...", "requestedPaths": ["/abs", ...]}`.
+//! Decision: `{"approvedPaths": ["/abs", ...]}` (any subset; anything not requested is
+//! ignored), or `{"approvedPaths": []}` / `{"granted": false}` for none. A non-zero exit,
+//! output that is not such an object, or no answer within the timeout is a denial.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use super::Request;
+
+/// The most a decision may be; anything longer is not a decision.
+const MAX_OUTPUT: u64 = 1 << 20;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Decision {
+    #[serde(default)]
+    approved_paths: Vec<String>,
+    #[serde(default)]
+    granted: Option<bool>,
+}
+
+pub(super) fn ask(
+    argv: &[String],
+    req: &Request,
+    timeout: Duration,
+) -> Result<Vec<String>, String> {
+    let (program, args) = argv.split_first().ok_or("empty consent command")?;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start the consent command {program:?}: {e}"))?;
+    let input = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A command that exits without reading its input is its own answer (below).
+        let _ = stdin.write_all(&input);
+    }
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = (&mut stdout).take(MAX_OUTPUT).read_to_end(&mut out);
+        out
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "the consent command gave no answer within {timeout:?}"
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(format!("waiting for the consent command: {e}")),
+        }
+    };
+    let output = reader.join().unwrap_or_default();
+    if !status.success() {
+        return Err(format!("the consent command failed ({status})"));
+    }
+    let decision: Decision = serde_json::from_slice(&output)
+        .map_err(|e| format!("the consent command's answer is not a decision: {e}"))?;
+    if decision.granted == Some(false) {
+        return Ok(Vec::new());
+    }
+    Ok(decision.approved_paths)
+}

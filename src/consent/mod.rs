@@ -1,0 +1,52 @@
+//! Asking a person: the providers behind `consent = "prompt"` roots.
+//!
+//! A request goes to the external command named in the policy when there is one (an
+//! administrator's explicit choice: a desktop dialog, an enterprise agent), else to the
+//! controlling terminal when there is one and the policy allows it, else nowhere: it fails
+//! closed, with a warning. Every provider is bounded by the policy's `[consent] timeout_ms`;
+//! no answer is a denial. Providers block, so callers run them on the blocking pool.
+
+mod command;
+mod terminal;
+
+use serde::Serialize;
+
+use crate::policy::ConsentConfig;
+
+/// What a person is asked.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Request {
+    /// The MCP server's name, when known.
+    pub server: Option<String>,
+    /// The server's explanation.
+    pub message: String,
+    /// Absolute canonical paths, all inside roots.
+    pub requested_paths: Vec<String>,
+}
+
+/// Asks, and returns the approved subset of `req.requested_paths` (in request order).
+pub fn ask(config: &ConsentConfig, req: &Request) -> Vec<String> {
+    if req.requested_paths.is_empty() {
+        return Vec::new();
+    }
+    let answer = if !config.command.is_empty() {
+        command::ask(&config.command, req, config.timeout)
+    } else if let Some(tty) = config.terminal.then(terminal::open).flatten() {
+        terminal::ask(tty, req, config.timeout)
+    } else {
+        Err("no consent command is configured and there is no terminal to ask on".to_owned())
+    };
+    match answer {
+        Ok(approved) => req
+            .requested_paths
+            .iter()
+            .filter(|p| approved.contains(p))
+            .cloned()
+            .collect(),
+        Err(why) => {
+            tracing::warn!(reason = %why, paths = ?req.requested_paths, "consent denied");
+            Vec::new()
+        }
+    }
+}
