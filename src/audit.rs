@@ -38,6 +38,12 @@ pub enum AuditError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// An earlier write failed; the log accepts nothing more.
+    #[error("audit log {path}: unavailable since an earlier write failed")]
+    Unavailable {
+        /// The log file.
+        path: PathBuf,
+    },
     /// The chain is broken (or the file is not an audit log).
     #[error("audit log {path}: line {line}: {reason}")]
     Broken {
@@ -132,9 +138,11 @@ impl AuditLog {
     }
 
     /// Appends one line. On failure the log turns unhealthy for good and the error is logged.
-    pub fn record(&self, r: &Record<'_>) -> Result<(), ()> {
+    pub fn record(&self, r: &Record<'_>) -> Result<(), AuditError> {
         if !self.is_healthy() {
-            return Err(());
+            return Err(AuditError::Unavailable {
+                path: self.path.clone(),
+            });
         }
         let mut fields: BTreeMap<&str, Value> = BTreeMap::new();
         fields.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
@@ -188,10 +196,13 @@ impl AuditLog {
                 chain.prev = hash;
                 Ok(())
             }
-            Err(e) => {
+            Err(source) => {
                 self.healthy.store(false, Ordering::Release);
-                tracing::error!(path = %self.path.display(), error = %e, "audit log unavailable: refusing every audited request from now on");
-                Err(())
+                tracing::error!(path = %self.path.display(), error = %source, "audit log unavailable: refusing every audited request from now on");
+                Err(AuditError::Io {
+                    path: self.path.clone(),
+                    source,
+                })
             }
         }
     }
