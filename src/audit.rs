@@ -119,12 +119,22 @@ impl AuditLog {
             .open(&path)
             .map_err(io)?;
         let prev = last_hash(&mut file, &path)?;
-        Ok(AuditLog {
+        let log = AuditLog {
             redact: config.redact_paths,
             chain: Mutex::new(Chain { file, prev }),
             healthy: AtomicBool::new(true),
             path,
-        })
+        };
+        // A first line at start-up proves the log writable before any request can act (and
+        // tells one run of the broker from the next). If it cannot be written, the broker
+        // runs but refuses every audited request.
+        let mut start: BTreeMap<&str, Value> = BTreeMap::new();
+        start.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
+        start.insert("event", Value::from("start"));
+        start.insert("pid", Value::from(std::process::id()));
+        start.insert("version", Value::from(env!("CARGO_PKG_VERSION")));
+        let _ = log.append(start);
+        Ok(log)
     }
 
     /// The log file.
@@ -183,6 +193,16 @@ impl AuditLog {
             "durationMs",
             Value::from((r.duration.as_secs_f64() * 1e6).round() / 1e3),
         );
+        self.append(fields)
+    }
+
+    /// Chains and appends one line. On failure the log turns unhealthy for good.
+    fn append(&self, mut fields: BTreeMap<&str, Value>) -> Result<(), AuditError> {
+        if !self.is_healthy() {
+            return Err(AuditError::Unavailable {
+                path: self.path.clone(),
+            });
+        }
         let mut chain = self.chain.lock().unwrap_or_else(|e| e.into_inner());
         fields.insert("prev", Value::from(chain.prev.clone()));
         let hash = sha256_hex(&canonical(&fields));
@@ -257,10 +277,14 @@ fn last_hash(file: &mut File, path: &Path) -> Result<String, AuditError> {
             break;
         }
     }
-    let broken = |reason: &str| AuditError::Broken {
-        path: path.to_owned(),
-        line: 0,
-        reason: reason.to_owned(),
+    let mut broken = |reason: &str| {
+        // Name the line the way `verify` counts: from 1, the torn piece included.
+        let line = count_lines(file).unwrap_or(0);
+        AuditError::Broken {
+            path: path.to_owned(),
+            line,
+            reason: reason.to_owned(),
+        }
     };
     if tail.last() != Some(&b'\n') {
         return Err(broken(
@@ -275,6 +299,15 @@ fn last_hash(file: &mut File, path: &Path) -> Result<String, AuditError> {
         Some(h) if h.len() == 64 => Ok(h.to_owned()),
         _ => Err(broken("the last line has no hash")),
     }
+}
+
+/// How many lines the file has, a last line without its newline included.
+fn count_lines(file: &mut File) -> std::io::Result<usize> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut text = Vec::new();
+    file.read_to_end(&mut text)?;
+    let newlines = text.iter().filter(|&&b| b == b'\n').count();
+    Ok(newlines + usize::from(text.last().is_some_and(|&b| b != b'\n')))
 }
 
 /// What [`verify`] found in an intact log.
@@ -381,11 +414,18 @@ mod tests {
         let a = log(t.path(), false);
         a.record(&rec("p/c")).unwrap();
         let s = verify(&t.path().join("audit.jsonl")).unwrap();
-        assert_eq!(s.lines, 3);
+        // Two runs, each opened by a start line.
+        assert_eq!(s.lines, 5);
         let text = std::fs::read_to_string(t.path().join("audit.jsonl")).unwrap();
-        let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
-        assert_eq!(first["prev"], GENESIS);
-        assert_eq!(first["path"], "p/a");
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["prev"], GENESIS);
+        assert_eq!(lines[0]["event"], "start");
+        assert_eq!(lines[1]["path"], "p/a");
+        assert_eq!(lines[3]["event"], "start");
+        assert_eq!(lines[3]["prev"], lines[2]["hash"]);
     }
 
     #[test]
@@ -405,7 +445,7 @@ mod tests {
                 other => panic!("expected line {line}: {other:?}"),
             }
         };
-        check(good.replace("p/2", "p/X"), 2);
+        check(good.replace("p/2", "p/X"), 3); // line 1 is the start line
         check(format!("{}\n{}\n{}\n", lines[0], lines[2], lines[3]), 2);
         check(
             format!("{}\n{}\n{}\n{}\n", lines[0], lines[2], lines[1], lines[3]),

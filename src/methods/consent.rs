@@ -76,7 +76,13 @@ fn consent(op: &Op, p: Params) -> Reply {
                 })
             })
             .unwrap_or_else(|| target.rel.clone());
-        let Some(absolute) = target.root.path().join(&real).to_str().map(str::to_owned) else {
+        // `join("")` would add a trailing slash; the root itself is its canonical path.
+        let absolute = if real.is_empty() {
+            target.root.path().to_path_buf()
+        } else {
+            target.root.path().join(&real)
+        };
+        let Some(absolute) = absolute.to_str().map(str::to_owned) else {
             continue;
         };
         let c = Candidate {

@@ -220,3 +220,36 @@ impl Broker {
         self.child.wait().expect("wait")
     }
 }
+
+impl Broker {
+    /// Starts `fsbroker ARGS...` in `cwd` with `RUST_LOG` set to `rust_log` and its stderr
+    /// written to the file `stderr_file` (created or truncated), so a test can read the
+    /// broker's log lines after it exits without a pipe that could fill up.
+    pub fn spawn_stderr_to_file<S: AsRef<std::ffi::OsStr>>(
+        args: &[S],
+        cwd: &Path,
+        rust_log: &str,
+        stderr_file: &Path,
+    ) -> Broker {
+        let err = std::fs::File::create(stderr_file)
+            .unwrap_or_else(|e| panic!("create {}: {e}", stderr_file.display()));
+        let mut child = Command::new(bin())
+            .args(args)
+            .current_dir(cwd)
+            .env("RUST_LOG", rust_log)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin()));
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Broker {
+            child,
+            stdin,
+            stdout,
+            next_id: 1,
+            last_raw: String::new(),
+        }
+    }
+}
