@@ -112,8 +112,22 @@ impl Broker {
             .collect();
         let roots_changed = signature(&old) != signature(&new);
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
+        // A root nested inside a revoked one keeps its own uploads and locks.
+        let staying: Vec<PathBuf> = self
+            .policy()
+            .roots()
+            .iter()
+            .map(|r| r.path().to_path_buf())
+            .collect();
+        let spared = |root: &Path| -> Vec<PathBuf> {
+            staying
+                .iter()
+                .filter(|k| k.as_path() != root && k.starts_with(root))
+                .cloned()
+                .collect()
+        };
         for root in &revoked {
-            self.locks.release_under(root);
+            self.locks.release_under(root, &spared(root));
         }
         let sessions: Vec<Arc<SessionState>> = {
             let mut list = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
@@ -121,7 +135,9 @@ impl Broker {
             list.iter().filter_map(Weak::upgrade).collect()
         };
         for s in &sessions {
-            s.revoke(&revoked);
+            for root in &revoked {
+                s.revoke(root, &spared(root));
+            }
             if roots_changed {
                 s.notify_roots_changed();
             }
@@ -151,11 +167,18 @@ impl Broker {
 
     /// Reloads, logging the outcome: what a signal or a file change calls.
     pub fn reload_and_log(&self) {
-        match self.reload() {
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!(error = %e, "policy reload failed; the previous policy stays in force")
-            }
+        if let Err(e) = self.reload() {
+            // One log line: a TOML error's code snippet spans several.
+            let text = e.to_string();
+            let flat: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            tracing::error!(
+                error = %flat.join(" "),
+                "policy reload failed; the previous policy stays in force"
+            );
         }
     }
 }
@@ -190,27 +213,42 @@ const QUIET: Duration = Duration::from_millis(50);
 
 impl PolicyWatcher {
     fn start(broker: Weak<Broker>, file: &Path) -> notify::Result<PolicyWatcher> {
-        use notify::Watcher;
-        // Watch the directory, not the file: editors replace a file by renaming a new one
-        // over it, which a watch on the old inode would never see.
-        let dir = file
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let name = file.file_name().map(|n| n.to_os_string());
+        use notify::{EventKind, Watcher};
+        // Watch directories, not the file: editors replace a file by renaming a new one over
+        // it, which a watch on the old inode would never see. A policy that is a symlink is
+        // watched where it is and where it leads (dotfile managers link configs).
+        let mut places: Vec<PathBuf> = vec![file.to_path_buf()];
+        if let Ok(target) = std::fs::canonicalize(file) {
+            if target != file {
+                places.push(target);
+            }
+        }
+        let names: Vec<std::ffi::OsString> = places
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_os_string()))
+            .collect();
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-            if let Ok(ev) = ev {
-                if ev
-                    .paths
-                    .iter()
-                    .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
-                {
-                    let _ = tx.send(());
-                }
+            let Ok(ev) = ev else { return };
+            // Opens and reads (the reload's own among them) are not changes.
+            if !matches!(
+                ev.kind,
+                EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
+            ) {
+                return;
+            }
+            let ours = |p: &PathBuf| p.file_name().is_some_and(|n| names.iter().any(|m| m == n));
+            if ev.paths.iter().any(ours) {
+                let _ = tx.send(());
             }
         })?;
-        watcher.watch(dir, notify::RecursiveMode::NonRecursive)?;
+        for place in &places {
+            let dir = place
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            watcher.watch(dir, notify::RecursiveMode::NonRecursive)?;
+        }
         std::thread::Builder::new()
             .name("fsbroker-policy".into())
             .spawn(move || {

@@ -174,13 +174,16 @@ impl LockTable {
         }
     }
 
-    /// Releases every kept lock, of any session, on a path under `root` (a revoked root).
-    pub fn release_under(&self, root: &Path) {
+    /// Releases every kept lock, of any session, on a path under `root` (a revoked root) but
+    /// not under one of `spared` (roots nested in it that stay in force).
+    pub fn release_under(&self, root: &Path, spared: &[PathBuf]) {
         let mut t = self.lock();
         let ids: Vec<String> = t
             .kept
             .iter()
-            .filter(|(_, k)| k.key.starts_with(root))
+            .filter(|(_, k)| {
+                k.key.starts_with(root) && !spared.iter().any(|s| k.key.starts_with(s))
+            })
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {

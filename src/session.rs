@@ -66,14 +66,13 @@ impl SessionState {
         })
     }
 
-    /// Drops every grant, upload and kept lock under the roots at `roots`.
-    pub(crate) fn revoke(&self, roots: &[PathBuf]) {
+    /// Drops the grants of the revoked root at `root`, and the uploads under it except those
+    /// under `spared` (roots nested inside it that stay in force).
+    pub(crate) fn revoke(&self, root: &Path, spared: &[PathBuf]) {
         let mut grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
-        grants.retain(|g| !roots.contains(&g.root));
+        grants.retain(|g| g.root != root);
         drop(grants);
-        for root in roots {
-            self.uploads.end_under(root);
-        }
+        self.uploads.end_under(root, spared);
     }
 
     /// Queues a notification; a peer that does not read is not allowed to grow the queue

@@ -70,13 +70,14 @@ impl Uploads {
         }
     }
 
-    /// Ends every upload whose target lies under `root` (a root being revoked).
-    pub fn end_under(&self, root: &Path) {
+    /// Ends every upload whose target lies under `root` (a root being revoked) but not under
+    /// one of `spared` (roots nested in it that stay).
+    pub fn end_under(&self, root: &Path, spared: &[PathBuf]) {
         let gone: Vec<Slot> = {
             let mut map = self.map();
             let keys: Vec<PathBuf> = map
                 .keys()
-                .filter(|k| k.starts_with(root))
+                .filter(|k| k.starts_with(root) && !spared.iter().any(|s| k.starts_with(s)))
                 .cloned()
                 .collect();
             keys.iter().filter_map(|k| map.remove(k)).collect()
