@@ -10,6 +10,7 @@ use crate::locks::LockTable;
 use crate::policy::{Overrides, Policy, PolicyError};
 use crate::sandbox::ConsentMode;
 use crate::session::{Session, SessionState};
+use crate::watch::WatchHub;
 
 /// Shared state behind every session: the policy (and through it the roots), the locks, the
 /// audit log, and the sessions themselves (to revoke and notify on a policy reload).
@@ -23,6 +24,7 @@ pub struct Broker {
     locks: Arc<LockTable>,
     audit: Option<AuditLog>,
     sessions: Mutex<Vec<Weak<SessionState>>>,
+    watches: Arc<WatchHub>,
     next_session: AtomicU64,
 }
 
@@ -41,12 +43,13 @@ impl Broker {
     /// policy asks for one.
     pub fn with_overrides(policy: Policy, overrides: Overrides) -> Result<Arc<Broker>, AuditError> {
         let audit = policy.audit().map(AuditLog::open).transpose()?;
-        Ok(Arc::new(Broker {
+        Ok(Arc::new_cyclic(|me| Broker {
             policy: RwLock::new(Arc::new(policy)),
             overrides,
             locks: Arc::default(),
             audit,
             sessions: Mutex::new(Vec::new()),
+            watches: WatchHub::start(me.clone()),
             next_session: AtomicU64::new(1),
         }))
     }
@@ -66,6 +69,11 @@ impl Broker {
     /// The path locks every session shares.
     pub fn locks(&self) -> &Arc<LockTable> {
         &self.locks
+    }
+
+    /// The watch hub every session's `files/watch` goes through.
+    pub fn watches(&self) -> &Arc<WatchHub> {
+        &self.watches
     }
 
     /// The audit log, when auditing is on.
@@ -128,6 +136,7 @@ impl Broker {
         };
         for root in &revoked {
             self.locks.release_under(root, &spared(root));
+            self.watches.remove_root(root);
         }
         let sessions: Vec<Arc<SessionState>> = {
             let mut list = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
@@ -148,6 +157,15 @@ impl Broker {
         ReloadReport {
             revoked,
             roots_changed,
+        }
+    }
+
+    /// Takes a root out of service because its directory is gone (deleted, moved away or
+    /// unmounted): the same as a reload that removed it.
+    pub fn retire_root(&self, root: &Path) {
+        let current = self.policy();
+        if current.roots().iter().any(|r| r.path() == root) {
+            self.apply(current.without_root(root));
         }
     }
 

@@ -21,13 +21,17 @@
 //! - [`session`]: [`Session`], one connected server; turns a message into a response; owns
 //!   the session's uploads and, on drop, releases its locks.
 //! - `methods/`: one file per method (`roots.rs`, `read.rs`, `list.rs`, `write.rs`,
-//!   `create.rs`, `delete.rs`, `rename.rs`, `unlock.rs`, `ping.rs`), each with its `Params`,
-//!   result and `handle`; `methods/mod.rs` dispatches.
+//!   `create.rs`, `delete.rs`, `rename.rs`, `unlock.rs`, `consent.rs`, `watch.rs`,
+//!   `ping.rs`), each with its `Params`, result and `handle`; `methods/mod.rs` dispatches.
+//! - [`consent`]: the providers that ask a person (command, terminal).
+//! - [`audit`]: the hash-chained audit log and its verifier.
 //! - [`sandbox`]: [`sandbox::Root`] (the only ambient-authority open), path resolution
 //!   ([`sandbox::resolve`]), deny globs, safe opens ([`sandbox::open`]) and the building
 //!   blocks of mutations ([`sandbox::mutate`]: parent handles, staging files, renames).
 //! - [`locks`]: the broker's path locks (SEP-1708), shared and exclusive, kept locks.
 //! - [`upload`]: chunked uploads staged beside their targets.
+//! - [`watch`]: `files/watch` — one notify watcher per broker, event mapping, coalescing,
+//!   rescans, and retiring roots whose directory disappears.
 //! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`policy::Policy`].
 //! - [`error`]: [`Error`] and the single kind → wire-code mapping.
 //! - [`codec`]: UTF-8 and base64 content, with the SIMD base64 engine.
@@ -63,6 +67,7 @@ pub mod sandbox;
 pub mod session;
 pub mod transport;
 pub mod upload;
+pub mod watch;
 
 pub use broker::Broker;
 pub use error::{Error, ErrorKind};

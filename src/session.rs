@@ -86,6 +86,15 @@ impl SessionState {
         }
     }
 
+    /// Queues a notification unless the queue is full (`false`: keep it and try later). A
+    /// session whose peer has gone counts as delivered.
+    pub(crate) fn try_notify(&self, frame: Vec<u8>) -> bool {
+        !matches!(
+            self.notify.try_send(frame),
+            Err(mpsc::error::TrySendError::Full(_))
+        )
+    }
+
     /// Queues `notifications/roots/list_changed`.
     pub(crate) fn notify_roots_changed(&self) {
         self.notify(jsonrpc::notification_frame(
@@ -180,6 +189,7 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.broker.locks().release_session(self.id());
+        self.broker.watches().remove_session(self.id());
         let abandoned = self.state.uploads.len();
         if abandoned > 0 {
             tracing::info!(

@@ -13,6 +13,7 @@ mod read;
 mod rename;
 mod roots;
 mod unlock;
+mod watch;
 mod write;
 
 use std::sync::Arc;
@@ -120,6 +121,8 @@ enum Method {
     FilesRename,
     FilesUnlock,
     FilesConsent,
+    FilesWatch,
+    FilesUnwatch,
     Unknown,
 }
 
@@ -136,6 +139,8 @@ impl Method {
             "files/rename" => Method::FilesRename,
             "files/unlock" => Method::FilesUnlock,
             "files/consent" => Method::FilesConsent,
+            "files/watch" => Method::FilesWatch,
+            "files/unwatch" => Method::FilesUnwatch,
             _ => Method::Unknown,
         }
     }
@@ -223,6 +228,8 @@ async fn dispatch(
         Method::FilesRename => respond(c, method, id, rename::handle(c, parse(params)).await),
         Method::FilesUnlock => respond(c, method, id, unlock::handle(c, parse(params))),
         Method::FilesConsent => respond(c, method, id, consent::handle(c, parse(params)).await),
+        Method::FilesWatch => respond(c, method, id, watch::handle(c, parse(params)).await),
+        Method::FilesUnwatch => respond(c, method, id, watch::unwatch(c, parse(params))),
         Method::Unknown => {
             let err = Error::new(
                 ErrorKind::MethodNotFound,

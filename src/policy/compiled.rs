@@ -251,6 +251,22 @@ impl Policy {
         })
     }
 
+    /// This policy without the root at `path` (a root whose directory is gone).
+    pub fn without_root(&self, path: &Path) -> Policy {
+        Policy {
+            roots: self
+                .roots
+                .iter()
+                .filter(|r| r.path() != path)
+                .cloned()
+                .collect(),
+            limits: self.limits.clone(),
+            consent: self.consent.clone(),
+            audit: self.audit.clone(),
+            source: self.source.clone(),
+        }
+    }
+
     /// The approved roots, in policy order then command-line order.
     pub fn roots(&self) -> &[Arc<Root>] {
         &self.roots

@@ -1,0 +1,112 @@
+//! `files/watch {path, recursive?, events?}` → `{watchId}`, and `files/unwatch {watchId}` →
+//! `{}`. Changes then arrive as `notifications/files/changed {path, event, timestamp,
+//! watchId}` ([`crate::watch`]).
+//!
+//! A watch is placed like any other operation: resolved beneath a root, refused outside every
+//! root, under a deny glob, or without consent. The watched path is resolved through in-root
+//! symlinks once, here; the watch then covers that real directory (or file) and, recursively,
+//! never follows a symlink inside it.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Ctx, Op, blocking};
+use crate::error::{Error, ErrorKind, Result};
+use crate::jsonrpc::Json;
+use crate::methods::ping::Empty;
+use crate::sandbox::open;
+use crate::watch::{EventSet, Spec};
+
+/// `files/watch` parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct Params {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    events: Option<Vec<String>>,
+    #[serde(rename = "_meta", default)]
+    _meta: Option<serde::de::IgnoredAny>,
+}
+
+/// The result.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Reply {
+    watch_id: String,
+}
+
+impl super::PayloadBytes for Reply {}
+
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
+    let params = params?;
+    let op = ctx.owned();
+    let hub = std::sync::Arc::clone(ctx.session.broker().watches());
+    blocking(move || watch(&op, &hub, &params)).await.map(Json)
+}
+
+fn watch(op: &Op, hub: &crate::watch::WatchHub, p: &Params) -> Result<Reply> {
+    let raw = p.path.as_str();
+    let events = match &p.events {
+        Some(names) => EventSet::parse(names)?,
+        None => EventSet::ALL,
+    };
+    let target = op.resolve(raw)?;
+    open::check_not_denied(&target, raw)?;
+    let root = &target.root;
+    let meta = root
+        .dir()
+        .metadata(target.rel_path())
+        .map_err(|e| Error::from_io(&e, raw))?;
+    if !meta.is_dir() && !meta.is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidPath,
+            format!("cannot watch {}", open::describe(meta.file_type())),
+        )
+        .with_path(raw));
+    }
+    let real = root
+        .dir()
+        .canonicalize(target.rel_path())
+        .map_err(|e| Error::from_io(&e, raw))?;
+    let real = real
+        .to_str()
+        .map(|r| {
+            if r == "." {
+                ""
+            } else {
+                r.trim_start_matches("./")
+            }
+            .to_owned()
+        })
+        .ok_or_else(|| Error::new(ErrorKind::InvalidPath, "path is not UTF-8").with_path(raw))?;
+    if root.deny().is_denied(&real) {
+        return Err(Error::new(ErrorKind::PermissionDenied, "denied by policy").with_path(raw));
+    }
+    op.authorize(root, &real, raw)?;
+    let spec = Spec {
+        rel: real,
+        is_dir: meta.is_dir(),
+        recursive: p.recursive,
+        events,
+    };
+    let watch_id = hub.add(&op.state, root, spec, op.policy.limits().max_watches, raw)?;
+    Ok(Reply { watch_id })
+}
+
+/// `files/unwatch` parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct UnwatchParams {
+    watch_id: String,
+    #[serde(rename = "_meta", default)]
+    _meta: Option<serde::de::IgnoredAny>,
+}
+
+pub(crate) fn unwatch(ctx: &Ctx<'_>, params: Result<UnwatchParams>) -> Result<Json<Empty>> {
+    let p = params?;
+    ctx.session
+        .broker()
+        .watches()
+        .remove(ctx.session.id(), &p.watch_id)?;
+    Ok(Json(Empty {}))
+}

@@ -1,0 +1,423 @@
+//! `files/watch`: one notify watcher per broker, shared by every session and watch.
+//!
+//! inotify limits are per user, so there is one notify watcher (created with
+//! `follow_symlinks(false)`: notify's default would walk into, and report, directories outside
+//! a root through a link inside it), one registration per watched directory however many
+//! watches share it, and one worker thread ([`worker`]) that maps notify's events to
+//! `created` / `modified` / `deleted`, filters them (watch path, recursion, event kinds, deny
+//! globs, grants), coalesces bursts per path, rescans after an overflow, and notices roots
+//! that disappear.
+//!
+//! notify's callback never blocks: it `try_send`s into a bounded queue, and when that queue
+//! is full it raises a flag that makes the worker rescan instead.
+
+mod snapshot;
+mod worker;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use notify::{RecursiveMode, Watcher as _};
+
+use crate::broker::Broker;
+use crate::error::{Error, ErrorKind, Result};
+use crate::sandbox::Root;
+use crate::session::SessionState;
+
+pub use snapshot::Snapshot;
+
+/// Events a watch reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventSet {
+    /// `created`
+    pub created: bool,
+    /// `modified`
+    pub modified: bool,
+    /// `deleted`
+    pub deleted: bool,
+}
+
+impl EventSet {
+    /// All three.
+    pub const ALL: EventSet = EventSet {
+        created: true,
+        modified: true,
+        deleted: true,
+    };
+
+    /// From the wire names; an unknown name is an error naming it.
+    pub fn parse(names: &[String]) -> Result<EventSet> {
+        let mut set = EventSet {
+            created: false,
+            modified: false,
+            deleted: false,
+        };
+        for n in names {
+            match n.as_str() {
+                "created" => set.created = true,
+                "modified" => set.modified = true,
+                "deleted" => set.deleted = true,
+                other => {
+                    return Err(Error::invalid_params(format!(
+                        "unknown event {other:?}: expected \"created\", \"modified\" or \"deleted\""
+                    )));
+                }
+            }
+        }
+        if !(set.created || set.modified || set.deleted) {
+            return Err(Error::invalid_params("events must name at least one event"));
+        }
+        Ok(set)
+    }
+
+    fn has(&self, e: Change) -> bool {
+        match e {
+            Change::Created => self.created,
+            Change::Modified => self.modified,
+            Change::Deleted => self.deleted,
+        }
+    }
+}
+
+/// What a new watch covers.
+#[derive(Debug, Clone)]
+pub(crate) struct Spec {
+    /// The watched path relative to the root, symlinks resolved.
+    pub rel: String,
+    /// A directory (else a file).
+    pub is_dir: bool,
+    /// The whole subtree (directories only).
+    pub recursive: bool,
+    /// The events to report.
+    pub events: EventSet,
+}
+
+/// A change as reported to servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// The path appeared (created, or moved in).
+    Created,
+    /// Its content or metadata changed.
+    Modified,
+    /// The path went away (deleted, or moved out).
+    Deleted,
+}
+
+impl Change {
+    fn name(self) -> &'static str {
+        match self {
+            Change::Created => "created",
+            Change::Modified => "modified",
+            Change::Deleted => "deleted",
+        }
+    }
+
+    /// Two changes to one path within the coalescing window, as one.
+    fn then(self, next: Change) -> Change {
+        match (self, next) {
+            (Change::Created, Change::Modified) => Change::Created,
+            (Change::Deleted, Change::Created) => Change::Modified,
+            (_, next) => next,
+        }
+    }
+}
+
+/// One watch.
+#[derive(Debug)]
+struct Watch {
+    session: Weak<SessionState>,
+    session_id: u64,
+    /// The root's canonical path (the root itself is looked up in the current policy on
+    /// every event, so a reload's new name or deny globs apply at once).
+    root: PathBuf,
+    /// The watched path relative to the root, symlinks resolved.
+    rel: String,
+    is_dir: bool,
+    recursive: bool,
+    events: EventSet,
+    /// What is registered with notify for this watch (the directory, or a file's parent).
+    registered: PathBuf,
+    snapshot: Snapshot,
+    /// Set when events for this watch had to be dropped: the next quiet moment rescans it.
+    lost: bool,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    watches: HashMap<String, Watch>,
+    /// Registered path → (recursive users, flat users).
+    registered: HashMap<PathBuf, (usize, usize)>,
+}
+
+/// The broker's watch hub.
+pub struct WatchHub {
+    watcher: Mutex<Option<notify::RecommendedWatcher>>,
+    registry: Mutex<Registry>,
+    events: std::sync::mpsc::SyncSender<notify::Event>,
+    overflow: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for WatchHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchHub").finish_non_exhaustive()
+    }
+}
+
+/// Raw events waiting for the worker; beyond this the worker rescans instead.
+const EVENT_QUEUE: usize = 16 * 1024;
+
+impl WatchHub {
+    /// Starts the hub and its worker thread for `broker`.
+    pub(crate) fn start(broker: Weak<Broker>) -> Arc<WatchHub> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(EVENT_QUEUE);
+        let hub = Arc::new(WatchHub {
+            watcher: Mutex::new(None),
+            registry: Mutex::new(Registry::default()),
+            events: tx,
+            overflow: Arc::new(AtomicBool::new(false)),
+        });
+        worker::spawn(Arc::downgrade(&hub), broker, rx);
+        hub
+    }
+
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The one notify watcher, created on first use.
+    fn with_watcher<T>(
+        &self,
+        f: impl FnOnce(&mut notify::RecommendedWatcher) -> notify::Result<T>,
+    ) -> notify::Result<T> {
+        let mut slot = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            let tx = self.events.clone();
+            let overflow = Arc::clone(&self.overflow);
+            let config = notify::Config::default().with_follow_symlinks(false);
+            let watcher = notify::RecommendedWatcher::new(
+                move |ev: notify::Result<notify::Event>| match ev {
+                    // Never block notify's thread: a full queue becomes a rescan.
+                    Ok(ev) => {
+                        if tx.try_send(ev).is_err() {
+                            overflow.store(true, Ordering::Release);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "file watcher error; rescanning");
+                        overflow.store(true, Ordering::Release);
+                    }
+                },
+                config,
+            )?;
+            *slot = Some(watcher);
+        }
+        match slot.as_mut() {
+            Some(w) => f(w),
+            None => Err(notify::Error::generic("no watcher")),
+        }
+    }
+
+    /// Adds a watch for `session` on `rel` (symlinks resolved) in `root`; returns its id.
+    pub(crate) fn add(
+        &self,
+        session: &Arc<SessionState>,
+        root: &Root,
+        spec: Spec,
+        max_watches: u32,
+        raw: &str,
+    ) -> Result<String> {
+        let Spec {
+            rel,
+            is_dir,
+            recursive,
+            events,
+        } = spec;
+        let abs = if rel.is_empty() {
+            root.path().to_path_buf()
+        } else {
+            root.path().join(&rel)
+        };
+        let registered = if is_dir {
+            abs.clone()
+        } else {
+            abs.parent().map_or_else(|| abs.clone(), Path::to_path_buf)
+        };
+        let recursive = recursive && is_dir;
+        {
+            let reg = self.registry();
+            let mine = reg
+                .watches
+                .values()
+                .filter(|w| w.session_id == session.id)
+                .count();
+            if mine >= max_watches as usize {
+                return Err(Error::new(
+                    ErrorKind::QuotaExceeded,
+                    format!("this session already has {mine} watches (max_watches)"),
+                )
+                .with_path(raw));
+            }
+        }
+        self.register(&registered, recursive, raw)?;
+        let snapshot = snapshot::scan(root, &rel, is_dir, recursive);
+        let id = crate::locks::random_hex(8);
+        self.registry().watches.insert(
+            id.clone(),
+            Watch {
+                session: Arc::downgrade(session),
+                session_id: session.id,
+                root: root.path().to_path_buf(),
+                rel,
+                is_dir,
+                recursive,
+                events,
+                registered,
+                snapshot,
+                lost: false,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Registers `path` with notify, or upgrades an existing flat registration to recursive.
+    fn register(&self, path: &Path, recursive: bool, raw: &str) -> Result<()> {
+        let mut reg = self.registry();
+        let counts = reg.registered.entry(path.to_path_buf()).or_default();
+        let (before_rec, before_flat) = *counts;
+        if recursive {
+            counts.0 += 1;
+        } else {
+            counts.1 += 1;
+        }
+        let needs = if before_rec + before_flat == 0 {
+            Some(if recursive {
+                RecursiveMode::Recursive
+            } else {
+                RecursiveMode::NonRecursive
+            })
+        } else if recursive && before_rec == 0 {
+            Some(RecursiveMode::Recursive)
+        } else {
+            None
+        };
+        drop(reg);
+        let Some(mode) = needs else { return Ok(()) };
+        let result = self.with_watcher(|w| {
+            if before_rec + before_flat > 0 {
+                let _ = w.unwatch(path);
+            }
+            w.watch(path, mode)
+        });
+        if let Err(e) = result {
+            let mut reg = self.registry();
+            if let Some(c) = reg.registered.get_mut(path) {
+                if recursive {
+                    c.0 -= 1;
+                } else {
+                    c.1 -= 1;
+                }
+                if c.0 + c.1 == 0 {
+                    reg.registered.remove(path);
+                }
+            }
+            let kind = match e.kind {
+                notify::ErrorKind::MaxFilesWatch => ErrorKind::QuotaExceeded,
+                notify::ErrorKind::PathNotFound => ErrorKind::FileNotFound,
+                _ => ErrorKind::Io,
+            };
+            return Err(Error::new(kind, format!("cannot watch: {e}")).with_path(raw));
+        }
+        Ok(())
+    }
+
+    /// Drops a registration use; unregisters the path when no watch needs it.
+    fn unregister(&self, path: &Path, recursive: bool) {
+        let mut reg = self.registry();
+        let Some(c) = reg.registered.get_mut(path) else {
+            return;
+        };
+        if recursive {
+            c.0 = c.0.saturating_sub(1);
+        } else {
+            c.1 = c.1.saturating_sub(1);
+        }
+        let (rec, flat) = *c;
+        if rec + flat == 0 {
+            reg.registered.remove(path);
+        }
+        drop(reg);
+        let result = self.with_watcher(|w| {
+            if rec + flat == 0 {
+                w.unwatch(path)
+            } else if recursive && rec == 0 {
+                let _ = w.unwatch(path);
+                w.watch(path, RecursiveMode::NonRecursive)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = result {
+            tracing::debug!(path = %path.display(), error = %e, "unwatch");
+        }
+    }
+
+    /// Ends a watch of `session`; unknown ids and other sessions' ids answer alike.
+    pub(crate) fn remove(&self, session: u64, id: &str) -> Result<()> {
+        let watch = {
+            let mut reg = self.registry();
+            match reg.watches.get(id) {
+                Some(w) if w.session_id == session => reg.watches.remove(id),
+                _ => None,
+            }
+        };
+        let Some(w) = watch else {
+            return Err(Error::invalid_params(
+                "no watch with this watchId in this session",
+            ));
+        };
+        self.unregister(&w.registered, w.recursive);
+        Ok(())
+    }
+
+    /// Ends every watch matching `doomed`.
+    fn remove_where(&self, doomed: impl Fn(&Watch) -> bool) -> usize {
+        let gone: Vec<Watch> = {
+            let mut reg = self.registry();
+            let ids: Vec<String> = reg
+                .watches
+                .iter()
+                .filter(|(_, w)| doomed(w))
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter().filter_map(|id| reg.watches.remove(id)).collect()
+        };
+        for w in &gone {
+            self.unregister(&w.registered, w.recursive);
+        }
+        gone.len()
+    }
+
+    /// Ends the watches of a session that has ended.
+    pub(crate) fn remove_session(&self, session: u64) {
+        self.remove_where(|w| w.session_id == session);
+    }
+
+    /// Ends the watches made under the revoked root at `root`.
+    pub(crate) fn remove_root(&self, root: &Path) {
+        let n = self.remove_where(|w| w.root == root);
+        if n > 0 {
+            tracing::info!(root = %root.display(), watches = n, "watches ended with their root");
+        }
+    }
+
+    /// How many watches `session` has.
+    pub fn count(&self, session: u64) -> usize {
+        self.registry()
+            .watches
+            .values()
+            .filter(|w| w.session_id == session)
+            .count()
+    }
+}

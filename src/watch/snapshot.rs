@@ -1,0 +1,124 @@
+//! What a watched tree looked like, so a rescan can report what changed.
+//!
+//! notify's queue can overflow (`need_rescan`) and a server that stops reading can make the
+//! broker drop notifications; either way, walking the tree again and comparing it with the
+//! last known state reports every difference, so nothing is lost silently.
+
+use std::collections::BTreeMap;
+
+use cap_fs_ext::DirExt;
+use cap_std::fs::{Dir, Metadata};
+
+use crate::sandbox::Root;
+use crate::sandbox::mutate::is_staging_name;
+
+/// One entry's identity for change detection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    is_dir: bool,
+    size: u64,
+    modified_ns: i128,
+}
+
+impl Stamp {
+    /// From `lstat`.
+    pub fn of(meta: &Metadata) -> Stamp {
+        let modified_ns = meta
+            .modified()
+            .ok()
+            .map(|t| t.into_std())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as i128);
+        Stamp {
+            is_dir: meta.is_dir(),
+            size: meta.len(),
+            modified_ns,
+        }
+    }
+
+    /// Whether the entry is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.is_dir
+    }
+}
+
+/// Paths relative to the root → their stamps.
+pub type Snapshot = BTreeMap<String, Stamp>;
+
+/// A change found by comparing two snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Diff {
+    /// In the new snapshot only.
+    Created,
+    /// In both, with a different stamp.
+    Modified,
+    /// In the old snapshot only.
+    Deleted,
+}
+
+/// Walks `rel` beneath `root` (its entries; all the way down when `recursive`), without
+/// following symlinks and skipping staging files and denied paths.
+pub fn scan(root: &Root, rel: &str, is_dir: bool, recursive: bool) -> Snapshot {
+    let mut snap = Snapshot::new();
+    let path = if rel.is_empty() { "." } else { rel };
+    if !is_dir {
+        if let Ok(m) = root.dir().symlink_metadata(path) {
+            snap.insert(rel.to_owned(), Stamp::of(&m));
+        }
+        return snap;
+    }
+    let Ok(top) = root.dir().open_dir(path) else {
+        return snap;
+    };
+    let mut stack: Vec<(Dir, String)> = vec![(top, rel.to_owned())];
+    while let Some((dir, base)) = stack.pop() {
+        let Ok(entries) = dir.entries() else { continue };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if is_staging_name(name) {
+                continue;
+            }
+            let child = if base.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{base}/{name}")
+            };
+            if root.deny().is_denied(&child) {
+                continue;
+            }
+            let Ok(meta) = entry.metadata() else { continue };
+            let stamp = Stamp::of(&meta);
+            if recursive && stamp.is_dir && !meta.file_type().is_symlink() {
+                if let Ok(sub) = dir.open_dir_nofollow(name) {
+                    stack.push((sub, child.clone()));
+                }
+            }
+            snap.insert(child, stamp);
+        }
+    }
+    snap
+}
+
+/// What changed from `old` to `new`, in path order.
+pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<(String, Diff)> {
+    let mut out = Vec::new();
+    for (path, stamp) in new {
+        match old.get(path) {
+            None => out.push((path.clone(), Diff::Created)),
+            // A directory's own stamp moves with every entry added or removed in it; those
+            // entries are reported themselves.
+            Some(before) if before != stamp && !(before.is_dir && stamp.is_dir) => {
+                out.push((path.clone(), Diff::Modified))
+            }
+            Some(_) => {}
+        }
+    }
+    for path in old.keys() {
+        if !new.contains_key(path) {
+            out.push((path.clone(), Diff::Deleted));
+        }
+    }
+    out.sort();
+    out
+}

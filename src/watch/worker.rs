@@ -1,0 +1,402 @@
+//! The watch worker: notify events in, `notifications/files/changed` out.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Weak;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant, SystemTime};
+
+use notify::EventKind;
+use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
+use serde::Serialize;
+
+use super::snapshot::{self, Diff, Stamp};
+use super::{Change, Watch, WatchHub};
+use crate::broker::Broker;
+use crate::jsonrpc::{self, Json};
+use crate::policy::Policy;
+use crate::sandbox::mutate::is_staging_name;
+use crate::sandbox::{ConsentMode, Root};
+
+/// A burst of events on one path within this window is one notification.
+const COALESCE: Duration = Duration::from_millis(50);
+/// How often the worker wakes with nothing to read.
+const TICK: Duration = Duration::from_millis(10);
+/// How often every root is checked for having been deleted, moved or unmounted.
+const ROOT_CHECK: Duration = Duration::from_millis(500);
+/// Paths waiting per watch before further events are dropped (and the watch rescanned once
+/// the server catches up).
+const MAX_PENDING_PER_WATCH: usize = 10_000;
+
+#[derive(Debug)]
+struct Pending {
+    change: Change,
+    first: Instant,
+    when: SystemTime,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Changed<'a> {
+    path: String,
+    event: &'static str,
+    timestamp: String,
+    watch_id: &'a str,
+}
+
+struct Worker {
+    hub: Weak<WatchHub>,
+    broker: Weak<Broker>,
+    /// (watch id, path relative to the root) → the coalesced change waiting to go out.
+    pending: HashMap<(String, String), Pending>,
+    /// Sessions already warned about not reading, so the log says it once per episode.
+    stalled: HashSet<u64>,
+    last_root_check: Instant,
+}
+
+pub(super) fn spawn(hub: Weak<WatchHub>, broker: Weak<Broker>, rx: Receiver<notify::Event>) {
+    let mut worker = Worker {
+        hub,
+        broker,
+        pending: HashMap::new(),
+        stalled: HashSet::new(),
+        last_root_check: Instant::now(),
+    };
+    let spawned = std::thread::Builder::new()
+        .name("fsbroker-watch".into())
+        .spawn(move || worker.run(rx));
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the watch worker; files/watch will report nothing");
+    }
+}
+
+impl Worker {
+    fn run(&mut self, rx: Receiver<notify::Event>) {
+        loop {
+            let mut batch = Vec::new();
+            match rx.recv_timeout(TICK) {
+                Ok(ev) => {
+                    batch.push(ev);
+                    while batch.len() < 4096 {
+                        match rx.try_recv() {
+                            Ok(ev) => batch.push(ev),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            // Strong references only for one round, so the broker can end.
+            let (Some(hub), Some(broker)) = (self.hub.upgrade(), self.broker.upgrade()) else {
+                return;
+            };
+            let policy = broker.policy();
+            for ev in batch {
+                self.event(&hub, &broker, &policy, ev);
+            }
+            if hub
+                .overflow
+                .swap(false, std::sync::atomic::Ordering::AcqRel)
+            {
+                tracing::warn!("file events were lost (queue overflow); rescanning watched trees");
+                self.rescan(&hub, &policy, |_| true);
+            }
+            self.rescan_lost(&hub, &policy);
+            self.flush(&hub, &policy);
+            if self.last_root_check.elapsed() >= ROOT_CHECK {
+                self.last_root_check = Instant::now();
+                check_roots(&broker, &policy);
+            }
+        }
+    }
+
+    fn event(&mut self, hub: &WatchHub, broker: &Broker, policy: &Policy, ev: notify::Event) {
+        if ev.need_rescan() {
+            hub.overflow
+                .store(true, std::sync::atomic::Ordering::Release);
+            return;
+        }
+        let change = match ev.kind {
+            EventKind::Create(_) => Change::Created,
+            EventKind::Remove(_) => Change::Deleted,
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)) => Change::Deleted,
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)) => Change::Created,
+            // `Both` repeats a `From` and a `To` already seen.
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => return,
+            EventKind::Modify(ModifyKind::Name(_)) => match ev.paths.first() {
+                Some(p) if p.symlink_metadata().is_ok() => Change::Created,
+                Some(_) => Change::Deleted,
+                None => return,
+            },
+            EventKind::Modify(_) => Change::Modified,
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => Change::Modified,
+            _ => return,
+        };
+        for path in &ev.paths {
+            // A root itself deleted or moved away: retire it now rather than at the next
+            // periodic check.
+            if change == Change::Deleted && policy.roots().iter().any(|r| r.path() == path) {
+                check_roots(broker, policy);
+            }
+            self.path_changed(hub, policy, path, change);
+        }
+    }
+
+    fn path_changed(&mut self, hub: &WatchHub, policy: &Policy, path: &Path, change: Change) {
+        let mut reg = hub.registry();
+        for (id, w) in reg.watches.iter_mut() {
+            if !covers(w, path) {
+                continue;
+            }
+            let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) else {
+                continue;
+            };
+            let Some(rel) = path.strip_prefix(&w.root).ok().and_then(|r| r.to_str()) else {
+                continue;
+            };
+            if !visible(root, w, rel) {
+                continue;
+            }
+            let stamp = if rel.is_empty() {
+                root.dir().dir_metadata().ok().map(|m| Stamp::of(&m))
+            } else {
+                root.dir().symlink_metadata(rel).ok().map(|m| Stamp::of(&m))
+            };
+            // A directory's own content changes are its entries' events.
+            if change == Change::Modified && stamp.is_some_and(|s| s.is_dir()) {
+                continue;
+            }
+            match (change, stamp) {
+                (Change::Deleted, _) | (_, None) => {
+                    let prefix = format!("{rel}/");
+                    w.snapshot
+                        .retain(|k, _| k != rel && !k.starts_with(&prefix));
+                }
+                (_, Some(s)) => {
+                    w.snapshot.insert(rel.to_owned(), s);
+                }
+            }
+            let mut changes = vec![(rel.to_owned(), change)];
+            // notify misses files created right after their directory: list a new
+            // directory and report what is already inside.
+            if change == Change::Created && w.recursive && stamp.is_some_and(|s| s.is_dir()) {
+                for (inner, s) in snapshot::scan(root, rel, true, true) {
+                    if w.snapshot.insert(inner.clone(), s).is_none() {
+                        changes.push((inner, Change::Created));
+                    }
+                }
+            }
+            for (rel, change) in changes {
+                merge(&mut self.pending, w, id, rel, change);
+            }
+        }
+    }
+
+    /// Rescans the watches `which` selects and queues what changed since their snapshots.
+    fn rescan(&mut self, hub: &WatchHub, policy: &Policy, which: impl Fn(&Watch) -> bool) {
+        let mut reg = hub.registry();
+        for (id, w) in reg.watches.iter_mut().filter(|(_, w)| which(w)) {
+            let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) else {
+                continue;
+            };
+            let now = snapshot::scan(root, &w.rel, w.is_dir, w.recursive);
+            let diffs = snapshot::diff(&w.snapshot, &now);
+            w.snapshot = now;
+            w.lost = false;
+            for (rel, d) in diffs {
+                if !visible(root, w, &rel) {
+                    continue;
+                }
+                let change = match d {
+                    Diff::Created => Change::Created,
+                    Diff::Modified => Change::Modified,
+                    Diff::Deleted => Change::Deleted,
+                };
+                merge(&mut self.pending, w, id, rel, change);
+            }
+        }
+    }
+
+    /// Watches that dropped events are rescanned once their backlog has gone out.
+    fn rescan_lost(&mut self, hub: &WatchHub, policy: &Policy) {
+        let busy: HashSet<String> = self.pending.keys().map(|(id, _)| id.clone()).collect();
+        let lost: Vec<String> = hub
+            .registry()
+            .watches
+            .iter()
+            .filter(|(id, w)| w.lost && !busy.contains(*id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !lost.is_empty() {
+            self.rescan(hub, policy, |w| w.lost);
+        }
+    }
+
+    /// Sends what has been quiet for the coalescing window. A session whose queue is full
+    /// keeps its changes here, still coalescing per path, until it reads again.
+    fn flush(&mut self, hub: &WatchHub, policy: &Policy) {
+        let now = Instant::now();
+        let due: Vec<(String, String)> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.first) >= COALESCE)
+            .map(|(k, _)| k.clone())
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let reg = hub.registry();
+        for key in due {
+            let Some(w) = reg.watches.get(&key.0) else {
+                self.pending.remove(&key);
+                continue;
+            };
+            let Some(session) = w.session.upgrade() else {
+                self.pending.remove(&key);
+                continue;
+            };
+            let Some(p) = self.pending.get(&key) else {
+                continue;
+            };
+            if !w.events.has(p.change) {
+                self.pending.remove(&key);
+                continue;
+            }
+            let Some(name) = root_name(policy, &w.root) else {
+                self.pending.remove(&key);
+                continue;
+            };
+            let params = Changed {
+                path: crate::sandbox::join_display(&name, &key.1),
+                event: p.change.name(),
+                timestamp: crate::rfc3339::format(p.when),
+                watch_id: &key.0,
+            };
+            let frame =
+                jsonrpc::notification_frame("notifications/files/changed", Some(&Json(params)));
+            if session.try_notify(frame) {
+                self.pending.remove(&key);
+                self.stalled.remove(&w.session_id);
+            } else if self.stalled.insert(w.session_id) {
+                tracing::warn!(
+                    session = w.session_id,
+                    "the server is not reading; holding file notifications, coalesced per path"
+                );
+            }
+        }
+    }
+}
+
+/// Whether `path` is in what the watch covers.
+fn covers(w: &Watch, path: &Path) -> bool {
+    let abs = if w.is_dir {
+        w.registered.clone()
+    } else {
+        w.registered.join(w.rel.rsplit('/').next().unwrap_or(""))
+    };
+    if !w.is_dir {
+        return path == abs;
+    }
+    if w.recursive {
+        path.starts_with(&abs)
+    } else {
+        path == abs || path.parent() == Some(abs.as_path())
+    }
+}
+
+/// Whether a change at `rel` may be told to the watch's session: never a staging file,
+/// never a denied path, only what the session's grants cover, and only a path whose
+/// directories are, right now, real directories beneath the root (a watch that ended up on
+/// a directory reached through a swapped-in symlink reports nothing).
+fn visible(root: &Root, w: &Watch, rel: &str) -> bool {
+    if rel.split('/').any(is_staging_name) || root.deny().is_denied(rel) {
+        return false;
+    }
+    let granted = match root.consent() {
+        ConsentMode::Auto => true,
+        ConsentMode::Deny => false,
+        ConsentMode::Prompt => w
+            .session
+            .upgrade()
+            .is_some_and(|s| s.is_granted(root.path(), rel)),
+    };
+    if !granted {
+        return false;
+    }
+    match rel.rsplit_once('/') {
+        None => true,
+        // A parent that is gone (a tree deleted at once) hides nothing; one that resolves
+        // elsewhere, or out of the root, does.
+        Some((parent, _)) => match root.dir().canonicalize(parent) {
+            Ok(real) => real.as_os_str() == parent,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        },
+    }
+}
+
+fn merge(
+    pending: &mut HashMap<(String, String), Pending>,
+    w: &mut Watch,
+    id: &str,
+    rel: String,
+    change: Change,
+) {
+    let key = (id.to_owned(), rel);
+    if let Some(p) = pending.get_mut(&key) {
+        p.change = p.change.then(change);
+        return;
+    }
+    let waiting = pending.keys().filter(|(i, _)| i == id).count();
+    if waiting >= MAX_PENDING_PER_WATCH {
+        // Drop, and rescan this watch once its backlog is out: the rescan reports the
+        // difference, so the drop loses nothing.
+        if !w.lost {
+            tracing::warn!(
+                session = w.session_id,
+                watch = id,
+                "too many changes waiting; dropping and rescanning later"
+            );
+        }
+        w.lost = true;
+        return;
+    }
+    pending.insert(
+        key,
+        Pending {
+            change,
+            first: Instant::now(),
+            when: SystemTime::now(),
+        },
+    );
+}
+
+fn root_name(policy: &Policy, root: &Path) -> Option<String> {
+    policy
+        .roots()
+        .iter()
+        .find(|r| r.path() == root)
+        .map(|r| r.name().to_owned())
+}
+
+/// Retires every root whose directory is gone: deleted, moved, or unmounted. The root's
+/// descriptor still works on the old directory, so "gone" means its path no longer leads to
+/// the directory the descriptor holds.
+fn check_roots(broker: &Broker, policy: &Policy) {
+    use std::os::unix::fs::MetadataExt;
+    for root in policy.roots() {
+        let held = root.dir().dir_metadata();
+        let there = std::fs::symlink_metadata(root.path());
+        let same = match (&held, &there) {
+            (Ok(a), Ok(b)) => {
+                cap_std::fs::MetadataExt::dev(a) == b.dev()
+                    && cap_std::fs::MetadataExt::ino(a) == b.ino()
+            }
+            _ => false,
+        };
+        if !same {
+            tracing::warn!(root = root.name(), path = %root.path().display(), "root directory is gone (deleted, moved or unmounted); retiring it");
+            broker.retire_root(root.path());
+        }
+    }
+}
