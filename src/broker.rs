@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use crate::audit::{AuditError, AuditLog};
+use crate::limits::RateLimits;
 use crate::locks::LockTable;
 use crate::policy::{Overrides, Policy, PolicyError};
 use crate::sandbox::ConsentMode;
@@ -25,6 +26,7 @@ pub struct Broker {
     audit: Option<AuditLog>,
     sessions: Mutex<Vec<Weak<SessionState>>>,
     watches: Arc<WatchHub>,
+    rate: RwLock<Arc<RateLimits>>,
     next_session: AtomicU64,
 }
 
@@ -44,6 +46,7 @@ impl Broker {
     pub fn with_overrides(policy: Policy, overrides: Overrides) -> Result<Arc<Broker>, AuditError> {
         let audit = policy.audit().map(AuditLog::open).transpose()?;
         Ok(Arc::new_cyclic(|me| Broker {
+            rate: RwLock::new(Arc::new(RateLimits::new(policy.limits()))),
             policy: RwLock::new(Arc::new(policy)),
             overrides,
             locks: Arc::default(),
@@ -69,6 +72,11 @@ impl Broker {
     /// The path locks every session shares.
     pub fn locks(&self) -> &Arc<LockTable> {
         &self.locks
+    }
+
+    /// The per-session rate limiters of the policy in force.
+    pub fn rate_limits(&self) -> Arc<RateLimits> {
+        Arc::clone(&self.rate.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The watch hub every session's `files/watch` goes through.
@@ -119,6 +127,10 @@ impl Broker {
             .map(|r| r.path().to_path_buf())
             .collect();
         let roots_changed = signature(&old) != signature(&new);
+        if new.limits() != old.limits() {
+            *self.rate.write().unwrap_or_else(|e| e.into_inner()) =
+                Arc::new(RateLimits::new(new.limits()));
+        }
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
         // A root nested inside a revoked one keeps its own uploads and locks.
         let staying: Vec<PathBuf> = self

@@ -175,7 +175,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     let session = std::sync::Arc::new(broker.session());
     let opts = ServeOptions {
         max_line: args.max_line_bytes,
-        ..ServeOptions::default()
+        max_in_flight: broker.policy().limits().max_in_flight,
     };
     let result = runtime.block_on(async {
         let hup = std::sync::Arc::clone(&broker);

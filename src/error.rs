@@ -109,6 +109,7 @@ pub struct Error {
     kind: ErrorKind,
     path: Option<String>,
     reason: String,
+    retry_after_ms: Option<u64>,
 }
 
 /// The reason every confinement refusal carries, so servers and tests can rely on it.
@@ -121,6 +122,7 @@ impl Error {
             kind,
             path: None,
             reason: reason.into(),
+            retry_after_ms: None,
         }
     }
 
@@ -157,6 +159,23 @@ impl Error {
     /// `error.message` on the wire: `"<label>: <reason>"`.
     pub fn message(&self) -> String {
         format!("{}: {}", self.kind.wire().label, self.reason)
+    }
+
+    /// `RATE_LIMITED`, with how long to wait before the same request would be admitted.
+    pub fn rate_limited(what: &str, retry_after: std::time::Duration) -> Self {
+        // Round up: waiting the advertised time must be enough.
+        let ms = retry_after.as_micros().div_ceil(1000) as u64;
+        let mut e = Error::new(
+            ErrorKind::RateLimited,
+            format!("over this session's {what} limit; retry after {ms} ms"),
+        );
+        e.retry_after_ms = Some(ms);
+        e
+    }
+
+    /// For `RATE_LIMITED`: milliseconds until the request would be admitted.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        self.retry_after_ms
     }
 
     /// Shorthand for a refusal because the path is not beneath any root.

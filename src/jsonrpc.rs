@@ -178,6 +178,8 @@ struct ErrorData<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     path: Option<&'a str>,
     reason: &'a str,
+    #[serde(rename = "retryAfterMs", skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -197,6 +199,7 @@ pub fn error_frame(id: Option<&RawValue>, err: &Error) -> Vec<u8> {
             code: wire.name,
             path: err.path(),
             reason: err.reason(),
+            retry_after_ms: err.retry_after_ms(),
         },
     };
     let mut out = Vec::with_capacity(160);

@@ -29,6 +29,7 @@
 //!   ([`sandbox::resolve`]), deny globs, safe opens ([`sandbox::open`]) and the building
 //!   blocks of mutations ([`sandbox::mutate`]: parent handles, staging files, renames).
 //! - [`locks`]: the broker's path locks (SEP-1708), shared and exclusive, kept locks.
+//! - [`limits`]: per-session rate limits (governor) and operation deadlines.
 //! - [`upload`]: chunked uploads staged beside their targets.
 //! - [`watch`]: `files/watch` — one notify watcher per broker, event mapping, coalescing,
 //!   rescans, and retiring roots whose directory disappears.
@@ -59,6 +60,7 @@ pub mod codec;
 pub mod consent;
 pub mod error;
 pub mod jsonrpc;
+pub mod limits;
 pub mod locks;
 mod methods;
 pub mod policy;

@@ -190,6 +190,7 @@ impl Drop for Session {
     fn drop(&mut self) {
         self.broker.locks().release_session(self.id());
         self.broker.watches().remove_session(self.id());
+        self.broker.rate_limits().prune();
         let abandoned = self.state.uploads.len();
         if abandoned > 0 {
             tracing::info!(

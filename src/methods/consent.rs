@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Ctx, Op, blocking};
+use super::{Ctx, Op};
 use crate::consent::{self, Request};
 use crate::error::Result;
 use crate::jsonrpc::Json;
@@ -37,8 +37,10 @@ impl super::PayloadBytes for Reply {}
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
-    let op = ctx.owned();
-    blocking(move || Ok(consent(&op, params))).await.map(Json)
+    ctx.owned()
+        .run(move |op| consent(op, params))
+        .await
+        .map(Json)
 }
 
 /// One requested path, placed.
@@ -51,7 +53,7 @@ struct Candidate {
     absolute: String,
 }
 
-fn consent(op: &Op, p: Params) -> Reply {
+fn consent(op: &Op, p: Params) -> Result<Reply> {
     let mut approved: Vec<Candidate> = Vec::new();
     let mut to_ask: Vec<Candidate> = Vec::new();
     for raw in &p.requested_paths {
@@ -112,13 +114,15 @@ fn consent(op: &Op, p: Params) -> Reply {
         let yes = consent::ask(op.policy.consent(), &request);
         approved.extend(to_ask.into_iter().filter(|c| yes.contains(&c.absolute)));
     }
+    // A prompt answered after the deadline grants nothing: the server was told TIMEOUT.
+    op.commit()?;
     for c in &approved {
         let root = c.target.root.path();
         op.state.grant(root, &c.target.rel);
         op.state.grant(root, &c.real);
     }
-    Reply {
+    Ok(Reply {
         granted: !approved.is_empty(),
         approved_paths: approved.into_iter().map(|c| c.absolute).collect(),
-    }
+    })
 }

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Ctx, Op, blocking};
+use super::{Ctx, Op};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
@@ -48,8 +48,10 @@ impl super::PayloadBytes for Reply {}
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
-    let op = ctx.owned();
-    blocking(move || create(&op, &params)).await.map(Json)
+    ctx.owned()
+        .run(move |op| create(op, &params))
+        .await
+        .map(Json)
 }
 
 fn create(op: &Op, p: &Params) -> Result<Reply> {
@@ -70,6 +72,7 @@ fn create(op: &Op, p: &Params) -> Result<Reply> {
     }
     open::check_not_denied(&target, raw)?;
     op.check_keep_quota(p.keep_locked, raw)?;
+    op.commit()?;
     make_parents(op, &target, raw)?;
     let parent = mutate::open_parent(&target, raw)?;
     op.authorize(&target.root, &parent.real, raw)?;

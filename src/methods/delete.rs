@@ -7,7 +7,7 @@
 
 use serde::Deserialize;
 
-use super::{Ctx, Op, blocking};
+use super::{Ctx, Op};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
@@ -27,8 +27,7 @@ pub(crate) struct Params {
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Empty>> {
     let params = params?;
-    let op = ctx.owned();
-    blocking(move || delete(&op, &params)).await
+    ctx.owned().run(move |op| delete(op, &params)).await
 }
 
 fn delete(op: &Op, p: &Params) -> Result<Json<Empty>> {
@@ -49,6 +48,7 @@ fn delete(op: &Op, p: &Params) -> Result<Json<Empty>> {
         )
         .with_path(raw));
     }
+    op.commit()?;
     parent.remove(p.recursive, raw)?;
     Ok(Json(Empty {}))
 }

@@ -13,9 +13,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use cap_std::fs::{Dir, FileType};
 use serde::{Deserialize, Serialize};
 
-use super::{Ctx, Op, blocking};
+use super::{Ctx, Op};
 use crate::error::{Error, Result};
 use crate::jsonrpc::Json;
+use crate::limits::Deadline;
 use crate::rfc3339;
 use crate::sandbox::{self, Root, mutate, open};
 
@@ -80,8 +81,7 @@ impl super::PayloadBytes for Reply {}
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
-    let op = ctx.owned();
-    blocking(move || list(&op, params)).await.map(Json)
+    ctx.owned().run(move |op| list(op, params)).await.map(Json)
 }
 
 /// Cursors carry the last path returned; they are opaque to servers, not secret.
@@ -112,6 +112,7 @@ struct Level {
 struct Page<'a> {
     params: &'a Params,
     root: &'a Root,
+    deadline: &'a Deadline,
     after: Option<String>,
     limit: usize,
     heap: BinaryHeap<Entry>,
@@ -131,6 +132,7 @@ fn list(op: &Op, p: Params) -> Result<Reply> {
     let mut page = Page {
         params: &p,
         root: &target.root,
+        deadline: &op.deadline,
         after,
         limit,
         heap: BinaryHeap::with_capacity(limit.min(4096) + 1),
@@ -147,6 +149,9 @@ fn list(op: &Op, p: Params) -> Result<Reply> {
         pending: top,
     }];
     while let Some(level) = stack.last_mut() {
+        if op.deadline.expired() {
+            return Err(crate::limits::timed_out(op.policy.limits().timeout));
+        }
         let Some(name) = level.pending.pop() else {
             stack.pop();
             continue;
@@ -193,6 +198,10 @@ impl Page<'_> {
         let deny = self.root.deny();
         let mut subdirs = Vec::new();
         for entry in dir.entries()? {
+            // The answer is already TIMEOUT; stop walking.
+            if self.deadline.expired() {
+                return Err(std::io::Error::other("timed out"));
+            }
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {

@@ -26,6 +26,7 @@ use serde_json::value::RawValue;
 use crate::audit::Record;
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::{self, WriteResult};
+use crate::limits::{self, Deadline};
 use crate::locks::{LockGuard, LockMode, LockTable};
 use crate::policy::Policy;
 use crate::sandbox::{self, ConsentMode, Resolved, Root};
@@ -45,6 +46,7 @@ impl Ctx<'_> {
             policy: Arc::clone(&self.policy),
             locks: Arc::clone(self.session.broker().locks()),
             state: Arc::clone(self.session.state()),
+            deadline: Arc::default(),
         }
     }
 }
@@ -55,9 +57,41 @@ pub(crate) struct Op {
     pub policy: Arc<Policy>,
     pub locks: Arc<LockTable>,
     pub state: Arc<SessionState>,
+    pub deadline: Arc<Deadline>,
 }
 
 impl Op {
+    /// Runs blocking file-system work off the async worker threads, bounded by
+    /// `timeout_ms`. Past the deadline the caller gets `TIMEOUT` and the work, which keeps
+    /// running on its thread, rolls back at its commit point ([`Op::commit`]) — unless it had
+    /// already reached it, in which case its own result stands and is returned.
+    async fn run<T, F>(self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Op) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let limit = self.policy.limits().timeout;
+        let deadline = Arc::clone(&self.deadline);
+        let mut task = tokio::task::spawn_blocking(move || f(&self));
+        let joined = match tokio::time::timeout(limit, &mut task).await {
+            Ok(joined) => joined,
+            Err(_) if deadline.expire() => return Err(limits::timed_out(limit)),
+            Err(_) => task.await,
+        };
+        joined.unwrap_or_else(|e| {
+            Err(Error::new(
+                ErrorKind::Internal,
+                format!("worker failed: {e}"),
+            ))
+        })
+    }
+
+    /// The point of no return of a mutation: fails with `TIMEOUT` (and the caller rolls
+    /// back) when the operation's deadline has passed.
+    fn commit(&self) -> Result<()> {
+        self.deadline.commit(self.policy.limits().timeout)
+    }
+
     /// Resolves a request path (§3) and checks that this session may touch it: a root whose
     /// consent mode is not `auto` needs a grant covering the path.
     fn resolve(&self, raw: &str) -> Result<Resolved> {
@@ -162,7 +196,20 @@ pub(crate) async fn call(
     if audit.is_some_and(|a| !a.is_healthy()) {
         return jsonrpc::error_frame(Some(id), &audit_unavailable());
     }
-    let (frame, outcome) = dispatch(session, method, params, id).await;
+    let (frame, outcome) = if method == "ping" {
+        dispatch(session, method, params, id).await
+    } else {
+        match session.broker().rate_limits().check_request(session.id()) {
+            Ok(()) => dispatch(session, method, params, id).await,
+            Err(e) => {
+                let code = e.kind().outcome();
+                (
+                    jsonrpc::error_frame(Some(id), &e),
+                    Outcome { code, bytes: 0 },
+                )
+            }
+        }
+    };
     if let Some(log) = audit {
         let paths: AuditPaths = params
             .and_then(|p| serde_json::from_str(p.get()).ok())
@@ -278,6 +325,17 @@ fn respond<R: WriteResult + ReplyInfo>(
     }
 }
 
+/// Admits `bytes` of payload under the session's byte rate, waiting for the part beyond the
+/// burst but never past `timeout_ms`.
+async fn admit_bytes(ctx: &Ctx<'_>, bytes: u64) -> Result<()> {
+    let limit = ctx.policy.limits().timeout;
+    let rate = ctx.session.broker().rate_limits();
+    match tokio::time::timeout(limit, rate.admit_bytes(ctx.session.id(), bytes)).await {
+        Ok(admitted) => admitted,
+        Err(_) => Err(limits::timed_out(limit)),
+    }
+}
+
 /// What a result says about itself: its rough size (so its frame is allocated once) and
 /// the payload bytes it carries (for the audit log).
 pub(crate) trait ReplyInfo {
@@ -312,18 +370,4 @@ fn parse<P: DeserializeOwned>(params: Option<&RawValue>) -> Result<P> {
         return Err(Error::invalid_params("params must be an object"));
     }
     serde_json::from_str(text).map_err(|e| Error::invalid_params(e.to_string()))
-}
-
-/// Runs blocking file-system work off the async worker threads.
-async fn blocking<T, F>(f: F) -> Result<T>
-where
-    F: FnOnce() -> Result<T> + Send + 'static,
-    T: Send + 'static,
-{
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(Error::new(
-            ErrorKind::Internal,
-            format!("worker failed: {e}"),
-        ))
-    })
 }

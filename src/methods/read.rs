@@ -6,7 +6,7 @@ use std::os::unix::fs::FileExt;
 
 use serde::Deserialize;
 
-use super::{Ctx, Op, ReplyInfo, blocking};
+use super::{Ctx, Op, ReplyInfo};
 use crate::codec::{self, Encoding};
 use crate::error::{Error, Result};
 use crate::jsonrpc::WriteResult;
@@ -44,8 +44,9 @@ pub(crate) struct Reply {
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Reply> {
     let params = params?;
-    let op = ctx.owned();
-    blocking(move || read(&op, params)).await
+    let reply = ctx.owned().run(move |op| read(op, params)).await?;
+    super::admit_bytes(ctx, reply.data.len() as u64).await?;
+    Ok(reply)
 }
 
 fn read(op: &Op, p: Params) -> Result<Reply> {

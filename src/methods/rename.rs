@@ -9,7 +9,7 @@
 
 use serde::Deserialize;
 
-use super::{Ctx, Op, blocking};
+use super::{Ctx, Op};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
@@ -31,8 +31,7 @@ pub(crate) struct Params {
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Empty>> {
     let params = params?;
-    let op = ctx.owned();
-    blocking(move || rename(&op, &params)).await
+    ctx.owned().run(move |op| rename(op, &params)).await
 }
 
 fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
@@ -71,6 +70,7 @@ fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
         return Ok(Json(Empty {}));
     }
     let _dst_lock = op.lock(&dst.key, LockMode::Exclusive, new_raw)?;
+    op.commit()?;
     match mutate::rename(&src, &dst, p.overwrite) {
         Ok(()) => {}
         Err(rustix::io::Errno::XDEV) if kind.is_file() => {

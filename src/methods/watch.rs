@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Ctx, Op, blocking};
+use super::{Ctx, Op};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::methods::ping::Empty;
@@ -39,9 +39,11 @@ impl super::PayloadBytes for Reply {}
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
-    let op = ctx.owned();
     let hub = std::sync::Arc::clone(ctx.session.broker().watches());
-    blocking(move || watch(&op, &hub, &params)).await.map(Json)
+    ctx.owned()
+        .run(move |op| watch(op, &hub, &params))
+        .await
+        .map(Json)
 }
 
 fn watch(op: &Op, hub: &crate::watch::WatchHub, p: &Params) -> Result<Reply> {
@@ -89,6 +91,7 @@ fn watch(op: &Op, hub: &crate::watch::WatchHub, p: &Params) -> Result<Reply> {
         recursive: p.recursive,
         events,
     };
+    op.commit()?;
     let watch_id = hub.add(&op.state, root, spec, op.policy.limits().max_watches, raw)?;
     Ok(Reply { watch_id })
 }

@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use super::{Ctx, Op, blocking};
+use super::{Ctx, Op};
 use crate::codec::{BASE64, Encoding};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
@@ -70,8 +70,12 @@ impl super::PayloadBytes for Reply {
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
-    let op = ctx.owned();
-    blocking(move || write(&op, params)).await.map(Json)
+    let payload = match params.encoding {
+        Encoding::Utf8 => params.content.len(),
+        Encoding::Base64 => params.content.len() / 4 * 3,
+    };
+    super::admit_bytes(ctx, payload as u64).await?;
+    ctx.owned().run(move |op| write(op, params)).await.map(Json)
 }
 
 fn write(op: &Op, mut p: Params) -> Result<Reply> {
@@ -272,6 +276,7 @@ fn replace(op: &Op, p: &Params, parent: &Parent, data: &[u8], raw: &str) -> Resu
     staged.write(data, raw)?;
     staged.finish(mode_for(current.as_ref().map(|(_, m)| m)), raw)?;
     recheck_if_match(p.if_match.as_deref(), parent, raw)?;
+    op.commit()?;
     let meta = parent.commit(staged, raw)?;
     Ok(Reply {
         bytes_written: data.len() as u64,
@@ -335,6 +340,12 @@ fn chunk(
         return Err(too_large(size, max_file, raw));
     }
     if let Err(e) = up.staged.write(data, raw) {
+        drop(guard);
+        op.state.uploads.end(&key);
+        return Err(e);
+    }
+    if let Err(e) = op.commit() {
+        // Timed out: this chunk is not acknowledged, so the upload cannot go on consistently.
         drop(guard);
         op.state.uploads.end(&key);
         return Err(e);

@@ -65,6 +65,8 @@ pub struct Limits {
     pub max_locks: u32,
     /// Lifetime of a kept lock.
     pub lock_timeout: Duration,
+    /// Requests of one session handled at once.
+    pub max_in_flight: usize,
 }
 
 impl Default for Limits {
@@ -130,6 +132,10 @@ impl Limits {
             )?,
             max_locks: f.max_locks,
             lock_timeout: Duration::from_millis(positive("lock_timeout_ms", f.lock_timeout_ms)?),
+            max_in_flight: as_usize(
+                "max_in_flight",
+                positive("max_in_flight", f.max_in_flight.into())?,
+            )?,
         })
     }
 }

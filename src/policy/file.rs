@@ -111,6 +111,9 @@ pub struct LimitsFile {
     pub max_locks: u32,
     /// A kept lock is dropped after this long.
     pub lock_timeout_ms: u64,
+    /// Requests of one session handled at once; beyond this the broker stops reading the
+    /// session's input (extension).
+    pub max_in_flight: u32,
 }
 
 impl Default for LimitsFile {
@@ -127,6 +130,7 @@ impl Default for LimitsFile {
             max_list_entries: 10_000,
             max_locks: 256,
             lock_timeout_ms: 300_000,
+            max_in_flight: 64,
         }
     }
 }

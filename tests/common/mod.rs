@@ -253,3 +253,23 @@ impl Broker {
         }
     }
 }
+
+impl Broker {
+    /// Like [`Broker::serve_root`] (read-only, consent auto, named after the directory) but
+    /// with no request rate limit, for tests that send thousands of requests.
+    pub fn serve_root_unlimited(dir: &Path) -> (tempfile::TempDir, Broker) {
+        let (t, pdir) = tempdir();
+        let policy = pdir.join("policy.toml");
+        let path = dir.to_str().unwrap();
+        assert!(!path.contains('\''), "temp path unusable in a TOML literal");
+        std::fs::write(
+            &policy,
+            format!(
+                "[[root]]\npath = '{path}'\nconsent = \"auto\"\n\n[limits]\nrequests_per_second = 0\n"
+            ),
+        )
+        .unwrap();
+        let b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
+        (t, b)
+    }
+}
