@@ -77,6 +77,11 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 self.scanned -= self.start;
                 self.start = 0;
             }
+            // After a large line, give its memory back rather than keep the high-water mark
+            // for the rest of the session.
+            if self.buf.capacity() > 4 * READ_SIZE && self.buf.len() < READ_SIZE {
+                self.buf.shrink_to(READ_SIZE);
+            }
             self.buf.reserve(READ_SIZE);
             if self.inner.read_buf(&mut self.buf).await? == 0 {
                 self.eof = true;
@@ -101,6 +106,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     async fn discard_rest(&mut self) -> io::Result<Frame> {
         let mut len = (self.buf.len() - self.start) as u64;
         self.buf.clear();
+        self.buf.shrink_to(READ_SIZE);
         self.start = 0;
         self.scanned = 0;
         loop {

@@ -273,3 +273,35 @@ impl Broker {
         (t, b)
     }
 }
+
+impl Broker {
+    /// Takes the broker's stdin, so a thread of its own can write requests while this one
+    /// reads responses (until [`Broker::put_stdin`], `send` and `send_raw` panic).
+    pub fn take_stdin(&mut self) -> ChildStdin {
+        self.stdin.take().expect("stdin open")
+    }
+
+    /// Gives back a stdin taken with [`Broker::take_stdin`].
+    pub fn put_stdin(&mut self, stdin: ChildStdin) {
+        self.stdin = Some(stdin);
+    }
+}
+
+/// One request line (`\n`-terminated) with the given id, for pipelining.
+pub fn request_line(id: u64, method: &str, params: Value) -> Vec<u8> {
+    let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let mut line = serde_json::to_vec(&msg).unwrap();
+    line.push(b'\n');
+    line
+}
+
+/// A field of `/proc/PID/status` given in kB (`VmRSS`, `VmHWM`, ...), in KiB.
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
