@@ -62,6 +62,17 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
 
 /// Classifies one line (without its newline).
 pub fn parse(line: &[u8]) -> Incoming<'_> {
+    // JSON is UTF-8. serde_json does not check the strings of members it skips, so a line
+    // with invalid UTF-8 in an unread member would otherwise pass as a request.
+    if let Err(e) = std::str::from_utf8(line) {
+        return Incoming::Invalid {
+            id: None,
+            error: Error::new(
+                ErrorKind::ParseError,
+                format!("not valid JSON: invalid UTF-8 at byte {}", e.valid_up_to()),
+            ),
+        };
+    }
     // serde would happily read a JSON array positionally into the envelope struct; only an
     // object is a message (MCP has no batches).
     if line.trim_ascii_start().first() != Some(&b'{') {
@@ -284,6 +295,17 @@ mod tests {
         ];
         for (line, want) in cases {
             assert_eq!(kind_of(line), want, "{line}");
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_anywhere_is_a_parse_error() {
+        let line = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"x\":\"\xff\"}";
+        match parse(line) {
+            Incoming::Invalid { id: None, error } => {
+                assert_eq!(error.kind(), ErrorKind::ParseError)
+            }
+            other => panic!("{other:?}"),
         }
     }
 
