@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -31,6 +32,15 @@ enum Command {
     /// Logs go to stderr (set RUST_LOG, e.g. RUST_LOG=fsbroker=debug); stdout carries
     /// protocol messages only. At end of input, requests in flight finish and it exits 0.
     Serve(ServeArgs),
+    /// Put the broker in front of a stdio MCP server: `fsbroker proxy [OPTIONS] -- SERVER ARGS`.
+    ///
+    /// The host runs this instead of the server. Messages pass through unchanged, except
+    /// that the host's `initialize` gains `roots.filesystemBrokering`, and the server's
+    /// `roots/list` and `files/*` requests are answered here and never reach the host. The
+    /// proxy exits with the server's exit code.
+    ///
+    /// Example: fsbroker proxy --root ~/src/project -- npx -y @modelcontextprotocol/server-filesystem
+    Proxy(ProxyArgs),
     /// Check a policy file, or print its JSON Schema.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -48,6 +58,19 @@ enum AuditCommand {
         /// The audit log (JSON lines).
         file: PathBuf,
     },
+}
+
+#[derive(Debug, Args)]
+struct ProxyArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Use the shared broker listening on this Unix socket (`fsbroker serve --listen PATH`)
+    /// instead of a broker of this process; the other broker options are then ignored.
+    #[arg(long, value_name = "PATH")]
+    connect: Option<PathBuf>,
+    /// The MCP server to run, after `--`.
+    #[arg(last = true, required = true, value_name = "SERVER")]
+    command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -69,6 +92,10 @@ struct ServeArgs {
     /// (overrides the policy's [audit] path). If it cannot be written, requests are refused.
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
+    /// Serve a Unix socket at PATH (owner-only) instead of stdio: each connection is a
+    /// session of one shared broker (locks, limits, audit and watches shared).
+    #[arg(long, value_name = "PATH")]
+    listen: Option<PathBuf>,
     /// Longest accepted input line in bytes; longer lines are discarded and answered -32600.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_LINE)]
     max_line_bytes: usize,
@@ -112,6 +139,7 @@ pub fn main() -> ExitCode {
     init_logging();
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Proxy(args) => proxy(args),
         Command::Policy(PolicyCommand::Check { file }) => policy_check(file),
         Command::Audit(AuditCommand::Verify { file }) => audit_verify(&file),
         Command::Policy(PolicyCommand::Schema) => {
@@ -130,20 +158,21 @@ fn init_logging() {
         .init();
 }
 
-fn serve(args: ServeArgs) -> ExitCode {
+/// What `serve` and `proxy` share: a loaded policy, a broker, a runtime.
+struct Running {
+    broker: Arc<Broker>,
+    runtime: tokio::runtime::Runtime,
+    _watcher: Option<crate::broker::PolicyWatcher>,
+}
+
+fn start(args: &ServeArgs) -> Result<Running, String> {
     let overrides = Overrides {
-        roots: args.roots,
+        roots: args.roots.clone(),
         read_write: args.read_write,
         consent: args.consent.map(Into::into),
-        audit: args.audit,
+        audit: args.audit.clone(),
     };
-    let policy = match Policy::load(args.policy.as_deref(), &overrides) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("fsbroker: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let policy = Policy::load(args.policy.as_deref(), &overrides).map_err(|e| e.to_string())?;
     if policy.roots().is_empty() {
         tracing::warn!(
             "no roots: every files/* request will be refused (add --root DIR or a policy)"
@@ -152,53 +181,113 @@ fn serve(args: ServeArgs) -> ExitCode {
     for root in policy.roots() {
         tracing::info!(name = root.name(), path = %root.path().display(), mode = ?root.mode(), consent = ?root.consent(), "root");
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("fsbroker: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let broker = Broker::with_overrides(policy, overrides).map_err(|e| e.to_string())?;
+    // The policy file is watched, and SIGHUP reloads it too: either is how a user revokes
+    // access in the middle of a session.
+    let watcher = broker.watch_policy();
+    Ok(Running {
+        broker,
+        runtime,
+        _watcher: watcher,
+    })
+}
+
+impl Running {
+    /// Runs `main` with SIGHUP reloading the policy; flushes the audit log afterwards.
+    fn run<T>(&self, main: impl std::future::Future<Output = T>) -> T {
+        let result = self.runtime.block_on(async {
+            let hup = Arc::clone(&self.broker);
+            let hangups = tokio::spawn(async move {
+                let Ok(mut signal) =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                else {
+                    return;
+                };
+                while signal.recv().await.is_some() {
+                    let b = Arc::clone(&hup);
+                    let _ = tokio::task::spawn_blocking(move || b.reload_and_log()).await;
+                }
+            });
+            let result = main.await;
+            hangups.abort();
+            result
+        });
+        if let Some(log) = self.broker.audit() {
+            log.sync();
         }
-    };
-    let broker = match Broker::with_overrides(policy, overrides) {
-        Ok(b) => b,
+        result
+    }
+
+    fn options(&self, args: &ServeArgs) -> ServeOptions {
+        ServeOptions {
+            max_line: args.max_line_bytes,
+            max_in_flight: self.broker.policy().limits().max_in_flight,
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let running = match start(&args) {
+        Ok(r) => r,
         Err(e) => {
             eprintln!("fsbroker: {e}");
             return ExitCode::FAILURE;
         }
     };
-    // The policy file is watched, and SIGHUP reloads it too: either is how a user revokes
-    // access in the middle of a session.
-    let _watcher = broker.watch_policy();
-    let session = std::sync::Arc::new(broker.session());
-    let opts = ServeOptions {
-        max_line: args.max_line_bytes,
-        max_in_flight: broker.policy().limits().max_in_flight,
-    };
-    let result = runtime.block_on(async {
-        let hup = std::sync::Arc::clone(&broker);
-        let hangups = tokio::spawn(async move {
-            let Ok(mut signal) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            else {
-                return;
-            };
-            while signal.recv().await.is_some() {
-                let b = std::sync::Arc::clone(&hup);
-                let _ = tokio::task::spawn_blocking(move || b.reload_and_log()).await;
-            }
-        });
-        let result = transport::serve_stdio(session, opts).await;
-        hangups.abort();
-        result
+    let opts = running.options(&args);
+    let broker = Arc::clone(&running.broker);
+    let result = running.run(async move {
+        match &args.listen {
+            Some(path) => transport::listen::listen(broker, path, opts).await,
+            None => transport::serve_stdio(Arc::new(broker.session()), opts).await,
+        }
     });
-    if let Some(log) = broker.audit() {
-        log.sync();
-    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn proxy(args: ProxyArgs) -> ExitCode {
+    let opts = transport::proxy::ProxyOptions {
+        command: args.command,
+        max_line: args.serve.max_line_bytes,
+    };
+    let result = match &args.connect {
+        // A shared broker answers; this process only relays.
+        Some(path) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .and_then(|rt| {
+                rt.block_on(transport::proxy::run(
+                    transport::proxy::Link::Remote(path.clone()),
+                    opts,
+                ))
+            }),
+        None => {
+            let running = match start(&args.serve) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("fsbroker: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let session = Arc::new(running.broker.session());
+            running.run(transport::proxy::run(
+                transport::proxy::Link::Local(session),
+                opts,
+            ))
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             eprintln!("fsbroker: {e}");
             ExitCode::FAILURE

@@ -1,6 +1,9 @@
-//! Bytes in and out: line framing and the stdio server.
+//! Bytes in and out: line framing, the stdio server, the Unix-socket server (a broker shared
+//! by many servers) and the proxy that puts the broker in front of any stdio MCP server.
 
 pub mod framing;
+pub mod listen;
+pub mod proxy;
 pub mod serve;
 
 pub use framing::{DEFAULT_MAX_LINE, Frame, LineReader};

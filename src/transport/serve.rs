@@ -137,7 +137,7 @@ where
 }
 
 /// Writes frames as they come, flushing whenever the queue runs dry.
-fn write_frames<W: Write>(mut rx: mpsc::Receiver<Vec<u8>>, output: W) -> io::Result<()> {
+pub(crate) fn write_frames<W: Write>(mut rx: mpsc::Receiver<Vec<u8>>, output: W) -> io::Result<()> {
     let mut out = BufWriter::with_capacity(256 << 10, output);
     while let Some(frame) = rx.blocking_recv() {
         if let Err(e) = out.write_all(&frame) {

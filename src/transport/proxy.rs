@@ -1,0 +1,355 @@
+//! `fsbroker proxy -- SERVER [ARGS]`: put the broker between an MCP host and a stdio server.
+//!
+//! The proxy relays raw lines in both directions and parses only a thin envelope of each
+//! (method, id) — never a full MCP model that could drop fields it does not know. It rewrites
+//! one message, the host's `initialize`, to declare `roots.listChanged` and
+//! `roots.filesystemBrokering`; it answers the server's `roots/list` and `files/*` requests
+//! itself (they never reach the host); it sends the broker's notifications to the server.
+//! Everything else passes through verbatim and in order, per direction: one writer owns each
+//! output, and the server may send its requests at any moment — before `initialized`, while
+//! host requests are in flight, many at once.
+//!
+//! Either side closing ends the proxy: host EOF closes the server's stdin; the server's exit
+//! ends the relay. The proxy exits with the server's exit code.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+use tokio::io::{AsyncRead, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::framing::{Frame, LineReader};
+use super::serve::write_frames;
+use crate::jsonrpc::{self, Incoming};
+use crate::session::Session;
+
+/// How the proxy reaches a broker.
+#[derive(Debug)]
+pub enum Link {
+    /// A broker in this process.
+    Local(Arc<Session>),
+    /// A shared broker behind `fsbroker serve --listen PATH`.
+    Remote(PathBuf),
+}
+
+/// What to run and how.
+#[derive(Debug)]
+pub struct ProxyOptions {
+    /// The server's command line.
+    pub command: Vec<OsString>,
+    /// Longest relayed line.
+    pub max_line: usize,
+}
+
+/// Messages for the server's stdin.
+enum ToServer {
+    Line(Vec<u8>),
+    /// The host is gone: close the server's stdin.
+    Close,
+}
+
+/// Runs the proxy until the server exits; returns its exit code.
+pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
+    let (program, args) = opts
+        .command
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no server command given"))?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))?;
+    let mut server_in = child
+        .stdin
+        .take()
+        .ok_or_else(|| io::Error::other("no stdin"))?;
+    let server_out = child
+        .stdout
+        .take()
+        .ok_or_else(|| io::Error::other("no stdout"))?;
+
+    // The server's stdin: host lines, broker answers and broker notifications, one writer.
+    let (to_server, mut server_rx) = mpsc::channel::<ToServer>(64);
+    let server_writer = tokio::spawn(async move {
+        while let Some(msg) = server_rx.recv().await {
+            match msg {
+                ToServer::Line(line) => {
+                    if server_in.write_all(&line).await.is_err() {
+                        break;
+                    }
+                    if server_rx.is_empty() && server_in.flush().await.is_err() {
+                        break;
+                    }
+                }
+                ToServer::Close => break,
+            }
+        }
+        let _ = server_in.shutdown().await;
+    });
+
+    // The host's stdout: the server's messages, one writer thread.
+    let (to_host, host_rx) = mpsc::channel::<Vec<u8>>(64);
+    let stdout = std::fs::File::from(std::os::fd::AsFd::as_fd(&io::stdout()).try_clone_to_owned()?);
+    let host_writer = std::thread::Builder::new()
+        .name("fsbroker-host-writer".into())
+        .spawn(move || write_frames(host_rx, stdout))?;
+
+    let broker = BrokerSide::start(link, to_server.clone(), opts.max_line).await?;
+    let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
+
+    let host_reader = {
+        let to_server = to_server.clone();
+        let init_id = Arc::clone(&init_id);
+        let max = opts.max_line;
+        tokio::spawn(async move {
+            relay_host(tokio::io::stdin(), to_server.clone(), init_id, max).await;
+            let _ = to_server.send(ToServer::Close).await;
+        })
+    };
+    relay_server(server_out, &to_host, &broker, &init_id, opts.max_line).await;
+
+    // The server closed its stdout: it is exiting. Stop reading the host, let the host see
+    // everything the server said, and return the server's exit code.
+    host_reader.abort();
+    drop(to_server);
+    broker.stop();
+    let status = child.wait().await?;
+    server_writer.abort();
+    drop(to_host);
+    if let Ok(Err(e)) = host_writer.join() {
+        tracing::debug!(error = %e, "host output");
+    }
+    Ok(exit_code(status))
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+/// Host → server: verbatim, except `initialize`.
+async fn relay_host<R: AsyncRead + Unpin>(
+    input: R,
+    to_server: mpsc::Sender<ToServer>,
+    init_id: Arc<Mutex<Option<Box<RawValue>>>>,
+    max: usize,
+) {
+    let mut reader = LineReader::new(input, max);
+    while let Ok(Some(frame)) = reader.next_frame().await {
+        let Frame::Line(line) = frame else {
+            tracing::warn!("dropping an over-long line from the host");
+            continue;
+        };
+        let line = match jsonrpc::parse(&line) {
+            Incoming::Request { id, method, .. } if method == "initialize" => {
+                *init_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.to_owned());
+                declare_brokering(&line).unwrap_or(line)
+            }
+            _ => line,
+        };
+        let mut framed = line;
+        framed.push(b'\n');
+        if to_server.send(ToServer::Line(framed)).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// `initialize` with `params.capabilities.roots` declaring brokering (other capabilities, and
+/// other members of `roots`, untouched).
+fn declare_brokering(line: &[u8]) -> Option<Vec<u8>> {
+    let mut msg: Value = serde_json::from_slice(line).ok()?;
+    let params = msg
+        .as_object_mut()?
+        .entry("params")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let caps = params
+        .as_object_mut()?
+        .entry("capabilities")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let roots = caps
+        .as_object_mut()?
+        .entry("roots")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !roots.is_object() {
+        *roots = Value::Object(Default::default());
+    }
+    let roots = roots.as_object_mut()?;
+    roots.insert("listChanged".into(), Value::Bool(true));
+    roots.insert("filesystemBrokering".into(), Value::Bool(true));
+    serde_json::to_vec(&msg).ok()
+}
+
+/// Server → host: verbatim, except the requests the broker answers.
+async fn relay_server<R: AsyncRead + Unpin>(
+    output: R,
+    to_host: &mpsc::Sender<Vec<u8>>,
+    broker: &BrokerSide,
+    init_id: &Mutex<Option<Box<RawValue>>>,
+    max: usize,
+) {
+    let mut reader = LineReader::new(output, max);
+    while let Ok(Some(frame)) = reader.next_frame().await {
+        let Frame::Line(mut line) = frame else {
+            tracing::warn!("dropping an over-long line from the server");
+            continue;
+        };
+        match jsonrpc::parse(&line) {
+            Incoming::Request { method, .. }
+                if method == "roots/list" || method.starts_with("files/") =>
+            {
+                broker.request(line).await;
+                continue;
+            }
+            Incoming::Response => learn_server_name(&line, init_id, broker),
+            _ => {}
+        }
+        line.push(b'\n');
+        if to_host.send(line).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// The `initialize` result names the server; consent prompts show it.
+fn learn_server_name(line: &[u8], init_id: &Mutex<Option<Box<RawValue>>>, broker: &BrokerSide) {
+    let guard = init_id.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(want) = guard.as_deref() else { return };
+    #[derive(serde::Deserialize)]
+    struct Reply<'a> {
+        #[serde(borrow)]
+        id: &'a RawValue,
+        result: Option<Value>,
+    }
+    let Ok(reply) = serde_json::from_slice::<Reply>(line) else {
+        return;
+    };
+    if reply.id.get() != want.get() {
+        return;
+    }
+    if let Some(name) = reply
+        .result
+        .as_ref()
+        .and_then(|r| r.pointer("/serverInfo/name"))
+        .and_then(Value::as_str)
+    {
+        if let BrokerSide::Local { session, .. } = broker {
+            session.set_peer_name(name);
+        }
+    }
+}
+
+/// The broker end of the proxy: a local session, or a connection to a shared broker.
+enum BrokerSide {
+    Local {
+        session: Arc<Session>,
+        to_server: mpsc::Sender<ToServer>,
+        notes: tokio::task::JoinHandle<()>,
+    },
+    Remote {
+        to_broker: mpsc::Sender<Vec<u8>>,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
+    },
+}
+
+impl BrokerSide {
+    async fn start(
+        link: Link,
+        to_server: mpsc::Sender<ToServer>,
+        max: usize,
+    ) -> io::Result<BrokerSide> {
+        match link {
+            Link::Local(session) => {
+                let mut rx = session.take_notifications();
+                let tx = to_server.clone();
+                let notes = tokio::spawn(async move {
+                    let Some(rx) = rx.as_mut() else { return };
+                    while let Some(frame) = rx.recv().await {
+                        if tx.send(ToServer::Line(frame)).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                Ok(BrokerSide::Local {
+                    session,
+                    to_server,
+                    notes,
+                })
+            }
+            Link::Remote(path) => {
+                let stream = tokio::net::UnixStream::connect(&path).await.map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot connect to {}: {e}", path.display()),
+                    )
+                })?;
+                let (read, mut write) = stream.into_split();
+                let (to_broker, mut rx) = mpsc::channel::<Vec<u8>>(64);
+                let writer = tokio::spawn(async move {
+                    while let Some(line) = rx.recv().await {
+                        if write.write_all(&line).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                // Answers and notifications from the shared broker go to the server as they
+                // are: the broker echoes the server's own ids.
+                let reader = tokio::spawn(async move {
+                    let mut lines = LineReader::new(read, max);
+                    while let Ok(Some(Frame::Line(mut line))) = lines.next_frame().await {
+                        line.push(b'\n');
+                        if to_server.send(ToServer::Line(line)).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                Ok(BrokerSide::Remote {
+                    to_broker,
+                    tasks: vec![writer, reader],
+                })
+            }
+        }
+    }
+
+    /// Hands one server request to the broker; its answer goes to the server.
+    async fn request(&self, line: Vec<u8>) {
+        match self {
+            BrokerSide::Local {
+                session, to_server, ..
+            } => {
+                let session = Arc::clone(session);
+                let to_server = to_server.clone();
+                tokio::spawn(async move {
+                    if let Some(answer) = session.handle(&line).await {
+                        let _ = to_server.send(ToServer::Line(answer)).await;
+                    }
+                });
+            }
+            BrokerSide::Remote { to_broker, .. } => {
+                let mut line = line;
+                line.push(b'\n');
+                if to_broker.send(line).await.is_err() {
+                    tracing::warn!("the shared broker is gone; a server request goes unanswered");
+                }
+            }
+        }
+    }
+
+    fn stop(&self) {
+        match self {
+            BrokerSide::Local { notes, .. } => notes.abort(),
+            BrokerSide::Remote { tasks, .. } => tasks.iter().for_each(|t| t.abort()),
+        }
+    }
+}
