@@ -276,6 +276,19 @@ fn segments_of(p: &str) -> Vec<String> {
         .collect()
 }
 
+/// Absolute segments with `..` applied; `..` at the top stays at the top.
+fn absolute(segs: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in segs {
+        if s == ".." {
+            out.pop();
+        } else {
+            out.push(s.clone());
+        }
+    }
+    out
+}
+
 fn climb(segs: &[String]) -> Result<String, ErrorKind> {
     let mut stack: Vec<&str> = Vec::new();
     for s in segs {
@@ -300,11 +313,13 @@ fn model(roots: &[ModelRoot], raw: &str) -> Model {
     }
     let placed = |i: usize, segs: &[String]| climb(segs).map(|rel| (i, rel));
     if raw.starts_with('/') {
-        let segs = segments_of(raw);
+        // `.` and `..` are applied to an absolute path (`..` at `/` stays there) before the
+        // root is chosen, to the request and to the configured spellings of the roots alike.
+        let segs = absolute(&segments_of(raw));
         let best = roots
             .iter()
             .enumerate()
-            .flat_map(|(i, r)| r.prefixes.iter().map(move |p| (i, p)))
+            .flat_map(|(i, r)| r.prefixes.iter().map(move |p| (i, absolute(p))))
             .filter(|(_, p)| p.len() <= segs.len() && p.iter().zip(&segs).all(|(a, b)| a == b))
             .max_by_key(|(_, p)| p.len());
         return Some(match best {

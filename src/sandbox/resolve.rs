@@ -6,7 +6,7 @@
 //! the root. Because the result is a plain relative path with no `.`, `..` or empty segment,
 //! deny globs see the path the way it will be opened.
 
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use super::Root;
@@ -125,14 +125,16 @@ fn file_uri_to_path(raw: &str) -> Result<String> {
 /// Places an absolute path under the deepest root whose canonical or configured path is a
 /// component-wise prefix of it (so `/x/proj_evil` is never under `/x/proj`).
 fn resolve_absolute(roots: &[Arc<Root>], abs: &str) -> Result<Resolved> {
-    let abs = Path::new(abs);
-    let mut best: Option<(&Arc<Root>, &Path, usize)> = None;
+    // `.` and `..` are applied before the root is chosen, so `/outer/x/../inner/f` belongs to
+    // the inner root (the deepest wins) and `/outer/inner/../f` to the outer one.
+    let abs = lexical(Path::new(abs));
+    let mut best: Option<(&Arc<Root>, PathBuf, usize)> = None;
     for root in roots {
-        for prefix in [root.path(), root.configured_path()] {
-            if let Ok(rest) = abs.strip_prefix(prefix) {
+        for prefix in [root.path().to_path_buf(), lexical(root.configured_path())] {
+            if let Ok(rest) = abs.strip_prefix(&prefix) {
                 let depth = prefix.components().count();
-                if best.is_none_or(|(_, _, d)| depth > d) {
-                    best = Some((root, rest, depth));
+                if best.as_ref().is_none_or(|(_, _, d)| depth > *d) {
+                    best = Some((root, rest.to_path_buf(), depth));
                 }
             }
         }
@@ -142,6 +144,21 @@ fn resolve_absolute(roots: &[Arc<Root>], abs: &str) -> Result<Resolved> {
         .to_str()
         .ok_or_else(|| Error::new(ErrorKind::InvalidPath, "path is not UTF-8"))?;
     beneath(root, rest)
+}
+
+/// An absolute path with `.` and `..` applied lexically (`..` at `/` stays at `/`).
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for comp in path.components() {
+        match comp {
+            Component::Normal(s) => out.push(s),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+        }
+    }
+    out
 }
 
 /// Normalises `rel` beneath `root`: drops empty and `.` segments, applies `..` lexically, and
@@ -262,8 +279,10 @@ mod tests {
         check(&roots, "a/x", Ok("a/x"));
         check(&roots, "in/x", Ok("in/x"));
         check(&roots, "x", Err(ErrorKind::PermissionDenied));
-        // The deepest root wins for absolute paths.
+        // The deepest root wins for absolute paths, after `..` is applied.
         check(&roots, &format!("{}/a/inner/f", base.display()), Ok("in/f"));
+        check(&roots, &format!("{}/a/x/../inner/f", base.display()), Ok("in/f"));
+        check(&roots, &format!("{}/a/inner/../f", base.display()), Ok("a/f"));
         check(&roots, &format!("{}/a/f", base.display()), Ok("a/f"));
     }
 }
