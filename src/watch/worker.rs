@@ -87,9 +87,14 @@ impl Worker {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
-            // Strong references only for one round, so the broker can end.
-            let (Some(hub), Some(broker)) = (self.hub.upgrade(), self.broker.upgrade()) else {
+            // Strong references only for one round, so the broker can end. The hub goes with
+            // its broker, so a hub that is gone ends the worker; a broker that cannot be
+            // reached yet is still being built (the worker starts inside its constructor).
+            let Some(hub) = self.hub.upgrade() else {
                 return;
+            };
+            let Some(broker) = self.broker.upgrade() else {
+                continue;
             };
             let policy = broker.policy();
             for ev in batch {

@@ -1,0 +1,11 @@
+// The consent command of host_concurrent.mjs's policy (policy `[consent] command`): reads the
+// broker's request on stdin, appends it to the log file named by argv[2], and approves every
+// requested path except those with a path segment named "no".
+import fs from "node:fs";
+
+const chunks = [];
+for await (const c of process.stdin) chunks.push(c);
+const request = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+fs.appendFileSync(process.argv[2], `${JSON.stringify(request)}\n`);
+const approvedPaths = request.requestedPaths.filter((p) => !p.split("/").includes("no"));
+process.stdout.write(JSON.stringify({ approvedPaths }));
