@@ -266,10 +266,14 @@ fn proxy(args: ProxyArgs) -> ExitCode {
             .enable_all()
             .build()
             .and_then(|rt| {
-                rt.block_on(transport::proxy::run(
+                let code = rt.block_on(transport::proxy::run(
                     transport::proxy::Link::Remote(path.clone()),
                     opts,
-                ))
+                ));
+                // A read of the host's stdin may still be blocked in tokio's blocking pool;
+                // waiting for it would keep the proxy alive after the server exited.
+                rt.shutdown_background();
+                code
             }),
         None => {
             let running = match start(&args.serve) {
@@ -280,10 +284,13 @@ fn proxy(args: ProxyArgs) -> ExitCode {
                 }
             };
             let session = Arc::new(running.broker.session());
-            running.run(transport::proxy::run(
+            let code = running.run(transport::proxy::run(
                 transport::proxy::Link::Local(session),
                 opts,
-            ))
+            ));
+            // See above: do not wait for a blocked read of the host's stdin.
+            running.runtime.shutdown_background();
+            code
         }
     };
     match result {

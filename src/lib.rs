@@ -73,4 +73,4 @@ pub mod watch;
 
 pub use broker::Broker;
 pub use error::{Error, ErrorKind};
-pub use session::Session;
+pub use session::{Notifications, Session};

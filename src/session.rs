@@ -19,7 +19,44 @@ const NOTIFICATION_QUEUE: usize = 1024;
 pub struct Session {
     broker: Arc<Broker>,
     state: Arc<SessionState>,
-    notifications: Mutex<Option<mpsc::Receiver<Vec<u8>>>>,
+    notifications: Mutex<Option<Notifications>>,
+}
+
+/// The notifications for one session's peer, in the order they should be sent.
+///
+/// File notifications wait in a bounded queue (a peer that does not read makes the broker
+/// hold them, coalesced, in the watcher instead). `notifications/roots/list_changed` never
+/// waits behind them and is never dropped: it is a flag, delivered first by the next
+/// [`Notifications::recv`].
+#[derive(Debug)]
+pub struct Notifications {
+    rx: mpsc::Receiver<Vec<u8>>,
+    state: std::sync::Weak<SessionState>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl Notifications {
+    /// The next notification frame (newline included), or `None` once the session is gone.
+    pub async fn recv(&mut self) -> Option<Vec<u8>> {
+        loop {
+            let state = self.state.upgrade()?;
+            if state
+                .roots_changed
+                .swap(false, std::sync::atomic::Ordering::AcqRel)
+            {
+                return Some(jsonrpc::notification_frame(
+                    "notifications/roots/list_changed",
+                    None,
+                ));
+            }
+            drop(state);
+            tokio::select! {
+                biased;
+                () = self.wake.notified() => {}
+                frame = self.rx.recv() => return frame,
+            }
+        }
+    }
 }
 
 /// A subtree of a root granted by `files/consent`.
@@ -39,6 +76,8 @@ pub(crate) struct SessionState {
     pub(crate) uploads: Uploads,
     grants: Mutex<Vec<Grant>>,
     notify: mpsc::Sender<Vec<u8>>,
+    roots_changed: std::sync::atomic::AtomicBool,
+    wake: Arc<tokio::sync::Notify>,
     peer: Mutex<Option<String>>,
 }
 
@@ -75,17 +114,6 @@ impl SessionState {
         self.uploads.end_under(root, spared);
     }
 
-    /// Queues a notification; a peer that does not read is not allowed to grow the queue
-    /// without bound, so beyond it notifications are dropped (and that is logged).
-    pub(crate) fn notify(&self, frame: Vec<u8>) {
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.notify.try_send(frame) {
-            tracing::warn!(
-                session = self.id,
-                "notification queue full; dropping a notification"
-            );
-        }
-    }
-
     /// Queues a notification unless the queue is full (`false`: keep it and try later). A
     /// session whose peer has gone counts as delivered.
     pub(crate) fn try_notify(&self, frame: Vec<u8>) -> bool {
@@ -95,12 +123,12 @@ impl SessionState {
         )
     }
 
-    /// Queues `notifications/roots/list_changed`.
+    /// Raises `notifications/roots/list_changed` (once, however often the roots change
+    /// before the peer's next read; never dropped).
     pub(crate) fn notify_roots_changed(&self) {
-        self.notify(jsonrpc::notification_frame(
-            "notifications/roots/list_changed",
-            None,
-        ));
+        self.roots_changed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.wake.notify_one();
     }
 
     /// The MCP server's name, when the transport learned it.
@@ -112,17 +140,24 @@ impl SessionState {
 impl Session {
     pub(crate) fn new(broker: Arc<Broker>, id: u64) -> (Session, Arc<SessionState>) {
         let (tx, rx) = mpsc::channel(NOTIFICATION_QUEUE);
+        let wake = Arc::new(tokio::sync::Notify::new());
         let state = Arc::new(SessionState {
             id,
             uploads: Uploads::default(),
             grants: Mutex::new(Vec::new()),
             notify: tx,
+            roots_changed: std::sync::atomic::AtomicBool::new(false),
+            wake: Arc::clone(&wake),
             peer: Mutex::new(None),
         });
         let session = Session {
             broker,
             state: Arc::clone(&state),
-            notifications: Mutex::new(Some(rx)),
+            notifications: Mutex::new(Some(Notifications {
+                rx,
+                state: Arc::downgrade(&state),
+                wake,
+            })),
         };
         (session, state)
     }
@@ -150,7 +185,7 @@ impl Session {
     /// The stream of notification frames (newline included) for this session's peer:
     /// `notifications/roots/list_changed`, and later `notifications/files/changed`. It can be
     /// taken once; the transport that owns the peer's output takes it.
-    pub fn take_notifications(&self) -> Option<mpsc::Receiver<Vec<u8>>> {
+    pub fn take_notifications(&self) -> Option<Notifications> {
         self.notifications
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -281,8 +281,16 @@ mod tests {
         check(&roots, "x", Err(ErrorKind::PermissionDenied));
         // The deepest root wins for absolute paths, after `..` is applied.
         check(&roots, &format!("{}/a/inner/f", base.display()), Ok("in/f"));
-        check(&roots, &format!("{}/a/x/../inner/f", base.display()), Ok("in/f"));
-        check(&roots, &format!("{}/a/inner/../f", base.display()), Ok("a/f"));
+        check(
+            &roots,
+            &format!("{}/a/x/../inner/f", base.display()),
+            Ok("in/f"),
+        );
+        check(
+            &roots,
+            &format!("{}/a/inner/../f", base.display()),
+            Ok("a/f"),
+        );
         check(&roots, &format!("{}/a/f", base.display()), Ok("a/f"));
     }
 }

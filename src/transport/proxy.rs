@@ -12,6 +12,7 @@
 //! Either side closing ends the proxy: host EOF closes the server's stdin; the server's exit
 //! ends the relay. The proxy exits with the server's exit code.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io;
 use std::path::PathBuf;
@@ -107,10 +108,11 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
 
     let host_reader = {
         let to_server = to_server.clone();
+        let to_host = to_host.clone();
         let init_id = Arc::clone(&init_id);
         let max = opts.max_line;
         tokio::spawn(async move {
-            relay_host(tokio::io::stdin(), to_server.clone(), init_id, max).await;
+            relay_host(tokio::io::stdin(), to_server.clone(), to_host, init_id, max).await;
             let _ = to_server.send(ToServer::Close).await;
         })
     };
@@ -142,14 +144,20 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
 async fn relay_host<R: AsyncRead + Unpin>(
     input: R,
     to_server: mpsc::Sender<ToServer>,
+    to_host: mpsc::Sender<Vec<u8>>,
     init_id: Arc<Mutex<Option<Box<RawValue>>>>,
     max: usize,
 ) {
     let mut reader = LineReader::new(input, max);
     while let Ok(Some(frame)) = reader.next_frame().await {
-        let Frame::Line(line) = frame else {
-            tracing::warn!("dropping an over-long line from the host");
-            continue;
+        let line = match frame {
+            Frame::Line(line) => line,
+            Frame::TooLong { len } => {
+                // Answer the host as a server would, so it does not wait for nothing.
+                tracing::warn!(len, "an over-long line from the host was not relayed");
+                let _ = to_host.send(too_long(len, max)).await;
+                continue;
+            }
         };
         let line = match jsonrpc::parse(&line) {
             Incoming::Request { id, method, .. } if method == "initialize" => {
@@ -167,27 +175,32 @@ async fn relay_host<R: AsyncRead + Unpin>(
 }
 
 /// `initialize` with `params.capabilities.roots` declaring brokering (other capabilities, and
-/// other members of `roots`, untouched).
+/// other members of `roots`, untouched). Members are kept as raw JSON, so numbers and
+/// strings pass through exactly as the host wrote them; only the order of the members of the
+/// message, of `params` and of `capabilities` may change.
 fn declare_brokering(line: &[u8]) -> Option<Vec<u8>> {
-    let mut msg: Value = serde_json::from_slice(line).ok()?;
-    let params = msg
-        .as_object_mut()?
-        .entry("params")
-        .or_insert_with(|| Value::Object(Default::default()));
-    let caps = params
-        .as_object_mut()?
-        .entry("capabilities")
-        .or_insert_with(|| Value::Object(Default::default()));
-    let roots = caps
-        .as_object_mut()?
-        .entry("roots")
-        .or_insert_with(|| Value::Object(Default::default()));
-    if !roots.is_object() {
-        *roots = Value::Object(Default::default());
+    type Members = BTreeMap<String, Box<RawValue>>;
+    fn raw<T: serde::Serialize>(v: &T) -> Option<Box<RawValue>> {
+        serde_json::value::to_raw_value(v).ok()
     }
-    let roots = roots.as_object_mut()?;
+    let mut msg: Members = serde_json::from_slice(line).ok()?;
+    let mut params: Members = match msg.get("params") {
+        Some(p) => serde_json::from_str(p.get()).ok()?,
+        None => Members::new(),
+    };
+    let mut caps: Members = match params.get("capabilities") {
+        Some(c) => serde_json::from_str(c.get()).ok()?,
+        None => Members::new(),
+    };
+    let mut roots: serde_json::Map<String, Value> = caps
+        .get("roots")
+        .and_then(|r| serde_json::from_str(r.get()).ok())
+        .unwrap_or_default();
     roots.insert("listChanged".into(), Value::Bool(true));
     roots.insert("filesystemBrokering".into(), Value::Bool(true));
+    caps.insert("roots".into(), raw(&roots)?);
+    params.insert("capabilities".into(), raw(&caps)?);
+    msg.insert("params".into(), raw(&params)?);
     serde_json::to_vec(&msg).ok()
 }
 
@@ -201,9 +214,16 @@ async fn relay_server<R: AsyncRead + Unpin>(
 ) {
     let mut reader = LineReader::new(output, max);
     while let Ok(Some(frame)) = reader.next_frame().await {
-        let Frame::Line(mut line) = frame else {
-            tracing::warn!("dropping an over-long line from the server");
-            continue;
+        let mut line = match frame {
+            Frame::Line(line) => line,
+            Frame::TooLong { len } => {
+                tracing::warn!(len, "an over-long line from the server was not relayed");
+                let _ = broker
+                    .to_server()
+                    .send(ToServer::Line(too_long(len, max)))
+                    .await;
+                continue;
+            }
         };
         match jsonrpc::parse(&line) {
             Incoming::Request { method, .. }
@@ -222,9 +242,18 @@ async fn relay_server<R: AsyncRead + Unpin>(
     }
 }
 
+/// The `-32600` answer to a line longer than the relay's maximum.
+fn too_long(len: u64, max: usize) -> Vec<u8> {
+    let err = crate::error::Error::new(
+        crate::error::ErrorKind::InvalidRequest,
+        format!("line of {len} bytes is longer than the maximum of {max} bytes"),
+    );
+    jsonrpc::error_frame(None, &err)
+}
+
 /// The `initialize` result names the server; consent prompts show it.
 fn learn_server_name(line: &[u8], init_id: &Mutex<Option<Box<RawValue>>>, broker: &BrokerSide) {
-    let guard = init_id.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = init_id.lock().unwrap_or_else(|e| e.into_inner());
     let Some(want) = guard.as_deref() else { return };
     #[derive(serde::Deserialize)]
     struct Reply<'a> {
@@ -238,6 +267,8 @@ fn learn_server_name(line: &[u8], init_id: &Mutex<Option<Box<RawValue>>>, broker
     if reply.id.get() != want.get() {
         return;
     }
+    // Only the one answer matters; later responses are not parsed.
+    *guard = None;
     if let Some(name) = reply
         .result
         .as_ref()
@@ -259,6 +290,8 @@ enum BrokerSide {
     },
     Remote {
         to_broker: mpsc::Sender<Vec<u8>>,
+        to_server: mpsc::Sender<ToServer>,
+        alive: Arc<std::sync::atomic::AtomicBool>,
         tasks: Vec<tokio::task::JoinHandle<()>>,
     },
 }
@@ -305,17 +338,28 @@ impl BrokerSide {
                 });
                 // Answers and notifications from the shared broker go to the server as they
                 // are: the broker echoes the server's own ids.
-                let reader = tokio::spawn(async move {
-                    let mut lines = LineReader::new(read, max);
-                    while let Ok(Some(Frame::Line(mut line))) = lines.next_frame().await {
-                        line.push(b'\n');
-                        if to_server.send(ToServer::Line(line)).await.is_err() {
-                            break;
+                let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+                let reader = {
+                    let to_server = to_server.clone();
+                    let alive = Arc::clone(&alive);
+                    tokio::spawn(async move {
+                        let mut lines = LineReader::new(read, max);
+                        while let Ok(Some(Frame::Line(mut line))) = lines.next_frame().await {
+                            line.push(b'\n');
+                            if to_server.send(ToServer::Line(line)).await.is_err() {
+                                break;
+                            }
                         }
-                    }
-                });
+                        alive.store(false, std::sync::atomic::Ordering::Release);
+                        tracing::error!(
+                            "the shared broker closed the connection; file requests will fail"
+                        );
+                    })
+                };
                 Ok(BrokerSide::Remote {
                     to_broker,
+                    to_server,
+                    alive,
                     tasks: vec![writer, reader],
                 })
             }
@@ -336,13 +380,35 @@ impl BrokerSide {
                     }
                 });
             }
-            BrokerSide::Remote { to_broker, .. } => {
-                let mut line = line;
-                line.push(b'\n');
-                if to_broker.send(line).await.is_err() {
-                    tracing::warn!("the shared broker is gone; a server request goes unanswered");
+            BrokerSide::Remote {
+                to_broker,
+                to_server,
+                alive,
+                ..
+            } => {
+                let gone = !alive.load(std::sync::atomic::Ordering::Acquire);
+                let mut framed = line.clone();
+                framed.push(b'\n');
+                if gone || to_broker.send(framed).await.is_err() {
+                    // Answer for the broker, so the server is not left waiting.
+                    if let Incoming::Request { id, .. } = jsonrpc::parse(&line) {
+                        let err = crate::error::Error::new(
+                            crate::error::ErrorKind::Internal,
+                            "the shared broker is unavailable",
+                        );
+                        let _ = to_server
+                            .send(ToServer::Line(jsonrpc::error_frame(Some(id), &err)))
+                            .await;
+                    }
                 }
             }
+        }
+    }
+
+    /// The queue to the server's stdin.
+    fn to_server(&self) -> &mpsc::Sender<ToServer> {
+        match self {
+            BrokerSide::Local { to_server, .. } | BrokerSide::Remote { to_server, .. } => to_server,
         }
     }
 

@@ -139,6 +139,10 @@ struct Watch {
     events: EventSet,
     /// What is registered with notify for this watch (the directory, or a file's parent).
     registered: PathBuf,
+    /// (device, inode) of `registered` when the watch began: if the path stops leading to
+    /// that directory (it, or an ancestor, was moved or deleted), the watch ends rather than
+    /// report what happens to the directory at its new place.
+    identity: Option<(u64, u64)>,
     snapshot: Snapshot,
     /// Set when events for this watch had to be dropped: the next quiet moment rescans it.
     lost: bool,
@@ -149,6 +153,8 @@ struct Registry {
     watches: HashMap<String, Watch>,
     /// Registered path → (recursive users, flat users).
     registered: HashMap<PathBuf, (usize, usize)>,
+    /// What notify has been given (see [`WatchHub::sync_registrations`]).
+    in_notify: HashMap<PathBuf, RecursiveMode>,
 }
 
 /// The broker's watch hub.
@@ -163,6 +169,20 @@ impl std::fmt::Debug for WatchHub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WatchHub").finish_non_exhaustive()
     }
+}
+
+/// (device, inode) of the directory at absolute `path` beneath `root`, without following a
+/// final symlink.
+fn identity_of(root: &Root, path: &Path) -> Option<(u64, u64)> {
+    use cap_std::fs::MetadataExt;
+    let rel = path.strip_prefix(root.path()).ok()?;
+    let meta = if rel.as_os_str().is_empty() {
+        root.dir().dir_metadata()
+    } else {
+        root.dir().symlink_metadata(rel)
+    }
+    .ok()?;
+    Some((meta.dev(), meta.ino()))
 }
 
 /// Raw events waiting for the worker; beyond this the worker rescans instead.
@@ -261,6 +281,7 @@ impl WatchHub {
             }
         }
         self.register(&registered, recursive, raw)?;
+        let identity = identity_of(root, &registered);
         let snapshot = snapshot::scan(root, &rel, is_dir, recursive);
         let id = crate::locks::random_hex(8);
         self.registry().watches.insert(
@@ -274,6 +295,7 @@ impl WatchHub {
                 recursive,
                 events,
                 registered,
+                identity,
                 snapshot,
                 lost: false,
             },
@@ -281,47 +303,20 @@ impl WatchHub {
         Ok(id)
     }
 
-    /// Registers `path` with notify, or upgrades an existing flat registration to recursive.
+    /// Counts one more use of `path` and brings notify's registrations in line.
     fn register(&self, path: &Path, recursive: bool, raw: &str) -> Result<()> {
-        let mut reg = self.registry();
-        let counts = reg.registered.entry(path.to_path_buf()).or_default();
-        let (before_rec, before_flat) = *counts;
-        if recursive {
-            counts.0 += 1;
-        } else {
-            counts.1 += 1;
-        }
-        let needs = if before_rec + before_flat == 0 {
-            Some(if recursive {
-                RecursiveMode::Recursive
-            } else {
-                RecursiveMode::NonRecursive
-            })
-        } else if recursive && before_rec == 0 {
-            Some(RecursiveMode::Recursive)
-        } else {
-            None
-        };
-        drop(reg);
-        let Some(mode) = needs else { return Ok(()) };
-        let result = self.with_watcher(|w| {
-            if before_rec + before_flat > 0 {
-                let _ = w.unwatch(path);
-            }
-            w.watch(path, mode)
-        });
-        if let Err(e) = result {
+        {
             let mut reg = self.registry();
-            if let Some(c) = reg.registered.get_mut(path) {
-                if recursive {
-                    c.0 -= 1;
-                } else {
-                    c.1 -= 1;
-                }
-                if c.0 + c.1 == 0 {
-                    reg.registered.remove(path);
-                }
+            let counts = reg.registered.entry(path.to_path_buf()).or_default();
+            if recursive {
+                counts.0 += 1;
+            } else {
+                counts.1 += 1;
             }
+        }
+        if let Err(e) = self.sync_registrations() {
+            self.uncount(path, recursive);
+            let _ = self.sync_registrations();
             let kind = match e.kind {
                 notify::ErrorKind::MaxFilesWatch => ErrorKind::QuotaExceeded,
                 notify::ErrorKind::PathNotFound => ErrorKind::FileNotFound,
@@ -332,8 +327,15 @@ impl WatchHub {
         Ok(())
     }
 
-    /// Drops a registration use; unregisters the path when no watch needs it.
+    /// Counts one use of `path` fewer and brings notify's registrations in line.
     fn unregister(&self, path: &Path, recursive: bool) {
+        self.uncount(path, recursive);
+        if let Err(e) = self.sync_registrations() {
+            tracing::debug!(path = %path.display(), error = %e, "unwatch");
+        }
+    }
+
+    fn uncount(&self, path: &Path, recursive: bool) {
         let mut reg = self.registry();
         let Some(c) = reg.registered.get_mut(path) else {
             return;
@@ -343,24 +345,65 @@ impl WatchHub {
         } else {
             c.1 = c.1.saturating_sub(1);
         }
-        let (rec, flat) = *c;
-        if rec + flat == 0 {
+        if c.0 + c.1 == 0 {
             reg.registered.remove(path);
         }
-        drop(reg);
-        let result = self.with_watcher(|w| {
-            if rec + flat == 0 {
-                w.unwatch(path)
-            } else if recursive && rec == 0 {
-                let _ = w.unwatch(path);
-                w.watch(path, RecursiveMode::NonRecursive)
-            } else {
-                Ok(())
+    }
+
+    /// notify keeps one watch per directory: registering a directory that a recursive
+    /// registration of an ancestor already covers would overwrite that watch, and
+    /// unregistering it would blind the ancestor's watch. So notify is given only the
+    /// *effective* set — every watched path not covered by a recursive ancestor, recursive if
+    /// any watch of it is — and that set is recomputed on every change.
+    fn sync_registrations(&self) -> notify::Result<()> {
+        let (want, have) = {
+            let reg = self.registry();
+            let want: HashMap<PathBuf, RecursiveMode> = reg
+                .registered
+                .iter()
+                .filter(|(p, _)| {
+                    !reg.registered
+                        .iter()
+                        .any(|(a, c)| c.0 > 0 && a != *p && p.starts_with(a))
+                })
+                .map(|(p, c)| {
+                    let mode = if c.0 > 0 {
+                        RecursiveMode::Recursive
+                    } else {
+                        RecursiveMode::NonRecursive
+                    };
+                    (p.clone(), mode)
+                })
+                .collect();
+            (want, reg.in_notify.clone())
+        };
+        self.with_watcher(|w| {
+            // Removals first: unwatching a recursive directory drops the watches of its whole
+            // tree, which the additions below may need again.
+            for (path, mode) in &have {
+                if want.get(path) != Some(mode) {
+                    let _ = w.unwatch(path);
+                }
             }
-        });
-        if let Err(e) = result {
-            tracing::debug!(path = %path.display(), error = %e, "unwatch");
-        }
+            let mut result = Ok(());
+            for (path, mode) in &want {
+                let stale = have.get(path) != Some(mode)
+                    || have.iter().any(|(a, m)| {
+                        a != path
+                            && path.starts_with(a)
+                            && *m == RecursiveMode::Recursive
+                            && want.get(a) != Some(m)
+                    });
+                if stale {
+                    if let Err(e) = w.watch(path, *mode) {
+                        result = Err(e);
+                    }
+                }
+            }
+            result
+        })?;
+        self.registry().in_notify = want;
+        Ok(())
     }
 
     /// Ends a watch of `session`; unknown ids and other sessions' ids answer alike.
@@ -381,14 +424,22 @@ impl WatchHub {
         Ok(())
     }
 
+    /// Ends the watches with these ids (their path is gone).
+    fn remove_ids(&self, ids: &[String]) {
+        if !ids.is_empty() {
+            let n = self.remove_where(|id, _| ids.iter().any(|i| i == id));
+            tracing::debug!(watches = n, "watches ended: their path is gone");
+        }
+    }
+
     /// Ends every watch matching `doomed`.
-    fn remove_where(&self, doomed: impl Fn(&Watch) -> bool) -> usize {
+    fn remove_where(&self, doomed: impl Fn(&str, &Watch) -> bool) -> usize {
         let gone: Vec<Watch> = {
             let mut reg = self.registry();
             let ids: Vec<String> = reg
                 .watches
                 .iter()
-                .filter(|(_, w)| doomed(w))
+                .filter(|(id, w)| doomed(id, w))
                 .map(|(id, _)| id.clone())
                 .collect();
             ids.iter().filter_map(|id| reg.watches.remove(id)).collect()
@@ -401,12 +452,12 @@ impl WatchHub {
 
     /// Ends the watches of a session that has ended.
     pub(crate) fn remove_session(&self, session: u64) {
-        self.remove_where(|w| w.session_id == session);
+        self.remove_where(|_, w| w.session_id == session);
     }
 
     /// Ends the watches made under the revoked root at `root`.
     pub(crate) fn remove_root(&self, root: &Path) {
-        let n = self.remove_where(|w| w.root == root);
+        let n = self.remove_where(|_, w| w.root == root);
         if n > 0 {
             tracing::info!(root = %root.display(), watches = n, "watches ended with their root");
         }

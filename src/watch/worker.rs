@@ -18,6 +18,8 @@ use crate::policy::Policy;
 use crate::sandbox::mutate::is_staging_name;
 use crate::sandbox::{ConsentMode, Root};
 
+/// When a new directory is listed again (see `Worker::rechecks`).
+const RECHECK_AFTER: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(500)];
 /// A burst of events on one path within this window is one notification.
 const COALESCE: Duration = Duration::from_millis(50);
 /// How often the worker wakes with nothing to read.
@@ -51,6 +53,11 @@ struct Worker {
     pending: HashMap<(String, String), Pending>,
     /// Sessions already warned about not reading, so the log says it once per episode.
     stalled: HashSet<u64>,
+    /// New directories to list again shortly: notify reports a directory before it has placed
+    /// its watches inside, so files created in that gap are found by a second look.
+    rechecks: Vec<(Instant, String, String)>,
+    /// Watches whose watched path is gone, to end once their last notification is out.
+    ended: Vec<String>,
     last_root_check: Instant,
 }
 
@@ -60,6 +67,8 @@ pub(super) fn spawn(hub: Weak<WatchHub>, broker: Weak<Broker>, rx: Receiver<noti
         broker,
         pending: HashMap::new(),
         stalled: HashSet::new(),
+        rechecks: Vec::new(),
+        ended: Vec::new(),
         last_root_check: Instant::now(),
     };
     let spawned = std::thread::Builder::new()
@@ -100,6 +109,7 @@ impl Worker {
             for ev in batch {
                 self.event(&hub, &broker, &policy, ev);
             }
+            self.recheck_new_dirs(&hub, &policy);
             if hub
                 .overflow
                 .swap(false, std::sync::atomic::Ordering::AcqRel)
@@ -112,14 +122,18 @@ impl Worker {
             if self.last_root_check.elapsed() >= ROOT_CHECK {
                 self.last_root_check = Instant::now();
                 check_roots(&broker, &policy);
+                self.check_watched_paths(&hub, &policy);
             }
+            self.end_watches(&hub);
         }
     }
 
     fn event(&mut self, hub: &WatchHub, broker: &Broker, policy: &Policy, ev: notify::Event) {
         if ev.need_rescan() {
-            hub.overflow
-                .store(true, std::sync::atomic::Ordering::Release);
+            // Rescan now, before later events of the same batch update the snapshots: a file
+            // whose creation was lost must come out of the rescan as `created`.
+            tracing::warn!("the file watcher's queue overflowed; rescanning watched trees");
+            self.rescan(hub, policy, |_| true);
             return;
         }
         let change = match ev.kind {
@@ -151,6 +165,19 @@ impl Worker {
     fn path_changed(&mut self, hub: &WatchHub, policy: &Policy, path: &Path, change: Change) {
         let mut reg = hub.registry();
         for (id, w) in reg.watches.iter_mut() {
+            // The watched directory itself (or a watched file's directory) deleted or moved:
+            // report the watched path gone and end the watch — notify would go on reporting
+            // the moved directory's changes under its old path.
+            if change == Change::Deleted && path == w.registered {
+                self.ended.push(id.clone());
+                if let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) {
+                    if visible(root, w, &w.rel) {
+                        let rel = w.rel.clone();
+                        merge(&mut self.pending, w, id, rel, Change::Deleted);
+                    }
+                }
+                continue;
+            }
             if !covers(w, path) {
                 continue;
             }
@@ -172,6 +199,11 @@ impl Worker {
             if change == Change::Modified && stamp.is_some_and(|s| s.is_dir()) {
                 continue;
             }
+            // Created or modified, yet not there: a stale path (its directory moved away), or
+            // gone again already (its deletion follows). Report nothing that is not there.
+            if change != Change::Deleted && stamp.is_none() {
+                continue;
+            }
             match (change, stamp) {
                 (Change::Deleted, _) | (_, None) => {
                     let prefix = format!("{rel}/");
@@ -191,11 +223,77 @@ impl Worker {
                         changes.push((inner, Change::Created));
                     }
                 }
+                let now = Instant::now();
+                for delay in RECHECK_AFTER {
+                    self.rechecks
+                        .push((now + delay, id.clone(), rel.to_owned()));
+                }
             }
             for (rel, change) in changes {
                 merge(&mut self.pending, w, id, rel, change);
             }
         }
+    }
+
+    /// Lists again the new directories whose second look is due, reporting what appeared in
+    /// them since the first.
+    fn recheck_new_dirs(&mut self, hub: &WatchHub, policy: &Policy) {
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) =
+            self.rechecks.drain(..).partition(|(t, _, _)| *t <= now);
+        self.rechecks = later;
+        if due.is_empty() {
+            return;
+        }
+        let mut reg = hub.registry();
+        for (_, id, rel) in due {
+            let Some(w) = reg.watches.get_mut(&id) else {
+                continue;
+            };
+            let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) else {
+                continue;
+            };
+            for (inner, s) in snapshot::scan(root, &rel, true, true) {
+                if !visible(root, w, &inner) {
+                    continue;
+                }
+                if w.snapshot.insert(inner.clone(), s).is_none() {
+                    merge(&mut self.pending, w, &id, inner, Change::Created);
+                }
+            }
+        }
+    }
+
+    /// Ends watches whose watched path no longer leads to the directory they watch (moved or
+    /// deleted, possibly through an ancestor), reporting the path `deleted`.
+    fn check_watched_paths(&mut self, hub: &WatchHub, policy: &Policy) {
+        let mut reg = hub.registry();
+        for (id, w) in reg.watches.iter_mut() {
+            let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) else {
+                continue;
+            };
+            if super::identity_of(root, &w.registered) == w.identity {
+                continue;
+            }
+            self.ended.push(id.clone());
+            if visible(root, w, &w.rel) {
+                let rel = w.rel.clone();
+                merge(&mut self.pending, w, id, rel, Change::Deleted);
+            }
+        }
+    }
+
+    /// Ends the watches found gone, once their last notification (`deleted`) is out.
+    fn end_watches(&mut self, hub: &WatchHub) {
+        if self.ended.is_empty() {
+            return;
+        }
+        let waiting: HashSet<String> = self.pending.keys().map(|(id, _)| id.clone()).collect();
+        let (now, later): (Vec<String>, Vec<String>) = std::mem::take(&mut self.ended)
+            .into_iter()
+            .partition(|id| !waiting.contains(id));
+        self.ended = later;
+        hub.remove_ids(&now);
     }
 
     /// Rescans the watches `which` selects and queues what changed since their snapshots.
