@@ -136,6 +136,8 @@ impl Op {
         if !keep {
             return Ok(None);
         }
+        // A kept lock outlives the request: an answer of TIMEOUT must not leave one behind.
+        self.commit()?;
         let limits = self.policy.limits();
         self.locks
             .keep(guard, limits.lock_timeout, limits.max_locks, raw)

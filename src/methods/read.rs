@@ -45,7 +45,14 @@ pub(crate) struct Reply {
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Reply> {
     let params = params?;
     let reply = ctx.owned().run(move |op| read(op, params)).await?;
-    super::admit_bytes(ctx, reply.data.len() as u64).await?;
+    if let Err(e) = super::admit_bytes(ctx, reply.data.len() as u64).await {
+        // The server gets no content, so it must not be left holding a lock it never
+        // learned the id of.
+        if let Some(id) = &reply.lock_id {
+            let _ = ctx.session.broker().locks().unlock(id, ctx.session.id());
+        }
+        return Err(e);
+    }
     Ok(reply)
 }
 
