@@ -13,13 +13,16 @@
 //! ```
 //!
 //! - [`transport`]: line framing with a named maximum ([`transport::framing`]), the stdio
-//!   server ([`transport::serve`]).
+//!   server ([`transport::serve`]), the Unix-socket server that shares one broker among
+//!   many servers ([`transport::listen`]), and the proxy in front of any stdio MCP server
+//!   ([`transport::proxy`]).
 //! - [`jsonrpc`]: envelope parsing (id kept raw, params parsed by each method) and response
 //!   frames written straight into a buffer.
 //! - [`broker`]: [`Broker`], the state every session shares (the policy, hence the roots;
 //!   the lock table).
-//! - [`session`]: [`Session`], one connected server; turns a message into a response; owns
-//!   the session's uploads and, on drop, releases its locks.
+//! - [`session`]: [`Session`], one connected server: a message in, a response out
+//!   ([`Session::handle`]), and a stream of notifications ([`Session::take_notifications`]);
+//!   holds the session's grants and uploads and, on drop, releases its locks and watches.
 //! - `methods/`: one file per method (`roots.rs`, `read.rs`, `list.rs`, `write.rs`,
 //!   `create.rs`, `delete.rs`, `rename.rs`, `unlock.rs`, `consent.rs`, `watch.rs`,
 //!   `ping.rs`), each with its `Params`, result and `handle`; `methods/mod.rs` dispatches.

@@ -1,4 +1,4 @@
-//! Policy: what the TOML file says ([`file`]), and what the broker runs with ([`compiled`]).
+//! Policy: what the TOML file says ([`PolicyFile`]), and what the broker runs with ([`Policy`]).
 //!
 //! A [`PolicyFile`] is parsed strictly (unknown keys are errors naming the key and line),
 //! merged with command-line roots ([`Overrides`]), then compiled once into a [`Policy`]:

@@ -3,7 +3,7 @@
 //! inotify limits are per user, so there is one notify watcher (created with
 //! `follow_symlinks(false)`: notify's default would walk into, and report, directories outside
 //! a root through a link inside it), one registration per watched directory however many
-//! watches share it, and one worker thread ([`worker`]) that maps notify's events to
+//! watches share it, and one worker thread (`worker.rs`) that maps notify's events to
 //! `created` / `modified` / `deleted`, filters them (watch path, recursion, event kinds, deny
 //! globs, grants), coalesces bursts per path, rescans after an overflow, and notices roots
 //! that disappear.
