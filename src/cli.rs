@@ -47,6 +47,90 @@ enum Command {
     /// Work with audit logs.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Measure a broker over real pipes: chunked reads, a chunked upload, small operations.
+    ///
+    /// Starts `fsbroker serve` (this executable, or --broker-cmd) with a policy of its own (no
+    /// rate limits), makes a test file of random bytes in the temp directory (removed after)
+    /// unless --file is given, and prints MB/s, ops/s, latency p50/p99 and the broker's peak
+    /// memory (VmHWM). With --compare-sftp, OpenSSH's `sftp -D sftp-server` moves the same file
+    /// in the same run and the ratios are printed.
+    ///
+    /// Example: fsbroker bench --size 1GiB --chunk-size 8MiB --compare-sftp
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Read (and upload a copy of) this file instead of making one; it is left as it is.
+    #[arg(long, value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Size of the file to make: bytes, or with a unit (KiB, MiB, GiB; kB, MB, GB)
+    /// [default: 1GiB; with --quick 64MiB]
+    #[arg(long, value_name = "SIZE", value_parser = crate::bench::parse_size)]
+    size: Option<u64>,
+    /// Bytes per files/read and files/write request, at most 16MiB
+    /// [default: 8MiB; with --quick 1MiB]
+    #[arg(long, value_name = "SIZE", value_parser = crate::bench::parse_size)]
+    chunk_size: Option<u64>,
+    /// Encoding of reads and uploads; for utf-8 the file made is random text.
+    #[arg(long, value_enum, value_name = "ENCODING", default_value = "base64")]
+    encoding: crate::bench::Encoding,
+    /// Read requests in flight at once.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    depth: usize,
+    /// Small operations (1 KiB reads, lists) per kind and mode
+    /// [default: 20000; with --quick 2000]
+    #[arg(long, value_name = "N")]
+    small_ops: Option<usize>,
+    /// Requests in flight in the pipelined small-operation runs.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    small_depth: usize,
+    /// Check every byte: the sha256 of everything read, and of the uploaded file (slower;
+    /// without it, three windows of every chunk are compared with the file).
+    #[arg(long)]
+    verify: bool,
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Small sizes for a short run: a 64MiB file, 1MiB chunks, 2000 small operations.
+    #[arg(long)]
+    quick: bool,
+    /// Also run OpenSSH's sftp against sftp-server (no ssh, just pipes) on the same file and
+    /// print the ratios; needs openssh-client and openssh-sftp-server.
+    #[arg(long)]
+    compare_sftp: bool,
+    /// Start this shell command as the broker instead of `fsbroker serve --policy FILE`;
+    /// {policy}, {data} and {scratch} become the bench's policy file and its two roots. A
+    /// command naming none of them gets ` serve --policy FILE` appended.
+    #[arg(long, value_name = "COMMAND")]
+    broker_cmd: Option<String>,
+    /// Run only these phases (comma-separated or repeated).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "PHASE")]
+    only: Vec<crate::bench::Phase>,
+}
+
+impl BenchArgs {
+    fn options(self) -> crate::bench::Options {
+        let (size, chunk, small) = if self.quick {
+            (64 << 20, 1 << 20, 2_000)
+        } else {
+            (1 << 30, 8 << 20, 20_000)
+        };
+        crate::bench::Options {
+            file: self.file,
+            size: self.size.unwrap_or(size),
+            chunk_size: self.chunk_size.unwrap_or(chunk),
+            encoding: self.encoding,
+            depth: self.depth,
+            small_ops: self.small_ops.unwrap_or(small),
+            small_depth: self.small_depth,
+            verify: self.verify,
+            json: self.json,
+            compare_sftp: self.compare_sftp,
+            broker_cmd: self.broker_cmd,
+            only: self.only,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -142,6 +226,7 @@ pub fn main() -> ExitCode {
         Command::Proxy(args) => proxy(args),
         Command::Policy(PolicyCommand::Check { file }) => policy_check(file),
         Command::Audit(AuditCommand::Verify { file }) => audit_verify(&file),
+        Command::Bench(args) => crate::bench::main(args.options()),
         Command::Policy(PolicyCommand::Schema) => {
             print(&format!("{:#}\n", PolicyFile::json_schema()))
         }

@@ -40,6 +40,8 @@
 //! - [`error`]: [`Error`] and the single kind → wire-code mapping.
 //! - [`codec`]: UTF-8 and base64 content, with the SIMD base64 engine.
 //! - [`cli`]: the `fsbroker` command line.
+//! - [`bench`](mod@bench): `fsbroker bench`, a client measuring a broker over real pipes
+//!   (chunked reads and uploads, small operations, OpenSSH's sftp-server for comparison).
 //!
 //! # Embedding
 //!
@@ -57,6 +59,7 @@
 #![warn(missing_docs)]
 
 pub mod audit;
+pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod codec;

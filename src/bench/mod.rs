@@ -1,0 +1,467 @@
+//! `fsbroker bench`: a client that starts a broker over real pipes and measures it.
+//!
+//! The bench makes a workspace in the temp directory (removed afterwards, also on Ctrl-C):
+//! the test file (random, incompressible; or `--file`), 32 small text files, and a policy with
+//! two roots — `data` (read-only, the test file's directory) and `scratch` (read-write) —
+//! and no rate limits. It starts `fsbroker serve --policy FILE` (this executable, or
+//! `--broker-cmd`), then runs its phases on that one broker:
+//!
+//! - `read.rs`: chunked `files/read` of the whole file, `depth` requests in flight, content
+//!   checked (sampled, or a full sha256 with `--verify`);
+//! - `small.rs`: 1 KiB reads and non-recursive lists, sequential (latency p50/p99) and pipelined;
+//! - `upload.rs`: a chunked `files/write` upload of the file (offset/final), size checked;
+//! - `sftp.rs`: with `--compare-sftp`, OpenSSH's `sftp -D sftp-server` on the same file.
+//!
+//! The broker's peak memory (VmHWM) is read from `/proc` after each phase. [`report`] prints
+//! a table on stdout, or one JSON object with `--json`; progress bars go to stderr.
+//!
+//! Beside those: `client.rs` runs the broker process and reads its answer lines, `wire.rs`
+//! finds the parts of an answer without building JSON values, `fixture.rs` makes the files
+//! and the workspace, `progress.rs` the progress bars.
+//!
+//! Requests use absolute paths, which any broker with those roots resolves, so the same run
+//! can drive another build or another implementation (`--broker-cmd`).
+
+mod client;
+mod fixture;
+mod progress;
+mod read;
+pub mod report;
+mod sftp;
+mod small;
+mod upload;
+mod wire;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::ValueEnum;
+
+use self::client::{Broker, Launch};
+use self::fixture::Workspace;
+use self::report::{Memory, Report, Settings, TestFile};
+
+/// The largest chunk a broker accepts (`max_chunk_size` is capped at 16 MiB).
+pub const MAX_CHUNK: u64 = 16 << 20;
+
+/// How chunks travel: asked for on reads, used for uploads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Encoding {
+    /// Standard base64 (the file made by the bench is random bytes).
+    Base64,
+    /// JSON text (the file made by the bench is then random ASCII text with newlines).
+    #[value(name = "utf-8", alias = "utf8")]
+    Utf8,
+}
+
+impl Encoding {
+    /// The name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Base64 => "base64",
+            Encoding::Utf8 => "utf-8",
+        }
+    }
+}
+
+/// A part of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Phase {
+    /// Chunked reads (and sftp get).
+    Read,
+    /// Chunked upload (and sftp put).
+    Upload,
+    /// 1 KiB reads and lists.
+    Small,
+}
+
+/// What to measure, resolved from the command line.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// An existing file to read (and upload a copy of); else one is made.
+    pub file: Option<PathBuf>,
+    /// Size of the file the bench makes.
+    pub size: u64,
+    /// Bytes per read or upload request.
+    pub chunk_size: u64,
+    /// Encoding of reads and uploads.
+    pub encoding: Encoding,
+    /// Read requests in flight.
+    pub depth: usize,
+    /// Small operations per kind and mode.
+    pub small_ops: usize,
+    /// Requests in flight in the pipelined small-operation runs.
+    pub small_depth: usize,
+    /// Check every byte read (sha256) and the uploaded file's sha256.
+    pub verify: bool,
+    /// One JSON object on stdout instead of the table.
+    pub json: bool,
+    /// Also run OpenSSH's sftp against sftp-server on the same file.
+    pub compare_sftp: bool,
+    /// Start this shell command instead of `fsbroker serve --policy FILE`.
+    pub broker_cmd: Option<String>,
+    /// Phases to run (empty: all).
+    pub only: Vec<Phase>,
+}
+
+impl Options {
+    fn runs(&self, phase: Phase) -> bool {
+        self.only.is_empty() || self.only.contains(&phase)
+    }
+}
+
+/// Runs the bench and prints its report; the exit status says whether every check passed.
+pub fn main(opts: Options) -> ExitCode {
+    if let Err(e) = validate(&opts) {
+        eprintln!("fsbroker bench: {e}");
+        return ExitCode::FAILURE;
+    }
+    let ws = match Workspace::create() {
+        Ok(ws) => ws,
+        Err(e) => {
+            eprintln!("fsbroker bench: cannot make a workspace in the temp directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    fixture::remove_on_interrupt(ws.path());
+    let result = run(&opts, &ws);
+    drop(ws);
+    match result {
+        Ok(report) => {
+            let text = if opts.json {
+                report.json()
+            } else {
+                report.table()
+            };
+            use std::io::Write;
+            match std::io::stdout().lock().write_all(text.as_bytes()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("fsbroker bench: cannot write the report: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("fsbroker bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn validate(opts: &Options) -> Result<(), String> {
+    if opts.chunk_size == 0 || opts.chunk_size > MAX_CHUNK {
+        return Err(format!(
+            "--chunk-size must be between 1 byte and 16MiB (a broker's largest chunk), not {}",
+            opts.chunk_size
+        ));
+    }
+    if opts.depth == 0 || opts.small_depth == 0 {
+        return Err("--depth and --small-depth must be at least 1".into());
+    }
+    if opts.runs(Phase::Small) && opts.small_ops == 0 {
+        return Err("--small-ops must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// Parses a size: a number of bytes with an optional unit — `K`/`KiB`, `M`/`MiB`, `G`/`GiB`
+/// (powers of 1024) or `kB`/`MB`/`GB` (powers of 1000), case-insensitive, e.g. `1GiB`, `8M`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (use B, KiB, MiB, GiB, kB, MB or GB)"
+            ));
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 1GiB, 8MiB, 4096)"))?;
+    let bytes = value * factor as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 || bytes.fract() != 0.0 {
+        return Err(format!("{text:?} is not a whole number of bytes"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Where things are, for the phases.
+struct Layout {
+    /// The file read and uploaded (absolute, canonical).
+    file: PathBuf,
+    /// Its size.
+    size: u64,
+    /// Its sha256, when `--verify`.
+    sha256: Option<[u8; 32]>,
+    /// The read-write root.
+    scratch: PathBuf,
+    /// The small files, in the order their content is in `small`.
+    small_dir: PathBuf,
+    small: Vec<(PathBuf, Vec<u8>)>,
+}
+
+fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
+    let bars = progress::Bars::new();
+    let data_dir;
+    let (file, generated) = match &opts.file {
+        Some(f) => {
+            let f = std::fs::canonicalize(f)
+                .map_err(|e| format!("cannot open {}: {e}", f.display()))?;
+            data_dir = f
+                .parent()
+                .ok_or_else(|| format!("{} has no parent directory", f.display()))?
+                .to_path_buf();
+            (f, false)
+        }
+        None => {
+            data_dir = ws.path().join("data");
+            std::fs::create_dir(&data_dir).map_err(|e| format!("cannot make {data_dir:?}: {e}"))?;
+            (data_dir.join("bench.bin"), true)
+        }
+    };
+    let mut sha256 = None;
+    // Small operations alone need no test file.
+    let needs_file = opts.runs(Phase::Read) || opts.runs(Phase::Upload);
+    let size = if !needs_file {
+        0
+    } else if generated {
+        let bar = bars.bytes("making the test file", opts.size);
+        sha256 = fixture::write_random(&file, opts.size, opts.encoding, opts.verify, &bar)
+            .map_err(|e| format!("cannot write the test file {}: {e}", file.display()))?;
+        bar.finish_and_clear();
+        opts.size
+    } else {
+        let meta = std::fs::metadata(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        if !meta.is_file() {
+            return Err(format!("{} is not a regular file", file.display()));
+        }
+        if opts.verify {
+            let bar = bars.bytes("hashing the test file", meta.len());
+            sha256 = Some(
+                fixture::sha256_file(&file, &bar)
+                    .map_err(|e| format!("cannot read {}: {e}", file.display()))?,
+            );
+            bar.finish_and_clear();
+        }
+        meta.len()
+    };
+    let scratch = ws.path().join("scratch");
+    let small_dir = scratch.join("small");
+    std::fs::create_dir_all(&small_dir).map_err(|e| format!("cannot make {small_dir:?}: {e}"))?;
+    let small = fixture::write_small_files(&small_dir)
+        .map_err(|e| format!("cannot write the small files: {e}"))?;
+    let layout = Layout {
+        file,
+        size,
+        sha256,
+        scratch,
+        small_dir,
+        small,
+    };
+
+    let policy = ws.path().join("policy.toml");
+    write_policy(&policy, &data_dir, &layout.scratch, opts, size)?;
+    let launch = match &opts.broker_cmd {
+        Some(cmd) => Launch::shell(cmd, &policy, &data_dir, &layout.scratch),
+        None => Launch::own(&policy)?,
+    };
+    let mut broker = Broker::start(&launch, &ws.path().join("broker.log"))?;
+    let result = phases(opts, &layout, &mut broker, &bars);
+    let peak = broker.peak_memory();
+    let exit = broker.finish();
+    let (read, small, upload, sftp, mut memory) = result?;
+    memory.peak_bytes = peak;
+    memory.exit = exit;
+    Ok(Report {
+        broker: launch.describe(),
+        file: needs_file.then(|| TestFile {
+            path: layout.file.display().to_string(),
+            size: layout.size,
+            generated,
+        }),
+        settings: Settings {
+            chunk_size: opts.chunk_size,
+            encoding: opts.encoding.name(),
+            depth: opts.depth,
+            small_ops: opts.small_ops,
+            small_depth: opts.small_depth,
+            verify: if opts.verify { "sha256" } else { "sampled" },
+        },
+        read,
+        upload,
+        small,
+        memory,
+        sftp,
+    })
+}
+
+type PhaseResults = (
+    Option<report::Read>,
+    Option<report::Small>,
+    Option<report::Upload>,
+    Option<report::Sftp>,
+    Memory,
+);
+
+/// The phases, in an order that keeps them from disturbing each other: reads first (the file
+/// is in the page cache), then small operations, then uploads (whose written-back pages could
+/// slow what follows).
+fn phases(
+    opts: &Options,
+    layout: &Layout,
+    broker: &mut Broker,
+    bars: &progress::Bars,
+) -> Result<PhaseResults, String> {
+    let mut memory = Memory {
+        idle_bytes: broker.peak_memory(),
+        ..Memory::default()
+    };
+    let sftp_tool = opts.compare_sftp.then(sftp::find);
+    let mut sftp_report = sftp_tool.as_ref().map(report::Sftp::new);
+
+    let mut read_report = None;
+    if opts.runs(Phase::Read) {
+        let outcome = read::run(
+            broker,
+            &read::Spec {
+                file: &layout.file,
+                size: layout.size,
+                chunk: opts.chunk_size as usize,
+                depth: opts.depth,
+                encoding: opts.encoding,
+                sha256: layout.sha256,
+            },
+            bars,
+        )?;
+        memory.after_read_bytes = broker.peak_memory();
+        read_report = Some(outcome);
+        if let (Some(sftp::Tool::Found(tool)), Some(rep)) = (&sftp_tool, &mut sftp_report) {
+            rep.get = Some(sftp::get(tool, &layout.file, layout.size, bars)?);
+        }
+    }
+
+    let mut small_report = None;
+    if opts.runs(Phase::Small) {
+        small_report = Some(small::run(
+            broker,
+            &small::Spec {
+                dir: &layout.small_dir,
+                files: &layout.small,
+                encoding: opts.encoding,
+                ops: opts.small_ops,
+                depth: opts.small_depth,
+            },
+            bars,
+        )?);
+        memory.after_small_bytes = broker.peak_memory();
+    }
+
+    let mut upload_report = None;
+    if opts.runs(Phase::Upload) {
+        upload_report = Some(upload::run(
+            broker,
+            &upload::Spec {
+                source: &layout.file,
+                size: layout.size,
+                target: &layout.scratch.join("upload.bin"),
+                chunk: opts.chunk_size as usize,
+                encoding: opts.encoding,
+                sha256: layout.sha256,
+            },
+            bars,
+        )?);
+        memory.after_upload_bytes = broker.peak_memory();
+        if let (Some(sftp::Tool::Found(tool)), Some(rep)) = (&sftp_tool, &mut sftp_report) {
+            let target = layout.scratch.join("sftp-upload.bin");
+            rep.put = Some(sftp::put(
+                tool,
+                &layout.file,
+                &target,
+                layout.size,
+                false,
+                bars,
+            )?);
+            rep.put_fsync = Some(sftp::put(
+                tool,
+                &layout.file,
+                &target,
+                layout.size,
+                true,
+                bars,
+            )?);
+        }
+    }
+    if let Some(rep) = &mut sftp_report {
+        rep.ratios(read_report.as_ref(), upload_report.as_ref());
+    }
+    Ok((
+        read_report,
+        small_report,
+        upload_report,
+        sftp_report,
+        memory,
+    ))
+}
+
+/// Two roots and no rate limits; chunks up to the broker's maximum.
+fn write_policy(
+    path: &Path,
+    data: &Path,
+    scratch: &Path,
+    opts: &Options,
+    size: u64,
+) -> Result<(), String> {
+    let quote = |p: &Path| -> Result<String, String> {
+        let s = p
+            .to_str()
+            .ok_or_else(|| format!("{} is not UTF-8", p.display()))?;
+        Ok(toml::Value::String(s.to_owned()).to_string())
+    };
+    let in_flight = opts.depth.max(opts.small_depth).max(64);
+    let text = format!(
+        "# Written by fsbroker bench.\n\
+         [[root]]\npath = {}\nname = \"data\"\nmode = \"read-only\"\nconsent = \"auto\"\n\n\
+         [[root]]\npath = {}\nname = \"scratch\"\nmode = \"read-write\"\nconsent = \"auto\"\n\n\
+         [limits]\nchunk_size = {}\nmax_chunk_size = {MAX_CHUNK}\nmax_file_size = {}\n\
+         timeout_ms = 600000\nrequests_per_second = 0\nbytes_per_second = 0\n\
+         max_in_flight = {in_flight}\n",
+        quote(data)?,
+        quote(scratch)?,
+        opts.chunk_size,
+        size.max(1 << 30),
+    );
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("8MiB"), Ok(8 << 20));
+        assert_eq!(parse_size("8m"), Ok(8 << 20));
+        assert_eq!(parse_size("500MB"), Ok(500_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert!(parse_size("1.1B").is_err());
+        assert!(parse_size("ten").is_err());
+        assert!(parse_size("5 parsecs").is_err());
+    }
+}

@@ -1,0 +1,447 @@
+//! The bench's results: a summary table, or one JSON object (`--json`).
+//!
+//! Throughput is in MB/s and GB/s (powers of 10); latencies in microseconds; memory in bytes
+//! (the table shows MiB).
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::sftp;
+
+/// Everything one run measured.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// The command that started the broker.
+    pub broker: String,
+    /// The file read and uploaded (none when only small operations ran).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<TestFile>,
+    /// The knobs.
+    pub settings: Settings,
+    /// Chunked reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read: Option<Read>,
+    /// The chunked upload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upload: Option<Upload>,
+    /// Small operations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub small: Option<Small>,
+    /// The broker's memory.
+    pub memory: Memory,
+    /// OpenSSH's sftp on the same file (with `--compare-sftp`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sftp: Option<Sftp>,
+}
+
+/// The file read and uploaded.
+#[derive(Debug, Serialize)]
+pub struct TestFile {
+    /// Its path.
+    pub path: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Whether the bench made it (and removed it afterwards).
+    pub generated: bool,
+}
+
+/// The knobs of the run.
+#[derive(Debug, Serialize)]
+pub struct Settings {
+    /// Bytes per read or upload request.
+    pub chunk_size: u64,
+    /// Encoding asked for.
+    pub encoding: &'static str,
+    /// Read requests in flight.
+    pub depth: usize,
+    /// Small operations per kind and mode.
+    pub small_ops: usize,
+    /// Requests in flight in the pipelined small runs.
+    pub small_depth: usize,
+    /// `sampled` (three windows per chunk) or `sha256` (every byte).
+    pub verify: &'static str,
+}
+
+/// Bytes over time.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Throughput {
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// 10^6 bytes per second.
+    pub mb_per_s: f64,
+    /// 10^9 bytes per second.
+    pub gb_per_s: f64,
+}
+
+impl Throughput {
+    /// `bytes` in `elapsed`.
+    pub fn new(bytes: u64, elapsed: Duration) -> Throughput {
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        Throughput {
+            bytes,
+            seconds,
+            mb_per_s: bytes as f64 / seconds / 1e6,
+            gb_per_s: bytes as f64 / seconds / 1e9,
+        }
+    }
+}
+
+/// Chunked reads.
+#[derive(Debug, Default, Serialize)]
+pub struct Read {
+    /// Bytes over time.
+    #[serde(flatten)]
+    pub throughput: Throughput,
+    /// Requests sent.
+    pub requests: u64,
+    /// Chunks that came back as base64.
+    pub chunks_base64: u64,
+    /// Chunks that came back as utf-8 text.
+    pub chunks_utf8: u64,
+}
+
+/// The chunked upload.
+#[derive(Debug, Default, Serialize)]
+pub struct Upload {
+    /// Bytes over time (the commit included).
+    #[serde(flatten)]
+    pub throughput: Throughput,
+    /// Requests sent.
+    pub requests: u64,
+    /// Round trip of the final chunk, which commits (sync and rename).
+    pub last_chunk_seconds: f64,
+}
+
+/// Operations over time, with latency percentiles.
+#[derive(Debug, Serialize)]
+pub struct Ops {
+    /// Operations done.
+    pub ops: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// Operations per second.
+    pub ops_per_s: f64,
+    /// Median latency (request written to answer read), microseconds.
+    pub p50_us: f64,
+    /// 99th percentile latency, microseconds.
+    pub p99_us: f64,
+}
+
+impl Ops {
+    /// `ops` in `elapsed`, with `sorted` latencies.
+    pub fn new(ops: u64, elapsed: Duration, sorted: &[Duration]) -> Ops {
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        let pct = |q: f64| {
+            if sorted.is_empty() {
+                return 0.0;
+            }
+            let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+            sorted[rank - 1].as_secs_f64() * 1e6
+        };
+        Ops {
+            ops,
+            seconds,
+            ops_per_s: ops as f64 / seconds,
+            p50_us: pct(0.50),
+            p99_us: pct(0.99),
+        }
+    }
+}
+
+/// One kind of small operation, both ways.
+#[derive(Debug, Serialize)]
+pub struct OpsPair {
+    /// One at a time.
+    pub sequential: Ops,
+    /// `depth` in flight.
+    pub pipelined: Ops,
+}
+
+/// Small operations.
+#[derive(Debug, Serialize)]
+pub struct Small {
+    /// Requests in flight when pipelined.
+    pub depth: usize,
+    /// Bytes per small read.
+    pub read_size: usize,
+    /// Entries per listing.
+    pub list_entries: usize,
+    /// 1 KiB `files/read`.
+    pub read_1k: OpsPair,
+    /// Non-recursive `files/list`.
+    pub list: OpsPair,
+}
+
+/// The broker's peak resident memory (`VmHWM`), in bytes, at points of the run.
+#[derive(Debug, Default, Serialize)]
+pub struct Memory {
+    /// At the end of the run.
+    pub peak_bytes: Option<u64>,
+    /// Once it answered its first ping.
+    pub idle_bytes: Option<u64>,
+    /// After the chunked reads.
+    pub after_read_bytes: Option<u64>,
+    /// After the small operations.
+    pub after_small_bytes: Option<u64>,
+    /// After the upload.
+    pub after_upload_bytes: Option<u64>,
+    /// How the broker ended once its input closed.
+    pub exit: String,
+}
+
+/// OpenSSH's sftp on the same file.
+#[derive(Debug, Default, Serialize)]
+pub struct Sftp {
+    /// Whether sftp and sftp-server were found.
+    pub available: bool,
+    /// Why not, when not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// The programs used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    /// The server program.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// `get FILE /dev/null`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub get: Option<Throughput>,
+    /// `put FILE TARGET`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub put: Option<Throughput>,
+    /// `put -f` (synced, like a broker's commit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub put_fsync: Option<Throughput>,
+    /// fsbroker read MB/s ÷ sftp get MB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_ratio: Option<f64>,
+    /// fsbroker upload MB/s ÷ sftp put MB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upload_ratio: Option<f64>,
+    /// fsbroker upload MB/s ÷ sftp put -f MB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upload_ratio_fsync: Option<f64>,
+}
+
+impl Sftp {
+    pub(crate) fn new(tool: &sftp::Tool) -> Sftp {
+        match tool {
+            sftp::Tool::Found(t) => Sftp {
+                available: true,
+                client: Some(t.client.display().to_string()),
+                server: Some(t.server.display().to_string()),
+                ..Sftp::default()
+            },
+            sftp::Tool::Missing(why) => Sftp {
+                note: Some(why.clone()),
+                ..Sftp::default()
+            },
+        }
+    }
+
+    pub(crate) fn ratios(&mut self, read: Option<&Read>, upload: Option<&Upload>) {
+        let ratio = |ours: Option<&Throughput>, theirs: &Option<Throughput>| {
+            Some(ours?.mb_per_s / theirs.as_ref()?.mb_per_s).filter(|r| r.is_finite())
+        };
+        self.read_ratio = ratio(read.map(|r| &r.throughput), &self.get);
+        self.upload_ratio = ratio(upload.map(|u| &u.throughput), &self.put);
+        self.upload_ratio_fsync = ratio(upload.map(|u| &u.throughput), &self.put_fsync);
+    }
+}
+
+impl Report {
+    /// One JSON object and a newline.
+    pub fn json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).unwrap_or_else(|e| {
+            serde_json::json!({"error": format!("cannot serialize the report: {e}")}).to_string()
+        });
+        text.push('\n');
+        text
+    }
+
+    /// The summary table.
+    pub fn table(&self) -> String {
+        let mut t = String::new();
+        let s = &self.settings;
+        let _ = writeln!(t, "fsbroker bench");
+        let _ = writeln!(t, "  broker    {}", self.broker);
+        if let Some(f) = &self.file {
+            let _ = writeln!(
+                t,
+                "  file      {} ({}{})",
+                f.path,
+                size(f.size),
+                if f.generated {
+                    ", made for this run"
+                } else {
+                    ""
+                }
+            );
+        }
+        let _ = writeln!(
+            t,
+            "  requests  chunks of {}, {}, {} in flight; content checked: {}",
+            size(s.chunk_size),
+            s.encoding,
+            s.depth,
+            s.verify
+        );
+        let sftp = self.sftp.as_ref();
+        if self.read.is_some() || self.upload.is_some() {
+            let _ = writeln!(t);
+            let _ = writeln!(
+                t,
+                "  {:<30} {:>10} {:>8} {:>9}{}",
+                "transfer",
+                "MB/s",
+                "GB/s",
+                "seconds",
+                if sftp.is_some_and(|s| s.available) {
+                    "    vs sftp"
+                } else {
+                    ""
+                }
+            );
+            let row = |t: &mut String, name: &str, tp: &Throughput, ratio: Option<f64>| {
+                let _ = writeln!(
+                    t,
+                    "  {:<30} {:>10.1} {:>8.3} {:>9.3}{}",
+                    name,
+                    tp.mb_per_s,
+                    tp.gb_per_s,
+                    tp.seconds,
+                    ratio.map_or_else(String::new, |r| format!(" {:>10}", format!("{r:.2}x")))
+                );
+            };
+            if let Some(r) = &self.read {
+                row(
+                    &mut t,
+                    "fsbroker files/read",
+                    &r.throughput,
+                    sftp.and_then(|s| s.read_ratio),
+                );
+            }
+            if let Some(g) = sftp.and_then(|s| s.get.as_ref()) {
+                row(&mut t, "sftp get", g, None);
+            }
+            if let Some(u) = &self.upload {
+                row(
+                    &mut t,
+                    "fsbroker files/write upload",
+                    &u.throughput,
+                    sftp.and_then(|s| s.upload_ratio),
+                );
+            }
+            if let Some(p) = sftp.and_then(|s| s.put.as_ref()) {
+                row(&mut t, "sftp put", p, None);
+            }
+            if let Some(p) = sftp.and_then(|s| s.put_fsync.as_ref()) {
+                row(&mut t, "sftp put -f (synced)", p, None);
+            }
+            if let Some(u) = &self.upload {
+                let _ = writeln!(
+                    t,
+                    "  (the upload's last chunk, which syncs and commits, took {:.3} s{})",
+                    u.last_chunk_seconds,
+                    sftp.and_then(|s| s.upload_ratio_fsync)
+                        .map(|r| format!("; {r:.2}x sftp put -f"))
+                        .unwrap_or_default()
+                );
+            }
+            if let Some(r) = self
+                .read
+                .as_ref()
+                .filter(|r| r.chunks_base64 > 0 && s.encoding == "utf-8")
+            {
+                let _ = writeln!(
+                    t,
+                    "  ({} of {} read chunks came back as base64: not UTF-8)",
+                    r.chunks_base64,
+                    r.chunks_base64 + r.chunks_utf8
+                );
+            }
+        }
+        if let Some(sm) = &self.small {
+            let _ = writeln!(t);
+            let _ = writeln!(
+                t,
+                "  {:<30} {:>10} {:>8} {:>9}",
+                "small operations", "ops/s", "p50 ms", "p99 ms"
+            );
+            let row = |t: &mut String, name: String, o: &Ops| {
+                let _ = writeln!(
+                    t,
+                    "  {:<30} {:>10.0} {:>8.3} {:>9.3}",
+                    name,
+                    o.ops_per_s,
+                    o.p50_us / 1e3,
+                    o.p99_us / 1e3
+                );
+            };
+            let kib = sm.read_size / 1024;
+            row(
+                &mut t,
+                format!("read {kib} KiB, sequential"),
+                &sm.read_1k.sequential,
+            );
+            row(
+                &mut t,
+                format!("read {kib} KiB, {} in flight", sm.depth),
+                &sm.read_1k.pipelined,
+            );
+            row(
+                &mut t,
+                format!("list {} entries, sequential", sm.list_entries),
+                &sm.list.sequential,
+            );
+            row(
+                &mut t,
+                format!("list {} entries, {} in flight", sm.list_entries, sm.depth),
+                &sm.list.pipelined,
+            );
+        }
+        let m = &self.memory;
+        let _ = writeln!(t);
+        let mib = |b: Option<u64>| {
+            b.map_or_else(
+                || "?".into(),
+                |b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64),
+            )
+        };
+        let _ = write!(t, "  broker peak memory (VmHWM)  {}", mib(m.peak_bytes));
+        let mut parts = vec![format!("idle {}", mib(m.idle_bytes))];
+        if m.after_read_bytes.is_some() {
+            parts.push(format!("after reads {}", mib(m.after_read_bytes)));
+        }
+        if m.after_small_bytes.is_some() {
+            parts.push(format!("after small ops {}", mib(m.after_small_bytes)));
+        }
+        let _ = writeln!(t, " ({})", parts.join(", "));
+        let _ = writeln!(t, "  broker exit                 {}", m.exit);
+        if let Some(note) = sftp.and_then(|s| s.note.as_deref()) {
+            let _ = writeln!(t);
+            let _ = writeln!(t, "  no comparison: {note}");
+        }
+        t
+    }
+}
+
+/// Bytes, in the binary unit that names them best.
+fn size(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (unit, name) in UNITS {
+        if bytes >= unit {
+            let v = bytes as f64 / unit as f64;
+            return if bytes % unit == 0 {
+                format!("{} {name}", bytes / unit)
+            } else {
+                format!("{v:.2} {name}")
+            };
+        }
+    }
+    format!("{bytes} B")
+}
