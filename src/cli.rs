@@ -438,7 +438,7 @@ fn policy_check(file: PathBuf) -> ExitCode {
 }
 
 /// Writes command output to stdout; a reader that went away (`| head`) is not an error.
-fn print(text: &str) -> ExitCode {
+pub(crate) fn print(text: &str) -> ExitCode {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Ok(()) => ExitCode::SUCCESS,

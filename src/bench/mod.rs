@@ -133,15 +133,7 @@ pub fn main(opts: Options) -> ExitCode {
             } else {
                 report.table()
             };
-            use std::io::Write;
-            match std::io::stdout().lock().write_all(text.as_bytes()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("fsbroker bench: cannot write the report: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            crate::cli::print(&text)
         }
         Err(e) => {
             eprintln!("fsbroker bench: {e}");
