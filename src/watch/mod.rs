@@ -387,13 +387,9 @@ impl WatchHub {
             }
             let mut result = Ok(());
             for (path, mode) in &want {
-                let stale = have.get(path) != Some(mode)
-                    || have.iter().any(|(a, m)| {
-                        a != path
-                            && path.starts_with(a)
-                            && *m == RecursiveMode::Recursive
-                            && want.get(a) != Some(m)
-                    });
+                // `have` never holds a path beneath a recursive one (the effective set
+                // excludes those), so a path is new or changed exactly when its mode differs.
+                let stale = have.get(path) != Some(mode);
                 if stale {
                     if let Err(e) = w.watch(path, *mode) {
                         result = Err(e);
