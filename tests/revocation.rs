@@ -20,15 +20,14 @@
 
 mod common;
 
-use std::collections::{HashMap, VecDeque};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
+use std::ops::{Deref, DerefMut};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::LiveBroker;
 use serde_json::{Value, json};
 
 /// Longest wait for a response or for a notification that must come.
@@ -43,175 +42,37 @@ fn list_changed() -> Value {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A live broker: stdout and stderr read by threads, every wait bounded.
+// A live broker ([`common::LiveBroker`]: stdout and stderr read by threads, every wait
+// bounded) with the checks these tests make on it.
 // ---------------------------------------------------------------------------------------------
 
-/// `fsbroker serve --policy FILE` with stdin, stdout and stderr piped. A thread reads stdout
-/// (each message stamped with its arrival time), another stderr (kept, and echoed so a
-/// failing test shows the broker's log).
-struct Live {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    out: Receiver<(Instant, Value)>,
-    err: Receiver<String>,
-    /// Every stderr line so far.
-    log: Arc<Mutex<Vec<String>>>,
-    /// Notifications read while waiting for a response, oldest first.
-    notes: VecDeque<(Instant, Value)>,
-    /// Responses read while waiting for something else, by id.
-    early: HashMap<u64, Value>,
-    next_id: u64,
+/// `fsbroker serve --policy FILE` as a [`LiveBroker`]: each message stamped with its arrival
+/// time, stderr kept and echoed so a failing test shows the broker's log.
+struct Live(LiveBroker);
+
+impl Deref for Live {
+    type Target = LiveBroker;
+    fn deref(&self) -> &LiveBroker {
+        &self.0
+    }
+}
+
+impl DerefMut for Live {
+    fn deref_mut(&mut self) -> &mut LiveBroker {
+        &mut self.0
+    }
 }
 
 impl Live {
     /// Starts the broker on `policy` and waits until it answers (its policy watcher is set up
     /// before it serves, so a change made after this is seen).
     fn start(policy: &Path) -> Live {
-        let mut child = Command::new(common::bin())
-            .arg("serve")
-            .arg("--policy")
-            .arg(policy)
-            .env("RUST_LOG", "fsbroker=info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start fsbroker");
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("stdout");
-        let stderr = child.stderr.take().expect("stderr");
-        let (out_tx, out) = channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            loop {
-                let mut line = String::new();
-                match r.read_line(&mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        let at = Instant::now();
-                        assert!(line.ends_with('\n'), "frame without newline: {line:?}");
-                        let v: Value = serde_json::from_str(&line)
-                            .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
-                        if out_tx.send((at, v)).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (err_tx, err) = channel();
-        let kept = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("[fsbroker] {line}");
-                kept.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(line.clone());
-                let _ = err_tx.send(line);
-            }
-        });
-        let mut live = Live {
-            child,
-            stdin,
-            out,
-            err,
-            log,
-            notes: VecDeque::new(),
-            early: HashMap::new(),
-            next_id: 1,
-        };
+        let mut live = Live(LiveBroker::start(
+            &["serve".as_ref(), "--policy".as_ref(), policy.as_os_str()],
+            DEADLINE,
+        ));
         live.ok("roots/list", json!({}));
         live
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Whether the process is still running.
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
-    }
-
-    /// Sends a request; returns its id.
-    fn send(&mut self, method: &str, params: Value) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut line = serde_json::to_vec(
-            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
-        )
-        .unwrap();
-        line.push(b'\n');
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin.write_all(&line).expect("write to fsbroker");
-        stdin.flush().expect("flush");
-        id
-    }
-
-    /// The next message from stdout within `limit` (`None` on timeout).
-    fn next_raw(&mut self, limit: Duration) -> Option<(Instant, Value)> {
-        match self.out.recv_timeout(limit) {
-            Ok(m) => Some(m),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => {
-                let status = self.child.try_wait().ok().flatten();
-                panic!("fsbroker closed stdout (exit status {status:?})")
-            }
-        }
-    }
-
-    /// Files a message that is not the one being waited for.
-    fn set_aside(&mut self, at: Instant, m: Value) {
-        if m.get("id").is_some() && m.get("method").is_none() {
-            let id = m["id"].as_u64().unwrap_or_else(|| panic!("odd id: {m}"));
-            self.early.insert(id, m);
-        } else {
-            assert!(m.get("id").is_none(), "the broker sent a request: {m}");
-            self.notes.push_back((at, m));
-        }
-    }
-
-    /// Waits for the response to `id`; notifications that come first are set aside.
-    fn response(&mut self, id: u64) -> Value {
-        if let Some(r) = self.early.remove(&id) {
-            return r;
-        }
-        let end = Instant::now() + DEADLINE;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            let Some((at, m)) = self.next_raw(left) else {
-                panic!("no response to request {id} within {DEADLINE:?}");
-            };
-            if m.get("method").is_none() && m["id"] == json!(id) {
-                assert_eq!(m["jsonrpc"], "2.0", "{m}");
-                return m;
-            }
-            self.set_aside(at, m);
-        }
-    }
-
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = self.send(method, params);
-        self.response(id)
-    }
-
-    /// The result of a request that must succeed.
-    fn ok(&mut self, method: &str, params: Value) -> Value {
-        let r = self.request(method, params.clone());
-        assert!(r.get("error").is_none(), "{method} {params} failed: {r}");
-        r["result"].clone()
-    }
-
-    /// The error of a request that must fail.
-    fn err(&mut self, method: &str, params: Value) -> Value {
-        let r = self.request(method, params.clone());
-        assert!(
-            r.get("result").is_none(),
-            "{method} {params} should fail: {r}"
-        );
-        r["error"].clone()
     }
 
     /// Asserts a request fails `PERMISSION_DENIED` with `reason`.
@@ -223,22 +84,6 @@ impl Live {
             "{method} {params}: {e}"
         );
         assert_eq!(e["data"]["reason"], reason, "{method} {params}: {e}");
-    }
-
-    /// The next notification (waiting up to `limit`), with its arrival time.
-    fn next_notification(&mut self, limit: Duration) -> Option<(Instant, Value)> {
-        if let Some(n) = self.notes.pop_front() {
-            return Some(n);
-        }
-        let end = Instant::now() + limit;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            let (at, m) = self.next_raw(left)?;
-            if m.get("method").is_some() && m.get("id").is_none() {
-                return Some((at, m));
-            }
-            self.set_aside(at, m);
-        }
     }
 
     /// Waits for `notifications/roots/list_changed` (exactly as the contract writes it) and
@@ -263,31 +108,15 @@ impl Live {
         let end = Instant::now() + DEADLINE;
         loop {
             let left = end.saturating_duration_since(Instant::now());
-            match self.err.recv_timeout(left) {
-                Ok(line) if pred(&line) => return line,
-                Ok(_) => {}
-                Err(_) => {
+            match self.next_log_line(left) {
+                Some(line) if pred(&line) => return line,
+                Some(_) => {}
+                None => {
                     let log = self.log_since(0).join("\n");
                     panic!("{what}: no such line on stderr within {DEADLINE:?}; stderr was:\n{log}")
                 }
             }
         }
-    }
-
-    /// How many stderr lines have been read so far.
-    fn log_len(&self) -> usize {
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// The stderr lines read since line `from`.
-    fn log_since(&self, from: usize) -> Vec<String> {
-        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        log.get(from..).unwrap_or_default().to_vec()
-    }
-
-    /// Discards stderr lines read so far (they stay in `log`).
-    fn drain_log(&mut self) {
-        while self.err.try_recv().is_ok() {}
     }
 
     /// The names in `roots/list`, in order.
@@ -331,14 +160,6 @@ impl Live {
             .status()
             .expect("run kill");
         assert!(st.success(), "kill -HUP failed: {st}");
-    }
-}
-
-impl Drop for Live {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -28,15 +28,16 @@
 
 mod common;
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::sync::{Arc, Condvar, Mutex};
+use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::LiveBroker;
 use serde_json::{Value, json};
 
 /// Longest wait for a response, or for notifications that must come.
@@ -47,30 +48,9 @@ const QUIET: Duration = Duration::from_millis(300);
 const SETTLE: Duration = Duration::from_secs(5);
 
 // ---------------------------------------------------------------------------------------------
-// A live broker: stdout read by a thread that can be paused (a server that stops reading),
-// stderr kept and echoed; every wait bounded.
+// A live broker ([`common::LiveBroker`]: stdout read by a thread that can be paused, a server
+// that stops reading; stderr kept and echoed; every wait bounded) and what it reported.
 // ---------------------------------------------------------------------------------------------
-
-/// Lets the test stop the stdout reader, so the broker's output backs up in the pipe.
-#[derive(Default)]
-struct Gate {
-    paused: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Gate {
-    fn set(&self, paused: bool) {
-        *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = paused;
-        self.cv.notify_all();
-    }
-
-    fn wait_open(&self) {
-        let mut p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
-        while *p {
-            p = self.cv.wait(p).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-}
 
 /// One `notifications/files/changed`, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,22 +118,26 @@ fn pairs(list: &[(&str, &str)]) -> BTreeSet<(String, String)> {
 /// Held for writing while a test keeps every core busy on purpose.
 static BUSY: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-/// A running `fsbroker` with every pipe read by a thread.
+/// A running `fsbroker` ([`LiveBroker`]: every pipe read by a thread, stdout reading can be
+/// paused) with what this session was given.
 struct Live {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    out: Receiver<Value>,
-    gate: Arc<Gate>,
-    /// Every stderr line so far.
-    log: Arc<Mutex<Vec<String>>>,
-    /// Notifications read while waiting for a response, oldest first.
-    notes: VecDeque<Value>,
-    /// Responses read while waiting for something else, by id.
-    early: HashMap<u64, Value>,
+    b: LiveBroker,
     /// Every `watchId` this session was given.
     ids: HashSet<String>,
-    next_id: u64,
     started: SystemTime,
+}
+
+impl Deref for Live {
+    type Target = LiveBroker;
+    fn deref(&self) -> &LiveBroker {
+        &self.b
+    }
+}
+
+impl DerefMut for Live {
+    fn deref_mut(&mut self) -> &mut LiveBroker {
+        &mut self.b
+    }
 }
 
 impl Live {
@@ -168,57 +152,9 @@ impl Live {
     /// [`Live::start`] without waiting for a busy phase to end.
     fn start_now<S: AsRef<OsStr>>(args: &[S]) -> Live {
         let started = SystemTime::now();
-        let mut child = Command::new(common::bin())
-            .args(args)
-            .env("RUST_LOG", "fsbroker=info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start fsbroker");
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("stdout");
-        let stderr = child.stderr.take().expect("stderr");
-        let gate = Arc::new(Gate::default());
-        let (tx, out) = channel();
-        let g = Arc::clone(&gate);
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            loop {
-                g.wait_open();
-                let mut line = String::new();
-                match r.read_line(&mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        assert!(line.ends_with('\n'), "frame without newline: {line:?}");
-                        let v: Value = serde_json::from_str(&line)
-                            .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
-                        if tx.send(v).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let kept = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("[fsbroker] {line}");
-                kept.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-            }
-        });
         let mut live = Live {
-            child,
-            stdin,
-            out,
-            gate,
-            log,
-            notes: VecDeque::new(),
-            early: HashMap::new(),
+            b: LiveBroker::start(args, DEADLINE),
             ids: HashSet::new(),
-            next_id: 1,
             started,
         };
         live.ok("ping", json!({}));
@@ -239,103 +175,6 @@ impl Live {
     /// `fsbroker serve --policy FILE`.
     fn serve_policy(policy: &Path) -> Live {
         Live::start(&["serve".as_ref(), "--policy".as_ref(), policy.as_os_str()])
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
-    }
-
-    /// Stops reading the broker's stdout (at most the line being read gets through).
-    fn pause_reading(&self) {
-        self.gate.set(true);
-    }
-
-    fn resume_reading(&self) {
-        self.gate.set(false);
-    }
-
-    fn send(&mut self, method: &str, params: Value) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut line = serde_json::to_vec(
-            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
-        )
-        .unwrap();
-        line.push(b'\n');
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin.write_all(&line).expect("write to fsbroker");
-        stdin.flush().expect("flush");
-        id
-    }
-
-    /// The next message within `limit` (`None` on timeout).
-    fn next_raw(&mut self, limit: Duration) -> Option<Value> {
-        match self.out.recv_timeout(limit) {
-            Ok(m) => Some(m),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => {
-                let status = self.child.try_wait().ok().flatten();
-                panic!("fsbroker closed stdout (exit status {status:?})")
-            }
-        }
-    }
-
-    fn is_notification(m: &Value) -> bool {
-        m.get("method").is_some() && m.get("id").is_none()
-    }
-
-    /// Files a message that is not the one being waited for.
-    fn set_aside(&mut self, m: Value) {
-        if Live::is_notification(&m) {
-            self.notes.push_back(m);
-        } else {
-            assert!(m.get("method").is_none(), "the broker sent a request: {m}");
-            let id = m["id"].as_u64().unwrap_or_else(|| panic!("odd id: {m}"));
-            self.early.insert(id, m);
-        }
-    }
-
-    /// Waits for the response to `id`; notifications that come first are set aside.
-    fn response(&mut self, id: u64) -> Value {
-        if let Some(r) = self.early.remove(&id) {
-            return r;
-        }
-        let end = Instant::now() + DEADLINE;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            let Some(m) = self.next_raw(left) else {
-                panic!("no response to request {id} within {DEADLINE:?}");
-            };
-            if !Live::is_notification(&m) && m["id"] == json!(id) {
-                assert_eq!(m["jsonrpc"], "2.0", "{m}");
-                return m;
-            }
-            self.set_aside(m);
-        }
-    }
-
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = self.send(method, params);
-        self.response(id)
-    }
-
-    fn ok(&mut self, method: &str, params: Value) -> Value {
-        let r = self.request(method, params.clone());
-        assert!(r.get("error").is_none(), "{method} {params} failed: {r}");
-        r["result"].clone()
-    }
-
-    fn err(&mut self, method: &str, params: Value) -> Value {
-        let r = self.request(method, params.clone());
-        assert!(
-            r.get("result").is_none(),
-            "{method} {params} should fail: {r}"
-        );
-        r["error"].clone()
     }
 
     /// `files/watch` that must succeed; returns the `watchId` (and remembers it).
@@ -403,10 +242,10 @@ impl Live {
 
     /// Collects notifications until `done` holds (at most `limit`), then until none has
     /// arrived for [`QUIET`] (at most [`SETTLE`] more). Responses that arrive meanwhile are
-    /// kept for [`Live::response`].
+    /// kept for [`LiveBroker::response`].
     fn collect_until(&mut self, limit: Duration, done: impl Fn(&Seen) -> bool) -> Seen {
         let mut seen = Seen::default();
-        while let Some(m) = self.notes.pop_front() {
+        while let Some((_, m)) = self.pop_note() {
             self.record(&mut seen, m);
         }
         let hard = Instant::now() + limit;
@@ -416,8 +255,8 @@ impl Live {
                 break;
             }
             match self.next_raw(left) {
-                Some(m) if Live::is_notification(&m) => self.record(&mut seen, m),
-                Some(m) => self.set_aside(m),
+                Some((_, m)) if LiveBroker::is_notification(&m) => self.record(&mut seen, m),
+                Some((at, m)) => self.set_aside(at, m),
                 None => break,
             }
         }
@@ -430,11 +269,11 @@ impl Live {
                 break;
             }
             match self.next_raw(left) {
-                Some(m) if Live::is_notification(&m) => {
+                Some((_, m)) if LiveBroker::is_notification(&m) => {
                     self.record(&mut seen, m);
                     last = Instant::now();
                 }
-                Some(m) => self.set_aside(m),
+                Some((at, m)) => self.set_aside(at, m),
                 None => {}
             }
         }
@@ -489,22 +328,6 @@ impl Live {
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or_else(|| panic!("no VmRSS in {status}"))
-    }
-
-    fn log_text(&self) -> String {
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .join("\n")
-    }
-}
-
-impl Drop for Live {
-    fn drop(&mut self) {
-        self.gate.set(false);
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -305,3 +305,292 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
+
+// ---------------------------------------------------------------------------------------------
+// A live broker for tests that see notifications: stdout and stderr read by threads, every
+// wait bounded.
+// ---------------------------------------------------------------------------------------------
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Lets a test stop a [`LiveBroker`]'s stdout reader, so the broker's output backs up in the
+/// pipe (a server that stops reading).
+#[derive(Default)]
+pub struct ReadGate {
+    paused: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl ReadGate {
+    fn set(&self, paused: bool) {
+        *self.paused.lock().unwrap_or_else(|e| e.into_inner()) = paused;
+        self.cv.notify_all();
+    }
+
+    fn wait_open(&self) {
+        let mut p = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        while *p {
+            p = self.cv.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// A running `fsbroker` (with `RUST_LOG=fsbroker=info`) whose stdout is read by a thread
+/// (each message stamped with its arrival time; the thread can be paused) and whose stderr is
+/// read by another (kept, offered line by line, and echoed so a failing test shows the
+/// broker's log). Responses are matched to requests by id; notifications read meanwhile are
+/// set aside. Every wait is bounded.
+pub struct LiveBroker {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    out: Receiver<(Instant, Value)>,
+    err: Receiver<String>,
+    gate: Arc<ReadGate>,
+    /// Every stderr line so far.
+    log: Arc<Mutex<Vec<String>>>,
+    /// Notifications read while waiting for a response, oldest first.
+    notes: VecDeque<(Instant, Value)>,
+    /// Responses read while waiting for something else, by id.
+    early: HashMap<u64, Value>,
+    next_id: u64,
+    /// Longest wait for a response.
+    deadline: Duration,
+}
+
+impl LiveBroker {
+    /// Starts `fsbroker ARGS...`; responses are waited for at most `deadline`. Does not wait
+    /// for the broker to answer.
+    pub fn start<S: AsRef<std::ffi::OsStr>>(args: &[S], deadline: Duration) -> LiveBroker {
+        let mut child = Command::new(bin())
+            .args(args)
+            .env("RUST_LOG", "fsbroker=info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start fsbroker");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        let gate = Arc::new(ReadGate::default());
+        let (out_tx, out) = channel();
+        let g = Arc::clone(&gate);
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            loop {
+                g.wait_open();
+                let mut line = String::new();
+                match r.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let at = Instant::now();
+                        assert!(line.ends_with('\n'), "frame without newline: {line:?}");
+                        let v: Value = serde_json::from_str(&line)
+                            .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+                        if out_tx.send((at, v)).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (err_tx, err) = channel();
+        let kept = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("[fsbroker] {line}");
+                kept.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(line.clone());
+                let _ = err_tx.send(line);
+            }
+        });
+        LiveBroker {
+            child,
+            stdin,
+            out,
+            err,
+            gate,
+            log,
+            notes: VecDeque::new(),
+            early: HashMap::new(),
+            next_id: 1,
+            deadline,
+        }
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// Stops reading the broker's stdout (at most the line being read gets through).
+    pub fn pause_reading(&self) {
+        self.gate.set(true);
+    }
+
+    /// Undoes [`LiveBroker::pause_reading`].
+    pub fn resume_reading(&self) {
+        self.gate.set(false);
+    }
+
+    /// Sends a request; returns its id.
+    pub fn send(&mut self, method: &str, params: Value) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut line = serde_json::to_vec(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .unwrap();
+        line.push(b'\n');
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(&line).expect("write to fsbroker");
+        stdin.flush().expect("flush");
+        id
+    }
+
+    /// The next message from stdout within `limit`, with its arrival time (`None` on
+    /// timeout). Panics if the broker closed stdout.
+    pub fn next_raw(&mut self, limit: Duration) -> Option<(Instant, Value)> {
+        match self.out.recv_timeout(limit) {
+            Ok(m) => Some(m),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = self.child.try_wait().ok().flatten();
+                panic!("fsbroker closed stdout (exit status {status:?})")
+            }
+        }
+    }
+
+    /// A message with a `method` and no `id`.
+    pub fn is_notification(m: &Value) -> bool {
+        m.get("method").is_some() && m.get("id").is_none()
+    }
+
+    /// Files a message that is not the one being waited for: a notification goes to the
+    /// set-aside queue, a response is kept for [`LiveBroker::response`]; anything else (a
+    /// request from the broker, a response without a numeric id) fails the test.
+    pub fn set_aside(&mut self, at: Instant, m: Value) {
+        if LiveBroker::is_notification(&m) {
+            self.notes.push_back((at, m));
+        } else {
+            assert!(m.get("method").is_none(), "the broker sent a request: {m}");
+            let id = m["id"].as_u64().unwrap_or_else(|| panic!("odd id: {m}"));
+            self.early.insert(id, m);
+        }
+    }
+
+    /// The oldest notification set aside, if any.
+    pub fn pop_note(&mut self) -> Option<(Instant, Value)> {
+        self.notes.pop_front()
+    }
+
+    /// Waits for the response to `id`; notifications that come first are set aside.
+    pub fn response(&mut self, id: u64) -> Value {
+        if let Some(r) = self.early.remove(&id) {
+            return r;
+        }
+        let deadline = self.deadline;
+        let end = Instant::now() + deadline;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let Some((at, m)) = self.next_raw(left) else {
+                panic!("no response to request {id} within {deadline:?}");
+            };
+            if m.get("method").is_none() && m["id"] == json!(id) {
+                assert_eq!(m["jsonrpc"], "2.0", "{m}");
+                return m;
+            }
+            self.set_aside(at, m);
+        }
+    }
+
+    /// Sends a request and waits for its response.
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params);
+        self.response(id)
+    }
+
+    /// The result of a request that must succeed.
+    pub fn ok(&mut self, method: &str, params: Value) -> Value {
+        let r = self.request(method, params.clone());
+        assert!(r.get("error").is_none(), "{method} {params} failed: {r}");
+        r["result"].clone()
+    }
+
+    /// The error of a request that must fail.
+    pub fn err(&mut self, method: &str, params: Value) -> Value {
+        let r = self.request(method, params.clone());
+        assert!(
+            r.get("result").is_none(),
+            "{method} {params} should fail: {r}"
+        );
+        r["error"].clone()
+    }
+
+    /// The next notification (set aside or waiting up to `limit`), with its arrival time.
+    pub fn next_notification(&mut self, limit: Duration) -> Option<(Instant, Value)> {
+        if let Some(n) = self.notes.pop_front() {
+            return Some(n);
+        }
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let (at, m) = self.next_raw(left)?;
+            if LiveBroker::is_notification(&m) {
+                return Some((at, m));
+            }
+            self.set_aside(at, m);
+        }
+    }
+
+    /// The next stderr line not yet taken or drained, waiting up to `limit` (`None` on
+    /// timeout or once stderr is closed and empty).
+    pub fn next_log_line(&mut self, limit: Duration) -> Option<String> {
+        self.err.recv_timeout(limit).ok()
+    }
+
+    /// Discards stderr lines read so far from [`LiveBroker::next_log_line`] (they stay in the
+    /// log).
+    pub fn drain_log(&mut self) {
+        while self.err.try_recv().is_ok() {}
+    }
+
+    /// How many stderr lines have been read so far.
+    pub fn log_len(&self) -> usize {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// The stderr lines read since line `from`.
+    pub fn log_since(&self, from: usize) -> Vec<String> {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.get(from..).unwrap_or_default().to_vec()
+    }
+
+    /// Every stderr line so far, joined by newlines.
+    pub fn log_text(&self) -> String {
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .join("\n")
+    }
+}
+
+impl Drop for LiveBroker {
+    fn drop(&mut self) {
+        self.gate.set(false);
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
