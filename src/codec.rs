@@ -58,6 +58,12 @@ pub fn base64_into(data: &[u8], out: &mut Vec<u8>) {
     }
 }
 
+/// Writes the base64 of `data` at the start of `out`; returns how many bytes it wrote (none
+/// when `out` is too short, which callers rule out by sizing it with `encoded_len`).
+pub fn base64_into_slice(data: &[u8], out: &mut [u8]) -> usize {
+    BASE64.encode_slice(data, out).unwrap_or(0)
+}
+
 /// How much of `chunk` to send as UTF-8 text, or `None` to send it as base64.
 ///
 /// A chunk that ends inside a character is shortened to the last whole character when more

@@ -10,6 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
 use crate::error::{Error, ErrorKind};
+use crate::outgoing::{Body, Outgoing};
 
 /// An incoming message, classified.
 #[derive(Debug)]
@@ -155,6 +156,12 @@ fn is_valid_id(raw: &RawValue) -> bool {
 pub trait WriteResult {
     /// Appends this result's JSON to `out`.
     fn write_result(&self, out: &mut Vec<u8>);
+
+    /// For a result whose large middle is held apart (a [`Body`]): the offset, in what
+    /// [`WriteResult::write_result`] wrote, where that body belongs.
+    fn body_at(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Any serializable value is a result.
@@ -174,12 +181,36 @@ impl<T: Serialize> WriteResult for Json<T> {
 /// A complete response frame (newline included) for a successful request.
 pub fn result_frame(id: &RawValue, result: &dyn WriteResult, size_hint: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(48 + id.get().len() + size_hint);
+    write_result_frame(&mut out, id, result);
+    out
+}
+
+/// A response frame whose body (if any) stays in its own pages, placed where the result
+/// says ([`WriteResult::body_at`]).
+pub(crate) fn result_frame_with(
+    id: &RawValue,
+    result: &dyn WriteResult,
+    size_hint: usize,
+    body: Option<Body>,
+) -> Outgoing {
+    let Some(body) = body else {
+        return result_frame(id, result, size_hint).into();
+    };
+    let mut out = Vec::with_capacity(48 + id.get().len() + 256);
+    let start = write_result_frame(&mut out, id, result);
+    let at = start + result.body_at().unwrap_or(0);
+    Outgoing::with_body(out, at, body)
+}
+
+/// Writes a response frame; returns where the result starts.
+fn write_result_frame(out: &mut Vec<u8>, id: &RawValue, result: &dyn WriteResult) -> usize {
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     out.extend_from_slice(id.get().as_bytes());
     out.extend_from_slice(b",\"result\":");
-    result.write_result(&mut out);
+    let start = out.len();
+    result.write_result(out);
     out.extend_from_slice(b"}\n");
-    out
+    start
 }
 
 #[derive(Serialize)]

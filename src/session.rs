@@ -3,15 +3,21 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::broker::Broker;
 use crate::jsonrpc::{self, Incoming};
 use crate::methods;
+use crate::outgoing::{BodyPool, Outgoing};
 use crate::upload::Uploads;
 
 /// How many notifications may wait for a session's writer before new ones are dropped.
 const NOTIFICATION_QUEUE: usize = 1024;
+
+/// KiB of read responses a session may have built but not yet written: a peer that reads
+/// slower than the disk makes further reads wait here instead of growing the broker's memory.
+/// Room for three 8 MiB chunks in base64; a single larger response is always let through.
+pub(crate) const OUTPUT_BUDGET_KIB: usize = 32 << 10;
 
 /// One peer's view of the broker. Requests of a session run concurrently; share it in an
 /// `Arc`.
@@ -20,6 +26,8 @@ pub struct Session {
     broker: Arc<Broker>,
     state: Arc<SessionState>,
     notifications: Mutex<Option<Notifications>>,
+    output_budget: Arc<tokio::sync::Semaphore>,
+    bodies: Arc<BodyPool>,
 }
 
 /// The notifications for one session's peer, in the order they should be sent.
@@ -158,6 +166,8 @@ impl Session {
                 state: Arc::downgrade(&state),
                 wake,
             })),
+            output_budget: Arc::new(tokio::sync::Semaphore::new(OUTPUT_BUDGET_KIB)),
+            bodies: Arc::default(),
         };
         (session, state)
     }
@@ -175,6 +185,21 @@ impl Session {
 
     pub(crate) fn state(&self) -> &Arc<SessionState> {
         &self.state
+    }
+
+    /// Pages for large response bodies, reused once the peer has read them.
+    pub(crate) fn bodies(&self) -> &Arc<BodyPool> {
+        &self.bodies
+    }
+
+    /// Reserves room for a response of about `bytes` bytes in this session's output budget;
+    /// waits while the responses already built but not yet written fill it.
+    pub(crate) async fn reserve_output(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let kib = bytes.div_ceil(1024).clamp(1, OUTPUT_BUDGET_KIB) as u32;
+        Arc::clone(&self.output_budget)
+            .acquire_many_owned(kib)
+            .await
+            .ok()
     }
 
     /// Names the MCP server on the other end (shown in consent prompts).
@@ -196,6 +221,12 @@ impl Session {
     /// newline included, or `None` when the message gets no answer (a notification, or a
     /// response to a request the broker never sent).
     pub async fn handle(&self, line: &[u8]) -> Option<Vec<u8>> {
+        self.respond(line).await.map(Outgoing::into_vec)
+    }
+
+    /// [`Session::handle`] for transports: the response as an [`Outgoing`] frame, whose large
+    /// body (a base64 chunk) has not been copied into the rest of the frame.
+    pub async fn respond(&self, line: &[u8]) -> Option<Outgoing> {
         match jsonrpc::parse(line) {
             Incoming::Request { id, method, params } => {
                 Some(methods::call(self, &method, params, id).await)
@@ -213,7 +244,7 @@ impl Session {
             }
             Incoming::Invalid { id, error } => {
                 tracing::debug!(session = self.id(), %error, "invalid message");
-                Some(jsonrpc::error_frame(id, &error))
+                Some(jsonrpc::error_frame(id, &error).into())
             }
         }
     }

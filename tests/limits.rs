@@ -376,8 +376,10 @@ fn a_slow_reader_stalls_the_broker_not_its_memory() {
     let pid = b.pid();
     let base = vm_hwm_mib(pid);
 
+    // ~4 MB of requests: more than the broker's input pipe (grown to 1 MiB), its line buffer
+    // and its requests in flight can absorb together.
     const N: u64 = 2000;
-    let pad = "p".repeat(400);
+    let pad = "p".repeat(2000);
     let mut stdin = b.take_stdin();
     let written = Arc::new(AtomicUsize::new(0));
     let writer = {

@@ -22,12 +22,14 @@ use std::time::Instant;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::Record;
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::{self, WriteResult};
 use crate::limits::{self, Deadline};
 use crate::locks::{LockGuard, LockMode, LockTable};
+use crate::outgoing::{Body, Outgoing};
 use crate::policy::Policy;
 use crate::sandbox::{self, ConsentMode, Resolved, Root};
 use crate::session::{Session, SessionState};
@@ -189,14 +191,14 @@ pub(crate) async fn call(
     method: &str,
     params: Option<&RawValue>,
     id: &RawValue,
-) -> Vec<u8> {
+) -> Outgoing {
     let started = Instant::now();
     let audit = session
         .broker()
         .audit()
         .filter(|_| method == "roots/list" || method.starts_with("files/"));
     if audit.is_some_and(|a| !a.is_healthy()) {
-        return jsonrpc::error_frame(Some(id), &audit_unavailable());
+        return jsonrpc::error_frame(Some(id), &audit_unavailable()).into();
     }
     let (frame, outcome) = if method == "ping" {
         dispatch(session, method, params, id).await
@@ -206,7 +208,7 @@ pub(crate) async fn call(
             Err(e) => {
                 let code = e.kind().outcome();
                 (
-                    jsonrpc::error_frame(Some(id), &e),
+                    jsonrpc::error_frame(Some(id), &e).into(),
                     Outcome { code, bytes: 0 },
                 )
             }
@@ -227,7 +229,7 @@ pub(crate) async fn call(
             duration: started.elapsed(),
         };
         if log.record(&record).is_err() {
-            return jsonrpc::error_frame(Some(id), &audit_unavailable());
+            return jsonrpc::error_frame(Some(id), &audit_unavailable()).into();
         }
     }
     frame
@@ -260,7 +262,7 @@ async fn dispatch(
     method: &str,
     params: Option<&RawValue>,
     id: &RawValue,
-) -> (Vec<u8>, Outcome) {
+) -> (Outgoing, Outcome) {
     let ctx = Ctx {
         policy: session.broker().policy(),
         session,
@@ -286,7 +288,7 @@ async fn dispatch(
             );
             let code = err.kind().outcome();
             (
-                jsonrpc::error_frame(Some(id), &err),
+                jsonrpc::error_frame(Some(id), &err).into(),
                 Outcome { code, bytes: 0 },
             )
         }
@@ -298,15 +300,15 @@ fn respond<R: WriteResult + ReplyInfo>(
     method: &str,
     id: &RawValue,
     result: Result<R>,
-) -> (Vec<u8>, Outcome) {
+) -> (Outgoing, Outcome) {
     match result {
-        Ok(r) => (
-            jsonrpc::result_frame(id, &r, r.size_hint()),
-            Outcome {
-                code: "ok",
-                bytes: r.bytes(),
-            },
-        ),
+        Ok(mut r) => {
+            let body = r.take_body();
+            let budget = r.take_budget();
+            let frame = jsonrpc::result_frame_with(id, &r, r.size_hint(), body).hold(budget);
+            let bytes = r.bytes();
+            (frame, Outcome { code: "ok", bytes })
+        }
         Err(e) => {
             // Refusals are what an operator watches for: a server probing outside its roots.
             if e.kind() == ErrorKind::PermissionDenied {
@@ -320,7 +322,7 @@ fn respond<R: WriteResult + ReplyInfo>(
             }
             let code = e.kind().outcome();
             (
-                jsonrpc::error_frame(Some(id), &e),
+                jsonrpc::error_frame(Some(id), &e).into(),
                 Outcome { code, bytes: 0 },
             )
         }
@@ -338,14 +340,21 @@ async fn admit_bytes(ctx: &Ctx<'_>, bytes: u64) -> Result<()> {
     }
 }
 
-/// What a result says about itself: its rough size (so its frame is allocated once) and
-/// the payload bytes it carries (for the audit log).
+/// What a result says about itself: its rough size (so its frame is allocated once), the
+/// payload bytes it carries (for the audit log), and what it hands to its frame: a body in
+/// pages of its own, and a share of the session's output budget.
 pub(crate) trait ReplyInfo {
     fn size_hint(&self) -> usize {
         256
     }
     fn bytes(&self) -> u64 {
         0
+    }
+    fn take_body(&mut self) -> Option<Body> {
+        None
+    }
+    fn take_budget(&mut self) -> Option<OwnedSemaphorePermit> {
+        None
     }
 }
 

@@ -1,16 +1,21 @@
 //! `files/read {path, encoding?, offset?, length?}` →
 //! `{content, encoding, size, offset, length, eof, mimeType, etag}`.
 
+use std::cell::RefCell;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
 use serde::Deserialize;
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::{Ctx, Op, ReplyInfo};
 use crate::codec::{self, Encoding};
 use crate::error::{Error, Result};
 use crate::jsonrpc::WriteResult;
 use crate::locks::LockMode;
+use crate::outgoing::{Body, BodyPool};
+use crate::policy::Policy;
 use crate::sandbox::open;
 
 /// `files/read` parameters.
@@ -29,10 +34,21 @@ pub(crate) struct Params {
     _meta: Option<serde::de::IgnoredAny>,
 }
 
+/// Chunks at least this large (in base64) are encoded into pages of their own, which a pipe
+/// takes without a copy; smaller ones are not worth the `mmap`.
+const PAGES_FROM: usize = 256 << 10;
+
+/// Bytes read per `pread` when encoding into pages: a multiple of 3 (so the pieces' base64
+/// joins up without padding), small enough to stay in the CPU's cache between the read and
+/// the encode.
+const PIECE: usize = 3 << 16;
+
 /// One chunk of a file, written to the wire without an intermediate JSON value.
 #[derive(Debug)]
 pub(crate) struct Reply {
-    data: Vec<u8>,
+    content: Content,
+    /// Bytes of the file in this chunk.
+    length: u64,
     encoding: Encoding,
     size: u64,
     offset: u64,
@@ -40,12 +56,27 @@ pub(crate) struct Reply {
     mime: &'static str,
     etag: String,
     lock_id: Option<String>,
+    budget: Option<OwnedSemaphorePermit>,
+}
+
+/// A chunk's bytes: as read (encoded when the frame is written), or already base64 in pages.
+#[derive(Debug)]
+enum Content {
+    Raw(Vec<u8>),
+    /// Taken by the frame ([`ReplyInfo::take_body`]) before the result is written.
+    Pages(Option<Body>),
 }
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Reply> {
     let params = params?;
-    let reply = ctx.owned().run(move |op| read(op, params)).await?;
-    if let Err(e) = super::admit_bytes(ctx, reply.data.len() as u64).await {
+    let budget = ctx
+        .session
+        .reserve_output(wanted(&ctx.policy, &params) / 3 * 4)
+        .await;
+    let bodies = Arc::clone(ctx.session.bodies());
+    let mut reply = ctx.owned().run(move |op| read(op, params, &bodies)).await?;
+    reply.budget = budget;
+    if let Err(e) = super::admit_bytes(ctx, reply.length).await {
         // The server gets no content, so it must not be left holding a lock it never
         // learned the id of.
         if let Some(id) = &reply.lock_id {
@@ -56,8 +87,15 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Repl
     Ok(reply)
 }
 
-fn read(op: &Op, p: Params) -> Result<Reply> {
-    let policy = &op.policy;
+/// Bytes a request asks for, capped by the policy.
+fn wanted(policy: &Policy, p: &Params) -> usize {
+    let limits = policy.limits();
+    p.length
+        .unwrap_or(limits.chunk_size as u64)
+        .min(limits.max_chunk_size as u64) as usize
+}
+
+fn read(op: &Op, p: Params, bodies: &Arc<BodyPool>) -> Result<Reply> {
     let target = op.resolve(&p.path)?;
     let opened = open::open_regular(&target, &p.path)?;
     op.authorize(&target.root, &opened.real, &p.path)?;
@@ -69,31 +107,44 @@ fn read(op: &Op, p: Params) -> Result<Reply> {
     };
     let lock = op.lock(&target.root.path().join(&opened.real), mode, &p.path)?;
     let size = opened.meta.len();
-    let limits = policy.limits();
-    let wanted = p
-        .length
-        .unwrap_or(limits.chunk_size as u64)
-        .min(limits.max_chunk_size as u64);
-    let available = size.saturating_sub(p.offset).min(wanted) as usize;
-    let mut data = vec![0u8; available];
-    let got =
-        read_full_at(&opened.file, &mut data, p.offset).map_err(|e| Error::from_io(&e, &p.path))?;
-    data.truncate(got);
+    let available = size
+        .saturating_sub(p.offset)
+        .min(wanted(&op.policy, &p) as u64) as usize;
+    let io_err = |e: std::io::Error| Error::from_io(&e, &p.path);
 
-    let more = p.offset + (got as u64) < size;
-    let encoding = match p.encoding {
-        Encoding::Base64 => Encoding::Base64,
-        Encoding::Utf8 => match codec::utf8_prefix(&data, more) {
-            Some(n) => {
-                data.truncate(n);
-                Encoding::Utf8
-            }
-            None => Encoding::Base64,
-        },
-    };
-    let length = data.len() as u64;
-    let mime = mime_type(&target.rel, &opened.file, p.offset, &data);
+    let (content, encoding, length, mime) =
+        if p.encoding == Encoding::Base64 && available >= PAGES_FROM {
+            let (body, got) =
+                base64_pages(bodies, &opened.file, p.offset, available).map_err(io_err)?;
+            let mime = mime_type(&target.rel, &opened.file, p.offset, None);
+            (
+                Content::Pages(Some(body)),
+                Encoding::Base64,
+                got as u64,
+                mime,
+            )
+        } else {
+            let mut data = vec![0u8; available];
+            let got = read_full_at(&opened.file, &mut data, p.offset).map_err(io_err)?;
+            data.truncate(got);
+            let more = p.offset + (got as u64) < size;
+            let encoding = match p.encoding {
+                Encoding::Base64 => Encoding::Base64,
+                Encoding::Utf8 => match codec::utf8_prefix(&data, more) {
+                    Some(n) => {
+                        data.truncate(n);
+                        Encoding::Utf8
+                    }
+                    None => Encoding::Base64,
+                },
+            };
+            let mime = mime_type(&target.rel, &opened.file, p.offset, Some(&data));
+            let length = data.len() as u64;
+            (Content::Raw(data), encoding, length, mime)
+        };
     Ok(Reply {
+        content,
+        length,
         encoding,
         size,
         offset: p.offset,
@@ -101,7 +152,41 @@ fn read(op: &Op, p: Params) -> Result<Reply> {
         mime,
         etag: open::etag(&opened.meta),
         lock_id: op.keep(&lock, p.keep_locked, &p.path)?,
-        data,
+        budget: None,
+    })
+}
+
+thread_local! {
+    /// Each blocking-pool thread's buffer for [`base64_pages`]: reused, so a chunk costs no
+    /// allocation and no zeroing of its raw bytes.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Reads up to `len` bytes at `offset` and encodes them as base64 into fresh pages, a cache-
+/// sized piece at a time; returns the pages and how many file bytes they hold.
+fn base64_pages(
+    bodies: &Arc<BodyPool>,
+    file: &std::fs::File,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<(Body, usize)> {
+    let mut body = bodies.take(base64::encoded_len(len, true).unwrap_or(0))?;
+    SCRATCH.with_borrow_mut(|scratch| {
+        scratch.resize(PIECE, 0);
+        let mut done = 0;
+        while done < len {
+            let want = PIECE.min(len - done);
+            let n = read_full_at(file, &mut scratch[..want], offset + done as u64)?;
+            let written = codec::base64_into_slice(&scratch[..n], body.spare());
+            body.advance(written);
+            done += n;
+            // Short means the file ended (it shrank since it was measured): the padding, if
+            // any, is then the last thing encoded.
+            if n < want {
+                break;
+            }
+        }
+        Ok((body, done))
     })
 }
 
@@ -121,12 +206,12 @@ fn read_full_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::R
 
 /// From the extension; for files without a known one, a sniff of the file's first bytes
 /// (text or not), so every chunk of a file reports the same type.
-fn mime_type(rel: &str, file: &std::fs::File, offset: u64, chunk: &[u8]) -> &'static str {
+fn mime_type(rel: &str, file: &std::fs::File, offset: u64, chunk: Option<&[u8]>) -> &'static str {
     if let Some(m) = mime_guess::from_path(rel).first_raw() {
         return m;
     }
     let mut head = [0u8; 512];
-    let head: &[u8] = if offset == 0 {
+    let head: &[u8] = if let (0, Some(chunk)) = (offset, chunk) {
         &chunk[..chunk.len().min(512)]
     } else {
         let n = read_full_at(file, &mut head, 0).unwrap_or(0);
@@ -143,15 +228,17 @@ fn mime_type(rel: &str, file: &std::fs::File, offset: u64, chunk: &[u8]) -> &'st
 
 impl WriteResult for Reply {
     fn write_result(&self, out: &mut Vec<u8>) {
+        // `body_at` below counts on `content` coming first.
         out.extend_from_slice(b"{\"content\":");
-        match self.encoding {
-            Encoding::Base64 => {
+        match (&self.content, self.encoding) {
+            (Content::Pages(_), _) => out.extend_from_slice(b"\"\""),
+            (Content::Raw(data), Encoding::Base64) => {
                 out.push(b'"');
-                codec::base64_into(&self.data, out);
+                codec::base64_into(data, out);
                 out.push(b'"');
             }
             // `data` was checked to be UTF-8 when the encoding was chosen.
-            Encoding::Utf8 => match std::str::from_utf8(&self.data) {
+            (Content::Raw(data), Encoding::Utf8) => match std::str::from_utf8(data) {
                 Ok(text) => {
                     let _ = serde_json::to_writer(&mut *out, text);
                 }
@@ -165,7 +252,7 @@ impl WriteResult for Reply {
             self.encoding.name(),
             self.size,
             self.offset,
-            self.data.len(),
+            self.length,
             self.eof
         );
         out.extend_from_slice(b",\"mimeType\":");
@@ -178,13 +265,29 @@ impl WriteResult for Reply {
         }
         out.push(b'}');
     }
+
+    fn body_at(&self) -> Option<usize> {
+        matches!(self.content, Content::Pages(_)).then_some(b"{\"content\":\"".len())
+    }
 }
 
 impl ReplyInfo for Reply {
     fn size_hint(&self) -> usize {
-        self.data.len() / 3 * 4 + 256
+        match self.content {
+            Content::Raw(_) => self.length as usize / 3 * 4 + 256,
+            Content::Pages(_) => 256,
+        }
     }
     fn bytes(&self) -> u64 {
-        self.data.len() as u64
+        self.length
+    }
+    fn take_body(&mut self) -> Option<Body> {
+        match &mut self.content {
+            Content::Pages(body) => body.take(),
+            Content::Raw(_) => None,
+        }
+    }
+    fn take_budget(&mut self) -> Option<OwnedSemaphorePermit> {
+        self.budget.take()
     }
 }

@@ -85,6 +85,12 @@ impl Drop for RemoveOnDrop {
 /// a tokio reader): waits for room with `poll` instead of failing with `EAGAIN`.
 pub(crate) struct BlockingWriter(pub(crate) OwnedFd);
 
+impl AsFd for BlockingWriter {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
 impl Write for BlockingWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         loop {

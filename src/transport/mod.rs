@@ -3,6 +3,7 @@
 
 pub mod framing;
 pub mod listen;
+pub mod pipe;
 pub mod proxy;
 pub mod serve;
 

@@ -5,7 +5,7 @@
 //! each carrying its request's id. At end of input the requests in flight finish, the writer
 //! flushes, and the session ends.
 
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
@@ -14,8 +14,10 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
+use super::pipe::FrameWriter;
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
+use crate::outgoing::Outgoing;
 use crate::session::Session;
 
 /// Knobs of one served connection.
@@ -43,11 +45,14 @@ const OUTPUT_QUEUE: usize = 64;
 /// Serves `session` on this process's stdin and stdout.
 pub async fn serve_stdio(session: Arc<Session>, opts: ServeOptions) -> io::Result<()> {
     let stdout = std::fs::File::from(io::stdout().as_fd().try_clone_to_owned()?);
+    // Uploads arrive as megabyte lines: a larger input pipe means fewer wake-ups per line.
+    super::pipe::grow(io::stdin().as_fd());
     serve_connection(session, tokio::io::stdin(), stdout, opts).await
 }
 
 /// Serves `session`: requests from `input`, responses to `output` (written from a thread of
-/// its own, so a large frame goes out in one blocking write without a copy into tokio).
+/// its own, so a large frame goes out in blocking writes without a copy into tokio; when
+/// `output` is a pipe, large read bodies are spliced into it).
 pub async fn serve_connection<R, W>(
     session: Arc<Session>,
     input: R,
@@ -56,9 +61,9 @@ pub async fn serve_connection<R, W>(
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
-    W: Write + Send + 'static,
+    W: Write + AsFd + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel::<Vec<u8>>(OUTPUT_QUEUE);
+    let (tx, rx) = mpsc::channel::<Outgoing>(OUTPUT_QUEUE);
     let writer = std::thread::Builder::new()
         .name("fsbroker-writer".into())
         .spawn(move || write_frames(rx, output))?;
@@ -67,7 +72,7 @@ where
         let tx = tx.clone();
         tokio::spawn(async move {
             while let Some(frame) = notes.recv().await {
-                if tx.send(frame).await.is_err() {
+                if tx.send(frame.into()).await.is_err() {
                     break;
                 }
             }
@@ -103,7 +108,7 @@ where
                         opts.max_line
                     ),
                 );
-                let _ = tx.send(jsonrpc::error_frame(None, &err)).await;
+                let _ = tx.send(jsonrpc::error_frame(None, &err).into()).await;
             }
             Frame::Line(line) => {
                 if line.iter().all(u8::is_ascii_whitespace) {
@@ -115,7 +120,7 @@ where
                 let session = Arc::clone(&session);
                 let tx = tx.clone();
                 tasks.spawn(async move {
-                    if let Some(frame) = session.handle(&line).await {
+                    if let Some(frame) = session.respond(&line).await {
                         let _ = tx.send(frame).await;
                     }
                     drop(permit);
@@ -137,10 +142,14 @@ where
 }
 
 /// Writes frames as they come, flushing whenever the queue runs dry.
-pub(crate) fn write_frames<W: Write>(mut rx: mpsc::Receiver<Vec<u8>>, output: W) -> io::Result<()> {
-    let mut out = BufWriter::with_capacity(256 << 10, output);
+pub(crate) fn write_frames<F, W>(mut rx: mpsc::Receiver<F>, output: W) -> io::Result<()>
+where
+    F: Into<Outgoing>,
+    W: Write + AsFd,
+{
+    let mut out = FrameWriter::new(output);
     while let Some(frame) = rx.blocking_recv() {
-        if let Err(e) = out.write_all(&frame) {
+        if let Err(e) = out.write(frame.into()) {
             rx.close();
             return quiet_broken_pipe(e);
         }

@@ -1,0 +1,211 @@
+//! Writing frames to the peer, and the pipe tricks that make large reads cheap.
+//!
+//! When stdout is a pipe, two things matter for megabyte-sized responses: the pipe's size
+//! (the default 64 KiB makes writer and reader wake each other 16 times per megabyte; it is
+//! raised to the system's `fs.pipe-max-size`) and copies (a body in its own pages is handed
+//! over with `vmsplice`, so the only copy left is the peer's own `read`).
+
+use std::collections::VecDeque;
+use std::io::{self, BufWriter, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+
+use rustix::io::Errno;
+
+use crate::outgoing::{Body, Outgoing};
+
+/// The pipe size asked for when the system allows no more (its usual `fs.pipe-max-size`).
+const PIPE_SIZE: usize = 1 << 20;
+
+/// Whether `fd` is a pipe (or FIFO).
+pub(crate) fn is_pipe(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
+    })
+}
+
+/// Raises a pipe's buffer to the largest size an unprivileged process may set; leaves
+/// anything that is not a pipe alone. Best effort: a pipe keeps working at its old size.
+pub(crate) fn grow(fd: BorrowedFd<'_>) {
+    if !is_pipe(fd) {
+        return;
+    }
+    let max = std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(PIPE_SIZE);
+    match rustix::pipe::fcntl_setpipe_size(fd, max) {
+        Ok(size) => tracing::debug!(size, "pipe buffer raised"),
+        Err(e) => tracing::debug!(error = %e, "pipe buffer left as it is"),
+    }
+}
+
+/// Spliced bodies the writer holds on to at most, waiting for the peer to read them before
+/// they may be reused; past this the oldest is unmapped instead.
+const IN_PIPE_MAX: usize = 4;
+
+/// Writes frames to one output: small ones through a buffer, bodies spliced when the output
+/// is the write end of a pipe.
+pub(crate) struct FrameWriter<W: Write + AsFd> {
+    out: BufWriter<W>,
+    splice: bool,
+    /// Bytes given to `out` or spliced, since the start.
+    passed: u64,
+    /// Spliced bodies the pipe may still hold, each with the stream position of its end.
+    in_pipe: VecDeque<(u64, Body)>,
+}
+
+impl<W: Write + AsFd> FrameWriter<W> {
+    /// A writer over `output` (a pipe's buffer is grown on the way).
+    pub(crate) fn new(output: W) -> FrameWriter<W> {
+        let fd = output.as_fd();
+        grow(fd);
+        let writable = rustix::fs::fcntl_getfl(fd).is_ok_and(|flags| {
+            let mode = flags & rustix::fs::OFlags::RWMODE;
+            mode == rustix::fs::OFlags::WRONLY || mode == rustix::fs::OFlags::RDWR
+        });
+        let splice = writable && is_pipe(fd);
+        FrameWriter {
+            out: BufWriter::with_capacity(256 << 10, output),
+            splice,
+            passed: 0,
+            in_pipe: VecDeque::new(),
+        }
+    }
+
+    /// Writes one frame (perhaps only into the buffer: see [`FrameWriter::flush`]).
+    pub(crate) fn write(&mut self, frame: Outgoing) -> io::Result<()> {
+        let (bytes, body) = frame.into_parts();
+        let Some((at, mut body)) = body else {
+            return self.put(&bytes);
+        };
+        self.put(&bytes[..at])?;
+        if self.splice {
+            self.out.flush()?;
+            self.release_consumed();
+            match splice_all(self.out.get_ref().as_fd(), body.as_mut_slice()) {
+                Ok(()) => {
+                    self.passed += body.len() as u64;
+                    self.hold_until_read(body);
+                }
+                Err(Fallback { done, error }) => {
+                    tracing::debug!(%error, "vmsplice unavailable; copying bodies instead");
+                    self.splice = false;
+                    self.passed += done as u64;
+                    self.put(&body.as_slice()[done..])?;
+                    // Its first `done` bytes may sit in the pipe.
+                    body.discard();
+                }
+            }
+        } else {
+            self.put(body.as_slice())?;
+        }
+        self.put(&bytes[at..])
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.out.write_all(bytes)?;
+        self.passed += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Keeps a spliced body out of its pool until the peer has read all of it.
+    fn hold_until_read(&mut self, body: Body) {
+        self.in_pipe.push_back((self.passed, body));
+        if self.in_pipe.len() > IN_PIPE_MAX {
+            if let Some((_, oldest)) = self.in_pipe.pop_front() {
+                oldest.discard();
+            }
+        }
+        self.release_consumed();
+    }
+
+    /// Lets go (back to their pool) of the spliced bodies the peer has read.
+    ///
+    /// A pipe is a FIFO, so the bytes read so far are the bytes that entered it minus those
+    /// still unread (`FIONREAD`). Bytes another process wrote to the same pipe only make the
+    /// unread count larger, so this errs towards holding a body longer, never shorter.
+    fn release_consumed(&mut self) {
+        if self.in_pipe.is_empty() {
+            return;
+        }
+        let Ok(unread) = rustix::io::ioctl_fionread(self.out.get_ref().as_fd()) else {
+            // Cannot tell what was read: none of these may be reused.
+            for (_, body) in self.in_pipe.drain(..) {
+                body.discard();
+            }
+            return;
+        };
+        let entered = self.passed - self.out.buffer().len() as u64;
+        let read = entered.saturating_sub(unread);
+        while self.in_pipe.front().is_some_and(|(end, _)| *end <= read) {
+            self.in_pipe.pop_front();
+        }
+    }
+
+    /// Sends what is buffered.
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+impl<W: Write + AsFd> Drop for FrameWriter<W> {
+    fn drop(&mut self) {
+        // The peer may never read these: their pages must not go back into use.
+        for (_, body) in self.in_pipe.drain(..) {
+            body.discard();
+        }
+    }
+}
+
+/// `vmsplice` stopped part way (or never worked): `done` bytes went, the rest is written the
+/// ordinary way. A failure that is not about splicing (the peer closed the pipe) fails that
+/// write too, and is reported from there.
+struct Fallback {
+    done: usize,
+    error: io::Error,
+}
+
+/// Hands all of `body` to the pipe `fd` without copying it.
+fn splice_all(fd: BorrowedFd<'_>, body: &mut [u8]) -> Result<(), Fallback> {
+    let mut done = 0;
+    while done < body.len() {
+        let rest = &mut body[done..];
+        let iov = [rustix::pipe::IoSliceRaw::from_slice_mut(rest)];
+        // SAFETY: `vmsplice` requires that memory the caller must not see mutated is only
+        // given to the write end of a pipe. The slice is a unique borrow of pages this
+        // process owns (`Body`, an anonymous mapping alive for the whole call), so even if
+        // the kernel wrote into it, no other reference could observe that; and `fd` is the
+        // write end (checked with `F_GETFL` when the writer was made), so it only reads.
+        // Without `SPLICE_F_GIFT` the kernel takes references to the pages; the caller unmaps
+        // them right after and never writes to them again, so the peer reads what was there.
+        #[allow(unsafe_code)]
+        let sent = unsafe { rustix::pipe::vmsplice(fd, &iov, rustix::pipe::SpliceFlags::empty()) };
+        match sent {
+            Ok(0) => {
+                return Err(Fallback {
+                    done,
+                    error: io::Error::from(io::ErrorKind::WriteZero),
+                });
+            }
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => wait_writable(fd),
+            Err(e) => {
+                return Err(Fallback {
+                    done,
+                    error: e.into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until a (non-blocking) pipe has room.
+fn wait_writable(fd: BorrowedFd<'_>) {
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::OUT,
+    )];
+    let _ = rustix::event::poll(&mut fds, None);
+}
