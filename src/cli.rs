@@ -107,6 +107,8 @@ struct BenchArgs {
     /// Run only these phases (comma-separated or repeated).
     #[arg(long, value_enum, value_delimiter = ',', value_name = "PHASE")]
     only: Vec<crate::bench::Phase>,
+    #[command(flatten)]
+    mcp: crate::bench::McpArgs,
 }
 
 impl BenchArgs {
@@ -129,6 +131,7 @@ impl BenchArgs {
             compare_sftp: self.compare_sftp,
             broker_cmd: self.broker_cmd,
             only: self.only,
+            mcp: self.mcp,
         }
     }
 }

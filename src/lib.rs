@@ -56,8 +56,8 @@
 //! # Ok(()) }
 //! ```
 
-// One `unsafe` call in the crate (`vmsplice`, in `transport::pipe`), allowed where it is,
-// with the argument for its soundness beside it.
+// Two `unsafe` calls in the crate (`vmsplice` in `transport::pipe`, `sync_file_range` in
+// `sandbox::mutate`), each allowed where it is, with the argument for its soundness beside it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

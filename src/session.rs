@@ -87,6 +87,9 @@ pub(crate) struct SessionState {
     roots_changed: std::sync::atomic::AtomicBool,
     wake: Arc<tokio::sync::Notify>,
     peer: Mutex<Option<String>>,
+    /// `files/write` requests being handled (an upload chunk ahead of its turn waits only
+    /// while another could be the one it needs).
+    pub(crate) writes_in_flight: std::sync::atomic::AtomicUsize,
 }
 
 impl SessionState {
@@ -157,6 +160,7 @@ impl Session {
             roots_changed: std::sync::atomic::AtomicBool::new(false),
             wake: Arc::clone(&wake),
             peer: Mutex::new(None),
+            writes_in_flight: Default::default(),
         });
         let session = Session {
             broker,

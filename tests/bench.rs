@@ -192,3 +192,143 @@ fn chunks_over_16_mib_are_refused() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// The Node.js binary: `$NODE`, else `node` on the PATH (as in tests/peers.rs).
+fn node() -> String {
+    std::env::var("NODE").unwrap_or_else(|_| "node".to_owned())
+}
+
+/// A shell command starting tests/peers/tiny_fs_server.mjs (plain Node.js, no packages).
+fn tiny_server(args: &str) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/tiny_fs_server.mjs");
+    format!("'{}' '{}' {args}", node(), script.display())
+}
+
+#[test]
+fn other_mcp_servers_are_measured() {
+    // The same server twice: `{dir}` replaced, then `{dir}` appended.
+    let with_dir = tiny_server("{dir}");
+    let appended = tiny_server("");
+    let report = bench_json(&[
+        "--quick",
+        "--json",
+        "--only",
+        "small,mcp",
+        "--small-ops",
+        "200",
+        "--mcp-size",
+        "1MiB",
+        "--compare-mcp",
+        &with_dir,
+        "--compare-mcp",
+        &appended,
+    ]);
+    let servers = report["mcp"].as_array().expect("an mcp array");
+    assert_eq!(servers.len(), 2, "{report:#}");
+    for (i, given) in [&with_dir, &appended].into_iter().enumerate() {
+        let s = &servers[i];
+        assert!(s.get("error").is_none(), "{s:#}");
+        assert_eq!(s["command"], given.as_str());
+        assert_eq!(s["name"], "tiny-fs-server");
+        assert_eq!(s["server_info"]["name"], "tiny-fs-server");
+        assert_eq!(s["server_info"]["version"], "1.0.0");
+        assert_eq!(s["protocol_version"], "2025-06-18");
+        let launched = s["launched"].as_str().unwrap();
+        assert!(launched.ends_with("/data'"), "{launched}");
+        assert!(!launched.contains("{dir}"), "{launched}");
+        for key in ["ops", "seconds", "ops_per_sec", "p50_ms", "p99_ms"] {
+            positive(&report, &format!("/mcp/{i}/small/{key}"));
+        }
+        assert_eq!(s["small"]["ops"], 200);
+        for key in ["bytes", "seconds", "mb_per_sec", "vm_hwm_mib"] {
+            positive(&report, &format!("/mcp/{i}/large/{key}"));
+        }
+        assert_eq!(s["large"]["bytes"], 1 << 20);
+        positive(&report, &format!("/mcp/{i}/ratio"));
+    }
+    positive(&report, "/small/read_1k/sequential/ops_per_s");
+    assert!(report.get("read").is_none() && report.get("upload").is_none());
+}
+
+#[test]
+fn a_failing_mcp_server_is_reported_and_the_run_goes_on() {
+    let text_only = tiny_server("--text-only {dir}");
+    let report = bench_json(&[
+        "--json",
+        "--only",
+        "small,mcp",
+        "--small-ops",
+        "50",
+        "--mcp-size",
+        "64KiB",
+        "--compare-mcp",
+        "/nonexistent/mcp-server --flag",
+        "--compare-mcp",
+        &text_only,
+    ]);
+    let missing = &report["mcp"][0];
+    let error = missing["error"].as_str().expect("an error");
+    assert!(
+        error.contains("/nonexistent/mcp-server") && error.contains("127"),
+        "{error}"
+    );
+    assert_eq!(missing["name"], "mcp-server");
+    assert!(missing.get("small").is_none() && missing.get("large").is_none());
+    // What the text-only server could do is kept; the missing tool is the error.
+    let partial = &report["mcp"][1];
+    positive(&report, "/mcp/1/small/ops_per_sec");
+    assert!(partial.get("large").is_none(), "{partial:#}");
+    let error = partial["error"].as_str().expect("an error");
+    assert!(
+        error.contains("no read_media_file tool") && error.contains("read_text_file"),
+        "{error}"
+    );
+    positive(&report, "/small/read_1k/sequential/ops_per_s");
+
+    // The table says the same.
+    let out = run(
+        &[
+            "--only",
+            "small,mcp",
+            "--small-ops",
+            "20",
+            "--compare-mcp",
+            "/nonexistent/mcp-server",
+        ],
+        None,
+    );
+    let table = String::from_utf8(out.stdout).unwrap();
+    for needle in ["other MCP servers", "mcp-server", "error:", "not found"] {
+        assert!(table.contains(needle), "no {needle:?} in:\n{table}");
+    }
+}
+
+#[test]
+fn a_failing_mcp_server_alone_fails_the_run() {
+    let out = Command::new(bin())
+        .args([
+            "bench",
+            "--only",
+            "mcp",
+            "--small-ops",
+            "10",
+            "--compare-mcp",
+            "/nonexistent/mcp-server",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no MCP server could be measured"), "{err}");
+    assert!(err.contains("/nonexistent/mcp-server"), "{err}");
+    // And the mcp phase needs a server, and a server needs the mcp phase.
+    for args in [
+        &["bench", "--only", "mcp"][..],
+        &["bench", "--only", "small", "--compare-mcp", "x"][..],
+    ] {
+        let out = Command::new(bin()).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--compare-mcp"), "{err}");
+    }
+}

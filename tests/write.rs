@@ -901,6 +901,74 @@ fn wrong_offsets_are_concurrency_conflicts() {
     assert_eq!(std::fs::read(root.join("f.bin")).unwrap(), b"XYZ");
 }
 
+/// After its first chunk is answered, an upload's chunks may be sent without waiting for
+/// each answer: the broker, which runs requests concurrently, still applies them in order.
+#[test]
+fn pipelined_chunks_land_in_order() {
+    let (_t, root) = fixture();
+    let (_p, mut b) = rw(&root);
+    const CHUNK: usize = 256 << 10;
+    const N: usize = 12;
+    let data = random_bytes(7, CHUNK * N);
+    let first = chunk(&mut b, "r/p.bin", 0, &data[..CHUNK], false);
+    assert!(first.get("error").is_none(), "{first}");
+    let mut ids = Vec::new();
+    for i in 1..N {
+        let last = i == N - 1;
+        ids.push(b.send(
+            "files/write",
+            json!({"path": "r/p.bin", "content": b64(&data[i * CHUNK..(i + 1) * CHUNK]),
+                   "encoding": "base64", "offset": i * CHUNK, "final": last}),
+        ));
+    }
+    let mut answers = std::collections::HashMap::new();
+    while answers.len() < ids.len() {
+        let m = b.read_message();
+        answers.insert(m["id"].as_u64().expect("an id"), m);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let m = &answers[id];
+        let r = m
+            .get("result")
+            .unwrap_or_else(|| panic!("chunk {}: {m}", i + 1));
+        assert_eq!(r["bytesWritten"], json!(CHUNK), "{m}");
+        assert_eq!(r["size"], json!(CHUNK * (i + 2)), "{m}");
+    }
+    assert!(
+        std::fs::read(root.join("p.bin")).unwrap() == data,
+        "uploaded file differs"
+    );
+    assert_no_staging(&root);
+}
+
+/// A chunk ahead of its upload, with no other write in flight to fill the gap, is answered
+/// at once; it does not wait out `timeout_ms`.
+#[test]
+fn a_chunk_ahead_with_nothing_in_flight_is_refused_at_once() {
+    let (_t, root) = fixture();
+    let (_p, mut b) = serve_policy(&root, RW, "timeout_ms = 20000");
+    assert!(
+        chunk(&mut b, "r/g.bin", 0, b"abc", false)
+            .get("error")
+            .is_none()
+    );
+    let started = std::time::Instant::now();
+    let r = chunk(&mut b, "r/g.bin", 6, b"ghi", true);
+    assert_eq!(code(&r["error"]), "CONCURRENCY_CONFLICT", "{r}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited {:?} for a chunk that nothing could precede",
+        started.elapsed()
+    );
+    // The upload is intact and goes on.
+    assert!(
+        chunk(&mut b, "r/g.bin", 3, b"def", true)
+            .get("error")
+            .is_none()
+    );
+    assert_eq!(std::fs::read(root.join("g.bin")).unwrap(), b"abcdef");
+}
+
 #[test]
 fn offset_zero_restarts_an_upload() {
     let (_t, root) = fixture();

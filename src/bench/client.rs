@@ -252,7 +252,7 @@ pub(crate) struct Lines<R> {
 }
 
 impl<R: Read> Lines<R> {
-    fn new(src: R) -> Self {
+    pub(crate) fn new(src: R) -> Self {
         Lines {
             src,
             buf: vec![0; 4 * MIN_READ],
@@ -279,6 +279,15 @@ impl<R: Read> Lines<R> {
             self.scanned = self.end;
             before_wait()?;
             self.fill()?;
+        }
+    }
+
+    /// Makes room for `len` more bytes, so a line that long is read without the buffer
+    /// growing (and being copied) on the way.
+    pub(crate) fn reserve(&mut self, len: usize) {
+        let want = self.end.saturating_add(len).saturating_add(MIN_READ);
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
         }
     }
 

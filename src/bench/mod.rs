@@ -10,7 +10,11 @@
 //!   checked (sampled, or a full sha256 with `--verify`);
 //! - `small.rs`: 1 KiB reads and non-recursive lists, sequential (latency p50/p99) and pipelined;
 //! - `upload.rs`: a chunked `files/write` upload of the file (offset/final), size checked;
-//! - `sftp.rs`: with `--compare-sftp`, OpenSSH's `sftp -D sftp-server` on the same file.
+//! - `sftp.rs`: with `--compare-sftp`, OpenSSH's `sftp -D sftp-server` on the same file;
+//! - `mcp.rs`: with `--compare-mcp`, other MCP filesystem servers (each its own process):
+//!   1 KiB `read_text_file` calls measured like fsbroker's sequential small reads, and one
+//!   large `read_media_file` (MB/s and the server's VmHWM). It runs after the small operations
+//!   and before the upload.
 //!
 //! The broker's peak memory (VmHWM) is read from `/proc` after each phase. [`report`] prints
 //! a table on stdout, or one JSON object with `--json`; progress bars go to stderr.
@@ -24,6 +28,7 @@
 
 mod client;
 mod fixture;
+mod mcp;
 mod progress;
 mod read;
 pub mod report;
@@ -73,6 +78,25 @@ pub enum Phase {
     Upload,
     /// 1 KiB reads and lists.
     Small,
+    /// Other MCP servers (`--compare-mcp`); runs by default when that is given.
+    Mcp,
+}
+
+/// The `--compare-mcp` options, part of `fsbroker bench`'s command line.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct McpArgs {
+    /// Also measure another MCP filesystem server (repeatable): a shell command starting a
+    /// stdio MCP server. {dir} becomes the directory it may read (shell-quoted; appended as
+    /// the last argument when absent). Timed: 1 KiB read_text_file calls, one at a time, as
+    /// many as --small-ops (compared with fsbroker's sequential 1 KiB reads), and one
+    /// read_media_file of an --mcp-size file (MB/s and the server's peak memory).
+    ///
+    /// Example: --compare-mcp 'rust-mcp-filesystem {dir}'
+    #[arg(long, value_name = "COMMAND")]
+    pub compare_mcp: Vec<String>,
+    /// Size of the file the other MCP servers read with read_media_file.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "64MiB")]
+    pub mcp_size: u64,
 }
 
 /// What to measure, resolved from the command line.
@@ -100,13 +124,26 @@ pub struct Options {
     pub compare_sftp: bool,
     /// Start this shell command instead of `fsbroker serve --policy FILE`.
     pub broker_cmd: Option<String>,
-    /// Phases to run (empty: all).
+    /// Phases to run (empty: all; `mcp` only with `--compare-mcp`).
     pub only: Vec<Phase>,
+    /// Other MCP servers to measure.
+    pub mcp: McpArgs,
 }
 
 impl Options {
     fn runs(&self, phase: Phase) -> bool {
-        self.only.is_empty() || self.only.contains(&phase)
+        if self.only.is_empty() {
+            phase != Phase::Mcp || !self.mcp.compare_mcp.is_empty()
+        } else {
+            self.only.contains(&phase)
+        }
+    }
+
+    /// Whether the other MCP servers are all this run measures.
+    fn only_mcp(&self) -> bool {
+        [Phase::Read, Phase::Upload, Phase::Small]
+            .iter()
+            .all(|&p| !self.runs(p))
     }
 }
 
@@ -152,8 +189,20 @@ fn validate(opts: &Options) -> Result<(), String> {
     if opts.depth == 0 || opts.small_depth == 0 {
         return Err("--depth and --small-depth must be at least 1".into());
     }
-    if opts.runs(Phase::Small) && opts.small_ops == 0 {
+    if (opts.runs(Phase::Small) || opts.runs(Phase::Mcp)) && opts.small_ops == 0 {
         return Err("--small-ops must be at least 1".into());
+    }
+    if opts.runs(Phase::Mcp) && opts.mcp.compare_mcp.is_empty() {
+        return Err("--only mcp needs at least one --compare-mcp COMMAND".into());
+    }
+    if !opts.runs(Phase::Mcp) && !opts.mcp.compare_mcp.is_empty() {
+        return Err("--compare-mcp needs the mcp phase: add mcp to --only".into());
+    }
+    if opts.mcp.compare_mcp.iter().any(|c| c.trim().is_empty()) {
+        return Err("--compare-mcp needs a command".into());
+    }
+    if opts.runs(Phase::Mcp) && opts.mcp.mcp_size == 0 {
+        return Err("--mcp-size must be at least 1 byte".into());
     }
     Ok(())
 }
@@ -205,6 +254,9 @@ struct Layout {
     /// The small files, in the order their content is in `small`.
     small_dir: PathBuf,
     small: Vec<(PathBuf, Vec<u8>)>,
+    /// The directory the other MCP servers may read (`{dir}`), and the workspace (their logs).
+    mcp_dir: PathBuf,
+    workspace: PathBuf,
 }
 
 fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
@@ -257,6 +309,12 @@ fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
     std::fs::create_dir_all(&small_dir).map_err(|e| format!("cannot make {small_dir:?}: {e}"))?;
     let small = fixture::write_small_files(&small_dir)
         .map_err(|e| format!("cannot write the small files: {e}"))?;
+    // The test file's directory when the bench made it; with --file, a directory of the
+    // workspace (the bench writes no files next to the user's).
+    let mcp_dir = ws.path().join("data");
+    if opts.runs(Phase::Mcp) {
+        std::fs::create_dir_all(&mcp_dir).map_err(|e| format!("cannot make {mcp_dir:?}: {e}"))?;
+    }
     let layout = Layout {
         file,
         size,
@@ -264,6 +322,8 @@ fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
         scratch,
         small_dir,
         small,
+        mcp_dir,
+        workspace: ws.path().to_path_buf(),
     };
 
     let policy = ws.path().join("policy.toml");
@@ -276,9 +336,22 @@ fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
     let result = phases(opts, &layout, &mut broker, &bars);
     let peak = broker.peak_memory();
     let exit = broker.finish();
-    let (read, small, upload, sftp, mut memory) = result?;
+    let (read, small, upload, sftp, mcp, mut memory) = result?;
     memory.peak_bytes = peak;
     memory.exit = exit;
+    if let Some(servers) = &mcp {
+        // A failing server is reported and the run goes on, unless it was all there was.
+        if opts.only_mcp() && servers.iter().all(|s| s.error.is_some()) {
+            let errors: Vec<String> = servers
+                .iter()
+                .map(|s| format!("{}: {}", s.command, s.error.as_deref().unwrap_or("")))
+                .collect();
+            return Err(format!(
+                "no MCP server could be measured:\n{}",
+                errors.join("\n")
+            ));
+        }
+    }
     Ok(Report {
         broker: launch.describe(),
         file: needs_file.then(|| TestFile {
@@ -293,12 +366,14 @@ fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
             small_ops: opts.small_ops,
             small_depth: opts.small_depth,
             verify: if opts.verify { "sha256" } else { "sampled" },
+            mcp_size: opts.runs(Phase::Mcp).then_some(opts.mcp.mcp_size),
         },
         read,
         upload,
         small,
         memory,
         sftp,
+        mcp,
     })
 }
 
@@ -307,12 +382,13 @@ type PhaseResults = (
     Option<report::Small>,
     Option<report::Upload>,
     Option<report::Sftp>,
+    Option<Vec<report::McpServer>>,
     Memory,
 );
 
 /// The phases, in an order that keeps them from disturbing each other: reads first (the file
-/// is in the page cache), then small operations, then uploads (whose written-back pages could
-/// slow what follows).
+/// is in the page cache), then small operations, then the other MCP servers (the broker idles),
+/// then uploads (whose written-back pages could slow what follows).
 fn phases(
     opts: &Options,
     layout: &Layout,
@@ -363,8 +439,32 @@ fn phases(
         memory.after_small_bytes = broker.peak_memory();
     }
 
+    let mut mcp_report = None;
+    if opts.runs(Phase::Mcp) {
+        let mut servers = mcp::run(
+            &mcp::Spec {
+                commands: &opts.mcp.compare_mcp,
+                dir: &layout.mcp_dir,
+                small: &layout.small,
+                ops: opts.small_ops,
+                size: opts.mcp.mcp_size,
+                logs: &layout.workspace,
+            },
+            bars,
+        )?;
+        if let Some(small) = &small_report {
+            for server in &mut servers {
+                server.set_ratio(small);
+            }
+        }
+        mcp_report = Some(servers);
+    }
+
     let mut upload_report = None;
     if opts.runs(Phase::Upload) {
+        // Each upload starts with no dirty pages waiting for the disk, so none is throttled by
+        // writeback the one before it (or making the test file) left behind.
+        rustix::fs::sync();
         upload_report = Some(upload::run(
             broker,
             &upload::Spec {
@@ -372,6 +472,7 @@ fn phases(
                 size: layout.size,
                 target: &layout.scratch.join("upload.bin"),
                 chunk: opts.chunk_size as usize,
+                depth: opts.depth,
                 encoding: opts.encoding,
                 sha256: layout.sha256,
             },
@@ -380,6 +481,7 @@ fn phases(
         memory.after_upload_bytes = broker.peak_memory();
         if let (Some(sftp::Tool::Found(tool)), Some(rep)) = (&sftp_tool, &mut sftp_report) {
             let target = layout.scratch.join("sftp-upload.bin");
+            rustix::fs::sync();
             rep.put = Some(sftp::put(
                 tool,
                 &layout.file,
@@ -388,6 +490,7 @@ fn phases(
                 false,
                 bars,
             )?);
+            rustix::fs::sync();
             rep.put_fsync = Some(sftp::put(
                 tool,
                 &layout.file,
@@ -406,6 +509,7 @@ fn phases(
         small_report,
         upload_report,
         sftp_report,
+        mcp_report,
         memory,
     ))
 }

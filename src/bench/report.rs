@@ -1,7 +1,8 @@
 //! The bench's results: a summary table, or one JSON object (`--json`).
 //!
 //! Throughput is in MB/s and GB/s (powers of 10); latencies in microseconds; memory in bytes
-//! (the table shows MiB).
+//! (the table shows MiB). The other MCP servers' entries (`mcp`) are the exception: their
+//! latencies are in milliseconds and their memory in MiB, as in the table.
 
 use std::fmt::Write;
 use std::time::Duration;
@@ -34,6 +35,9 @@ pub struct Report {
     /// OpenSSH's sftp on the same file (with `--compare-sftp`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sftp: Option<Sftp>,
+    /// Other MCP servers (with `--compare-mcp`), in the order given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<Vec<McpServer>>,
 }
 
 /// The file read and uploaded.
@@ -62,6 +66,9 @@ pub struct Settings {
     pub small_depth: usize,
     /// `sampled` (three windows per chunk) or `sha256` (every byte).
     pub verify: &'static str,
+    /// Size of the file the other MCP servers read (when they run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp_size: Option<u64>,
 }
 
 /// Bytes over time.
@@ -253,6 +260,97 @@ impl Sftp {
     }
 }
 
+/// Another MCP filesystem server (`--compare-mcp`). What it could not do is in `error`; what
+/// it did before that is kept.
+#[derive(Debug, Default, Serialize)]
+pub struct McpServer {
+    /// Its `serverInfo.name`, else its program's file name.
+    pub name: String,
+    /// The command as given.
+    pub command: String,
+    /// The command with `{dir}` replaced, run as `sh -c 'exec LAUNCHED'`.
+    pub launched: String,
+    /// `serverInfo` from its `initialize` answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_info: Option<ServerInfo>,
+    /// The protocol version it answered with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<String>,
+    /// 1 KiB `read_text_file` calls, one at a time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub small: Option<McpSmall>,
+    /// One `read_media_file` of a large file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub large: Option<McpLarge>,
+    /// fsbroker's sequential 1 KiB reads per second ÷ this server's (when both ran).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    /// Why it could not be measured (or not completely).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// An MCP server's `serverInfo`.
+#[derive(Debug, Default, Serialize)]
+pub struct ServerInfo {
+    /// `serverInfo.name`.
+    pub name: Option<String>,
+    /// `serverInfo.version`.
+    pub version: Option<String>,
+}
+
+/// Sequential 1 KiB `read_text_file` calls, timed like fsbroker's sequential small reads.
+#[derive(Debug, Serialize)]
+pub struct McpSmall {
+    /// Calls timed (after a warm-up).
+    pub ops: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// Calls per second.
+    pub ops_per_sec: f64,
+    /// Median latency (request written to answer read), milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile latency, milliseconds.
+    pub p99_ms: f64,
+}
+
+impl From<Ops> for McpSmall {
+    fn from(o: Ops) -> McpSmall {
+        McpSmall {
+            ops: o.ops,
+            seconds: o.seconds,
+            ops_per_sec: o.ops_per_s,
+            p50_ms: o.p50_us / 1e3,
+            p99_ms: o.p99_us / 1e3,
+        }
+    }
+}
+
+/// One `read_media_file` of the whole file.
+#[derive(Debug, Serialize)]
+pub struct McpLarge {
+    /// The file's size.
+    pub bytes: u64,
+    /// Request written to the whole answer read.
+    pub seconds: f64,
+    /// File bytes (not base64) per second, 10^6.
+    pub mb_per_sec: f64,
+    /// The server's peak resident memory (VmHWM) after it, MiB: the largest in its process
+    /// tree.
+    pub vm_hwm_mib: Option<f64>,
+}
+
+impl McpServer {
+    /// Sets [`McpServer::ratio`] from fsbroker's small operations.
+    pub(crate) fn set_ratio(&mut self, fsbroker: &Small) {
+        self.ratio = self
+            .small
+            .as_ref()
+            .map(|m| fsbroker.read_1k.sequential.ops_per_s / m.ops_per_sec)
+            .filter(|r| r.is_finite());
+    }
+}
+
 impl Report {
     /// One JSON object and a newline.
     pub fn json(&self) -> String {
@@ -404,6 +502,9 @@ impl Report {
                 &sm.list.pipelined,
             );
         }
+        if let Some(servers) = &self.mcp {
+            mcp_table(&mut t, servers, self.small.as_ref(), s.mcp_size);
+        }
         let m = &self.memory;
         let _ = writeln!(t);
         let mib = |b: Option<u64>| {
@@ -427,6 +528,62 @@ impl Report {
             let _ = writeln!(t, "  no comparison: {note}");
         }
         t
+    }
+}
+
+/// The other MCP servers' section.
+fn mcp_table(t: &mut String, servers: &[McpServer], small: Option<&Small>, large: Option<u64>) {
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "  {:<30} {:>10} {:>8} {:>9} {:>12} {:>9} {:>10}",
+        "other MCP servers", "ops/s", "p50 ms", "p99 ms", "fsbroker is", "MB/s", "VmHWM MiB"
+    );
+    let dash = || "-".to_owned();
+    for s in servers {
+        let name = match s.server_info.as_ref().and_then(|i| i.version.as_deref()) {
+            Some(v) => format!("{} {v}", s.name),
+            None => s.name.clone(),
+        };
+        if s.small.is_some() || s.large.is_some() {
+            let m = s.small.as_ref();
+            let l = s.large.as_ref();
+            let _ = writeln!(
+                t,
+                "  {:<30} {:>10} {:>8} {:>9} {:>12} {:>9} {:>10}",
+                name,
+                m.map_or_else(dash, |m| format!("{:.0}", m.ops_per_sec)),
+                m.map_or_else(dash, |m| format!("{:.3}", m.p50_ms)),
+                m.map_or_else(dash, |m| format!("{:.3}", m.p99_ms)),
+                s.ratio.map_or_else(dash, |r| format!("{r:.2}x")),
+                l.map_or_else(dash, |l| format!("{:.1}", l.mb_per_sec)),
+                l.and_then(|l| l.vm_hwm_mib)
+                    .map_or_else(dash, |v| format!("{v:.1}")),
+            );
+        }
+        if let Some(e) = &s.error {
+            let mut lines = e.lines();
+            let _ = writeln!(
+                t,
+                "  {:<30} error: {}",
+                name,
+                lines.next().unwrap_or_default()
+            );
+            for line in lines {
+                let _ = writeln!(t, "  {:<30}   {line}", "");
+            }
+        }
+    }
+    let kib = small.map_or(1, |s| s.read_size / 1024);
+    let large = large.map_or_else(|| "a large file".to_owned(), size);
+    let _ = writeln!(
+        t,
+        "  (ops/s, p50, p99: read_text_file of {kib} KiB files, one call at a time, timed like\n   \
+         \"read {kib} KiB, sequential\"; fsbroker is: fsbroker's ops/s there ÷ the server's;\n   \
+         MB/s: one read_media_file of {large}; VmHWM: the server's peak memory after it)"
+    );
+    for s in servers {
+        let _ = writeln!(t, "  {:<30} {}", s.name, s.launched);
     }
 }
 

@@ -31,7 +31,7 @@ pub(crate) struct Spec<'a> {
 }
 
 /// Operations before each measurement that are not counted.
-const WARMUP: usize = 200;
+pub(crate) const WARMUP: usize = 200;
 
 #[derive(Clone, Copy)]
 enum Kind {

@@ -1,11 +1,13 @@
 //! Chunked upload throughput: the test file sent as `files/write` chunks with `offset`, the
 //! last one `final`, which commits (the broker syncs and renames).
 //!
-//! Chunks of one upload must arrive in order, so one is in flight at a time; a second thread
-//! reads and encodes the next chunk while the broker handles the current one, so the time
-//! measured is the broker's and the pipe's. The answers' `bytesWritten` and `size`, and the
+//! The first chunk starts the upload and is answered before the rest go; after it, up to
+//! `depth` chunks are in flight (the broker writes them in order). A second thread reads and
+//! encodes the next chunks while the broker handles the current ones, so the time measured is
+//! the broker's and the pipe's. The answers' `bytesWritten` and `size`, and the
 //! committed file's size (and sha256 with `--verify`), are checked.
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -27,6 +29,8 @@ pub(crate) struct Spec<'a> {
     pub size: u64,
     pub target: &'a Path,
     pub chunk: usize,
+    /// Chunks in flight once the upload has started.
+    pub depth: usize,
     pub encoding: Encoding,
     pub sha256: Option<[u8; 32]>,
 }
@@ -57,7 +61,7 @@ pub(crate) fn run(broker: &mut Broker, spec: &Spec, bars: &Bars) -> Result<repor
         .ok_or_else(|| format!("{} is not UTF-8", spec.target.display()))?;
     let target_json = serde_json::to_string(target).map_err(|e| e.to_string())?;
     let bar = bars.bytes("files/write", spec.size);
-    let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<Chunk, String>>(1);
+    let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<Chunk, String>>(spec.depth.max(1));
     let (spare_tx, spare_rx) = mpsc::channel::<Vec<u8>>();
     let mut out = report::Upload::default();
     let result = std::thread::scope(|scope| {
@@ -65,15 +69,28 @@ pub(crate) fn run(broker: &mut Broker, spec: &Spec, bars: &Bars) -> Result<repor
         let mut started = None;
         let mut last_chunk = Duration::ZERO;
         let mut sent_bytes = 0;
-        for chunk in ready_rx {
-            let chunk = chunk?;
-            let sent = Instant::now();
-            started.get_or_insert(sent);
-            broker
-                .requests
-                .write_all(&chunk.line)
-                .and_then(|()| broker.requests.flush())
-                .map_err(|e| broker.failed(&format!("sending to the broker: {e}")))?;
+        let mut in_flight: VecDeque<(Chunk, Instant)> = VecDeque::new();
+        let mut chunks = ready_rx.into_iter();
+        let mut first = true;
+        loop {
+            // The first chunk alone; then keep `depth` in flight.
+            let room = if first { 1 } else { spec.depth.max(1) };
+            while in_flight.len() < room {
+                let Some(chunk) = chunks.next() else { break };
+                let chunk = chunk?;
+                let sent = Instant::now();
+                started.get_or_insert(sent);
+                broker
+                    .requests
+                    .write_all(&chunk.line)
+                    .and_then(|()| broker.requests.flush())
+                    .map_err(|e| broker.failed(&format!("sending to the broker: {e}")))?;
+                in_flight.push_back((chunk, sent));
+            }
+            let Some((chunk, sent)) = in_flight.pop_front() else {
+                break;
+            };
+            first = false;
             let (span, answer) = broker.answer()?;
             let line = broker.answers.line(span);
             let written = check(line, &answer, &chunk).map_err(|e| {

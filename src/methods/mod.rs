@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -49,6 +48,7 @@ impl Ctx<'_> {
             locks: Arc::clone(self.session.broker().locks()),
             state: Arc::clone(self.session.state()),
             deadline: Arc::default(),
+            started: Instant::now(),
         }
     }
 }
@@ -60,6 +60,8 @@ pub(crate) struct Op {
     pub locks: Arc<LockTable>,
     pub state: Arc<SessionState>,
     pub deadline: Arc<Deadline>,
+    /// When the request's blocking work was set up: `timeout_ms` counts from here.
+    pub started: Instant,
 }
 
 impl Op {
@@ -375,7 +377,7 @@ impl<T: PayloadBytes> ReplyInfo for jsonrpc::Json<T> {
 ///
 /// Every method takes named params. serde would read an array into a struct by position,
 /// which would let a server skip the unknown-field check, so arrays are refused here.
-fn parse<P: DeserializeOwned>(params: Option<&RawValue>) -> Result<P> {
+fn parse<'a, P: Deserialize<'a>>(params: Option<&'a RawValue>) -> Result<P> {
     let text = params.map_or("{}", RawValue::get);
     if !text.starts_with('{') {
         return Err(Error::invalid_params("params must be an object"));

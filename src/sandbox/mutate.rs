@@ -307,6 +307,24 @@ impl Staged {
             .map_err(|e| Error::from_io(&e, raw))
     }
 
+    /// Starts writing what is staged to the disk, without waiting for it: an upload's
+    /// chunks then go to the disk while the next ones arrive, so the `fsync` of the final
+    /// chunk has little left to do, and the dirty pages of a large upload never pile up to
+    /// the point where the kernel throttles the writer. Best effort.
+    pub fn start_writeback(&self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `sync_file_range` takes a descriptor and three integers, no memory; the
+        // descriptor belongs to `self.file`, open for the whole call. Offset 0 with length 0
+        // means the whole file; `SYNC_FILE_RANGE_WRITE` only starts writeback of dirty pages.
+        #[allow(unsafe_code)]
+        let rc = unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE)
+        };
+        if rc != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "sync_file_range failed");
+        }
+    }
+
     /// The open staging file (to copy into it, or to set its permissions).
     pub fn file(&mut self) -> &mut File {
         &mut self.file

@@ -10,6 +10,9 @@ pub const DEFAULT_MAX_LINE: usize = 32 << 20;
 /// How much to ask the OS for per read.
 const READ_SIZE: usize = 256 << 10;
 
+/// Lines at least this long are handed over in the buffer they were read into, not copied.
+const HAND_OVER: usize = 1 << 20;
+
 /// What the reader yields.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Frame {
@@ -53,10 +56,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         loop {
             if let Some(i) = memchr::memchr(b'\n', &self.buf[self.scanned..]) {
                 let end = self.scanned + i;
-                let frame = self.take(end);
-                self.start = end + 1;
-                self.scanned = self.start;
-                return Ok(Some(frame));
+                return Ok(Some(self.take(end)));
             }
             self.scanned = self.buf.len();
             if self.buf.len() - self.start > self.max {
@@ -65,10 +65,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             if self.eof {
                 if self.start < self.buf.len() {
                     let end = self.buf.len();
-                    let frame = self.take(end);
-                    self.start = end;
-                    self.scanned = end;
-                    return Ok(Some(frame));
+                    return Ok(Some(self.take(end)));
                 }
                 return Ok(None);
             }
@@ -89,17 +86,34 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         }
     }
 
-    fn take(&self, end: usize) -> Frame {
-        let mut line = &self.buf[self.start..end];
-        if line.len() > self.max {
-            return Frame::TooLong {
-                len: line.len() as u64,
-            };
+    /// The line `buf[start..end]`, consumed along with its `\n` (if there is one).
+    fn take(&mut self, end: usize) -> Frame {
+        let next = (end + 1).min(self.buf.len());
+        let len = end - self.start;
+        if len > self.max {
+            self.start = next;
+            self.scanned = next;
+            return Frame::TooLong { len: len as u64 };
         }
-        if let [rest @ .., b'\r'] = line {
-            line = rest;
-        }
-        Frame::Line(line.to_vec())
+        let strip = usize::from(len > 0 && self.buf[end - 1] == b'\r');
+        let rest = self.buf.len() - next;
+        let line = if self.start == 0 && len >= HAND_OVER && rest <= len / 4 {
+            // A large line (an upload chunk) leaves in the buffer it arrived in; only the
+            // little read past it is copied into a new one.
+            let mut fresh = Vec::with_capacity(READ_SIZE.max(rest));
+            fresh.extend_from_slice(&self.buf[next..]);
+            let mut line = std::mem::replace(&mut self.buf, fresh);
+            line.truncate(end - strip);
+            self.start = 0;
+            self.scanned = 0;
+            line
+        } else {
+            let line = self.buf[self.start..end - strip].to_vec();
+            self.start = next;
+            self.scanned = next;
+            line
+        };
+        Frame::Line(line)
     }
 
     /// Drops the over-long line's bytes as they arrive, up to its `\n`, holding none of them.
@@ -156,6 +170,25 @@ mod tests {
             vec![line("a"), line("bc"), line(""), line("last")]
         );
         assert_eq!(frames(b"", 10).await, vec![]);
+    }
+
+    #[tokio::test]
+    async fn large_lines_handed_over_keep_what_follows() {
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut input = big.clone();
+        input.extend(b"\r\nafter\n");
+        input.extend(&big[..1_500_000]);
+        input.extend(b"\nlast");
+        let got = frames(&input, 4 << 20).await;
+        assert_eq!(
+            got,
+            vec![
+                Frame::Line(big.clone()),
+                line("after"),
+                Frame::Line(big[..1_500_000].to_vec()),
+                line("last")
+            ]
+        );
     }
 
     #[tokio::test]

@@ -45,9 +45,17 @@ const OUTPUT_QUEUE: usize = 64;
 /// Serves `session` on this process's stdin and stdout.
 pub async fn serve_stdio(session: Arc<Session>, opts: ServeOptions) -> io::Result<()> {
     let stdout = std::fs::File::from(io::stdout().as_fd().try_clone_to_owned()?);
-    // Uploads arrive as megabyte lines: a larger input pipe means fewer wake-ups per line.
-    super::pipe::grow(io::stdin().as_fd());
-    serve_connection(session, tokio::io::stdin(), stdout, opts).await
+    let stdin = io::stdin().as_fd().try_clone_to_owned()?;
+    if super::pipe::is_pipe(stdin.as_fd()) {
+        // Uploads arrive as megabyte lines: a larger pipe means fewer wake-ups per line, and
+        // reading it through epoll puts the bytes straight into the line buffer, where
+        // `tokio::io::stdin` would read on a helper thread and copy them over.
+        super::pipe::grow(stdin.as_fd());
+        let input = tokio::net::unix::pipe::Receiver::from_owned_fd(stdin)?;
+        serve_connection(session, input, stdout, opts).await
+    } else {
+        serve_connection(session, tokio::io::stdin(), stdout, opts).await
+    }
 }
 
 /// Serves `session`: requests from `input`, responses to `output` (written from a thread of
