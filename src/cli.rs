@@ -269,10 +269,7 @@ fn start(args: &ServeArgs) -> Result<Running, String> {
     for root in policy.roots() {
         tracing::info!(name = root.name(), path = %root.path().display(), mode = ?root.mode(), consent = ?root.consent(), "root");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let runtime = runtime().map_err(|e| format!("cannot start the runtime: {e}"))?;
     let broker = Broker::with_overrides(policy, overrides).map_err(|e| e.to_string())?;
     // The policy file is watched, and SIGHUP reloads it too: either is how a user revokes
     // access in the middle of a session.
@@ -343,6 +340,22 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
+/// The runtime for `serve` and `proxy`.
+///
+/// File operations run on tokio's blocking pool. Its default (up to 512 threads) turns a burst
+/// of small requests into a thread per request, each woken for one operation and put back to
+/// sleep: with 64 reads of 1 KiB in flight, context switches took most of the CPU. A few
+/// threads that stay busy, taking the next operation from the queue, answer more than twice as
+/// many (measured with `fsbroker bench`). The bound is also a bound on what a stuck file system
+/// can hold; requests queued behind it answer `TIMEOUT` and skip their work.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads((2 * cpus).max(8))
+        .build()
+}
+
 fn proxy(args: ProxyArgs) -> ExitCode {
     let opts = transport::proxy::ProxyOptions {
         command: args.command,
@@ -350,10 +363,7 @@ fn proxy(args: ProxyArgs) -> ExitCode {
     };
     let result = match &args.connect {
         // A shared broker answers; this process only relays.
-        Some(path) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .and_then(|rt| {
+        Some(path) => runtime().and_then(|rt| {
                 let code = rt.block_on(transport::proxy::run(
                     transport::proxy::Link::Remote(path.clone()),
                     opts,

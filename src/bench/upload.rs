@@ -87,12 +87,20 @@ pub(crate) fn run(broker: &mut Broker, spec: &Spec, bars: &Bars) -> Result<repor
                     .map_err(|e| broker.failed(&format!("sending to the broker: {e}")))?;
                 in_flight.push_back((chunk, sent));
             }
-            let Some((chunk, sent)) = in_flight.pop_front() else {
+            if in_flight.is_empty() {
                 break;
-            };
+            }
             first = false;
+            // Chunks land in order, but their answers may overtake one another.
             let (span, answer) = broker.answer()?;
             let line = broker.answers.line(span);
+            let at = in_flight
+                .iter()
+                .position(|(c, _)| Some(c.id) == answer.id)
+                .ok_or_else(|| format!("an answer to no chunk: {}", wire::preview(line)))?;
+            let Some((chunk, sent)) = in_flight.remove(at) else {
+                break;
+            };
             let written = check(line, &answer, &chunk).map_err(|e| {
                 broker.failed(&format!("files/write at offset {}: {e}", chunk.offset))
             })?;

@@ -76,7 +76,13 @@ impl Op {
     {
         let limit = self.policy.limits().timeout;
         let deadline = Arc::clone(&self.deadline);
-        let mut task = tokio::task::spawn_blocking(move || f(&self));
+        let mut task = tokio::task::spawn_blocking(move || {
+            // Queued behind other work past the deadline: the caller has its TIMEOUT already.
+            if self.deadline.expired() {
+                return Err(limits::timed_out(limit));
+            }
+            f(&self)
+        });
         let joined = match tokio::time::timeout(limit, &mut task).await {
             Ok(joined) => joined,
             Err(_) if deadline.expire() => return Err(limits::timed_out(limit)),
