@@ -364,15 +364,15 @@ fn proxy(args: ProxyArgs) -> ExitCode {
     let result = match &args.connect {
         // A shared broker answers; this process only relays.
         Some(path) => runtime().and_then(|rt| {
-                let code = rt.block_on(transport::proxy::run(
-                    transport::proxy::Link::Remote(path.clone()),
-                    opts,
-                ));
-                // A read of the host's stdin may still be blocked in tokio's blocking pool;
-                // waiting for it would keep the proxy alive after the server exited.
-                rt.shutdown_background();
-                code
-            }),
+            let code = rt.block_on(transport::proxy::run(
+                transport::proxy::Link::Remote(path.clone()),
+                opts,
+            ));
+            // A read of the host's stdin may still be blocked in tokio's blocking pool;
+            // waiting for it would keep the proxy alive after the server exited.
+            rt.shutdown_background();
+            code
+        }),
         None => {
             let running = match start(&args.serve) {
                 Ok(r) => r,
