@@ -16,7 +16,8 @@ const NOTIFICATION_QUEUE: usize = 1024;
 
 /// KiB of read responses a session may have built but not yet written: a peer that reads
 /// slower than the disk makes further reads wait here instead of growing the broker's memory.
-/// Room for three 8 MiB chunks in base64; a single larger response is always let through.
+/// Room for two 8 MiB chunks in base64 (one being written, one waiting); a single larger
+/// response is always let through alone.
 pub(crate) const OUTPUT_BUDGET_KIB: usize = 32 << 10;
 
 /// One peer's view of the broker. Requests of a session run concurrently; share it in an
@@ -87,9 +88,10 @@ pub(crate) struct SessionState {
     roots_changed: std::sync::atomic::AtomicBool,
     wake: Arc<tokio::sync::Notify>,
     peer: Mutex<Option<String>>,
-    /// `files/write` requests being handled (an upload chunk ahead of its turn waits only
-    /// while another could be the one it needs).
-    pub(crate) writes_in_flight: std::sync::atomic::AtomicUsize,
+    /// Requests received and not yet answered, counted from the moment the transport read
+    /// them (before their tasks run, which may be in any order): an upload chunk ahead of its
+    /// turn waits only while another request could be the chunk it needs.
+    pub(crate) requests_in_flight: std::sync::atomic::AtomicUsize,
 }
 
 impl SessionState {
@@ -160,7 +162,7 @@ impl Session {
             roots_changed: std::sync::atomic::AtomicBool::new(false),
             wake: Arc::clone(&wake),
             peer: Mutex::new(None),
-            writes_in_flight: Default::default(),
+            requests_in_flight: Default::default(),
         });
         let session = Session {
             broker,
@@ -231,6 +233,25 @@ impl Session {
     /// [`Session::handle`] for transports: the response as an [`Outgoing`] frame, whose large
     /// body (a base64 chunk) has not been copied into the rest of the frame.
     pub async fn respond(&self, line: &[u8]) -> Option<Outgoing> {
+        self.respond_received(line, self.received()).await
+    }
+
+    /// Counts a request as received, for a transport that hands requests to concurrent tasks:
+    /// taken in arrival order, before the task is spawned.
+    pub(crate) fn received(&self) -> Received {
+        self.state
+            .requests_in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Received(Arc::clone(&self.state))
+    }
+
+    /// [`Session::respond`] for a request already counted by [`Session::received`].
+    pub(crate) async fn respond_received(
+        &self,
+        line: &[u8],
+        received: Received,
+    ) -> Option<Outgoing> {
+        let _received = received;
         match jsonrpc::parse(line) {
             Incoming::Request { id, method, params } => {
                 Some(methods::call(self, &method, params, id).await)
@@ -251,6 +272,18 @@ impl Session {
                 Some(jsonrpc::error_frame(id, &error).into())
             }
         }
+    }
+}
+
+/// A request counted as received until it has been answered (dropped).
+#[derive(Debug)]
+pub(crate) struct Received(Arc<SessionState>);
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        self.0
+            .requests_in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Once the first chunk (offset 0) has been answered, the rest may be sent without waiting for
 //! each answer: a chunk that arrives ahead of its turn waits for the ones before it (up to
-//! `timeout_ms`, and only while another write of the session is in progress), so the
+//! `timeout_ms`, and only while another request of the session is in progress), so the
 //! client's sending overlaps the broker's writing.
 //!
 //! An upload holds an exclusive lock on its path from its first chunk to its commit, so other
@@ -147,8 +147,8 @@ pub fn lock(slot: &Slot) -> MutexGuard<'_, Option<Upload>> {
 /// before it may still land: a client may send an upload's chunks without waiting for each
 /// answer, and the broker, which runs requests concurrently, still writes them in order.
 ///
-/// It waits only while `others_busy()` says another write of the session is in progress (one
-/// that could be the missing chunk); a chunk ahead of its upload with nothing in flight to
+/// It waits only while `others_busy()` says another request of the session is in progress
+/// (one that could be the missing chunk); a chunk ahead of its upload with nothing in flight to
 /// fill the gap is answered at once. Returns when it is this chunk's turn, the upload has
 /// ended, or waiting is pointless; the caller then checks the offset.
 pub fn lock_turn(

@@ -72,22 +72,6 @@ impl super::PayloadBytes for Reply {
     }
 }
 
-/// One write request of a session in progress (see [`upload::lock_turn`]).
-struct InFlight(std::sync::Arc<crate::session::SessionState>);
-
-impl InFlight {
-    fn enter(state: &std::sync::Arc<crate::session::SessionState>) -> InFlight {
-        state.writes_in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(std::sync::Arc::clone(state))
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// What the blocking part of a write gets: the parameters, with the content decoded.
 struct Request {
     path: String,
@@ -101,8 +85,6 @@ struct Request {
 }
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params<'_>>) -> Result<Json<Reply>> {
-    // Counted from the start, so a pipelined chunk that overtook this one knows to wait.
-    let _busy = InFlight::enter(ctx.session.state());
     let p = params?;
     let payload = match p.encoding {
         Encoding::Utf8 => p.content.len(),
@@ -373,7 +355,7 @@ fn chunk(
     })?;
     let until = op.started + op.policy.limits().timeout;
     let mut guard = upload::lock_turn(&slot, offset, until, || {
-        op.state.writes_in_flight.load(Ordering::Acquire) > 1
+        op.state.requests_in_flight.load(Ordering::Acquire) > 1
     });
     let Some(up) = guard.as_mut() else {
         return Err(conflict("the upload has already ended".into()));

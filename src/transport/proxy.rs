@@ -374,9 +374,11 @@ impl BrokerSide {
             } => {
                 let session = Arc::clone(session);
                 let to_server = to_server.clone();
+                // Counted now, in arrival order (see `Session::received`).
+                let received = session.received();
                 tokio::spawn(async move {
-                    if let Some(answer) = session.handle(&line).await {
-                        let _ = to_server.send(ToServer::Line(answer)).await;
+                    if let Some(answer) = session.respond_received(&line, received).await {
+                        let _ = to_server.send(ToServer::Line(answer.into_vec())).await;
                     }
                 });
             }

@@ -38,6 +38,11 @@ impl Default for ServeOptions {
     }
 }
 
+/// KiB of request lines a connection may hold while their requests run: with upload chunks
+/// pipelined, `max_in_flight` alone would let 64 lines of up to `max_line` bytes pile up. A
+/// longer line is let through alone.
+const INPUT_BUDGET_KIB: usize = 32 << 10;
+
 /// Frames waiting for the writer; small, so a peer that stops reading stalls the broker's
 /// reading rather than growing its memory.
 const OUTPUT_QUEUE: usize = 64;
@@ -87,6 +92,7 @@ where
         })
     });
     let in_flight = Arc::new(Semaphore::new(opts.max_in_flight.max(1)));
+    let held = Arc::new(Semaphore::new(INPUT_BUDGET_KIB));
     let mut tasks = JoinSet::new();
     let mut reader = LineReader::new(input, opts.max_line);
     loop {
@@ -125,13 +131,18 @@ where
                 let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
                     break;
                 };
+                let kib = line.len().div_ceil(1024).clamp(1, INPUT_BUDGET_KIB) as u32;
+                let Ok(held) = Arc::clone(&held).acquire_many_owned(kib).await else {
+                    break;
+                };
                 let session = Arc::clone(&session);
+                let received = session.received();
                 let tx = tx.clone();
                 tasks.spawn(async move {
-                    if let Some(frame) = session.respond(&line).await {
+                    if let Some(frame) = session.respond_received(&line, received).await {
                         let _ = tx.send(frame).await;
                     }
-                    drop(permit);
+                    drop((permit, held));
                 });
             }
         }
