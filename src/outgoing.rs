@@ -6,7 +6,7 @@
 //! instead of copying them ([`crate::transport::pipe`]) and then unmaps them: the pipe keeps
 //! the pages alive until the peer has read them, and nothing can write to them again, so the
 //! peer reads exactly what was encoded. Everywhere else (sockets, the library's `Vec`
-//! frames) the body is copied like any other bytes.
+//! frames) the body is copied like any other bytes, and its pages are reused.
 
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex, Weak};
@@ -44,10 +44,11 @@ impl Pages {
 
 /// A session's bodies waiting to be reused.
 ///
-/// Reuse matters because fresh pages must be zeroed by the kernel, which costs about as much
-/// as encoding into them. A body only comes back here when nothing outside this process can
-/// still see its pages: when it was copied out, or — for a body spliced into a pipe — when
-/// the pipe's reader has consumed every byte of it ([`crate::transport::pipe`] tracks that).
+/// Reuse saves the kernel zeroing fresh pages, which costs about as much as encoding into
+/// them. A body only comes back here when nothing outside this process can see its pages:
+/// when it was copied out (a socket, [`Outgoing::into_vec`]). A body spliced into a pipe is
+/// [discarded](Body::discard): the pipe, and whatever its reader splices them on to, may
+/// hold its pages for as long as they like.
 #[derive(Debug, Default)]
 pub struct BodyPool {
     free: Mutex<Vec<Pages>>,
@@ -145,8 +146,8 @@ impl Body {
         self.len == 0
     }
 
-    /// Unmaps the pages without returning them to the pool: for a body a pipe may still
-    /// hold, whose pages must never be written again.
+    /// Unmaps the pages without returning them to the pool: for a body spliced into a pipe,
+    /// whose pages must never be written again.
     pub(crate) fn discard(mut self) {
         self.pool = Weak::new();
     }

@@ -3,15 +3,15 @@
 //! When stdout is a pipe, two things matter for megabyte-sized responses: the pipe's size
 //! (the default 64 KiB makes writer and reader wake each other 16 times per megabyte; it is
 //! raised to the system's `fs.pipe-max-size`) and copies (a body in its own pages is handed
-//! over with `vmsplice`, so the only copy left is the peer's own `read`).
+//! over with `vmsplice`, so the only copy left is the peer's own `read`). Spliced pages are
+//! given up, never reused; bodies written by copy go back to their session's pool.
 
-use std::collections::VecDeque;
 use std::io::{self, BufWriter, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 
 use rustix::io::Errno;
 
-use crate::outgoing::{Body, Outgoing};
+use crate::outgoing::Outgoing;
 
 /// The pipe size asked for when the system allows no more (its usual `fs.pipe-max-size`).
 const PIPE_SIZE: usize = 1 << 20;
@@ -39,19 +39,11 @@ pub(crate) fn grow(fd: BorrowedFd<'_>) {
     }
 }
 
-/// Spliced bodies the writer holds on to at most, waiting for the peer to read them before
-/// they may be reused; past this the oldest is unmapped instead.
-const IN_PIPE_MAX: usize = 4;
-
 /// Writes frames to one output: small ones through a buffer, bodies spliced when the output
 /// is the write end of a pipe.
 pub(crate) struct FrameWriter<W: Write + AsFd> {
     out: BufWriter<W>,
     splice: bool,
-    /// Bytes given to `out` or spliced, since the start.
-    passed: u64,
-    /// Spliced bodies the pipe may still hold, each with the stream position of its end.
-    in_pipe: VecDeque<(u64, Body)>,
 }
 
 impl<W: Write + AsFd> FrameWriter<W> {
@@ -67,8 +59,6 @@ impl<W: Write + AsFd> FrameWriter<W> {
         FrameWriter {
             out: BufWriter::with_capacity(256 << 10, output),
             splice,
-            passed: 0,
-            in_pipe: VecDeque::new(),
         }
     }
 
@@ -76,84 +66,40 @@ impl<W: Write + AsFd> FrameWriter<W> {
     pub(crate) fn write(&mut self, frame: Outgoing) -> io::Result<()> {
         let (bytes, body) = frame.into_parts();
         let Some((at, mut body)) = body else {
-            return self.put(&bytes);
+            return self.out.write_all(&bytes);
         };
-        self.put(&bytes[..at])?;
+        self.out.write_all(&bytes[..at])?;
         if self.splice {
             self.out.flush()?;
-            self.release_consumed();
-            match splice_all(self.out.get_ref().as_fd(), body.as_mut_slice()) {
-                Ok(()) => {
-                    self.passed += body.len() as u64;
-                    self.hold_until_read(body);
-                }
+            let spliced = splice_all(self.out.get_ref().as_fd(), body.as_mut_slice());
+            let done = match spliced {
+                Ok(()) => body.len(),
                 Err(Fallback { done, error }) => {
-                    tracing::debug!(%error, "vmsplice unavailable; copying bodies instead");
+                    tracing::debug!(%error, "vmsplice failed; copying bodies instead");
                     self.splice = false;
-                    self.passed += done as u64;
-                    self.put(&body.as_slice()[done..])?;
-                    // Its first `done` bytes may sit in the pipe.
-                    body.discard();
+                    done
                 }
-            }
-        } else {
-            self.put(body.as_slice())?;
-        }
-        self.put(&bytes[at..])
-    }
-
-    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.out.write_all(bytes)?;
-        self.passed += bytes.len() as u64;
-        Ok(())
-    }
-
-    /// Keeps a spliced body out of its pool until the peer has read all of it.
-    fn hold_until_read(&mut self, body: Body) {
-        self.in_pipe.push_back((self.passed, body));
-        if self.in_pipe.len() > IN_PIPE_MAX {
-            if let Some((_, oldest)) = self.in_pipe.pop_front() {
-                oldest.discard();
-            }
-        }
-        self.release_consumed();
-    }
-
-    /// Lets go (back to their pool) of the spliced bodies the peer has read.
-    ///
-    /// A pipe is a FIFO, so the bytes read so far are the bytes that entered it minus those
-    /// still unread (`FIONREAD`). Bytes another process wrote to the same pipe only make the
-    /// unread count larger, so this errs towards holding a body longer, never shorter.
-    fn release_consumed(&mut self) {
-        if self.in_pipe.is_empty() {
-            return;
-        }
-        let Ok(unread) = rustix::io::ioctl_fionread(self.out.get_ref().as_fd()) else {
-            // Cannot tell what was read: none of these may be reused.
-            for (_, body) in self.in_pipe.drain(..) {
+            };
+            let rest = self.out.write_all(&body.as_slice()[done..]);
+            // Spliced pages are never reused: the pipe holds references to them, and a
+            // reader that `splice`s or `tee`s them onward (as `std::io::copy` does between a
+            // pipe and a socket) keeps them after it has "read" them, so no count of bytes
+            // read can tell when they are free. Unmapped here, they live on only in the
+            // kernel's references and are freed with the last of them.
+            if done > 0 {
                 body.discard();
             }
-            return;
-        };
-        let entered = self.passed - self.out.buffer().len() as u64;
-        let read = entered.saturating_sub(unread);
-        while self.in_pipe.front().is_some_and(|(end, _)| *end <= read) {
-            self.in_pipe.pop_front();
+            rest?;
+        } else {
+            // Copied: the pages may serve the next large read.
+            self.out.write_all(body.as_slice())?;
         }
+        self.out.write_all(&bytes[at..])
     }
 
     /// Sends what is buffered.
     pub(crate) fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
-    }
-}
-
-impl<W: Write + AsFd> Drop for FrameWriter<W> {
-    fn drop(&mut self) {
-        // The peer may never read these: their pages must not go back into use.
-        for (_, body) in self.in_pipe.drain(..) {
-            body.discard();
-        }
     }
 }
 

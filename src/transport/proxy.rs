@@ -98,7 +98,9 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
 
     // The host's stdout: the server's messages, one writer thread.
     let (to_host, host_rx) = mpsc::channel::<Vec<u8>>(64);
-    let stdout = std::fs::File::from(std::os::fd::AsFd::as_fd(&io::stdout()).try_clone_to_owned()?);
+    let stdout = super::listen::BlockingWriter(
+        std::os::fd::AsFd::as_fd(&io::stdout()).try_clone_to_owned()?,
+    );
     let host_writer = std::thread::Builder::new()
         .name("fsbroker-host-writer".into())
         .spawn(move || write_frames(host_rx, stdout))?;

@@ -14,6 +14,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
+use super::listen::BlockingWriter;
 use super::pipe::FrameWriter;
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
@@ -49,7 +50,10 @@ const OUTPUT_QUEUE: usize = 64;
 
 /// Serves `session` on this process's stdin and stdout.
 pub async fn serve_stdio(session: Arc<Session>, opts: ServeOptions) -> io::Result<()> {
-    let stdout = std::fs::File::from(io::stdout().as_fd().try_clone_to_owned()?);
+    // Written through a writer that waits for room on `EAGAIN`: a parent may have made the
+    // pipe non-blocking (it shares the open file), and a write that fails for that must not
+    // end the session.
+    let stdout = BlockingWriter(io::stdout().as_fd().try_clone_to_owned()?);
     let stdin = io::stdin().as_fd().try_clone_to_owned()?;
     if super::pipe::is_pipe(stdin.as_fd()) {
         // Uploads arrive as megabyte lines: a larger pipe means fewer wake-ups per line, and
