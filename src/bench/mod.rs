@@ -462,9 +462,7 @@ fn phases(
 
     let mut upload_report = None;
     if opts.runs(Phase::Upload) {
-        // Each upload starts with no dirty pages waiting for the disk, so none is throttled by
-        // writeback the one before it (or making the test file) left behind.
-        rustix::fs::sync();
+        settle(&layout.scratch, layout.size);
         upload_report = Some(upload::run(
             broker,
             &upload::Spec {
@@ -481,7 +479,7 @@ fn phases(
         memory.after_upload_bytes = broker.peak_memory();
         if let (Some(sftp::Tool::Found(tool)), Some(rep)) = (&sftp_tool, &mut sftp_report) {
             let target = layout.scratch.join("sftp-upload.bin");
-            rustix::fs::sync();
+            settle(&layout.scratch, layout.size);
             rep.put = Some(sftp::put(
                 tool,
                 &layout.file,
@@ -490,7 +488,7 @@ fn phases(
                 false,
                 bars,
             )?);
-            rustix::fs::sync();
+            settle(&layout.scratch, layout.size);
             rep.put_fsync = Some(sftp::put(
                 tool,
                 &layout.file,
@@ -560,4 +558,28 @@ mod tests {
         assert!(parse_size("ten").is_err());
         assert!(parse_size("5 parsecs").is_err());
     }
+}
+
+/// Puts every upload on the same footing before it is timed: no dirty pages left waiting for
+/// the disk (the one before it, or making the test file, would otherwise throttle it), and
+/// page-cache memory already in use once. On virtual machines whose free memory goes back to
+/// the host, the first `size` bytes written after a pause run several times slower than the
+/// next (seen here: 400 MB/s, then 3.7 GB/s, for the same 1 GiB written twice); whichever
+/// upload came first would pay for that. So `size` bytes are written to a scratch file and
+/// removed, untimed, then everything is synced.
+fn settle(dir: &std::path::Path, size: u64) {
+    let path = dir.join(".settle");
+    let block = vec![0x5au8; 8 << 20];
+    if let Ok(mut f) = std::fs::File::create(&path) {
+        let mut left = size;
+        while left > 0 {
+            let n = left.min(block.len() as u64) as usize;
+            if std::io::Write::write_all(&mut f, &block[..n]).is_err() {
+                break;
+            }
+            left -= n as u64;
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    rustix::fs::sync();
 }
