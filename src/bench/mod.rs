@@ -542,24 +542,6 @@ fn write_policy(
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("8MiB"), Ok(8 << 20));
-        assert_eq!(parse_size("8m"), Ok(8 << 20));
-        assert_eq!(parse_size("500MB"), Ok(500_000_000));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("1.5KiB"), Ok(1536));
-        assert!(parse_size("1.1B").is_err());
-        assert!(parse_size("ten").is_err());
-        assert!(parse_size("5 parsecs").is_err());
-    }
-}
-
 /// Puts every upload on the same footing before it is timed: no dirty pages left waiting for
 /// the disk (the one before it, or making the test file, would otherwise throttle it), and
 /// page-cache memory already in use once. On virtual machines whose free memory goes back to
@@ -582,4 +564,22 @@ fn settle(dir: &std::path::Path, size: u64) {
     }
     let _ = std::fs::remove_file(&path);
     rustix::fs::sync();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("8MiB"), Ok(8 << 20));
+        assert_eq!(parse_size("8m"), Ok(8 << 20));
+        assert_eq!(parse_size("500MB"), Ok(500_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert!(parse_size("1.1B").is_err());
+        assert!(parse_size("ten").is_err());
+        assert!(parse_size("5 parsecs").is_err());
+    }
 }
