@@ -16,8 +16,8 @@ const NOTIFICATION_QUEUE: usize = 1024;
 
 /// KiB of read responses a session may have built but not yet written: a peer that reads
 /// slower than the disk makes further reads wait here instead of growing the broker's memory.
-/// Room for two 8 MiB chunks in base64 (one being written, one waiting); a single larger
-/// response is always let through alone.
+/// Room for two 8 MiB chunks in base64 (one being written, one waiting); a larger response
+/// counts as half of it, so two are always let through.
 pub(crate) const OUTPUT_BUDGET_KIB: usize = 32 << 10;
 
 /// One peer's view of the broker. Requests of a session run concurrently; share it in an
@@ -201,7 +201,9 @@ impl Session {
     /// Reserves room for a response of about `bytes` bytes in this session's output budget;
     /// waits while the responses already built but not yet written fill it.
     pub(crate) async fn reserve_output(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
-        let kib = bytes.div_ceil(1024).clamp(1, OUTPUT_BUDGET_KIB) as u32;
+        // At most half the budget each, so the largest chunks still overlap two at a time
+        // (one being written while the next is read and encoded).
+        let kib = bytes.div_ceil(1024).clamp(1, OUTPUT_BUDGET_KIB / 2) as u32;
         Arc::clone(&self.output_budget)
             .acquire_many_owned(kib)
             .await
