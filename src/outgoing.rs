@@ -212,9 +212,12 @@ impl Outgoing {
         }
     }
 
-    /// The frame as its three parts: bytes before the body, the body, bytes after.
-    pub(crate) fn into_parts(self) -> (Vec<u8>, Option<(usize, Body)>) {
-        (self.bytes, self.body)
+    /// The frame's parts: its bytes, the body and where it goes, and the share of the
+    /// output budget (to be dropped once the frame is written).
+    pub(crate) fn into_parts(
+        self,
+    ) -> (Vec<u8>, Option<(usize, Body)>, Option<OwnedSemaphorePermit>) {
+        (self.bytes, self.body, self.budget)
     }
 
     /// Writes the frame to `out` (copying the body).

@@ -64,7 +64,8 @@ impl<W: Write + AsFd> FrameWriter<W> {
 
     /// Writes one frame (perhaps only into the buffer: see [`FrameWriter::flush`]).
     pub(crate) fn write(&mut self, frame: Outgoing) -> io::Result<()> {
-        let (bytes, body) = frame.into_parts();
+        // The budget share goes when this returns: the frame is then out of our memory.
+        let (bytes, body, _budget) = frame.into_parts();
         let Some((at, mut body)) = body else {
             return self.out.write_all(&bytes);
         };
