@@ -75,7 +75,15 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Repl
         .await;
     let bodies = Arc::clone(ctx.session.bodies());
     let mut reply = ctx.owned().run(move |op| read(op, params, &bodies)).await?;
-    reply.budget = budget;
+    // Reserved for what was asked; keep only what the answer holds (a 10-byte file read with
+    // the default length must not hold a megabyte of the budget while it waits to be sent).
+    reply.budget = budget.map(|mut permit| {
+        let needed = (reply.length as usize / 3 * 4).div_ceil(1024).max(1);
+        if let Some(excess) = permit.num_permits().checked_sub(needed).filter(|n| *n > 0) {
+            drop(permit.split(excess));
+        }
+        permit
+    });
     if let Err(e) = super::admit_bytes(ctx, reply.length).await {
         // The server gets no content, so it must not be left holding a lock it never
         // learned the id of.
