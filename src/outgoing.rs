@@ -8,7 +8,7 @@
 //! peer reads exactly what was encoded. Everywhere else (sockets, the library's `Vec`
 //! frames) the body is copied like any other bytes, and its pages are reused.
 
-use std::io::{self, Write};
+use std::io;
 use std::sync::{Arc, Mutex, Weak};
 
 use memmap2::{MmapMut, MmapOptions};
@@ -94,15 +94,6 @@ pub struct Body {
 }
 
 impl Body {
-    /// Fresh pages for up to `capacity` bytes, belonging to no pool.
-    pub fn with_capacity(capacity: usize) -> io::Result<Body> {
-        Ok(Body {
-            pages: Some(Pages::new(capacity)?),
-            len: 0,
-            pool: Weak::new(),
-        })
-    }
-
     fn region(&self) -> &[u8] {
         self.pages.as_ref().map_or(&[], |p| &p.map[p.start..])
     }
@@ -219,18 +210,6 @@ impl Outgoing {
     ) -> (Vec<u8>, Option<(usize, Body)>, Option<OwnedSemaphorePermit>) {
         (self.bytes, self.body, self.budget)
     }
-
-    /// Writes the frame to `out` (copying the body).
-    pub fn write_to(&self, out: &mut impl Write) -> io::Result<()> {
-        match &self.body {
-            None => out.write_all(&self.bytes),
-            Some((at, body)) => {
-                out.write_all(&self.bytes[..*at])?;
-                out.write_all(body.as_slice())?;
-                out.write_all(&self.bytes[*at..])
-            }
-        }
-    }
 }
 
 impl From<Vec<u8>> for Outgoing {
@@ -249,14 +228,14 @@ mod tests {
 
     #[test]
     fn body_goes_where_it_belongs() {
-        let mut body = Body::with_capacity(10).unwrap();
+        let pool = Arc::new(BodyPool::default());
+        let mut body = pool.take(10).unwrap();
         body.spare()[..3].copy_from_slice(b"BBB");
         body.advance(3);
         let frame = Outgoing::with_body(b"{\"c\":\"\"}\n".to_vec(), 6, body);
-        let mut written = Vec::new();
-        frame.write_to(&mut written).unwrap();
-        assert_eq!(frame.len(), written.len());
-        assert_eq!(written, b"{\"c\":\"BBB\"}\n");
-        assert_eq!(frame.into_vec(), written);
+        assert_eq!(frame.len(), 12);
+        assert_eq!(frame.into_vec(), b"{\"c\":\"BBB\"}\n");
+        // Copied out, the body went back to the pool and serves the next take.
+        assert_eq!(pool.free.lock().unwrap().len(), 1);
     }
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use common::{bin, proc_status_kib, request_line, tempdir, with_deadline};
+use common::{bin, proc_status_kib, request_line, tempdir, with_deadline, write_policy};
 use serde_json::{Value, json};
 
 const KIB: u64 = 1024;
@@ -543,18 +543,8 @@ where
 /// A policy serving `root` as `r` (consent auto), with no request rate limit and 8-MiB
 /// chunks allowed; written into `dir`.
 fn policy(dir: &Path, root: &Path) -> PathBuf {
-    let p = dir.join("policy.toml");
-    let root = root.to_str().unwrap();
-    assert!(!root.contains('\''), "temp path unusable in a TOML literal");
-    std::fs::write(
-        &p,
-        format!(
-            "[[root]]\npath = '{root}'\nname = \"r\"\nconsent = \"auto\"\n\n[limits]\n\
-             requests_per_second = 0\nmax_chunk_size = {MAX_CHUNK}\n"
-        ),
-    )
-    .unwrap();
-    p
+    let limits = format!("requests_per_second = 0\nmax_chunk_size = {MAX_CHUNK}");
+    write_policy(dir, root, "", &limits)
 }
 
 /// A broker process: killed if still running when dropped.

@@ -42,7 +42,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::client::Lines;
-use super::fixture::Rng;
+use super::fixture;
 use super::progress::Bars;
 use super::report::{McpLarge, McpServer, McpSmall, Ops, ServerInfo};
 use super::small::WARMUP;
@@ -173,29 +173,13 @@ impl Drop for Files {
     }
 }
 
-/// `size` random bytes starting with the PNG signature.
+/// `size` random bytes starting with the PNG signature (written over the first bytes of the
+/// bench's ordinary random file).
 fn write_large(path: &Path, size: u64, bar: &indicatif::ProgressBar) -> io::Result<()> {
-    const BLOCK: usize = 4 << 20;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)?;
-    let mut rng = Rng::seeded();
-    let mut buf = vec![0u8; BLOCK];
-    let mut left = size;
-    let mut first = true;
-    while left > 0 {
-        let n = left.min(BLOCK as u64) as usize;
-        rng.fill(&mut buf[..n], false);
-        if first {
-            let k = n.min(PNG_SIGNATURE.len());
-            buf[..k].copy_from_slice(&PNG_SIGNATURE[..k]);
-            first = false;
-        }
-        file.write_all(&buf[..n])?;
-        left -= n as u64;
-        bar.inc(n as u64);
-    }
+    fixture::write_random(path, size, super::Encoding::Base64, false, bar)?;
+    let k = (size as usize).min(PNG_SIGNATURE.len());
+    let file = std::fs::OpenOptions::new().write(true).open(path)?;
+    std::os::unix::fs::FileExt::write_all_at(&file, &PNG_SIGNATURE[..k], 0)?;
     file.sync_all()
 }
 

@@ -160,6 +160,14 @@ pub fn with_deadline<T: Send + 'static>(
 /// the `[[root]]` table, `limits` into `[limits]`. The returned temp dir holds the policy.
 pub fn serve_policy(root: &Path, root_extra: &str, limits: &str) -> (tempfile::TempDir, Broker) {
     let (t, dir) = tempdir();
+    let policy = write_policy(&dir, root, root_extra, limits);
+    let b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
+    (t, b)
+}
+
+/// Writes `dir/policy.toml` serving `root` as the root `r` (consent auto); `root_extra` goes
+/// into the `[[root]]` table, `limits` into `[limits]`. Returns the file's path.
+pub fn write_policy(dir: &Path, root: &Path, root_extra: &str, limits: &str) -> std::path::PathBuf {
     let policy = dir.join("policy.toml");
     let root = root.to_str().unwrap();
     assert!(!root.contains('\''), "temp path unusable in a TOML literal");
@@ -170,8 +178,7 @@ pub fn serve_policy(root: &Path, root_extra: &str, limits: &str) -> (tempfile::T
         ),
     )
     .unwrap();
-    let b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
-    (t, b)
+    policy
 }
 
 /// Percent-encodes a path for a `file://` URI: everything but unreserved characters and `/`.
