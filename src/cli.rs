@@ -259,8 +259,12 @@ fn start(args: &ServeArgs) -> Result<Running, String> {
         read_write: args.read_write,
         consent: args.consent.map(Into::into),
         audit: args.audit.clone(),
+        listen: args.listen.clone(),
     };
     let policy = Policy::load(args.policy.as_deref(), &overrides).map_err(|e| e.to_string())?;
+    for warning in policy.warnings() {
+        tracing::warn!("{warning}");
+    }
     if policy.roots().is_empty() {
         tracing::warn!(
             "no roots: every files/* request will be refused (add --root DIR or a policy)"
@@ -440,6 +444,9 @@ fn policy_check(file: PathBuf) -> ExitCode {
                         format!(", deny {}", r.deny().patterns().join(" "))
                     }
                 );
+            }
+            for warning in policy.warnings() {
+                eprintln!("fsbroker: warning: {warning}");
             }
             print(&text)
         }

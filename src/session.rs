@@ -68,13 +68,13 @@ impl Notifications {
     }
 }
 
-/// A subtree of a root granted by `files/consent`.
+/// A subtree granted by `files/consent` (or when `roots/list` offered a root).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Grant {
-    /// The root's canonical path.
+    /// The canonical path of the root it was granted through (revoked with that root).
     root: PathBuf,
-    /// Normalised path relative to the root; `""` is the whole root.
-    rel: String,
+    /// The subtree's canonical absolute path, as the person saw it.
+    path: PathBuf,
 }
 
 /// What the broker and running operations need of a session, shared and outliving no one:
@@ -88,6 +88,9 @@ pub(crate) struct SessionState {
     roots_changed: std::sync::atomic::AtomicBool,
     wake: Arc<tokio::sync::Notify>,
     peer: Mutex<Option<String>>,
+    /// Whether the session's `prompt` roots were offered to the person (on its first
+    /// `roots/list`).
+    pub(crate) roots_offered: std::sync::atomic::AtomicBool,
     /// Requests received and not yet answered, counted from the moment the transport read
     /// them (before their tasks run, which may be in any order): an upload chunk ahead of its
     /// turn waits only while another request could be the chunk it needs.
@@ -95,27 +98,37 @@ pub(crate) struct SessionState {
 }
 
 impl SessionState {
-    /// Grants the subtree `rel` of the root at `root` to this session.
-    pub(crate) fn grant(&self, root: &Path, rel: &str) {
+    /// Grants the subtree at the canonical absolute `path`, through the root at `root`, to
+    /// this session. Returns whether it was not granted before.
+    pub(crate) fn grant(&self, root: &Path, path: PathBuf) -> bool {
         let mut grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
         let g = Grant {
             root: root.to_path_buf(),
-            rel: rel.to_owned(),
+            path,
         };
-        if !grants.contains(&g) {
-            grants.push(g);
+        if grants.contains(&g) {
+            return false;
         }
+        grants.push(g);
+        true
     }
 
-    /// Whether a grant covers `rel` (the path itself or an ancestor) in the root at `root`.
-    pub(crate) fn is_granted(&self, root: &Path, rel: &str) -> bool {
+    /// Whether a grant covers the absolute path `abs` (the path itself or an ancestor),
+    /// whichever root it was granted through: a person who approved a folder approved what
+    /// is in it, a root nested there included.
+    pub(crate) fn is_granted(&self, abs: &Path) -> bool {
         let grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
-        grants.iter().any(|g| {
-            g.root == root
-                && (g.rel.is_empty()
-                    || rel == g.rel
-                    || rel.strip_prefix(&g.rel).is_some_and(|r| r.starts_with('/')))
-        })
+        grants.iter().any(|g| abs.starts_with(&g.path))
+    }
+
+    /// The granted subtrees at or beneath the absolute path `abs`.
+    pub(crate) fn granted_within(&self, abs: &Path) -> Vec<PathBuf> {
+        let grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
+        grants
+            .iter()
+            .filter(|g| g.path.starts_with(abs))
+            .map(|g| g.path.clone())
+            .collect()
     }
 
     /// Drops the grants of the revoked root at `root`, and the uploads under it except those
@@ -162,6 +175,7 @@ impl Session {
             roots_changed: std::sync::atomic::AtomicBool::new(false),
             wake: Arc::clone(&wake),
             peer: Mutex::new(None),
+            roots_offered: Default::default(),
             requests_in_flight: Default::default(),
         });
         let session = Session {

@@ -353,7 +353,7 @@ fn lexical(p: &Path) -> PathBuf {
 }
 
 fn location(r: &Resolved) -> PathBuf {
-    r.root.path().join(&r.rel)
+    r.root().path().join(r.rel())
 }
 
 /// The invariants every resolution keeps, its determinism, its agreement with the model,
@@ -364,8 +364,8 @@ fn resolver_property(roots: &[Arc<Root>], models: &[ModelRoot], raw: &str) -> Te
     let second = resolve(roots, raw);
     match (&first, &second) {
         (Ok(a), Ok(b)) => {
-            prop_assert!(Arc::ptr_eq(&a.root, &b.root), "not deterministic");
-            prop_assert_eq!(&a.rel, &b.rel, "not deterministic");
+            prop_assert!(Arc::ptr_eq(a.root(), b.root()), "not deterministic");
+            prop_assert_eq!(&a.rel(), &b.rel(), "not deterministic");
         }
         (Err(a), Err(b)) => {
             prop_assert_eq!(a.kind(), b.kind(), "not deterministic");
@@ -390,30 +390,34 @@ fn resolver_property(roots: &[Arc<Root>], models: &[ModelRoot], raw: &str) -> Te
             return Ok(());
         }
     };
-    let index = roots.iter().position(|r| Arc::ptr_eq(r, &got.root));
+    let index = roots.iter().position(|r| Arc::ptr_eq(r, got.root()));
     prop_assert!(index.is_some(), "resolved to a root not in the list");
     let index = index.unwrap_or_default();
-    if !got.rel.is_empty() {
-        prop_assert!(!got.rel.starts_with('/'), "rel {:?} is absolute", got.rel);
-        for seg in got.rel.split('/') {
+    if !got.rel().is_empty() {
+        prop_assert!(
+            !got.rel().starts_with('/'),
+            "rel {:?} is absolute",
+            got.rel()
+        );
+        for seg in got.rel().split('/') {
             prop_assert!(
                 !seg.is_empty() && seg != "." && seg != "..",
                 "rel {:?} is not normalised",
-                got.rel
+                got.rel()
             );
         }
     }
-    prop_assert!(!got.rel.contains('\0'));
+    prop_assert!(!got.rel().contains('\0'));
     let joined = location(&got);
     prop_assert!(
-        lexical(&joined).starts_with(got.root.path()),
+        lexical(&joined).starts_with(got.root().path()),
         "{} is outside {}",
         joined.display(),
-        got.root.path().display()
+        got.root().path().display()
     );
     if let Some(want) = model(models, raw) {
         prop_assert_eq!(
-            Ok((index, got.rel.clone())),
+            Ok((index, got.rel().to_owned())),
             want,
             "disagrees with the model"
         );
@@ -424,8 +428,8 @@ fn resolver_property(roots: &[Arc<Root>], models: &[ModelRoot], raw: &str) -> Te
     let again = resolve(roots, &display);
     prop_assert!(again.is_ok(), "NAME/rel {display:?} fails: {again:?}");
     if let Ok(again) = again {
-        prop_assert!(Arc::ptr_eq(&again.root, &got.root));
-        prop_assert_eq!(&again.rel, &got.rel);
+        prop_assert!(Arc::ptr_eq(again.root(), got.root()));
+        prop_assert_eq!(&again.rel(), &got.rel());
     }
     let abs = utf8(&joined);
     let again = resolve(roots, &abs);

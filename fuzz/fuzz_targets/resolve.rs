@@ -89,48 +89,48 @@ fn check(roots: &[Arc<Root>], raw: &str) {
 
 fn check_resolved(roots: &[Arc<Root>], raw: &str, r: &Resolved) {
     assert!(
-        roots.iter().any(|root| Arc::ptr_eq(root, &r.root)),
+        roots.iter().any(|root| Arc::ptr_eq(root, r.root())),
         "{raw:?}: resolved to a root not given"
     );
     assert!(
-        !r.rel.starts_with('/'),
+        !r.rel().starts_with('/'),
         "{raw:?}: rel {:?} is absolute",
-        r.rel
+        r.rel()
     );
-    if !r.rel.is_empty() {
-        for seg in r.rel.split('/') {
+    if !r.rel().is_empty() {
+        for seg in r.rel().split('/') {
             assert!(
                 !seg.is_empty() && seg != "." && seg != "..",
                 "{raw:?}: rel {:?} is not normalised",
-                r.rel
+                r.rel()
             );
         }
     }
     assert!(
-        Path::new(&r.rel)
+        Path::new(&r.rel())
             .components()
             .all(|c| matches!(c, Component::Normal(_))),
         "{raw:?}: rel {:?} has a non-normal component",
-        r.rel
+        r.rel()
     );
-    let full = r.root.path().join(&r.rel);
+    let full = r.root().path().join(r.rel());
     assert!(
-        full.starts_with(r.root.path()),
+        full.starts_with(r.root().path()),
         "{raw:?}: {} is outside {}",
         full.display(),
-        r.root.path().display()
+        r.root().path().display()
     );
     // Deterministic.
     let again = resolve(roots, raw).expect("resolved once, fails the second time");
     assert!(
-        Arc::ptr_eq(&again.root, &r.root) && again.rel == r.rel,
+        Arc::ptr_eq(again.root(), r.root()) && again.rel() == r.rel(),
         "{raw:?}: not deterministic"
     );
     // Results are written `NAME/rel` and must be sendable back unchanged.
     let shown = r.display();
     match resolve(roots, &shown) {
         Ok(back) => assert!(
-            Arc::ptr_eq(&back.root, &r.root) && back.rel == r.rel,
+            Arc::ptr_eq(&back.root, r.root()) && back.rel == r.rel(),
             "{raw:?}: display {shown:?} resolves to {}/{}",
             back.root.name(),
             back.rel

@@ -25,6 +25,12 @@ pub struct Request {
     pub requested_paths: Vec<String>,
 }
 
+/// Whether anyone can be asked: a command is configured, or the terminal is allowed and
+/// there is one. Without either every `prompt` is a denial, and nothing should be offered.
+pub fn available(config: &ConsentConfig) -> bool {
+    !config.command.is_empty() || (config.terminal && terminal::open().is_some())
+}
+
 /// Asks, and returns the approved subset of `req.requested_paths` (in request order).
 pub fn ask(config: &ConsentConfig, req: &Request) -> Vec<String> {
     if req.requested_paths.is_empty() {

@@ -3,8 +3,10 @@
 //! Each requested path is resolved like any other; paths outside every root or denied by a
 //! glob are never approved. Then each root's consent mode decides: `auto` approves, `deny`
 //! refuses, `prompt` asks a person ([`crate::consent`]) on the blocking pool, so other
-//! requests of the session go on meanwhile. Approved paths are granted to this session as
-//! subtrees, both as spelled and as they really resolve.
+//! requests of the session go on meanwhile. Each path is placed where it really leads
+//! ([`Resolved::real`]) before anything else: the person is asked about exactly those
+//! canonical paths, the server gets back exactly the approved ones, and they are what is
+//! granted (a request through a link to a granted folder reaches it as well).
 
 use serde::{Deserialize, Serialize};
 
@@ -43,13 +45,10 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json
         .map(Json)
 }
 
-/// One requested path, placed.
+/// One requested path, placed where it really leads.
 struct Candidate {
-    target: Resolved,
-    /// The path relative to the root with symlinks resolved (the lexical one if it does
-    /// not exist yet).
-    real: String,
-    /// `root/real`, absolute: what the person sees and the server gets back.
+    real: Resolved,
+    /// `real` as an absolute path: what the person sees and the server gets back.
     absolute: String,
 }
 
@@ -57,40 +56,8 @@ fn consent(op: &Op, p: Params) -> Result<Reply> {
     let mut approved: Vec<Candidate> = Vec::new();
     let mut to_ask: Vec<Candidate> = Vec::new();
     for raw in &p.requested_paths {
-        let Ok(target) = sandbox::resolve(op.policy.roots(), raw) else {
-            tracing::warn!(session = op.state.id, path = %raw, "consent: not inside any root");
+        let Some(c) = place(op, raw) else {
             continue;
-        };
-        if open::check_not_denied(&target, raw).is_err() {
-            tracing::warn!(session = op.state.id, path = %raw, "consent: denied by policy");
-            continue;
-        }
-        let real = target
-            .root
-            .dir()
-            .canonicalize(target.rel_path())
-            .ok()
-            .and_then(|r| {
-                r.to_str().map(|s| {
-                    s.trim_start_matches("./")
-                        .trim_start_matches('.')
-                        .to_owned()
-                })
-            })
-            .unwrap_or_else(|| target.rel.clone());
-        // `join("")` would add a trailing slash; the root itself is its canonical path.
-        let absolute = if real.is_empty() {
-            target.root.path().to_path_buf()
-        } else {
-            target.root.path().join(&real)
-        };
-        let Some(absolute) = absolute.to_str().map(str::to_owned) else {
-            continue;
-        };
-        let c = Candidate {
-            target,
-            real,
-            absolute,
         };
         if approved
             .iter()
@@ -99,7 +66,7 @@ fn consent(op: &Op, p: Params) -> Result<Reply> {
         {
             continue;
         }
-        match c.target.root.consent() {
+        match c.real.root().consent_at(c.real.rel()) {
             ConsentMode::Auto => approved.push(c),
             ConsentMode::Prompt => to_ask.push(c),
             ConsentMode::Deny => {}
@@ -116,13 +83,43 @@ fn consent(op: &Op, p: Params) -> Result<Reply> {
     }
     // A prompt answered after the deadline grants nothing: the server was told TIMEOUT.
     op.commit()?;
+    let mut more_roots = false;
     for c in &approved {
-        let root = c.target.root.path();
-        op.state.grant(root, &c.target.rel);
-        op.state.grant(root, &c.real);
+        let root = c.real.root();
+        let new = op.state.grant(root.path(), c.real.absolute());
+        more_roots |= new && root.consent_at(c.real.rel()) == ConsentMode::Prompt;
+    }
+    // A granted part of a `prompt` root is now one of the session's roots.
+    if more_roots {
+        op.state.notify_roots_changed();
     }
     Ok(Reply {
         granted: !approved.is_empty(),
         approved_paths: approved.into_iter().map(|c| c.absolute).collect(),
     })
+}
+
+/// Places a requested path where it really leads, or `None` (with a warning) when it may not
+/// be approved at all: outside every root, through a link that leads out or nowhere, denied
+/// by a glob, or one of fsbroker's own files.
+fn place(op: &Op, raw: &str) -> Option<Candidate> {
+    let refuse = |why: &str| {
+        tracing::warn!(session = op.state.id, path = %raw, "consent: {why}");
+        None
+    };
+    let Ok(target) = sandbox::resolve(op.policy.roots(), raw) else {
+        return refuse("not inside any root");
+    };
+    let real = match target.real(raw) {
+        Ok(real) => real,
+        Err(e) => return refuse(e.reason()),
+    };
+    if open::check_not_denied(&target, raw).is_err() || open::check_not_denied(&real, raw).is_err()
+    {
+        return refuse("denied by policy");
+    }
+    let Some(absolute) = real.absolute().to_str().map(str::to_owned) else {
+        return refuse("not UTF-8");
+    };
+    Some(Candidate { real, absolute })
 }

@@ -58,7 +58,7 @@ fn create(op: &Op, p: &Params) -> Result<Reply> {
     let raw = p.path.as_str();
     let target = op.resolve(raw)?;
     mutate::require_writable(&target, raw)?;
-    if target.rel.is_empty() {
+    if target.is_root() {
         return match p.kind {
             Kind::Directory if !p.keep_locked => Ok(Reply {
                 created: false,
@@ -75,8 +75,11 @@ fn create(op: &Op, p: &Params) -> Result<Reply> {
     op.commit()?;
     make_parents(op, &target, raw)?;
     let parent = mutate::open_parent(&target, raw)?;
-    op.authorize(&target.root, &parent.real, raw)?;
+    op.authorize(target.root(), &parent.real, raw)?;
     let lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
+    // Refused even where the entry exists already and nothing would change: `created: false`
+    // on a protected path would still confirm what is there.
+    parent.check_change("created", raw)?;
     let created = match p.kind {
         Kind::Directory => parent.create_dir(raw)?,
         Kind::File => parent.create_file(raw)?,
@@ -107,13 +110,7 @@ fn create(op: &Op, p: &Params) -> Result<Reply> {
 /// Creates each missing ancestor of `target`, each through its own checked parent and under
 /// its own lock, so a directory another session keeps locked gains nothing beneath it.
 fn make_parents(op: &Op, target: &Resolved, raw: &str) -> Result<()> {
-    let mut end = 0;
-    while let Some(i) = target.rel[end..].find('/') {
-        end += i;
-        let ancestor = Resolved {
-            root: target.root.clone(),
-            rel: target.rel[..end].to_owned(),
-        };
+    for ancestor in target.ancestors() {
         let parent: Parent = mutate::open_parent(&ancestor, raw)?;
         match parent.entry_type(raw)? {
             None => {
@@ -132,7 +129,6 @@ fn make_parents(op: &Op, target: &Resolved, raw: &str) -> Result<()> {
                 .with_path(raw));
             }
         }
-        end += 1;
     }
     Ok(())
 }

@@ -8,7 +8,7 @@
 use serde::Deserialize;
 
 use super::{Ctx, Op};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
 use crate::methods::ping::Empty;
@@ -34,19 +34,16 @@ fn delete(op: &Op, p: &Params) -> Result<Json<Empty>> {
     let raw = p.path.as_str();
     let target = op.resolve(raw)?;
     mutate::require_writable(&target, raw)?;
-    if target.rel.is_empty() {
+    if target.is_root() {
         return Err(mutate::root_itself("deleted", raw));
     }
     let parent = mutate::open_parent(&target, raw)?;
-    op.authorize(&target.root, &parent.real, raw)?;
+    op.authorize(target.root(), &parent.real, raw)?;
     let _lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
+    parent.check_change("deleted", raw)?;
     let is_dir = parent.entry_type(raw)?.is_some_and(|t| t.is_dir());
-    if p.recursive && is_dir && mutate::tree_has_denied(&target.root, &parent, raw)? {
-        return Err(Error::new(
-            ErrorKind::PermissionDenied,
-            "the directory holds paths denied by policy",
-        )
-        .with_path(raw));
+    if p.recursive && is_dir {
+        mutate::check_tree(&parent, None, raw)?;
     }
     op.commit()?;
     parent.remove(p.recursive, raw)?;

@@ -128,10 +128,10 @@ fn list(op: &Op, p: Params) -> Result<Reply> {
     let after = p.cursor.as_deref().map(decode_cursor).transpose()?;
     let target = op.resolve(&p.path)?;
     let (dir, real) = open::open_dir(&target, &p.path)?;
-    op.authorize(&target.root, &real, &p.path)?;
+    op.authorize(target.root(), &real, &p.path)?;
     let mut page = Page {
         params: &p,
-        root: &target.root,
+        root: target.root(),
         deadline: &op.deadline,
         after,
         limit,
@@ -140,11 +140,11 @@ fn list(op: &Op, p: Params) -> Result<Reply> {
 
     // Depth-first, one open directory per level: a wide tree never holds many descriptors.
     let top = page
-        .scan(&dir, &target.rel, &real)
+        .scan(&dir, target.rel(), &real)
         .map_err(|e| Error::from_io(&e, &p.path))?;
     let mut stack = vec![Level {
         dir,
-        lexical: target.rel.clone(),
+        lexical: target.rel().to_owned(),
         real,
         pending: top,
     }];
@@ -172,7 +172,7 @@ fn list(op: &Op, p: Params) -> Result<Reply> {
             // A walk stopped by its deadline ends at the top of the loop; say nothing here.
             Err(_) if op.deadline.expired() => {}
             Err(e) => tracing::warn!(
-                root = target.root.name(),
+                root = target.root().name(),
                 path = %lexical,
                 error = %e,
                 "files/list: not descending into a directory it cannot read"
@@ -197,7 +197,9 @@ impl Page<'_> {
     /// Adds `dir`'s entries to the page and returns the subdirectories to descend into
     /// (none unless recursive), in reverse order so popping visits them in order.
     fn scan(&mut self, dir: &Dir, lexical: &str, real: &str) -> std::io::Result<Vec<String>> {
-        let deny = self.root.deny();
+        let root = self.root;
+        let protected = root.protected();
+        let here = root.join(real);
         let mut subdirs = Vec::new();
         for entry in dir.entries()? {
             // The answer is already TIMEOUT; stop walking.
@@ -224,7 +226,9 @@ impl Page<'_> {
                 continue;
             }
             let entry_rel = join(lexical, name);
-            if deny.is_denied(&entry_rel) || (real != lexical && deny.is_denied(&join(real, name)))
+            if root.is_denied(&entry_rel)
+                || (real != lexical && root.is_denied(&join(real, name)))
+                || protected.is_own_entry(&here, &os_name, None)
             {
                 continue;
             }
@@ -242,6 +246,16 @@ impl Page<'_> {
                 continue;
             }
             let (size, modified) = match entry.metadata() {
+                // A second name for one of fsbroker's own files (a hard link) is hidden too.
+                Ok(m)
+                    if protected.is_own_entry(
+                        &here,
+                        &os_name,
+                        Some(sandbox::protected::cap_id_of(&m)),
+                    ) =>
+                {
+                    continue;
+                }
                 Ok(m) => (m.len(), m.modified().ok().map(|t| t.into_std())),
                 Err(_) => (0, None),
             };

@@ -102,26 +102,32 @@ impl Op {
         self.deadline.commit(self.policy.limits().timeout)
     }
 
-    /// Resolves a request path (§3) and checks that this session may touch it: a root whose
-    /// consent mode is not `auto` needs a grant covering the path.
+    /// Resolves a request path (§3) and checks that this session may touch it: a path where
+    /// the consent of a root covering it is not `auto` needs a grant covering it, as spelled
+    /// or where it really leads (grants are made on real paths, the ones the person saw).
     fn resolve(&self, raw: &str) -> Result<Resolved> {
         let target = sandbox::resolve(self.policy.roots(), raw)?;
-        self.authorize(&target.root, &target.rel, raw)?;
+        if self.authorize(target.root(), target.rel(), raw).is_err() {
+            let real = target.real(raw).map_err(|_| no_consent(raw))?;
+            self.authorize(real.root(), real.rel(), raw)?;
+        }
         Ok(target)
     }
 
-    /// The consent check, for a path as spelled and again for where it really leads (a
-    /// symlink inside a granted subtree must not carry the session into an ungranted one).
+    /// The consent check for `rel` of `root`: the strictest consent mode of every root that
+    /// covers it decides, and `prompt` needs a grant covering the path. Handlers call it
+    /// again on where a path really leads (a symlink inside a granted subtree must not carry
+    /// the session into an ungranted one).
     fn authorize(&self, root: &Root, rel: &str, raw: &str) -> Result<()> {
-        let allowed = match root.consent() {
+        let allowed = match root.consent_at(rel) {
             ConsentMode::Auto => true,
             ConsentMode::Deny => false,
-            ConsentMode::Prompt => self.state.is_granted(root.path(), rel),
+            ConsentMode::Prompt => self.state.is_granted(&root.join(rel)),
         };
         if allowed {
             Ok(())
         } else {
-            Err(Error::new(ErrorKind::PermissionDenied, "no consent").with_path(raw))
+            Err(no_consent(raw))
         }
     }
 
@@ -243,6 +249,10 @@ pub(crate) async fn call(
     frame
 }
 
+fn no_consent(raw: &str) -> Error {
+    Error::new(ErrorKind::PermissionDenied, "no consent").with_path(raw)
+}
+
 fn audit_unavailable() -> Error {
     Error::new(ErrorKind::Io, "audit log unavailable")
 }
@@ -278,7 +288,7 @@ async fn dispatch(
     let c = &ctx;
     match Method::from_name(method) {
         Method::Ping => respond(c, method, id, ping::handle(parse(params))),
-        Method::RootsList => respond(c, method, id, roots::handle(c, parse(params))),
+        Method::RootsList => respond(c, method, id, roots::handle(c, parse(params)).await),
         Method::FilesRead => respond(c, method, id, read::handle(c, parse(params)).await),
         Method::FilesList => respond(c, method, id, list::handle(c, parse(params)).await),
         Method::FilesWrite => respond(c, method, id, write::handle(c, parse(params)).await),

@@ -106,14 +106,14 @@ fn wanted(policy: &Policy, p: &Params) -> usize {
 fn read(op: &Op, p: Params, bodies: &Arc<BodyPool>) -> Result<Reply> {
     let target = op.resolve(&p.path)?;
     let opened = open::open_regular(&target, &p.path)?;
-    op.authorize(&target.root, &opened.real, &p.path)?;
+    op.authorize(target.root(), &opened.real, &p.path)?;
     // Readers share; `keepLocked` asks for the exclusive lock that outlives the read.
     let mode = if p.keep_locked {
         LockMode::Exclusive
     } else {
         LockMode::Shared
     };
-    let lock = op.lock(&target.root.path().join(&opened.real), mode, &p.path)?;
+    let lock = op.lock(&target.root().join(&opened.real), mode, &p.path)?;
     let size = opened.meta.len();
     let available = size
         .saturating_sub(p.offset)
@@ -124,7 +124,7 @@ fn read(op: &Op, p: Params, bodies: &Arc<BodyPool>) -> Result<Reply> {
         if p.encoding == Encoding::Base64 && available >= PAGES_FROM {
             let (body, got) =
                 base64_pages(bodies, &opened.file, p.offset, available).map_err(io_err)?;
-            let mime = mime_type(&target.rel, &opened.file, p.offset, None);
+            let mime = mime_type(target.rel(), &opened.file, p.offset, None);
             (
                 Content::Pages(Some(body)),
                 Encoding::Base64,
@@ -146,7 +146,7 @@ fn read(op: &Op, p: Params, bodies: &Arc<BodyPool>) -> Result<Reply> {
                     None => Encoding::Base64,
                 },
             };
-            let mime = mime_type(&target.rel, &opened.file, p.offset, Some(&data));
+            let mime = mime_type(target.rel(), &opened.file, p.offset, Some(&data));
             let length = data.len() as u64;
             (Content::Raw(data), encoding, length, mime)
         };

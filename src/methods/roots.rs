@@ -1,10 +1,27 @@
 //! `roots/list` → `{roots: [{uri, name}]}`.
+//!
+//! A session is shown only what it may use now: every root whose consent is `auto`, the whole
+//! of a `prompt` root it was granted, and otherwise the granted parts of `prompt` roots
+//! (named `NAME/rel`); never a `deny` root. A server that reads the disk itself (the
+//! reference filesystem server does) takes `roots/list` as its access list, so listing a root
+//! it may not use would hand it that root with no consent at all.
+//!
+//! Such a server never calls `files/consent`. So the first `roots/list` of a session offers
+//! its `prompt` roots to the person, through the configured consent provider (none
+//! configured: nothing is offered, and they stay unlisted); what is approved is granted and
+//! listed in the same answer.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
 
-use super::Ctx;
+use super::{Ctx, Op};
+use crate::consent::{self, Request};
 use crate::error::Result;
 use crate::jsonrpc::Json;
+use crate::sandbox::{ConsentMode, Root, join_display};
 
 /// `roots/list` takes no parameters but MCP's `_meta`.
 #[derive(Debug, Deserialize)]
@@ -29,16 +46,81 @@ pub(crate) struct Reply {
 
 impl super::PayloadBytes for Reply {}
 
-pub(crate) fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     params?;
-    let roots = ctx
-        .policy
-        .roots()
-        .iter()
-        .map(|r| RootInfo {
-            uri: r.uri(),
-            name: r.name().to_owned(),
-        })
-        .collect();
+    let state = ctx.session.state();
+    if !state.roots_offered.swap(true, Ordering::AcqRel) {
+        let unasked: Vec<Arc<Root>> = ctx
+            .policy
+            .roots()
+            .iter()
+            .filter(|r| r.consent_at("") == ConsentMode::Prompt && !state.is_granted(r.path()))
+            .cloned()
+            .collect();
+        if !unasked.is_empty() && consent::available(ctx.policy.consent()) {
+            // A refusal or a timeout only leaves the roots unlisted.
+            if let Err(e) = ctx.owned().run(move |op| offer(op, &unasked)).await {
+                tracing::warn!(session = ctx.session.id(), error = %e, "roots/list: offering prompt roots failed");
+            }
+        }
+    }
+    let mut roots: Vec<RootInfo> = Vec::new();
+    for root in ctx.policy.roots() {
+        let whole = match root.consent_at("") {
+            ConsentMode::Deny => continue,
+            ConsentMode::Auto => true,
+            ConsentMode::Prompt => state.is_granted(root.path()),
+        };
+        let parts = if whole {
+            vec![root.path().to_path_buf()]
+        } else {
+            state.granted_within(root.path())
+        };
+        for path in parts {
+            let Ok(rel) = path.strip_prefix(root.path()) else {
+                continue;
+            };
+            let rel = rel.to_string_lossy();
+            if root.consent_at(&rel) == ConsentMode::Deny || root.is_denied(&rel) {
+                continue;
+            }
+            let uri = uri_of(&path);
+            if roots.iter().any(|r| r.uri == uri) {
+                continue;
+            }
+            roots.push(RootInfo {
+                uri,
+                name: join_display(root.name(), &rel),
+            });
+        }
+    }
     Ok(Json(Reply { roots }))
+}
+
+/// Asks the person about the session's ungranted `prompt` roots, and grants what they approve.
+fn offer(op: &Op, roots: &[Arc<Root>]) -> Result<()> {
+    let paths: Vec<(PathBuf, String)> = roots
+        .iter()
+        .filter_map(|r| Some((r.path().to_path_buf(), r.path().to_str()?.to_owned())))
+        .collect();
+    let request = Request {
+        server: op.state.peer_name(),
+        message: "The server asks which folders it may use (roots/list).".to_owned(),
+        requested_paths: paths.iter().map(|(_, p)| p.clone()).collect(),
+    };
+    let yes = consent::ask(op.policy.consent(), &request);
+    op.commit()?;
+    for (path, text) in paths {
+        if yes.contains(&text) {
+            op.state.grant(&path, path.clone());
+        }
+    }
+    Ok(())
+}
+
+/// A canonical absolute path as a `file://` URI: percent-encoded, no trailing slash.
+fn uri_of(path: &std::path::Path) -> String {
+    url::Url::from_file_path(path)
+        .map(String::from)
+        .unwrap_or_else(|()| format!("file://{}", path.display()))
 }

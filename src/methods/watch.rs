@@ -54,7 +54,7 @@ fn watch(op: &Op, hub: &crate::watch::WatchHub, p: &Params) -> Result<Reply> {
     };
     let target = op.resolve(raw)?;
     open::check_not_denied(&target, raw)?;
-    let root = &target.root;
+    let root = target.root();
     let meta = root
         .dir()
         .metadata(target.rel_path())
@@ -66,27 +66,17 @@ fn watch(op: &Op, hub: &crate::watch::WatchHub, p: &Params) -> Result<Reply> {
         )
         .with_path(raw));
     }
-    let real = root
-        .dir()
-        .canonicalize(target.rel_path())
-        .map_err(|e| Error::from_io(&e, raw))?;
-    let real = real
-        .to_str()
-        .map(|r| {
-            if r == "." {
-                ""
-            } else {
-                r.trim_start_matches("./")
-            }
-            .to_owned()
-        })
-        .ok_or_else(|| Error::new(ErrorKind::InvalidPath, "path is not UTF-8").with_path(raw))?;
-    if root.deny().is_denied(&real) {
-        return Err(Error::new(ErrorKind::PermissionDenied, "denied by policy").with_path(raw));
+    let real = target.real(raw)?;
+    if root.is_denied(real.rel()) {
+        return Err(open::denied(raw));
     }
-    op.authorize(root, &real, raw)?;
+    let id = crate::sandbox::protected::cap_id_of(&meta);
+    if root.protected().is_own_file(&real.absolute(), Some(id)) {
+        return Err(open::protected(raw));
+    }
+    op.authorize(root, real.rel(), raw)?;
     let spec = Spec {
-        rel: real,
+        rel: real.rel().to_owned(),
         is_dir: meta.is_dir(),
         recursive: p.recursive,
         events,

@@ -119,7 +119,7 @@ fn write(op: &Op, p: Request) -> Result<Reply> {
     let raw = p.path.as_str();
     let target = op.resolve(raw)?;
     mutate::require_writable(&target, raw)?;
-    if target.rel.is_empty() {
+    if target.is_root() {
         return Err(Error::new(ErrorKind::InvalidPath, "the root is a directory").with_path(raw));
     }
     if p.append && p.offset.is_some() {
@@ -132,7 +132,10 @@ fn write(op: &Op, p: Request) -> Result<Reply> {
         op.check_keep_quota(p.keep_locked, raw)?;
     }
     let parent = parent_following_inner_link(&target, raw)?;
-    op.authorize(&target.root, &parent.real, raw)?;
+    op.authorize(target.root(), &parent.real, raw)?;
+    // Checked again where the content is committed; here, so that an upload onto a path it
+    // may never commit to is refused at its first chunk.
+    parent.check_change("written", raw)?;
     match p.offset {
         None => replace(op, &p, &parent, data, raw),
         Some(offset) => chunk(op, &p, parent, offset, data, raw),
@@ -175,26 +178,7 @@ fn parent_following_inner_link(target: &Resolved, raw: &str) -> Result<Parent> {
     if !parent.entry_type(raw)?.is_some_and(|t| t.is_symlink()) {
         return Ok(parent);
     }
-    let real = target
-        .root
-        .dir()
-        .canonicalize(target.rel_path())
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::new(
-                ErrorKind::InvalidPath,
-                "a symlink whose target does not exist",
-            )
-            .with_path(raw),
-            _ => Error::from_io(&e, raw),
-        })?;
-    let rel = real
-        .to_str()
-        .map(|s| s.trim_start_matches("./").to_owned())
-        .ok_or_else(|| Error::new(ErrorKind::InvalidPath, "path is not UTF-8").with_path(raw))?;
-    let through = Resolved {
-        root: target.root.clone(),
-        rel,
-    };
+    let through = target.real(raw)?;
     let parent = mutate::open_parent(&through, raw)?;
     if parent.entry_type(raw)?.is_some_and(|t| t.is_symlink()) {
         // The link changed while we followed it; do not chase it further.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{LimitsFile, PolicyError, PolicyFile};
+use crate::sandbox::protected::{self, Protected, ProtectedSpec};
 use crate::sandbox::{ConsentMode, Mode, Root, RootSpec};
 
 /// How `prompt` roots ask a person.
@@ -38,6 +39,8 @@ pub struct Overrides {
     pub consent: Option<ConsentMode>,
     /// `--audit FILE`: the audit log, overriding the policy's `[audit] path`.
     pub audit: Option<PathBuf>,
+    /// `--listen SOCKET`: the socket the broker serves, protected like its own files.
+    pub listen: Option<PathBuf>,
 }
 
 /// Validated limits (§2 `[limits]`).
@@ -148,6 +151,7 @@ pub struct Policy {
     consent: ConsentConfig,
     audit: Option<AuditConfig>,
     source: Option<PathBuf>,
+    protected: Arc<Protected>,
 }
 
 impl Policy {
@@ -161,15 +165,24 @@ impl Policy {
             }
             None => (PolicyFile::default(), None),
         };
-        let mut policy = Policy::compile(&parsed, base.as_deref(), overrides)?;
-        policy.source = file.map(Path::to_path_buf);
-        Ok(policy)
+        Policy::compile_from(&parsed, base.as_deref(), file, overrides)
     }
 
     /// Compiles parsed policy text; relative root paths are taken from `base`.
     pub fn compile(
         file: &PolicyFile,
         base: Option<&Path>,
+        overrides: &Overrides,
+    ) -> Result<Policy, PolicyError> {
+        Policy::compile_from(file, base, None, overrides)
+    }
+
+    /// [`Policy::compile`] for the policy file at `source`, which is protected with the rest
+    /// of what the broker trusts.
+    fn compile_from(
+        file: &PolicyFile,
+        base: Option<&Path>,
+        source: Option<&Path>,
         overrides: &Overrides,
     ) -> Result<Policy, PolicyError> {
         let mut specs: Vec<RootSpec> = Vec::new();
@@ -200,7 +213,7 @@ impl Policy {
                 spec.consent = consent;
             }
         }
-        let mut roots: Vec<Arc<Root>> = Vec::with_capacity(specs.len());
+        let mut roots: Vec<Root> = Vec::with_capacity(specs.len());
         for spec in &specs {
             let root = Root::open(spec)?;
             if let Some(other) = roots.iter().find(|r| r.name() == root.name()) {
@@ -217,7 +230,7 @@ impl Policy {
                     second: root.name().to_owned(),
                 });
             }
-            roots.push(Arc::new(root));
+            roots.push(root);
         }
         if file.consent.command.first().is_some_and(|c| c.is_empty()) {
             return Err(PolicyError::Table {
@@ -248,13 +261,63 @@ impl Policy {
             }),
             (None, None) => None,
         };
+        let limits = Limits::from_file(&file.limits)?;
+        let mut own: Vec<PathBuf> = source.map(Path::to_path_buf).into_iter().collect();
+        own.extend(protected::command_files(&consent.command));
+        own.extend(overrides.listen.clone());
+        let protected = Arc::new(Protected::new(&ProtectedSpec {
+            files: own,
+            audit_logs: audit.iter().map(|a| a.path.clone()).collect(),
+            roots: roots.iter().map(|r| r.path().to_path_buf()).collect(),
+        }));
+        crate::sandbox::link(&mut roots, &protected);
         Ok(Policy {
-            roots,
-            limits: Limits::from_file(&file.limits)?,
+            roots: roots.into_iter().map(Arc::new).collect(),
+            limits,
             consent,
             audit,
-            source: None,
+            source: source.map(Path::to_path_buf),
+            protected,
         })
+    }
+
+    /// What an operator should hear about this policy although it loads: each writable root
+    /// that holds one of fsbroker's own files (refused to servers, but a sign that the policy
+    /// sits in the tree it hands out), and each root nested in another (both sets of rules
+    /// apply, the strictest wins).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for root in &self.roots {
+            if root.mode() == Mode::ReadWrite {
+                for file in self.protected.files() {
+                    if file.starts_with(root.path()) {
+                        out.push(format!(
+                            "read-write root {:?} ({}) holds {}, which fsbroker protects: \
+                             servers can neither read nor change it",
+                            root.name(),
+                            root.path().display(),
+                            file.display()
+                        ));
+                    }
+                }
+            }
+            for other in &self.roots {
+                if other.path() != root.path() && other.path().starts_with(root.path()) {
+                    out.push(format!(
+                        "root {:?} is nested in root {:?}: the strictest mode, consent and \
+                         every deny glob of both apply to it, through either name",
+                        other.name(),
+                        root.name()
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// fsbroker's own files and the paths that hold them or the roots.
+    pub fn protected(&self) -> &Arc<Protected> {
+        &self.protected
     }
 
     /// This policy without the root at `path` (a root whose directory is gone).
@@ -270,6 +333,7 @@ impl Policy {
             consent: self.consent.clone(),
             audit: self.audit.clone(),
             source: self.source.clone(),
+            protected: Arc::clone(&self.protected),
         }
     }
 

@@ -6,15 +6,19 @@
 //! component-by-component fallback) refuses `..` above the root, absolute symlinks and
 //! symlinks that lead out. [`open`] adds what confinement alone does not give: refusing
 //! anything that is not a regular file before it can block, and checking deny globs against
-//! where a path *really* leads, not only how it was spelled.
+//! where a path *really* leads ([`Resolved::real`]), not only how it was spelled.
+//! [`protected`] keeps the broker's own files (its policy, its audit log, ...) out of every
+//! root, and each [`Root`] applies the strictest rules of every root that covers a path.
 
 mod deny;
 pub mod mutate;
 pub mod open;
+pub mod protected;
 mod resolve;
 mod root;
 
 pub use deny::DenySet;
 pub(crate) use resolve::join_display;
 pub use resolve::{Resolved, resolve};
+pub(crate) use root::link;
 pub use root::{ConsentMode, Mode, Root, RootSpec};

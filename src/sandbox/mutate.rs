@@ -9,17 +9,28 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use cap_fs_ext::{DirExt, OpenOptionsFollowExt, OpenOptionsMaybeDirExt};
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 
-use super::open::{check_not_denied, real_rel};
+use super::open::{check_not_denied, denied, real_rel};
+use super::protected::{OWN_FILE, cap_id_of};
 use super::{Mode, Resolved, Root};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The directory holding a path, opened beneath the root, and the path's last component.
+///
+/// Every change to the entry goes through a method of its `Parent` ([`Parent::commit`],
+/// [`Parent::create_dir`], [`Parent::remove`], [`rename`], ...), and each first checks that
+/// the entry may be changed where it really is: the mode of every root covering it, and that
+/// it is not one of fsbroker's own files, a root, or a folder holding either
+/// ([`super::protected`]). No route — a write, an upload's commit, a rename onto or away, a
+/// delete, a create — can skip that check.
 #[derive(Debug)]
 pub struct Parent {
+    /// The root the entry lies in.
+    pub root: Arc<Root>,
     /// The parent directory's capability.
     pub dir: Dir,
     /// The last component of the path.
@@ -33,7 +44,7 @@ pub struct Parent {
 
 /// Refuses mutations of a read-only root.
 pub fn require_writable(target: &Resolved, raw: &str) -> Result<()> {
-    match target.root.mode() {
+    match target.root().mode_at(target.rel()) {
         Mode::ReadWrite => Ok(()),
         Mode::ReadOnly => {
             Err(Error::new(ErrorKind::PermissionDenied, "read-only root").with_path(raw))
@@ -54,14 +65,14 @@ pub fn root_itself(what: &str, raw: &str) -> Error {
 /// globs against where the entry really is.
 pub fn open_parent(target: &Resolved, raw: &str) -> Result<Parent> {
     check_not_denied(target, raw)?;
-    let (parent_rel, name) = match target.rel.rsplit_once('/') {
+    let (parent_rel, name) = match target.rel().rsplit_once('/') {
         Some((p, n)) => (p, n),
-        None => ("", target.rel.as_str()),
+        None => ("", target.rel()),
     };
     if name.is_empty() {
         return Err(root_itself("changed", raw));
     }
-    let root = &target.root;
+    let root = target.root();
     let dir = if parent_rel.is_empty() {
         root.dir().try_clone()
     } else {
@@ -74,10 +85,11 @@ pub fn open_parent(target: &Resolved, raw: &str) -> Result<Parent> {
     } else {
         format!("{real_parent}/{name}")
     };
-    if root.deny().is_denied(&real) {
-        return Err(Error::new(ErrorKind::PermissionDenied, "denied by policy").with_path(raw));
+    if root.is_denied(&real) {
+        return Err(denied(raw));
     }
     Ok(Parent {
+        root: Arc::clone(root),
         key: root.path().join(&real),
         dir,
         name: name.to_owned(),
@@ -86,6 +98,26 @@ pub fn open_parent(target: &Resolved, raw: &str) -> Result<Parent> {
 }
 
 impl Parent {
+    /// Refuses changing the entry (`what` it would be: "written", "renamed", ...) where a
+    /// root covering it is read-only, or where it is protected: one of fsbroker's own files,
+    /// a root, or a folder holding either.
+    pub fn check_change(&self, what: &str, raw: &str) -> Result<()> {
+        if self.root.mode_at(&self.real) == Mode::ReadOnly {
+            return Err(Error::new(ErrorKind::PermissionDenied, "read-only root").with_path(raw));
+        }
+        let id = self
+            .dir
+            .symlink_metadata(&self.name)
+            .ok()
+            .map(|m| cap_id_of(&m));
+        match self.root.protected().change(&self.key, id) {
+            None => Ok(()),
+            Some(verdict) => {
+                Err(Error::new(ErrorKind::PermissionDenied, verdict.reason(what)).with_path(raw))
+            }
+        }
+    }
+
     /// Flushes the parent directory, so a rename or unlink in it survives a crash.
     pub fn sync(&self) -> Result<()> {
         // The capability may be an `O_PATH` descriptor, which `fsync` refuses; open the
@@ -174,6 +206,7 @@ impl Parent {
         overwrite: bool,
         raw: &str,
     ) -> Result<std::fs::Metadata> {
+        self.check_change("replaced", raw)?;
         let flags = if overwrite {
             rustix::fs::RenameFlags::empty()
         } else {
@@ -188,6 +221,7 @@ impl Parent {
 
     /// Creates the directory entry; `Ok(false)` when something already exists there.
     pub fn create_dir(&self, raw: &str) -> Result<bool> {
+        self.check_change("created", raw)?;
         match self.dir.create_dir(&self.name) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
@@ -197,6 +231,7 @@ impl Parent {
 
     /// Creates an empty regular file; `Ok(false)` when something already exists there.
     pub fn create_file(&self, raw: &str) -> Result<bool> {
+        self.check_change("created", raw)?;
         let mut opts = OpenOptions::new();
         opts.write(true)
             .create_new(true)
@@ -215,6 +250,7 @@ impl Parent {
     /// Removes the entry: a file or symlink is unlinked (never its target), a directory
     /// removed if empty, or with everything beneath it when `recursive`.
     pub fn remove(&self, recursive: bool, raw: &str) -> Result<()> {
+        self.check_change("deleted", raw)?;
         let Some(ft) = self.entry_type(raw)? else {
             return Err(
                 Error::new(ErrorKind::FileNotFound, "no such file or directory").with_path(raw),
@@ -240,38 +276,66 @@ impl Parent {
     }
 }
 
-/// Whether anything beneath the directory entry is denied by the root's globs (walked without
-/// following symlinks). Roots without deny globs answer at once.
-pub fn tree_has_denied(root: &Root, parent: &Parent, raw: &str) -> Result<bool> {
-    if root.deny().is_empty() {
-        return Ok(false);
+/// Checks every entry of the tree at `src` (walked without following symlinks) before it
+/// is moved to `dst` (or deleted, with `dst` `None`): nothing beneath it may be denied where
+/// it is (the tree would carry denied files out from under the globs that hide them, or
+/// delete files the server may not even see), and, moved, no entry may land on a name denied
+/// at the destination, or on one of fsbroker's own files. Checked under the destination's own
+/// name, against every root covering it. Nothing is walked when no rule could apply.
+pub fn check_tree(src: &Parent, dst: Option<(&Parent, &str)>, raw: &str) -> Result<()> {
+    let dst_rules =
+        dst.is_some_and(|(d, _)| d.root.has_deny() || d.root.protected().any_beneath(&d.key));
+    if !src.root.has_deny() && !dst_rules {
+        return Ok(());
     }
-    let top = parent
+    let top = src
         .dir
-        .open_dir_nofollow(&parent.name)
+        .open_dir_nofollow(&src.name)
         .map_err(|e| Error::from_io(&e, raw))?;
-    let mut stack = vec![(top, parent.real.clone())];
-    while let Some((dir, rel)) = stack.pop() {
+    let mut stack = vec![(top, String::new())];
+    while let Some((dir, sub)) = stack.pop() {
         for entry in dir.entries().map_err(|e| Error::from_io(&e, raw))? {
             let entry = entry.map_err(|e| Error::from_io(&e, raw))?;
             let name = entry.file_name();
             // A name that is not UTF-8 cannot be matched by a glob; be safe and refuse.
             let Some(name) = name.to_str() else {
-                return Ok(true);
+                return Err(holds_denied(raw));
             };
-            let child = format!("{rel}/{name}");
-            if root.deny().is_denied(&child) {
-                return Ok(true);
+            let child = if sub.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{sub}/{name}")
+            };
+            if src.root.is_denied(&format!("{}/{child}", src.real)) {
+                return Err(holds_denied(raw));
+            }
+            if let Some((to, new_raw)) = dst {
+                if to.root.is_denied(&format!("{}/{child}", to.real)) {
+                    return Err(denied(new_raw));
+                }
+                if to.root.protected().is_own_file(&to.key.join(&child), None) {
+                    return Err(
+                        Error::new(ErrorKind::PermissionDenied, OWN_FILE).with_path(new_raw)
+                    );
+                }
             }
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                let sub = dir
+                let inner = dir
                     .open_dir_nofollow(name)
                     .map_err(|e| Error::from_io(&e, raw))?;
-                stack.push((sub, child));
+                stack.push((inner, child));
             }
         }
     }
-    Ok(false)
+    Ok(())
+}
+
+fn holds_denied(raw: &str) -> Error {
+    Error::new(
+        ErrorKind::PermissionDenied,
+        "the directory holds paths denied by policy",
+    )
+    .with_path(raw)
 }
 
 fn is_not_empty(e: &std::io::Error) -> bool {
@@ -350,11 +414,24 @@ impl Drop for Staged {
 
 /// Renames `from` to `to` across any two parents; `overwrite: false` is atomic
 /// (`RENAME_NOREPLACE`), never stat-then-rename.
-pub fn rename(from: &Parent, to: &Parent, overwrite: bool) -> rustix::io::Result<()> {
+///
+/// Both entries are checked first ([`Parent::check_change`]): the source is "renamed", the
+/// target "replaced"; a refusal is the outer `Err`.
+pub fn rename(
+    from: &Parent,
+    to: &Parent,
+    overwrite: bool,
+    old_raw: &str,
+    new_raw: &str,
+) -> Result<rustix::io::Result<()>> {
+    from.check_change("renamed", old_raw)?;
+    to.check_change("replaced", new_raw)?;
     let flags = if overwrite {
         rustix::fs::RenameFlags::empty()
     } else {
         rustix::fs::RenameFlags::NOREPLACE
     };
-    rustix::fs::renameat_with(&from.dir, &from.name, &to.dir, &to.name, flags)
+    Ok(rustix::fs::renameat_with(
+        &from.dir, &from.name, &to.dir, &to.name, flags,
+    ))
 }

@@ -34,34 +34,46 @@ pub struct RegularFile {
 /// denied path is refused as denied and does not even reveal what kind of file it leads to.
 /// It is advisory (the link could change before the open); the check on the opened
 /// descriptor that follows every open is the one that holds.
+///
+/// fsbroker's own files ([`super::protected`]) are refused the same way, by their spelled
+/// path here and, after an open, by where the descriptor really is and by its identity.
 pub fn check_not_denied(target: &Resolved, raw: &str) -> Result<()> {
-    if target.rel.split('/').any(super::mutate::is_staging_name) {
+    if target.rel().split('/').any(super::mutate::is_staging_name) {
         return Err(Error::new(
             ErrorKind::PermissionDenied,
             "reserved for fsbroker's staging files",
         )
         .with_path(raw));
     }
-    let deny = target.root.deny();
-    if deny.is_empty() {
+    let root = target.root();
+    if root.protected().is_own_file(&target.absolute(), None) {
+        return Err(protected(raw));
+    }
+    if !root.has_deny() {
         return Ok(());
     }
-    if deny.is_denied(&target.rel) {
+    if root.is_denied(target.rel()) {
         return Err(denied(raw));
     }
-    if let Ok(real) = target.root.dir().canonicalize(target.rel_path()) {
-        if real
-            .to_str()
-            .is_some_and(|r| deny.is_denied(r.trim_start_matches("./")))
-        {
+    if let Ok(real) = target.real(raw) {
+        if root.is_denied(real.rel()) {
             return Err(denied(raw));
+        }
+        if root.protected().is_own_file(&real.absolute(), None) {
+            return Err(protected(raw));
         }
     }
     Ok(())
 }
 
-fn denied(raw: &str) -> Error {
+/// The refusal of a path denied by a glob.
+pub(crate) fn denied(raw: &str) -> Error {
     Error::new(ErrorKind::PermissionDenied, "denied by policy").with_path(raw)
+}
+
+/// The refusal of one of fsbroker's own files.
+pub(crate) fn protected(raw: &str) -> Error {
+    Error::new(ErrorKind::PermissionDenied, super::protected::OWN_FILE).with_path(raw)
 }
 
 /// Opens a regular file for reading.
@@ -71,7 +83,8 @@ fn denied(raw: &str) -> Error {
 /// cannot slip a non-regular file through). `O_NONBLOCK` is the second guard against a FIFO.
 pub fn open_regular(target: &Resolved, raw: &str) -> Result<RegularFile> {
     check_not_denied(target, raw)?;
-    let dir = target.root.dir();
+    let root = target.root();
+    let dir = root.dir();
     let rel = target.rel_path();
     let pre = dir.metadata(rel).map_err(|e| Error::from_io(&e, raw))?;
     require_regular(pre.file_type(), raw)?;
@@ -90,9 +103,15 @@ pub fn open_regular(target: &Resolved, raw: &str) -> Result<RegularFile> {
         let what = describe(CapMetadata::from_just_metadata(meta.clone()).file_type());
         return Err(not_regular(what, raw));
     }
-    let real = real_rel(&target.root, &file, raw)?;
-    if target.root.deny().is_denied(&real) {
+    let real = real_rel(root, &file, raw)?;
+    if root.is_denied(&real) {
         return Err(denied(raw));
+    }
+    if root
+        .protected()
+        .is_own_file(&root.join(&real), Some(super::protected::id_of(&meta)))
+    {
+        return Err(protected(raw));
     }
     Ok(RegularFile { file, meta, real })
 }
@@ -101,8 +120,9 @@ pub fn open_regular(target: &Resolved, raw: &str) -> Result<RegularFile> {
 /// relative to the root (which differs from `target.rel` when a symlink was followed).
 pub fn open_dir(target: &Resolved, raw: &str) -> Result<(Dir, String)> {
     check_not_denied(target, raw)?;
-    let dir = target.root.dir();
-    let opened = if target.rel.is_empty() {
+    let root = target.root();
+    let dir = root.dir();
+    let opened = if target.is_root() {
         dir.try_clone()
     } else {
         let meta = dir
@@ -118,11 +138,11 @@ pub fn open_dir(target: &Resolved, raw: &str) -> Result<(Dir, String)> {
         dir.open_dir(target.rel_path())
     }
     .map_err(|e| Error::from_io(&e, raw))?;
-    let real = if target.root.deny().is_empty() {
-        target.rel.clone()
+    let real = if !root.has_deny() {
+        target.rel().to_owned()
     } else {
-        let real = real_rel(&target.root, &opened, raw)?;
-        if target.root.deny().is_denied(&real) {
+        let real = real_rel(root, &opened, raw)?;
+        if root.is_denied(&real) {
             return Err(denied(raw));
         }
         real

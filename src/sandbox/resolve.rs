@@ -13,15 +13,109 @@ use super::Root;
 use crate::error::{Error, ErrorKind, Result};
 
 /// A request path placed beneath a root.
+///
+/// Only [`resolve`] and the methods here make one, so a `Resolved` always holds a normalised
+/// path: no `.`, `..` or empty segment, relative to its root.
 #[derive(Debug, Clone)]
 pub struct Resolved {
-    /// The root the path lies in.
-    pub root: Arc<Root>,
-    /// Normalised, `/`-separated, relative to the root; `""` is the root itself.
-    pub rel: String,
+    root: Arc<Root>,
+    rel: String,
 }
 
 impl Resolved {
+    /// The root the path lies in.
+    pub fn root(&self) -> &Arc<Root> {
+        &self.root
+    }
+
+    /// Normalised, `/`-separated, relative to the root; `""` is the root itself.
+    pub fn rel(&self) -> &str {
+        &self.rel
+    }
+
+    /// Whether this is the root itself.
+    pub fn is_root(&self) -> bool {
+        self.rel.is_empty()
+    }
+
+    /// The absolute path, as spelled (symlinks not resolved).
+    pub fn absolute(&self) -> PathBuf {
+        self.root.join(&self.rel)
+    }
+
+    /// The ancestors of this path beneath the root, nearest to the root first, without the
+    /// root itself and without this path.
+    pub fn ancestors(&self) -> impl Iterator<Item = Resolved> + '_ {
+        self.rel.match_indices('/').map(|(i, _)| Resolved {
+            root: Arc::clone(&self.root),
+            rel: self.rel[..i].to_owned(),
+        })
+    }
+
+    /// Where this path really leads, as a path of the same root: every symlink resolved by
+    /// the kernel beneath the root (one that leads out, or is absolute, is refused as outside
+    /// every root). A path that does not exist yet is its deepest existing ancestor, resolved,
+    /// with the rest appended; a dangling symlink on the way is refused.
+    ///
+    /// This is the one place that answers "where does this path lead": consent shows and
+    /// grants it, writes go through it, watches cover it, and deny globs, modes and grants are
+    /// checked on it. It is advisory — a link can change after it answers — so opens check the
+    /// descriptor they got again ([`super::open`]).
+    pub fn real(&self, raw: &str) -> Result<Resolved> {
+        let dir = self.root.dir();
+        let mut known = self.rel.as_str();
+        let mut rest: Vec<&str> = Vec::new();
+        let base = loop {
+            let attempt = if known.is_empty() {
+                Ok(PathBuf::new())
+            } else {
+                dir.canonicalize(known)
+            };
+            match attempt {
+                Ok(p) => break p,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let (parent, name) = known.rsplit_once('/').unwrap_or(("", known));
+                    let parent_dir = if parent.is_empty() {
+                        dir.try_clone()
+                    } else {
+                        dir.open_dir(parent)
+                    };
+                    // The last existing component is a link to nowhere: there is no telling
+                    // where a file created through it would land.
+                    if parent_dir.is_ok_and(|d| {
+                        d.symlink_metadata(name)
+                            .is_ok_and(|m| m.file_type().is_symlink())
+                    }) {
+                        return Err(Error::new(
+                            ErrorKind::InvalidPath,
+                            "a symlink whose target does not exist",
+                        )
+                        .with_path(raw));
+                    }
+                    rest.push(name);
+                    known = parent;
+                }
+                Err(e) => return Err(Error::from_io(&e, raw)),
+            }
+        };
+        let base = base.to_str().ok_or_else(|| {
+            Error::new(ErrorKind::InvalidPath, "path is not UTF-8").with_path(raw)
+        })?;
+        let mut real = if base == "." { "" } else { base }
+            .trim_start_matches("./")
+            .to_owned();
+        for name in rest.into_iter().rev() {
+            if !real.is_empty() {
+                real.push('/');
+            }
+            real.push_str(name);
+        }
+        Ok(Resolved {
+            root: Arc::clone(&self.root),
+            rel: real,
+        })
+    }
+
     /// The path in `NAME/rel` form, as results and notifications carry it.
     pub fn display(&self) -> String {
         join_display(self.root.name(), &self.rel)

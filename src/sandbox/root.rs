@@ -1,6 +1,8 @@
 //! A root: a name, a canonical path, and the directory capability every access goes through.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
@@ -8,6 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::DenySet;
+use super::protected::Protected;
 use crate::policy::PolicyError;
 
 /// Whether a root may be changed.
@@ -53,6 +56,11 @@ pub struct RootSpec {
 ///
 /// Handlers receive a `Root`, never a root path: the only way to touch a file is through
 /// [`Root::dir`], which confines every path beneath it.
+///
+/// The rules that apply at a path of the root are the strictest of every root that covers
+/// it ([`Root::is_denied`], [`Root::mode_at`], [`Root::consent_at`]): a root nested in this
+/// one keeps its own mode, consent and deny globs when reached through this one's name, and
+/// this one's rules hold inside a root nested in it.
 #[derive(Debug)]
 pub struct Root {
     name: String,
@@ -62,6 +70,74 @@ pub struct Root {
     mode: Mode,
     consent: ConsentMode,
     deny: DenySet,
+    overlaps: Vec<Overlap>,
+    protected: Arc<Protected>,
+}
+
+/// Another root of the same policy that covers all of this one, or a part of it.
+#[derive(Debug)]
+struct Overlap {
+    place: Place,
+    mode: Mode,
+    consent: ConsentMode,
+    deny: DenySet,
+}
+
+#[derive(Debug)]
+enum Place {
+    /// The other root holds this one, which lies at this path inside it.
+    Outer(String),
+    /// The other root lies at this path inside this one.
+    Inner(String),
+}
+
+impl Overlap {
+    /// The path relative to the other root, when it covers `rel` (relative to this one).
+    fn there<'a>(&self, rel: &'a str) -> Option<Cow<'a, str>> {
+        match &self.place {
+            Place::Outer(at) if rel.is_empty() => Some(Cow::Owned(at.clone())),
+            Place::Outer(at) => Some(Cow::Owned(format!("{at}/{rel}"))),
+            Place::Inner(at) => {
+                let rest = rel.strip_prefix(at.as_str())?;
+                if rest.is_empty() {
+                    Some(Cow::Borrowed(""))
+                } else {
+                    rest.strip_prefix('/').map(Cow::Borrowed)
+                }
+            }
+        }
+    }
+}
+
+/// Tells each root which others overlap it and what fsbroker protects, once every root of a
+/// policy is open.
+pub(crate) fn link(roots: &mut [Root], protected: &Arc<Protected>) {
+    let shapes: Vec<(PathBuf, Mode, ConsentMode, DenySet)> = roots
+        .iter()
+        .map(|r| (r.path.clone(), r.mode, r.consent, r.deny.clone()))
+        .collect();
+    for root in roots.iter_mut() {
+        root.protected = Arc::clone(protected);
+        root.overlaps.clear();
+        for (path, mode, consent, deny) in &shapes {
+            let place = if let Ok(at) = root.path.strip_prefix(path) {
+                Place::Outer(at.to_string_lossy().into_owned())
+            } else if let Ok(at) = path.strip_prefix(&root.path) {
+                Place::Inner(at.to_string_lossy().into_owned())
+            } else {
+                continue;
+            };
+            if matches!(&place, Place::Outer(at) | Place::Inner(at) if at.is_empty()) {
+                continue; // the root itself
+            }
+            root.overlaps.push(Overlap {
+                place,
+                mode: *mode,
+                consent: *consent,
+                deny: deny.clone(),
+            });
+        }
+    }
 }
 
 impl Root {
@@ -102,6 +178,8 @@ impl Root {
             mode: spec.mode,
             consent: spec.consent,
             deny,
+            overlaps: Vec::new(),
+            protected: Arc::default(),
         })
     }
 
@@ -135,9 +213,68 @@ impl Root {
         self.consent
     }
 
-    /// The deny globs.
+    /// The deny globs written for this root (see [`Root::is_denied`] for what applies).
     pub fn deny(&self) -> &DenySet {
         &self.deny
+    }
+
+    /// Whether `rel` (normalised, relative to this root) or an ancestor of it is denied by
+    /// this root's globs or by those of another root covering it.
+    pub fn is_denied(&self, rel: &str) -> bool {
+        self.deny.is_denied(rel)
+            || self.overlaps.iter().any(|o| {
+                !o.deny.is_empty() && o.there(rel).is_some_and(|there| o.deny.is_denied(&there))
+            })
+    }
+
+    /// Whether any deny glob can apply beneath this root (so callers can skip the work).
+    pub fn has_deny(&self) -> bool {
+        !self.deny.is_empty() || self.overlaps.iter().any(|o| !o.deny.is_empty())
+    }
+
+    /// The mode at `rel`: read-only when this root or any root covering `rel` is.
+    pub fn mode_at(&self, rel: &str) -> Mode {
+        let read_only = self.mode == Mode::ReadOnly
+            || self
+                .overlaps
+                .iter()
+                .any(|o| o.mode == Mode::ReadOnly && o.there(rel).is_some());
+        if read_only {
+            Mode::ReadOnly
+        } else {
+            Mode::ReadWrite
+        }
+    }
+
+    /// The consent mode at `rel`: the strictest of this root's and of every root covering
+    /// `rel` (`deny` over `prompt` over `auto`).
+    pub fn consent_at(&self, rel: &str) -> ConsentMode {
+        let strictness = |c: ConsentMode| match c {
+            ConsentMode::Auto => 0,
+            ConsentMode::Prompt => 1,
+            ConsentMode::Deny => 2,
+        };
+        self.overlaps
+            .iter()
+            .filter(|o| o.there(rel).is_some())
+            .map(|o| o.consent)
+            .chain(std::iter::once(self.consent))
+            .max_by_key(|c| strictness(*c))
+            .unwrap_or(self.consent)
+    }
+
+    /// fsbroker's own files and the paths that hold them or roots ([`Protected`]).
+    pub fn protected(&self) -> &Protected {
+        &self.protected
+    }
+
+    /// The absolute path of `rel`.
+    pub fn join(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            self.path.clone()
+        } else {
+            self.path.join(rel)
+        }
     }
 
     /// The root as a `file://` URI: percent-encoded, no trailing slash.

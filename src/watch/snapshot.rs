@@ -84,7 +84,7 @@ pub fn scan(root: &Root, rel: &str, is_dir: bool, recursive: bool) -> Snapshot {
             } else {
                 format!("{base}/{name}")
             };
-            if root.deny().is_denied(&child) {
+            if root.is_denied(&child) || root.protected().is_own_file(&root.join(&child), None) {
                 continue;
             }
             let Ok(meta) = entry.metadata() else { continue };

@@ -409,20 +409,23 @@ fn covers(w: &Watch, path: &Path) -> bool {
 }
 
 /// Whether a change at `rel` may be told to the watch's session: never a staging file,
-/// never a denied path, only what the session's grants cover, and only a path whose
+/// never a denied path or one of fsbroker's own files (a watch on the audit log's folder
+/// would otherwise time every other session's requests), only what the session's grants
+/// cover, with the rules of every root covering the path, and only a path whose
 /// directories are, right now, real directories beneath the root (a watch that ended up on
 /// a directory reached through a swapped-in symlink reports nothing).
 fn visible(root: &Root, w: &Watch, rel: &str) -> bool {
-    if rel.split('/').any(is_staging_name) || root.deny().is_denied(rel) {
+    if rel.split('/').any(is_staging_name) || root.is_denied(rel) {
         return false;
     }
-    let granted = match root.consent() {
+    let abs = root.join(rel);
+    if root.protected().is_own_file(&abs, None) {
+        return false;
+    }
+    let granted = match root.consent_at(rel) {
         ConsentMode::Auto => true,
         ConsentMode::Deny => false,
-        ConsentMode::Prompt => w
-            .session
-            .upgrade()
-            .is_some_and(|s| s.is_granted(root.path(), rel)),
+        ConsentMode::Prompt => w.session.upgrade().is_some_and(|s| s.is_granted(&abs)),
     };
     if !granted {
         return false;

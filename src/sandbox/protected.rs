@@ -1,0 +1,299 @@
+//! What the broker itself trusts or writes: paths no request may read, change, move or
+//! replace, whatever root, name or route it comes through.
+//!
+//! A server with a writable root that holds the broker's policy file could otherwise rewrite
+//! the policy (the broker reloads it and obeys), and one that can write the audit log could
+//! rewrite the history of what it did. So the policy file, the audit log and its rotated
+//! copies, the files the consent command runs, and the `--listen` socket are *fsbroker's own
+//! files*: never read, written, created, deleted or renamed through a root. The folders
+//! holding them, and the roots and the folders holding roots, may not be moved, deleted or
+//! replaced either, since the broker finds all of these by path again (a reload reads the
+//! policy by path; a root moved away is retired).
+//!
+//! Each is known by its path (canonical, and as configured when that differs) — which also
+//! covers what does not exist yet, such as the next rotated audit log — and by its device and
+//! inode when it exists, so a hard link or a bind mount of it under another name is caught too.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Why a path may not be changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// One of fsbroker's own files: neither read nor changed.
+    OwnFile,
+    /// A folder holding one of fsbroker's own files: not moved, deleted or replaced.
+    HoldsOwnFiles,
+    /// A root's own directory.
+    Root,
+    /// A folder holding a root.
+    HoldsRoot,
+}
+
+impl Verdict {
+    /// The `data.reason` of a refusal, for an operation described by `what` ("renamed", ...).
+    pub fn reason(self, what: &str) -> String {
+        match self {
+            Verdict::OwnFile => OWN_FILE.to_owned(),
+            Verdict::HoldsOwnFiles => "protected: holds fsbroker's own files".to_owned(),
+            Verdict::Root => format!("the root itself cannot be {what}"),
+            Verdict::HoldsRoot => "protected: holds a root".to_owned(),
+        }
+    }
+}
+
+/// The reason given for any request on one of fsbroker's own files.
+pub const OWN_FILE: &str = "protected: fsbroker's own file";
+
+/// A file's identity on the machine: device and inode.
+pub type Id = (u64, u64);
+
+/// The identity in `meta`.
+pub fn id_of(meta: &std::fs::Metadata) -> Id {
+    (meta.dev(), meta.ino())
+}
+
+/// The identity in cap-std's `meta`.
+pub fn cap_id_of(meta: &cap_std::fs::Metadata) -> Id {
+    use cap_std::fs::MetadataExt as _;
+    (meta.dev(), meta.ino())
+}
+
+/// fsbroker's own files, the roots, and everything that holds them.
+#[derive(Debug, Default)]
+pub struct Protected {
+    /// Own files by absolute path (canonical, and as configured).
+    files: Vec<PathBuf>,
+    /// Audit logs as (folder, file name): a sibling whose name starts with the file's name
+    /// (`audit.jsonl.1`, `audit.jsonl-20261123.gz`) is a rotated copy, own too.
+    families: Vec<(PathBuf, OsString)>,
+    /// The roots' canonical paths.
+    roots: Vec<PathBuf>,
+    /// Identities of the own files that exist.
+    file_ids: HashMap<Id, Verdict>,
+    /// Identities of roots, and of every folder above an own file or a root.
+    dir_ids: HashMap<Id, Verdict>,
+}
+
+/// What to protect, as configured; [`Protected::new`] resolves it.
+#[derive(Debug, Default, Clone)]
+pub struct ProtectedSpec {
+    /// Own files: the policy file, the audit log, the consent command's files, the socket.
+    pub files: Vec<PathBuf>,
+    /// Audit logs, whose rotated siblings are own files too.
+    pub audit_logs: Vec<PathBuf>,
+    /// The roots' canonical paths.
+    pub roots: Vec<PathBuf>,
+}
+
+impl Protected {
+    /// Resolves `spec`: absolute and canonical paths, and the identities of what exists now.
+    pub fn new(spec: &ProtectedSpec) -> Protected {
+        let mut p = Protected::default();
+        let mut holders: Vec<(PathBuf, Verdict)> = Vec::new();
+        for file in spec.files.iter().chain(&spec.audit_logs) {
+            for path in spellings(file) {
+                holders.push((path.clone(), Verdict::HoldsOwnFiles));
+                push_unique(&mut p.files, path);
+            }
+            if let Ok(meta) = std::fs::metadata(file) {
+                p.file_ids.insert(id_of(&meta), Verdict::OwnFile);
+            }
+        }
+        for log in &spec.audit_logs {
+            for path in spellings(log) {
+                if let (Some(dir), Some(name)) = (path.parent(), path.file_name()) {
+                    let family = (dir.to_path_buf(), name.to_os_string());
+                    if !p.families.contains(&family) {
+                        p.families.push(family);
+                    }
+                }
+            }
+        }
+        for root in &spec.roots {
+            push_unique(&mut p.roots, root.clone());
+            holders.push((root.clone(), Verdict::HoldsRoot));
+            if let Ok(meta) = std::fs::metadata(root) {
+                p.dir_ids.insert(id_of(&meta), Verdict::Root);
+            }
+        }
+        // Every folder above a protected path, by identity: a bind mount or a second name
+        // for one of them is refused like the folder itself. A root's own identity wins
+        // over "holds" (a root above another root is itself a root).
+        for (path, verdict) in holders {
+            for dir in path.ancestors().skip(1) {
+                if let Ok(meta) = std::fs::metadata(dir) {
+                    p.dir_ids.entry(id_of(&meta)).or_insert(verdict);
+                }
+            }
+        }
+        p
+    }
+
+    /// Whether nothing is protected (no policy file, no audit log, no roots).
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.roots.is_empty() && self.families.is_empty()
+    }
+
+    /// The own files by path, for warnings.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// Whether the entry at `abs` (absolute, symlinks resolved but for the last component),
+    /// with the identity `meta` if it exists, is one of fsbroker's own files.
+    pub fn is_own_file(&self, abs: &Path, id: Option<Id>) -> bool {
+        match (abs.parent(), abs.file_name()) {
+            (Some(dir), Some(name)) => self.is_own_entry(dir, name, id),
+            _ => false,
+        }
+    }
+
+    /// [`Protected::is_own_file`] for the entry `name` of the folder at `dir`, for walks that
+    /// hold the folder's path already.
+    pub fn is_own_entry(&self, dir: &Path, name: &std::ffi::OsStr, id: Option<Id>) -> bool {
+        let bytes = name.as_encoded_bytes();
+        self.files
+            .iter()
+            .any(|f| f.file_name() == Some(name) && f.parent() == Some(dir))
+            || self
+                .families
+                .iter()
+                .any(|(d, n)| bytes.starts_with(n.as_encoded_bytes()) && d == dir)
+            || id.is_some_and(|id| self.file_ids.contains_key(&id))
+    }
+
+    /// Whether one of fsbroker's own files lies beneath `abs` or may come to (so a tree moved
+    /// there must be checked entry by entry).
+    pub fn any_beneath(&self, abs: &Path) -> bool {
+        self.files.iter().any(|f| f.starts_with(abs))
+            || self.families.iter().any(|(d, _)| d.starts_with(abs))
+    }
+
+    /// Whether the entry at `abs` (with `meta` when it exists) may be written, created,
+    /// deleted, renamed away or replaced; `None` when it may.
+    pub fn change(&self, abs: &Path, id: Option<Id>) -> Option<Verdict> {
+        if self.is_own_file(abs, id) {
+            return Some(Verdict::OwnFile);
+        }
+        if self.roots.iter().any(|r| r == abs) {
+            return Some(Verdict::Root);
+        }
+        let above = |p: &PathBuf| p.as_path() != abs && p.starts_with(abs);
+        if self.files.iter().any(above) || self.families.iter().any(|(d, _)| d == abs) {
+            return Some(Verdict::HoldsOwnFiles);
+        }
+        if self.roots.iter().any(above) {
+            return Some(Verdict::HoldsRoot);
+        }
+        self.dir_ids.get(&id?).copied()
+    }
+}
+
+/// The absolute path as configured, and its canonical form when that differs.
+fn spellings(path: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::with_capacity(2);
+    if let Ok(abs) = std::path::absolute(path) {
+        out.push(abs);
+    }
+    // A file that does not exist yet (a rotated log) has no canonical form; its folder does.
+    let canonical = std::fs::canonicalize(path).ok().or_else(|| {
+        let dir = std::fs::canonicalize(path.parent()?).ok()?;
+        Some(dir.join(path.file_name()?))
+    });
+    if let Some(c) = canonical {
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn push_unique(list: &mut Vec<PathBuf>, path: PathBuf) {
+    if !list.contains(&path) {
+        list.push(path);
+    }
+}
+
+/// The files the consent command runs: its program (looked up in `PATH` when it has no `/`)
+/// and every argument that names an existing file (a script, a configuration).
+pub fn command_files(argv: &[String]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Some((program, args)) = argv.split_first() else {
+        return out;
+    };
+    if program.contains('/') {
+        out.push(PathBuf::from(program));
+    } else if let Some(path) = std::env::var_os("PATH") {
+        if let Some(found) = std::env::split_paths(&path)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+        {
+            out.push(found);
+        }
+    }
+    out.extend(args.iter().map(PathBuf::from).filter(|p| p.is_file()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_files_their_folders_and_rotated_siblings() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().canonicalize().unwrap();
+        std::fs::create_dir_all(base.join("proj/conf")).unwrap();
+        std::fs::write(base.join("proj/conf/policy.toml"), "").unwrap();
+        std::fs::write(base.join("proj/audit.jsonl"), "").unwrap();
+        std::fs::write(base.join("proj/other.txt"), "").unwrap();
+        std::fs::hard_link(base.join("proj/conf/policy.toml"), base.join("proj/alias")).unwrap();
+        let p = Protected::new(&ProtectedSpec {
+            files: vec![base.join("proj/conf/policy.toml")],
+            audit_logs: vec![base.join("proj/audit.jsonl")],
+            roots: vec![base.join("proj")],
+        });
+        let id = |rel: &str| {
+            std::fs::symlink_metadata(base.join(rel))
+                .ok()
+                .map(|m| id_of(&m))
+        };
+        let change = |rel: &str| p.change(&base.join(rel), id(rel));
+        assert_eq!(change("proj/conf/policy.toml"), Some(Verdict::OwnFile));
+        assert_eq!(change("proj/audit.jsonl"), Some(Verdict::OwnFile));
+        assert_eq!(change("proj/audit.jsonl.1"), Some(Verdict::OwnFile));
+        assert_eq!(change("proj/alias"), Some(Verdict::OwnFile), "a hard link");
+        assert_eq!(change("proj/conf"), Some(Verdict::HoldsOwnFiles));
+        assert_eq!(change("proj"), Some(Verdict::Root));
+        assert_eq!(change("proj/other.txt"), None);
+        assert_eq!(change("proj/conf/new.txt"), None);
+        assert_eq!(change("proj/audit.json"), None);
+        assert_eq!(change("proj/conf/policy.toml.bak"), None);
+    }
+
+    #[test]
+    fn folders_holding_roots() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().canonicalize().unwrap();
+        std::fs::create_dir_all(base.join("outer/mid/inner")).unwrap();
+        let p = Protected::new(&ProtectedSpec {
+            roots: vec![base.join("outer"), base.join("outer/mid/inner")],
+            ..ProtectedSpec::default()
+        });
+        let id = std::fs::metadata(base.join("outer/mid"))
+            .ok()
+            .map(|m| id_of(&m));
+        assert_eq!(
+            p.change(&base.join("outer/mid"), id),
+            Some(Verdict::HoldsRoot)
+        );
+        assert_eq!(
+            p.change(&base.join("outer/mid/inner"), None),
+            Some(Verdict::Root)
+        );
+        assert_eq!(p.change(&base.join("outer/mid/x"), None), None);
+    }
+}
