@@ -496,9 +496,11 @@ fn deny_root_refuses_everything_and_approves_nothing() {
         "the consent command ran for a deny root"
     );
     assert_every_method_refused(&mut b, &env);
-    // roots/list still names the root.
+    // roots/list lists only roots the session may use: never a deny root, and the command
+    // is not asked about it either.
     let roots = b.ok("roots/list", json!({}));
-    assert_eq!(roots["roots"][0]["name"], "r", "{roots}");
+    assert_eq!(roots, json!({"roots": []}));
+    assert!(!env.command_ran(), "roots/list offered a deny root");
 }
 
 #[test]

@@ -487,6 +487,15 @@ fn root_names(b: &mut Broker) -> Vec<String> {
 #[test]
 fn policy_roots_come_first_then_command_line_roots() {
     let s = setup();
+    // `roots/list` lists only roots the session may use now: make the policy's root `auto`.
+    std::fs::write(
+        &s.policy,
+        format!(
+            "[[root]]\npath = {}\nname = \"pol\"\nconsent = \"auto\"\n",
+            lit(&s.pol_dir)
+        ),
+    )
+    .unwrap();
     let mut b = Broker::spawn(&[
         "serve",
         "--root",
@@ -546,7 +555,8 @@ fn read_write_applies_to_command_line_roots_only() {
         .iter()
         .map(|r| r["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["pol", "cli"]);
+    // `pol` is a `prompt` root nobody approved (and there is no one to ask): not listed.
+    assert_eq!(names, ["cli"]);
     // The only outside view of a root's mode until files/write exists: the startup log.
     let err = stderr(&o);
     let line_of = |name: &str| {
@@ -589,7 +599,14 @@ fn consent_override_is_accepted_and_applies_to_every_root() {
         );
         assert!(o.status.success(), "--consent {mode}: {}", stderr(&o));
         let resp: Value = serde_json::from_slice(&o.stdout).unwrap();
-        assert_eq!(resp["result"]["roots"].as_array().unwrap().len(), 2);
+        // Only roots the session may use now are listed: none of a `deny` root, none of a
+        // `prompt` root with nobody to ask.
+        let listed = if mode == "auto" { 2 } else { 0 };
+        assert_eq!(
+            resp["result"]["roots"].as_array().unwrap().len(),
+            listed,
+            "--consent {mode}: {resp}"
+        );
         let want = match mode {
             "deny" => "consent=Deny",
             "prompt" => "consent=Prompt",
@@ -610,7 +627,7 @@ fn consent_override_is_accepted_and_applies_to_every_root() {
         "--consent",
         "deny",
     ]);
-    assert_eq!(root_names(&mut b), ["cli"]);
+    assert!(root_names(&mut b).is_empty());
     // A bad value is refused by the command line parser.
     let o = run(
         &[

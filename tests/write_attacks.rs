@@ -18,6 +18,12 @@
 //! no outside byte reaches the wire, that a snapshot of *everything outside the root(s)* —
 //! names, types, modes, modification times, symlink targets, sha256 of contents — is the same
 //! before and after (for successful cases too), and that no staging file is left anywhere.
+//!
+//! A third table puts fsbroker's own files inside the read-write root (`T/proj/etc/fsb/`
+//! holds the policy, `T/proj/var/log/` the audit log) and aims every mutating route at them,
+//! at a rotated sibling of the log that does not exist yet, and at the folders holding them:
+//! each must be refused as protected, the policy (and the absent sibling) stay exactly as they
+//! were, and the audit log only grows, in place.
 
 mod common;
 
@@ -40,6 +46,10 @@ const A_TXT: &str = "inside a\n";
 const OUTSIDE: &str = "outside every root";
 const DENIED: &str = "denied by policy";
 const ROOT_ITSELF: &str = "the root itself";
+/// The reason of every refusal of fsbroker's own files starts with this.
+const PROTECTED: &str = "protected";
+/// In the policy file of the protected-paths world: must never reach the wire.
+const POLICY_MARKER: &str = "POLICY-MARKER-7f31";
 /// "Answer at once": far above any honest answer on a loaded 2-core machine, far below a
 /// request blocked on a FIFO.
 const AT_ONCE: Duration = Duration::from_secs(10);
@@ -61,6 +71,9 @@ enum Want {
     Denied,
     /// `PERMISSION_DENIED`, reason starting "the root itself".
     Root,
+    /// `PERMISSION_DENIED`, reason starting "protected": fsbroker's own files and the folders
+    /// holding them.
+    Protected,
 }
 
 /// Which path of a rename an error must name in `data.path`.
@@ -380,6 +393,20 @@ struct Guarded<'a> {
     denied: Vec<PathBuf>,
     /// Texts that must never appear on the wire.
     forbidden: &'a [&'a str],
+    /// fsbroker's own files (inside a root), which must not change at all (an absent one
+    /// stays absent).
+    protected: Vec<PathBuf>,
+    /// Audit logs: they grow with every request, but only in place (same inode, the old
+    /// bytes a prefix of the new).
+    logs: Vec<PathBuf>,
+}
+
+/// A log's inode and bytes (0 and nothing when absent).
+fn log_state(path: &Path) -> (u64, Vec<u8>) {
+    match std::fs::metadata(path) {
+        Ok(m) => (m.ino(), std::fs::read(path).unwrap()),
+        Err(_) => (0, Vec::new()),
+    }
 }
 
 /// Runs one row and asserts everything the contract promises about it.
@@ -387,6 +414,8 @@ fn check(b: &mut Broker, g: &Guarded, case: &Case) {
     let ctx = format!("{} [{}] {}", case.method, case.desc, shown(&case.params));
     let outside_before = snapshot_outside(g.base, &g.roots);
     let denied_before = snapshot_of(g.base, &g.denied);
+    let protected_before = snapshot_of(g.base, &g.protected);
+    let logs_before: Vec<_> = g.logs.iter().map(|l| log_state(l)).collect();
 
     let started = Instant::now();
     let resp = b.request(case.method, case.params.clone());
@@ -405,6 +434,7 @@ fn check(b: &mut Broker, g: &Guarded, case: &Case) {
         Want::Outside => Some(("PERMISSION_DENIED", Some(OUTSIDE), true)),
         Want::Denied => Some(("PERMISSION_DENIED", Some(DENIED), true)),
         Want::Root => Some(("PERMISSION_DENIED", Some(ROOT_ITSELF), false)),
+        Want::Protected => Some(("PERMISSION_DENIED", Some(PROTECTED), false)),
     };
     match failure {
         None => {
@@ -451,6 +481,23 @@ fn check(b: &mut Broker, g: &Guarded, case: &Case) {
         "{ctx}: a denied file changed:{}\nresponse: {wire}",
         denied_before.diff(&denied_after)
     );
+    let protected_after = snapshot_of(g.base, &g.protected);
+    assert!(
+        protected_before == protected_after,
+        "{ctx}: one of fsbroker's own files changed:{}\nresponse: {wire}",
+        protected_before.diff(&protected_after)
+    );
+    for (log, (ino_before, bytes_before)) in g.logs.iter().zip(&logs_before) {
+        let (ino_after, bytes_after) = log_state(log);
+        assert!(
+            ino_after == *ino_before && bytes_after.starts_with(bytes_before),
+            "{ctx}: the audit log {} was replaced or rewritten (inode {ino_before} -> \
+             {ino_after}, {} -> {} bytes)\nresponse: {wire}",
+            log.display(),
+            bytes_before.len(),
+            bytes_after.len()
+        );
+    }
     let staging = staging_files(g.base);
     assert!(staging.is_empty(), "{ctx}: staging files left: {staging:?}");
     if let Some(then) = &case.then {
@@ -1486,6 +1533,8 @@ fn hostile_mutations_single_root() {
             roots: vec![w.proj.clone()],
             denied: vec![],
             forbidden: &[MARKER],
+            protected: vec![],
+            logs: vec![],
         };
         run_table(&mut b, &g, "single read-write root", &cases);
         let (status, rest) = b.finish();
@@ -1793,11 +1842,246 @@ fn hostile_mutations_two_roots_with_deny_globs() {
                 p.join("secrets"),
             ],
             forbidden: &[MARKER, DENIED_MARKER],
+            protected: vec![],
+            logs: vec![],
         };
         run_table(&mut b, &g, "two read-write roots + deny globs", &cases);
         let (status, rest) = b.finish();
         assert!(status.success(), "{status}");
         assert!(!rest.contains(MARKER) && !rest.contains(DENIED_MARKER));
+        let staging = staging_files(&w.base);
+        assert!(staging.is_empty(), "staging files left: {staging:?}");
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// fsbroker's own files inside the read-write root: the policy in `proj/etc/fsb/`, the audit
+// log in `proj/var/log/`.
+
+/// Where the protected-paths world keeps fsbroker's files, relative to the root `proj`.
+const OWN_POLICY: &str = "etc/fsb/fsbroker.toml";
+const OWN_LOG: &str = "var/log/audit.jsonl";
+/// A rotated sibling of the log that does not exist yet.
+const OWN_SIBLING: &str = "var/log/audit.jsonl.1";
+
+/// [`world`], plus a policy inside the root `proj` (`T/proj/etc/fsb/fsbroker.toml`: `proj`
+/// as `../..` and `second` as `../../../second`, both read-write, consent auto) whose audit
+/// log is `T/proj/var/log/audit.jsonl`.
+fn protected_world() -> World {
+    let mut w = world();
+    let policy = w.proj.join(OWN_POLICY);
+    put(
+        &policy,
+        &format!(
+            "# {POLICY_MARKER}: fsbroker's own\n\
+             [[root]]\npath = \"../..\"\nname = \"proj\"\n\
+             mode = \"read-write\"\nconsent = \"auto\"\n\n\
+             [[root]]\npath = \"../../../second\"\nname = \"second\"\n\
+             mode = \"read-write\"\nconsent = \"auto\"\n\n\
+             [audit]\npath = \"../../var/log/audit.jsonl\"\n"
+        ),
+    );
+    std::fs::create_dir_all(w.proj.join("var/log")).unwrap();
+    put(&w.proj.join("onto.txt"), "renamed onto fsbroker's files\n");
+    w.policy = policy;
+    w
+}
+
+/// A generated row description: rows hold `&'static str`, so the few this table builds are
+/// leaked (a few KiB, once per run).
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// The broker's `etag` of a file (its format: `src/sandbox/open.rs`), for `ifMatch`.
+fn etag_of(path: &Path) -> String {
+    let m = std::fs::metadata(path).unwrap();
+    format!(
+        "{:x}-{:x}-{:x}-{:x}.{:x}-{:x}.{:x}",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    )
+}
+
+fn protected_cases(w: &World) -> Vec<Case> {
+    use Want::{Ok, Protected};
+    let p = w.proj.to_str().unwrap().to_owned();
+    let chunk0 = json!({"offset": 0, "final": false});
+    // `NAME/rel`, absolute, `file://` URI.
+    let forms = |rel: &str| -> [(&'static str, String); 3] {
+        [
+            ("name", format!("proj/{rel}")),
+            ("absolute", format!("{p}/{rel}")),
+            (
+                "URI",
+                format!("file://{}", common::uri_path(&w.proj.join(rel))),
+            ),
+        ]
+    };
+    let mut cases = Vec::new();
+    // Controls: ordinary files beside fsbroker's own stay writable (first, so that a broker
+    // that lets the rows below through cannot make them fail).
+    let proj = w.proj.clone();
+    cases.push(
+        write(
+            "an ordinary file beside the policy",
+            "proj/etc/fsb/notes.txt",
+            Ok,
+        )
+        .control()
+        .then(move || assert_file(&proj.join("etc/fsb/notes.txt"), PAYLOAD)),
+    );
+    cases.push(
+        write(
+            "an ordinary file beside the audit log",
+            "proj/var/log/other.txt",
+            Ok,
+        )
+        .control(),
+    );
+    // Then, while the policy is the file the etag was taken from.
+    cases.push(write_with(
+        "policy, ifMatch its etag",
+        format!("proj/{OWN_POLICY}"),
+        json!({"ifMatch": etag_of(&w.policy)}),
+        Protected,
+    ));
+    for (what, rel, exists) in [
+        ("policy", OWN_POLICY, true),
+        ("audit log", OWN_LOG, true),
+        ("new audit sibling", OWN_SIBLING, false),
+    ] {
+        for (form, path) in forms(rel) {
+            let d = |s: &str| -> &'static str { leak(format!("{what}, {s} [{form}]")) };
+            cases.extend([
+                write(d("write"), path.clone(), Protected),
+                write_with(
+                    d("append"),
+                    path.clone(),
+                    json!({"append": true}),
+                    Protected,
+                ),
+                write_with(d("upload chunk 0"), path.clone(), chunk0.clone(), Protected),
+                create(d("create file"), path.clone(), "file", Protected),
+                create(d("create directory"), path.clone(), "directory", Protected),
+                rename(
+                    d("rename a file onto it"),
+                    "proj/onto.txt",
+                    path.clone(),
+                    exists,
+                    Protected,
+                    Side::New,
+                ),
+            ]);
+            if exists {
+                cases.extend([
+                    delete(d("delete"), path.clone(), false, Protected),
+                    rename(
+                        d("rename it away"),
+                        path.clone(),
+                        "proj/stolen",
+                        false,
+                        Protected,
+                        Side::Old,
+                    ),
+                ]);
+            }
+        }
+    }
+    for (what, rel) in [("policy", OWN_POLICY), ("audit log", OWN_LOG)] {
+        let path = format!("proj/{rel}");
+        let d = |s: &str| -> &'static str { leak(format!("{what}, {s}")) };
+        cases.extend([
+            write_with(
+                d("create: false"),
+                path.clone(),
+                json!({"create": false}),
+                Protected,
+            ),
+            delete(d("delete recursive"), path.clone(), true, Protected),
+            rename(
+                d("rename over an ordinary file"),
+                path.clone(),
+                "proj/a.txt",
+                true,
+                Protected,
+                Side::Old,
+            ),
+            rename(
+                d("rename into the other root"),
+                path.clone(),
+                "second/stolen",
+                false,
+                Protected,
+                Side::Old,
+            ),
+        ]);
+    }
+    // The folders holding them, and their parents.
+    for (what, rel) in [
+        ("the policy's folder", "etc/fsb"),
+        ("the policy folder's parent", "etc"),
+        ("the audit log's folder", "var/log"),
+        ("the audit log folder's parent", "var"),
+    ] {
+        for (form, path) in forms(rel) {
+            let d = |s: &str| -> &'static str { leak(format!("{what}, {s} [{form}]")) };
+            cases.extend([
+                delete(d("delete recursive"), path.clone(), true, Protected),
+                rename(
+                    d("rename away"),
+                    path.clone(),
+                    "proj/moved",
+                    false,
+                    Protected,
+                    Side::Old,
+                ),
+            ]);
+        }
+        let path = format!("proj/{rel}");
+        let d = |s: &str| -> &'static str { leak(format!("{what}, {s}")) };
+        cases.push(rename(
+            d("rename into the other root"),
+            path,
+            "second/moved",
+            false,
+            Protected,
+            Side::Old,
+        ));
+    }
+    cases
+}
+
+#[test]
+fn hostile_mutations_on_protected_paths() {
+    let w = protected_world();
+    guarded(w, |w| {
+        let cases = protected_cases(&w);
+        let mut b = Broker::spawn(&["serve".as_ref(), "--policy".as_ref(), w.policy.as_os_str()]);
+        // The first request makes sure the audit log exists before its first row.
+        b.ok("roots/list", json!({}));
+        let g = Guarded {
+            base: &w.base,
+            roots: vec![w.proj.clone(), w.second.clone()],
+            denied: vec![],
+            forbidden: &[MARKER, POLICY_MARKER],
+            protected: vec![w.proj.join(OWN_POLICY), w.proj.join(OWN_SIBLING)],
+            logs: vec![w.proj.join(OWN_LOG)],
+        };
+        run_table(
+            &mut b,
+            &g,
+            "fsbroker's own files in a read-write root",
+            &cases,
+        );
+        let (status, rest) = b.finish();
+        assert!(status.success(), "{status}");
+        assert!(!rest.contains(MARKER) && !rest.contains(POLICY_MARKER));
         let staging = staging_files(&w.base);
         assert!(staging.is_empty(), "staging files left: {staging:?}");
     });

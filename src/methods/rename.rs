@@ -62,6 +62,10 @@ fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
         src.check_change("renamed", old_raw)?;
         return Ok(Json(Empty {}));
     }
+    // The entries themselves first: a root or a folder holding fsbroker's files says so,
+    // rather than what its tree holds.
+    src.check_change("renamed", old_raw)?;
+    dst.check_change("replaced", new_raw)?;
     if kind.is_dir() {
         mutate::check_tree(&src, Some((&dst, new_raw)), old_raw)?;
     }

@@ -292,8 +292,8 @@ impl Policy {
                 for file in self.protected.files() {
                     if file.starts_with(root.path()) {
                         out.push(format!(
-                            "read-write root {:?} ({}) holds {}, which fsbroker protects: \
-                             servers can neither read nor change it",
+                            "read-write root {:?} ({}) holds {}, one of fsbroker's own files: \
+                             it is protected, servers can neither read nor change it",
                             root.name(),
                             root.path().display(),
                             file.display()

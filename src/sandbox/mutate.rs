@@ -42,9 +42,12 @@ pub struct Parent {
     pub key: PathBuf,
 }
 
-/// Refuses mutations of a read-only root.
+/// Refuses mutations of a root that is read-only itself, before any work. The mode of every
+/// root covering where the entry really is decides later, in [`Parent::check_change`], after
+/// the checks that say more (a root nested in this one is "the root itself", not merely
+/// read-only).
 pub fn require_writable(target: &Resolved, raw: &str) -> Result<()> {
-    match target.root().mode_at(target.rel()) {
+    match target.root().mode() {
         Mode::ReadWrite => Ok(()),
         Mode::ReadOnly => {
             Err(Error::new(ErrorKind::PermissionDenied, "read-only root").with_path(raw))
@@ -102,20 +105,20 @@ impl Parent {
     /// root covering it is read-only, or where it is protected: one of fsbroker's own files,
     /// a root, or a folder holding either.
     pub fn check_change(&self, what: &str, raw: &str) -> Result<()> {
-        if self.root.mode_at(&self.real) == Mode::ReadOnly {
-            return Err(Error::new(ErrorKind::PermissionDenied, "read-only root").with_path(raw));
-        }
         let id = self
             .dir
             .symlink_metadata(&self.name)
             .ok()
             .map(|m| cap_id_of(&m));
-        match self.root.protected().change(&self.key, id) {
-            None => Ok(()),
-            Some(verdict) => {
-                Err(Error::new(ErrorKind::PermissionDenied, verdict.reason(what)).with_path(raw))
-            }
+        if let Some(verdict) = self.root.protected().change(&self.key, id) {
+            return Err(
+                Error::new(ErrorKind::PermissionDenied, verdict.reason(what)).with_path(raw),
+            );
         }
+        if self.root.mode_at(&self.real) == Mode::ReadOnly {
+            return Err(Error::new(ErrorKind::PermissionDenied, "read-only root").with_path(raw));
+        }
+        Ok(())
     }
 
     /// Flushes the parent directory, so a rename or unlink in it survives a crash.
