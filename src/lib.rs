@@ -29,9 +29,12 @@
 //!   `ping.rs`), each with its `Params`, result and `handle`; `methods/mod.rs` dispatches.
 //! - [`consent`]: the providers that ask a person (command, terminal).
 //! - [`audit`]: the hash-chained audit log and its verifier.
-//! - [`sandbox`]: [`sandbox::Root`] (the only ambient-authority open), path resolution
-//!   ([`sandbox::resolve`]), deny globs, safe opens ([`sandbox::open`]) and the building
-//!   blocks of mutations ([`sandbox::mutate`]: parent handles, staging files, renames).
+//! - [`sandbox`]: [`sandbox::Root`] (the only ambient-authority open, and the strictest
+//!   rules of every root covering a path), path resolution ([`sandbox::resolve`], and
+//!   [`sandbox::Resolved::real`]: where a path really leads), deny globs, fsbroker's own
+//!   files ([`sandbox::protected`]), safe opens ([`sandbox::open`]) and the building blocks
+//!   of mutations ([`sandbox::mutate`]: parent handles, staging files, renames, each change
+//!   checked against protected paths and modes).
 //! - [`locks`]: the broker's path locks (SEP-1708), shared and exclusive, kept locks.
 //! - [`limits`]: per-session rate limits (governor) and operation deadlines.
 //! - [`upload`]: chunked uploads staged beside their targets.

@@ -1196,6 +1196,28 @@ fn nested_consent_applies_through_the_outer_root() {
     no_consent(&mut b, "outer/inner/ro.txt");
 }
 
+/// A nested `prompt` root: consent asked for the `auto` outer root (approved without asking
+/// anyone) must not grant the prompt root inside it; nobody was asked about it.
+#[test]
+fn consent_for_an_auto_outer_root_does_not_grant_a_prompt_root_inside() {
+    let env = Nested::new("inner", "prompt");
+    let mut b = env.serve();
+    no_consent(&mut b, "outer/inner/ro.txt");
+    let r = b.ok(
+        "files/consent",
+        json!({"message": "m", "requestedPaths": ["outer", "outer/x.txt"]}),
+    );
+    assert_eq!(r["granted"], true, "{r}");
+    // Control: the outer root's own files need no grant at all.
+    read_ok(&mut b, "outer/plain/p.txt", "p");
+    no_consent(&mut b, "outer/inner/ro.txt");
+    no_consent(&mut b, "inner/ro.txt");
+    assert!(
+        !env.inner_listed(&mut b),
+        "roots/list lists the ungranted prompt root"
+    );
+}
+
 /// Overlap is allowed (with the strictest rules): `policy check` says ok.
 #[test]
 fn policy_check_accepts_overlapping_roots() {

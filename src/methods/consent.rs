@@ -83,11 +83,14 @@ fn consent(op: &Op, p: Params) -> Result<Reply> {
     }
     // A prompt answered after the deadline grants nothing: the server was told TIMEOUT.
     op.commit()?;
+    // Only what a person approved is granted: a path approved because its root is `auto`
+    // needs no grant, and a grant on it would cover any `prompt` root nested beneath it.
     let mut more_roots = false;
     for c in &approved {
         let root = c.real.root();
-        let new = op.state.grant(root.path(), c.real.absolute());
-        more_roots |= new && root.consent_at(c.real.rel()) == ConsentMode::Prompt;
+        if root.consent_at(c.real.rel()) == ConsentMode::Prompt {
+            more_roots |= op.state.grant(root.path(), c.real.absolute());
+        }
     }
     // A granted part of a `prompt` root is now one of the session's roots.
     if more_roots {

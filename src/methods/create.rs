@@ -79,7 +79,7 @@ fn create(op: &Op, p: &Params) -> Result<Reply> {
     let lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
     // Refused even where the entry exists already and nothing would change: `created: false`
     // on a protected path would still confirm what is there.
-    parent.check_change("created", raw)?;
+    parent.check_change("changed", raw)?;
     let created = match p.kind {
         Kind::Directory => parent.create_dir(raw)?,
         Kind::File => parent.create_file(raw)?,

@@ -224,7 +224,7 @@ impl Parent {
 
     /// Creates the directory entry; `Ok(false)` when something already exists there.
     pub fn create_dir(&self, raw: &str) -> Result<bool> {
-        self.check_change("created", raw)?;
+        self.check_change("changed", raw)?;
         match self.dir.create_dir(&self.name) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
@@ -234,7 +234,7 @@ impl Parent {
 
     /// Creates an empty regular file; `Ok(false)` when something already exists there.
     pub fn create_file(&self, raw: &str) -> Result<bool> {
-        self.check_change("created", raw)?;
+        self.check_change("changed", raw)?;
         let mut opts = OpenOptions::new();
         opts.write(true)
             .create_new(true)
