@@ -196,7 +196,18 @@ impl Protected {
 fn spellings(path: &Path) -> Vec<PathBuf> {
     let mut out = Vec::with_capacity(2);
     if let Ok(abs) = std::path::absolute(path) {
-        out.push(abs);
+        // `..` applied lexically, so that `conf/../policy.toml` does not protect `conf`.
+        let mut normal = PathBuf::new();
+        for part in abs.components() {
+            match part {
+                std::path::Component::ParentDir => {
+                    normal.pop();
+                }
+                std::path::Component::CurDir => {}
+                other => normal.push(other),
+            }
+        }
+        out.push(normal);
     }
     // A file that does not exist yet (a rotated log) has no canonical form; its folder does.
     let canonical = std::fs::canonicalize(path).ok().or_else(|| {
