@@ -43,8 +43,17 @@ impl Broker {
     /// A broker running `policy`; `overrides` are the command-line roots and switches that
     /// are merged again into every reload of the policy file. Opens the audit log when the
     /// policy asks for one.
-    pub fn with_overrides(policy: Policy, overrides: Overrides) -> Result<Arc<Broker>, AuditError> {
+    pub fn with_overrides(
+        policy: Policy,
+        mut overrides: Overrides,
+    ) -> Result<Arc<Broker>, AuditError> {
         let audit = policy.audit().map(AuditLog::open).transpose()?;
+        if let Some(config) = policy.audit() {
+            // Now that the log exists, know it by identity too; and keep it protected across
+            // reloads that name another log (this one stays in use until restart).
+            policy.protected().refresh();
+            overrides.audit_in_use = Some(config.path.clone());
+        }
         Ok(Arc::new_cyclic(|me| Broker {
             rate: RwLock::new(Arc::new(RateLimits::new(policy.limits()))),
             policy: RwLock::new(Arc::new(policy)),

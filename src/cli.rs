@@ -260,6 +260,7 @@ fn start(args: &ServeArgs) -> Result<Running, String> {
         consent: args.consent.map(Into::into),
         audit: args.audit.clone(),
         listen: args.listen.clone(),
+        audit_in_use: None,
     };
     let policy = Policy::load(args.policy.as_deref(), &overrides).map_err(|e| e.to_string())?;
     for warning in policy.warnings() {

@@ -71,6 +71,10 @@ fn create(op: &Op, p: &Params) -> Result<Reply> {
         };
     }
     open::check_not_denied(&target, raw)?;
+    // Consent where the path really leads, before any parent is made: a link in the spelling
+    // must not get folders made in a root (or a part of one) this session may not touch.
+    let real = target.real(raw)?;
+    op.authorize(real.root(), real.rel(), raw)?;
     op.check_keep_quota(p.keep_locked, raw)?;
     op.commit()?;
     make_parents(op, &target, raw)?;
@@ -114,6 +118,7 @@ fn make_parents(op: &Op, target: &Resolved, raw: &str) -> Result<()> {
         let parent: Parent = mutate::open_parent(&ancestor, raw)?;
         match parent.entry_type(raw)? {
             None => {
+                op.authorize(&parent.root, &parent.real, raw)?;
                 // Locked only when it is to be made: an existing directory is not changed,
                 // and locking it would refuse this create whenever another session merely
                 // reads a file beside it.

@@ -111,6 +111,7 @@ struct Level {
 /// The page being collected: the `limit + 1` smallest paths after the cursor.
 struct Page<'a> {
     params: &'a Params,
+    op: &'a Op,
     root: &'a Root,
     deadline: &'a Deadline,
     after: Option<String>,
@@ -131,6 +132,7 @@ fn list(op: &Op, p: Params) -> Result<Reply> {
     op.authorize(target.root(), &real, &p.path)?;
     let mut page = Page {
         params: &p,
+        op,
         root: target.root(),
         deadline: &op.deadline,
         after,
@@ -230,6 +232,11 @@ impl Page<'_> {
                 || (real != lexical && root.is_denied(&join(real, name)))
                 || protected.is_own_entry(&here, &os_name, None)
             {
+                continue;
+            }
+            // A root nested here keeps its consent: a recursive listing neither shows nor
+            // enters a `deny` root or an ungranted part of a `prompt` one.
+            if self.op.authorize(root, &join(real, name), "").is_err() {
                 continue;
             }
             let Ok(ft) = entry.file_type() else { continue };

@@ -62,16 +62,9 @@ fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
         src.check_change("renamed", old_raw)?;
         return Ok(Json(Empty {}));
     }
-    // The entries themselves first: a root or a folder holding fsbroker's files says so,
-    // rather than what its tree holds.
-    src.check_change("renamed", old_raw)?;
-    dst.check_change("replaced", new_raw)?;
-    if kind.is_dir() {
-        mutate::check_tree(&src, Some((&dst, new_raw)), old_raw)?;
-    }
     let _dst_lock = op.lock(&dst.key, LockMode::Exclusive, new_raw)?;
     op.commit()?;
-    match mutate::rename(&src, &dst, p.overwrite, old_raw, new_raw)? {
+    match mutate::rename(&src, &dst, p.overwrite, kind.is_dir(), old_raw, new_raw)? {
         Ok(()) => {}
         Err(rustix::io::Errno::XDEV) if kind.is_file() => {
             copy_across(&src, &dst, p.overwrite, new_raw)?

@@ -41,6 +41,9 @@ pub struct Overrides {
     pub audit: Option<PathBuf>,
     /// `--listen SOCKET`: the socket the broker serves, protected like its own files.
     pub listen: Option<PathBuf>,
+    /// The audit log the broker writes, set by the broker once it is open: it stays in use,
+    /// and protected, whatever a reloaded policy's `[audit]` says.
+    pub audit_in_use: Option<PathBuf>,
 }
 
 /// Validated limits (§2 `[limits]`).
@@ -245,7 +248,7 @@ impl Policy {
             });
         }
         let consent = ConsentConfig {
-            command: file.consent.command.clone(),
+            command: protected::resolve_command(&file.consent.command),
             terminal: file.consent.terminal,
             timeout: Duration::from_millis(file.consent.timeout_ms),
         };
@@ -262,13 +265,23 @@ impl Policy {
             (None, None) => None,
         };
         let limits = Limits::from_file(&file.limits)?;
+        let command = protected::command_files(&consent.command);
         let mut own: Vec<PathBuf> = source.map(Path::to_path_buf).into_iter().collect();
-        own.extend(protected::command_files(&consent.command));
+        own.extend(command.iter().cloned());
         own.extend(overrides.listen.clone());
         let protected = Arc::new(Protected::new(&ProtectedSpec {
             files: own,
-            audit_logs: audit.iter().map(|a| a.path.clone()).collect(),
-            roots: roots.iter().map(|r| r.path().to_path_buf()).collect(),
+            command,
+            // The log in use stays protected when a reload names another (it stays in use).
+            audit_logs: audit
+                .iter()
+                .map(|a| a.path.clone())
+                .chain(overrides.audit_in_use.clone())
+                .collect(),
+            roots: roots
+                .iter()
+                .map(|r| r.configured_path().to_path_buf())
+                .collect(),
         }));
         crate::sandbox::link(&mut roots, &protected);
         Ok(Policy {
@@ -289,6 +302,17 @@ impl Policy {
         let mut out = Vec::new();
         for root in &self.roots {
             if root.mode() == Mode::ReadWrite {
+                for dir in self.protected.sealed() {
+                    if dir.starts_with(root.path()) {
+                        out.push(format!(
+                            "read-write root {:?} ({}) holds {}, the folder of the consent \
+                             command: it is protected, servers cannot change anything in it",
+                            root.name(),
+                            root.path().display(),
+                            dir.display()
+                        ));
+                    }
+                }
                 for file in self.protected.files() {
                     if file.starts_with(root.path()) {
                         out.push(format!(

@@ -101,21 +101,37 @@ pub fn open_parent(target: &Resolved, raw: &str) -> Result<Parent> {
 }
 
 impl Parent {
-    /// Refuses changing the entry (`what` it would be: "written", "renamed", ...) where a
-    /// root covering it is read-only, or where it is protected: one of fsbroker's own files,
-    /// a root, or a folder holding either.
+    /// Refuses changing the entry (`what` it would be: "written", "renamed", ...) where it is
+    /// *now*: one of fsbroker's own files, a root, or a folder holding either; a name denied by
+    /// the globs of a root covering it; or where a root covering it is read-only.
+    ///
+    /// "Now" is asked of the kernel (where the parent descriptor really is), not taken from
+    /// when the parent was opened: a folder moved in the meantime — say, an upload's folder
+    /// renamed onto a denied name before its last chunk — is judged where it has gone. The
+    /// building blocks below call this while they hold the tree lock ([`tree_lock`]), so no
+    /// folder moves between the check and the change.
     pub fn check_change(&self, what: &str, raw: &str) -> Result<()> {
+        let real_parent = real_rel(&self.root, &self.dir, raw)?;
+        let real = if real_parent.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{real_parent}/{}", self.name)
+        };
+        let key = self.root.join(&real);
         let id = self
             .dir
             .symlink_metadata(&self.name)
             .ok()
             .map(|m| cap_id_of(&m));
-        if let Some(verdict) = self.root.protected().change(&self.key, id) {
+        if let Some(verdict) = self.root.protected().change(&key, id) {
             return Err(
                 Error::new(ErrorKind::PermissionDenied, verdict.reason(what)).with_path(raw),
             );
         }
-        if self.root.mode_at(&self.real) == Mode::ReadOnly {
+        if self.root.is_denied(&real) {
+            return Err(denied(raw));
+        }
+        if self.root.mode_at(&real) == Mode::ReadOnly {
             return Err(Error::new(ErrorKind::PermissionDenied, "read-only root").with_path(raw));
         }
         Ok(())
@@ -209,14 +225,17 @@ impl Parent {
         overwrite: bool,
         raw: &str,
     ) -> Result<std::fs::Metadata> {
-        self.check_change("replaced", raw)?;
         let flags = if overwrite {
             rustix::fs::RenameFlags::empty()
         } else {
             rustix::fs::RenameFlags::NOREPLACE
         };
-        rustix::fs::renameat_with(&staged.dir, &staged.name, &self.dir, &self.name, flags)
-            .map_err(|e| Error::from_io(&e.into(), raw))?;
+        {
+            let _tree = tree_lock().read();
+            self.check_change("replaced", raw)?;
+            rustix::fs::renameat_with(&staged.dir, &staged.name, &self.dir, &self.name, flags)
+                .map_err(|e| Error::from_io(&e.into(), raw))?;
+        }
         staged.done = true;
         self.sync().map_err(|e| e.or_path(raw))?;
         staged.file.metadata().map_err(|e| Error::from_io(&e, raw))
@@ -224,6 +243,7 @@ impl Parent {
 
     /// Creates the directory entry; `Ok(false)` when something already exists there.
     pub fn create_dir(&self, raw: &str) -> Result<bool> {
+        let _tree = tree_lock().read();
         self.check_change("changed", raw)?;
         match self.dir.create_dir(&self.name) {
             Ok(()) => Ok(true),
@@ -234,6 +254,7 @@ impl Parent {
 
     /// Creates an empty regular file; `Ok(false)` when something already exists there.
     pub fn create_file(&self, raw: &str) -> Result<bool> {
+        let _tree = tree_lock().read();
         self.check_change("changed", raw)?;
         let mut opts = OpenOptions::new();
         opts.write(true)
@@ -253,6 +274,7 @@ impl Parent {
     /// Removes the entry: a file or symlink is unlinked (never its target), a directory
     /// removed if empty, or with everything beneath it when `recursive`.
     pub fn remove(&self, recursive: bool, raw: &str) -> Result<()> {
+        let tree = tree_lock().read();
         self.check_change("deleted", raw)?;
         let Some(ft) = self.entry_type(raw)? else {
             return Err(
@@ -275,7 +297,38 @@ impl Parent {
             self.dir.remove_file_or_symlink(&self.name)
         };
         result.map_err(|e| Error::from_io(&e, raw))?;
+        drop(tree);
         self.sync().map_err(|e| e.or_path(raw))
+    }
+}
+
+/// The lock that keeps folders where they are while an entry is checked and changed.
+///
+/// Every change to an entry holds it shared, from its check to its system call; a rename of a
+/// directory — the one change that moves other entries — holds it exclusively, from the
+/// check of its whole tree to the rename. So no entry is ever checked under one name and
+/// created under another (an upload's folder renamed onto a denied name between its first and
+/// last chunk, or a write racing the rename of its folder). It is one lock for the process:
+/// directory renames are rare, and the other holders are short.
+pub fn tree_lock() -> &'static TreeLock {
+    static TREE: TreeLock = TreeLock(std::sync::RwLock::new(()));
+    &TREE
+}
+
+/// See [`tree_lock`].
+#[derive(Debug)]
+pub struct TreeLock(std::sync::RwLock<()>);
+
+impl TreeLock {
+    /// Held while one entry is checked and changed.
+    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        // Poisoning only means a holder panicked; the lock guards no data.
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Held while a directory is checked and moved.
+    pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.0.write().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -419,21 +472,29 @@ impl Drop for Staged {
 /// (`RENAME_NOREPLACE`), never stat-then-rename.
 ///
 /// Both entries are checked first ([`Parent::check_change`]): the source is "renamed", the
-/// target "replaced"; a refusal is the outer `Err`.
+/// target "replaced"; a directory's whole tree too ([`check_tree`]), under the tree lock held
+/// exclusively, so nothing lands in it between the check and the move. A refusal is the outer
+/// `Err`.
 pub fn rename(
     from: &Parent,
     to: &Parent,
     overwrite: bool,
+    is_dir: bool,
     old_raw: &str,
     new_raw: &str,
 ) -> Result<rustix::io::Result<()>> {
-    from.check_change("renamed", old_raw)?;
-    to.check_change("replaced", new_raw)?;
     let flags = if overwrite {
         rustix::fs::RenameFlags::empty()
     } else {
         rustix::fs::RenameFlags::NOREPLACE
     };
+    let _shared = (!is_dir).then(|| tree_lock().read());
+    let _exclusive = is_dir.then(|| tree_lock().write());
+    from.check_change("renamed", old_raw)?;
+    to.check_change("replaced", new_raw)?;
+    if is_dir {
+        check_tree(from, Some((to, new_raw)), old_raw)?;
+    }
     Ok(rustix::fs::renameat_with(
         &from.dir, &from.name, &to.dir, &to.name, flags,
     ))

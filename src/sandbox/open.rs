@@ -138,9 +138,9 @@ pub fn open_dir(target: &Resolved, raw: &str) -> Result<(Dir, String)> {
         dir.open_dir(target.rel_path())
     }
     .map_err(|e| Error::from_io(&e, raw))?;
-    let real = if !root.has_deny() {
-        target.rel().to_owned()
-    } else {
+    // Always asked of the kernel, deny globs or not: consent and fsbroker's own files are
+    // judged where the directory really is, not where a link in its spelling pointed.
+    let real = {
         let real = real_rel(root, &opened, raw)?;
         if root.is_denied(&real) {
             return Err(denied(raw));

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 
 /// Why a path may not be changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +31,8 @@ pub enum Verdict {
     Root,
     /// A folder holding a root.
     HoldsRoot,
+    /// Beside (beneath the folder of) a file the consent command runs.
+    Sealed,
 }
 
 impl Verdict {
@@ -40,6 +43,7 @@ impl Verdict {
             Verdict::HoldsOwnFiles => "protected: holds fsbroker's own files".to_owned(),
             Verdict::Root => format!("the root itself cannot be {what}"),
             Verdict::HoldsRoot => "protected: holds a root".to_owned(),
+            Verdict::Sealed => "protected: beside fsbroker's consent command".to_owned(),
         }
     }
 }
@@ -71,8 +75,12 @@ pub struct Protected {
     families: Vec<(PathBuf, OsString)>,
     /// The roots' canonical paths.
     roots: Vec<PathBuf>,
-    /// Identities of the own files that exist.
-    file_ids: HashMap<Id, Verdict>,
+    /// Identities of the own files that exist (refreshed once the broker has created its
+    /// audit log: [`Protected::refresh`]).
+    file_ids: RwLock<HashMap<Id, Verdict>>,
+    /// Folders holding the files the consent command runs: nothing beneath them may change,
+    /// since a program picks up what lies beside it (a script's modules, a `source`d file).
+    sealed: Vec<PathBuf>,
     /// Identities of roots, and of every folder above an own file or a root.
     dir_ids: HashMap<Id, Verdict>,
 }
@@ -82,9 +90,12 @@ pub struct Protected {
 pub struct ProtectedSpec {
     /// Own files: the policy file, the audit log, the consent command's files, the socket.
     pub files: Vec<PathBuf>,
+    /// The files the consent command runs (also in `files`): their folders are sealed.
+    pub command: Vec<PathBuf>,
     /// Audit logs, whose rotated siblings are own files too.
     pub audit_logs: Vec<PathBuf>,
-    /// The roots' canonical paths.
+    /// The roots, as configured (their canonical paths and every link on the way are
+    /// protected).
     pub roots: Vec<PathBuf>,
 }
 
@@ -98,8 +109,12 @@ impl Protected {
                 holders.push((path.clone(), Verdict::HoldsOwnFiles));
                 push_unique(&mut p.files, path);
             }
-            if let Ok(meta) = std::fs::metadata(file) {
-                p.file_ids.insert(id_of(&meta), Verdict::OwnFile);
+        }
+        for file in &spec.command {
+            for path in spellings(file) {
+                if let Some(dir) = path.parent() {
+                    push_unique(&mut p.sealed, dir.to_path_buf());
+                }
             }
         }
         for log in &spec.audit_logs {
@@ -113,12 +128,15 @@ impl Protected {
             }
         }
         for root in &spec.roots {
-            push_unique(&mut p.roots, root.clone());
-            holders.push((root.clone(), Verdict::HoldsRoot));
+            for path in spellings(root) {
+                holders.push((path.clone(), Verdict::HoldsRoot));
+                push_unique(&mut p.roots, path);
+            }
             if let Ok(meta) = std::fs::metadata(root) {
                 p.dir_ids.insert(id_of(&meta), Verdict::Root);
             }
         }
+        p.refresh();
         // Every folder above a protected path, by identity: a bind mount or a second name
         // for one of them is refused like the folder itself. A root's own identity wins
         // over "holds" (a root above another root is itself a root).
@@ -132,6 +150,18 @@ impl Protected {
         p
     }
 
+    /// Learns the identities of the own files that exist now (the audit log is created after
+    /// the policy is loaded).
+    pub fn refresh(&self) {
+        let ids: HashMap<Id, Verdict> = self
+            .files
+            .iter()
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| (id_of(&m), Verdict::OwnFile))
+            .collect();
+        *self.file_ids.write().unwrap_or_else(|e| e.into_inner()) = ids;
+    }
+
     /// Whether nothing is protected (no policy file, no audit log, no roots).
     pub fn is_empty(&self) -> bool {
         self.files.is_empty() && self.roots.is_empty() && self.families.is_empty()
@@ -140,6 +170,11 @@ impl Protected {
     /// The own files by path, for warnings.
     pub fn files(&self) -> &[PathBuf] {
         &self.files
+    }
+
+    /// The folders sealed because the consent command runs files in them, for warnings.
+    pub fn sealed(&self) -> &[PathBuf] {
+        &self.sealed
     }
 
     /// Whether the entry at `abs` (absolute, symlinks resolved but for the last component),
@@ -162,7 +197,12 @@ impl Protected {
                 .families
                 .iter()
                 .any(|(d, n)| bytes.starts_with(n.as_encoded_bytes()) && d == dir)
-            || id.is_some_and(|id| self.file_ids.contains_key(&id))
+            || id.is_some_and(|id| {
+                self.file_ids
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains_key(&id)
+            })
     }
 
     /// Whether one of fsbroker's own files lies beneath `abs` or may come to (so a tree moved
@@ -181,6 +221,9 @@ impl Protected {
         if self.roots.iter().any(|r| r == abs) {
             return Some(Verdict::Root);
         }
+        if self.sealed.iter().any(|d| abs != d && abs.starts_with(d)) {
+            return Some(Verdict::Sealed);
+        }
         let above = |p: &PathBuf| p.as_path() != abs && p.starts_with(abs);
         if self.files.iter().any(above) || self.families.iter().any(|(d, _)| d == abs) {
             return Some(Verdict::HoldsOwnFiles);
@@ -192,31 +235,66 @@ impl Protected {
     }
 }
 
-/// The absolute path as configured, and its canonical form when that differs.
-fn spellings(path: &Path) -> Vec<PathBuf> {
+/// Every absolute spelling the kernel walks through to reach `path`: as configured (`.` and
+/// `..` applied), then, for each symlink met on the way, the same path with that link replaced
+/// by its target, down to the canonical path. Protecting every spelling protects every link on
+/// the way too — each is one of the spellings or a folder above one — so a chain like
+/// `~/.config/p.toml -> ~/.dotfiles/p.toml`, `~/.dotfiles -> ~/src/dotfiles` cannot be
+/// redirected at its middle hop.
+pub fn spellings(path: &Path) -> Vec<PathBuf> {
     let mut out = Vec::with_capacity(2);
-    if let Ok(abs) = std::path::absolute(path) {
-        // `..` applied lexically, so that `conf/../policy.toml` does not protect `conf`.
-        let mut normal = PathBuf::new();
-        for part in abs.components() {
-            match part {
-                std::path::Component::ParentDir => {
-                    normal.pop();
-                }
-                std::path::Component::CurDir => {}
-                other => normal.push(other),
-            }
+    let Ok(abs) = std::path::absolute(path) else {
+        return out;
+    };
+    let mut current = lexical(&abs);
+    // The kernel's own limit on links followed in one lookup.
+    for _ in 0..40 {
+        push_unique(&mut out, current.clone());
+        match first_link(&current) {
+            Some(next) => current = next,
+            None => break,
         }
-        out.push(normal);
     }
-    // A file that does not exist yet (a rotated log) has no canonical form; its folder does.
+    // A file that does not exist yet (a rotated log, a socket) has no canonical form; its
+    // folder does.
     let canonical = std::fs::canonicalize(path).ok().or_else(|| {
         let dir = std::fs::canonicalize(path.parent()?).ok()?;
         Some(dir.join(path.file_name()?))
     });
     if let Some(c) = canonical {
-        if !out.contains(&c) {
-            out.push(c);
+        push_unique(&mut out, c);
+    }
+    out
+}
+
+/// `path` with its first symlink (from the top) replaced by the link's target, or `None` when
+/// no component is a link.
+fn first_link(path: &Path) -> Option<PathBuf> {
+    let parts: Vec<_> = path.components().collect();
+    let mut prefix = PathBuf::new();
+    for (i, part) in parts.iter().enumerate() {
+        prefix.push(part);
+        let is_link = std::fs::symlink_metadata(&prefix).is_ok_and(|m| m.file_type().is_symlink());
+        if is_link {
+            let target = std::fs::read_link(&prefix).ok()?;
+            let mut next = prefix.parent().unwrap_or(Path::new("/")).join(target);
+            next.extend(&parts[i + 1..]);
+            return Some(lexical(&next));
+        }
+    }
+    None
+}
+
+/// An absolute path with `.` and `..` applied lexically.
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
         }
     }
     out
@@ -228,25 +306,35 @@ fn push_unique(list: &mut Vec<PathBuf>, path: PathBuf) {
     }
 }
 
-/// The files the consent command runs: its program (looked up in `PATH` when it has no `/`)
-/// and every argument that names an existing file (a script, a configuration).
-pub fn command_files(argv: &[String]) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Some((program, args)) = argv.split_first() else {
-        return out;
-    };
-    if program.contains('/') {
-        out.push(PathBuf::from(program));
-    } else if let Some(path) = std::env::var_os("PATH") {
-        if let Some(found) = std::env::split_paths(&path)
-            .map(|d| d.join(program))
-            .find(|p| p.is_file())
-        {
-            out.push(found);
+/// The consent command as it will run: its program made absolute (looked up in `PATH` now,
+/// when it has no `/`, so that a program placed earlier in `PATH` later is never run instead).
+/// A program that is not found stays as written; starting it fails, which is a denial.
+pub fn resolve_command(argv: &[String]) -> Vec<String> {
+    let mut out = argv.to_vec();
+    if let Some(program) = out.first_mut() {
+        if !program.contains('/') {
+            let found = std::env::var_os("PATH").and_then(|path| {
+                std::env::split_paths(&path)
+                    .map(|d| d.join(&*program))
+                    .find(|p| p.is_file())
+            });
+            if let Some(found) = found.and_then(|p| p.to_str().map(str::to_owned)) {
+                *program = found;
+            }
         }
     }
-    out.extend(args.iter().map(PathBuf::from).filter(|p| p.is_file()));
     out
+}
+
+/// The files a (resolved) consent command runs: its program and every argument that names an
+/// existing file (a script, a configuration).
+pub fn command_files(argv: &[String]) -> Vec<PathBuf> {
+    argv.iter()
+        .enumerate()
+        .map(|(i, a)| (i, PathBuf::from(a)))
+        .filter(|(i, p)| *i == 0 || p.is_file())
+        .map(|(_, p)| p)
+        .collect()
 }
 
 #[cfg(test)]
@@ -266,6 +354,7 @@ mod tests {
             files: vec![base.join("proj/conf/policy.toml")],
             audit_logs: vec![base.join("proj/audit.jsonl")],
             roots: vec![base.join("proj")],
+            command: vec![],
         });
         let id = |rel: &str| {
             std::fs::symlink_metadata(base.join(rel))
@@ -283,6 +372,74 @@ mod tests {
         assert_eq!(change("proj/conf/new.txt"), None);
         assert_eq!(change("proj/audit.json"), None);
         assert_eq!(change("proj/conf/policy.toml.bak"), None);
+    }
+
+    #[test]
+    fn every_hop_of_a_symlink_chain_is_protected() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().canonicalize().unwrap();
+        std::fs::create_dir_all(base.join("src/dotfiles")).unwrap();
+        std::fs::create_dir_all(base.join("cfg")).unwrap();
+        std::fs::write(base.join("src/dotfiles/p.toml"), "").unwrap();
+        std::os::unix::fs::symlink("src/dotfiles", base.join(".dotfiles")).unwrap();
+        std::os::unix::fs::symlink("../.dotfiles/p.toml", base.join("cfg/p.toml")).unwrap();
+        let got = spellings(&base.join("cfg/p.toml"));
+        assert_eq!(
+            got,
+            vec![
+                base.join("cfg/p.toml"),
+                base.join(".dotfiles/p.toml"),
+                base.join("src/dotfiles/p.toml"),
+            ]
+        );
+        let p = Protected::new(&ProtectedSpec {
+            files: vec![base.join("cfg/p.toml")],
+            ..ProtectedSpec::default()
+        });
+        assert_eq!(
+            p.change(&base.join(".dotfiles"), None),
+            Some(Verdict::HoldsOwnFiles),
+            "the middle link"
+        );
+        assert_eq!(
+            p.change(&base.join("cfg/p.toml"), None),
+            Some(Verdict::OwnFile)
+        );
+    }
+
+    #[test]
+    fn the_consent_commands_folder_is_sealed() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().canonicalize().unwrap();
+        std::fs::create_dir_all(base.join("tools/pkg")).unwrap();
+        std::fs::write(base.join("tools/consent.py"), "").unwrap();
+        let argv = resolve_command(&[
+            "sh".into(),
+            base.join("tools/consent.py").to_str().unwrap().into(),
+        ]);
+        assert!(
+            argv[0].starts_with('/') && argv[0].ends_with("/sh"),
+            "{argv:?}"
+        );
+        let command = command_files(&argv);
+        let p = Protected::new(&ProtectedSpec {
+            files: command.clone(),
+            command,
+            ..ProtectedSpec::default()
+        });
+        assert_eq!(
+            p.change(&base.join("tools/json.py"), None),
+            Some(Verdict::Sealed)
+        );
+        assert_eq!(
+            p.change(&base.join("tools/pkg/x.py"), None),
+            Some(Verdict::Sealed)
+        );
+        assert_eq!(
+            p.change(&base.join("tools"), None),
+            Some(Verdict::HoldsOwnFiles)
+        );
+        assert_eq!(p.change(&base.join("other.py"), None), None);
     }
 
     #[test]

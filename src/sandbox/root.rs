@@ -173,7 +173,9 @@ impl Root {
         Ok(Root {
             name,
             path: canonical,
-            configured: spec.path.clone(),
+            // Absolute, so that a root given as `.` is never read as `/` when absolute request
+            // paths are matched against it.
+            configured: std::path::absolute(&spec.path).unwrap_or_else(|_| spec.path.clone()),
             dir,
             mode: spec.mode,
             consent: spec.consent,
