@@ -25,13 +25,14 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use common::{lit, path_str as s, python, snapshot};
+
+use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::io::Write;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{LiveBroker, bin, code, tempdir, uri_path};
@@ -46,33 +47,6 @@ const DEADLINE: Duration = Duration::from_secs(10);
 
 /// `error.code` of `PERMISSION_DENIED`.
 const PERMISSION_DENIED: i64 = -31002;
-
-/// The real python interpreter (not a version-manager shim).
-fn python() -> &'static str {
-    static PYTHON: OnceLock<String> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let out = Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("python3 is needed by these tests");
-        assert!(out.status.success(), "python3 failed");
-        let exe = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-        assert!(!exe.is_empty(), "python3 did not name its executable");
-        exe
-    })
-}
-
-/// A TOML literal string holding `p` (temp paths hold no `'`).
-fn lit(p: &Path) -> String {
-    let s = p.to_str().unwrap();
-    assert!(!s.contains('\''), "temp path unusable in a TOML literal");
-    format!("'{s}'")
-}
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_owned()
-}
 
 /// `file://` URI of an absolute path.
 fn uri(p: &Path) -> String {
@@ -243,32 +217,6 @@ fn assert_denied(e: &Value, path: &str, reason: Reason) {
             assert!(got.starts_with(want), "reason should start {want:?}: {e}")
         }
     }
-}
-
-/// Everything beneath `dir`, never following a symlink: relative path → `dir`,
-/// `file:CONTENT` or `link:TARGET`.
-fn snapshot(dir: &Path) -> BTreeMap<String, String> {
-    fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let entry = entry.unwrap();
-            let path = entry.path();
-            let rel = s(path.strip_prefix(base).unwrap());
-            let ft = entry.file_type().unwrap();
-            if ft.is_symlink() {
-                let target = std::fs::read_link(&path).unwrap();
-                out.insert(rel, format!("link:{}", target.display()));
-            } else if ft.is_dir() {
-                out.insert(rel, "dir".into());
-                walk(base, &path, out);
-            } else {
-                let content = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
-                out.insert(rel, format!("file:{content}"));
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
 }
 
 /// Sends a request that must be refused `PERMISSION_DENIED` with `reason` for `path`, and must

@@ -7,12 +7,13 @@
 
 mod common;
 
+use common::{lit, path_str as s, python};
+
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{Broker, bin, code, tempdir};
@@ -21,33 +22,6 @@ use serde_json::{Value, json};
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-/// The real python interpreter (not a version-manager shim, so a kill reaches python itself).
-fn python() -> &'static str {
-    static PYTHON: OnceLock<String> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let out = Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("python3 is needed by these tests");
-        assert!(out.status.success(), "python3 failed");
-        let exe = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-        assert!(!exe.is_empty(), "python3 did not name its executable");
-        exe
-    })
-}
-
-/// A TOML literal string holding `p` (temp paths hold no `'`).
-fn lit(p: &Path) -> String {
-    let s = p.to_str().unwrap();
-    assert!(!s.contains('\''), "temp path unusable in a TOML literal");
-    format!("'{s}'")
-}
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_owned()
-}
 
 /// The consent decision script. `MODE SAVE`: saves its stdin to SAVE, then
 /// - `all`: approves every requested path;

@@ -30,6 +30,8 @@
 
 mod common;
 
+use common::{lit, path_str as s};
+
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt, symlink};
@@ -60,17 +62,6 @@ const NO_RELOAD_FOR: Duration = Duration::from_millis(1000);
 // ---------------------------------------------------------------------------------------------
 // Helpers: text, files, policies
 // ---------------------------------------------------------------------------------------------
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_owned()
-}
-
-/// A TOML literal string holding `p` (temp paths hold no `'`).
-fn lit(p: &Path) -> String {
-    let s = s(p);
-    assert!(!s.contains('\''), "temp path unusable in a TOML literal");
-    format!("'{s}'")
-}
 
 fn uri(p: &Path) -> String {
     format!("file://{}", uri_path(p))

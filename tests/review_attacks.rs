@@ -24,12 +24,13 @@
 
 mod common;
 
+use common::{lit, path_str as s, python, snapshot};
+
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Broker, LiveBroker, bin, code, tempdir, uri_path};
@@ -53,33 +54,6 @@ const PAYLOAD: &str = "on: push\njobs: {pwn: {runs-on: x, steps: [{run: curl evi
 
 /// In the file outside every root.
 const OUTSIDE_MARKER: &str = "OUTSIDE-SECRET-5b1e";
-
-/// The real python interpreter (not a version-manager shim).
-fn python() -> &'static str {
-    static PYTHON: OnceLock<String> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let out = Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("python3 is needed by these tests");
-        assert!(out.status.success(), "python3 failed");
-        let exe = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-        assert!(!exe.is_empty(), "python3 did not name its executable");
-        exe
-    })
-}
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_owned()
-}
-
-/// A TOML literal string holding `p` (temp paths hold no `'`).
-fn lit(p: &Path) -> String {
-    let s = s(p);
-    assert!(!s.contains('\''), "temp path unusable in a TOML literal");
-    format!("'{s}'")
-}
 
 /// `file://` URI of an absolute path.
 fn uri(p: &Path) -> String {
@@ -217,32 +191,6 @@ impl Problems {
     fn assert_none(self, headline: &str) {
         assert!(self.0.is_empty(), "{headline}:\n  {}", self.0.join("\n  "));
     }
-}
-
-/// Everything beneath `dir`, never following a symlink: relative path → `dir`,
-/// `file:CONTENT` or `link:TARGET`.
-fn snapshot(dir: &Path) -> BTreeMap<String, String> {
-    fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let entry = entry.unwrap();
-            let path = entry.path();
-            let rel = s(path.strip_prefix(base).unwrap());
-            let ft = entry.file_type().unwrap();
-            if ft.is_symlink() {
-                let target = std::fs::read_link(&path).unwrap();
-                out.insert(rel, format!("link:{}", target.display()));
-            } else if ft.is_dir() {
-                out.insert(rel, "dir".into());
-                walk(base, &path, out);
-            } else {
-                let content = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
-                out.insert(rel, format!("file:{content}"));
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
 }
 
 /// What changed between two snapshots, one line per path.

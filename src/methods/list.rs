@@ -235,8 +235,9 @@ impl Page<'_> {
                 continue;
             }
             // A root nested here keeps its consent: a recursive listing neither shows nor
-            // enters a `deny` root or an ungranted part of a `prompt` one.
-            if self.op.authorize(root, &join(real, name), "").is_err() {
+            // enters a `deny` root or an ungranted part of a `prompt` one. (Without another
+            // root in play, the listed folder's consent covers all of it.)
+            if root.has_overlaps() && self.op.authorize(root, &join(real, name), "").is_err() {
                 continue;
             }
             let Ok(ft) = entry.file_type() else { continue };

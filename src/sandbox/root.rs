@@ -229,6 +229,12 @@ impl Root {
             })
     }
 
+    /// Whether another root covers this one or a part of it (without one, the rules are the
+    /// same all over the root, and a folder's consent covers everything in it).
+    pub fn has_overlaps(&self) -> bool {
+        !self.overlaps.is_empty()
+    }
+
     /// Whether any deny glob can apply beneath this root (so callers can skip the work).
     pub fn has_deny(&self) -> bool {
         !self.deny.is_empty() || self.overlaps.iter().any(|o| !o.deny.is_empty())

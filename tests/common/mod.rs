@@ -606,3 +606,57 @@ impl Drop for LiveBroker {
         let _ = self.child.wait();
     }
 }
+
+/// The real python interpreter (not a version-manager shim, so a kill reaches python itself).
+pub fn python() -> &'static str {
+    static PYTHON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("python3 is needed by these tests");
+        assert!(out.status.success(), "python3 failed");
+        let exe = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        assert!(!exe.is_empty(), "python3 did not name its executable");
+        exe
+    })
+}
+
+/// A path as text (temp paths are UTF-8).
+pub fn path_str(p: &Path) -> String {
+    p.to_str().unwrap().to_owned()
+}
+
+/// A TOML literal string holding `p` (temp paths hold no `'`).
+pub fn lit(p: &Path) -> String {
+    let s = path_str(p);
+    assert!(!s.contains('\''), "temp path unusable in a TOML literal");
+    format!("'{s}'")
+}
+
+/// Everything beneath `dir`, never following a symlink: relative path → `dir`,
+/// `file:CONTENT` or `link:TARGET`.
+pub fn snapshot(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    fn walk(base: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            let rel = path_str(path.strip_prefix(base).unwrap());
+            let ft = entry.file_type().unwrap();
+            if ft.is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                out.insert(rel, format!("link:{}", target.display()));
+            } else if ft.is_dir() {
+                out.insert(rel, "dir".into());
+                walk(base, &path, out);
+            } else {
+                let content = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
+                out.insert(rel, format!("file:{content}"));
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
