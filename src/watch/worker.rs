@@ -204,6 +204,14 @@ impl Worker {
             if change != Change::Deleted && stamp.is_none() {
                 continue;
             }
+            // A change to a path this watch has never seen is its creation: the kernel's
+            // watch on a new directory can start after a file in it was created but before it
+            // was written, so the first event for that file says "modified".
+            let change = if change == Change::Modified && !w.snapshot.contains_key(rel) {
+                Change::Created
+            } else {
+                change
+            };
             match (change, stamp) {
                 (Change::Deleted, _) | (_, None) => {
                     let prefix = format!("{rel}/");
