@@ -147,7 +147,10 @@ impl Env {
         symlink("../c/g.txt", root.join("a/glink")).unwrap();
         symlink("../c", root.join("a/toc")).unwrap();
         symlink("c", root.join("lc")).unwrap();
-        std::fs::write(dir.join("decide.py"), DECIDE_PY).unwrap();
+        // In a folder of its own: fsbroker seals the folder of the consent command's files,
+        // and the root sits beside it.
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::fs::write(dir.join("bin/decide.py"), DECIDE_PY).unwrap();
         Env {
             policy: dir.join("policy.toml"),
             save: dir.join("request.json"),
@@ -176,7 +179,7 @@ impl Env {
         format!(
             "command = [{}, {}, \"{mode}\", {}]\nterminal = false\ntimeout_ms = {timeout_ms}",
             lit(Path::new(python())),
-            lit(&self.dir.join("decide.py")),
+            lit(&self.dir.join("bin/decide.py")),
             lit(&self.save)
         )
     }

@@ -1405,3 +1405,262 @@ fn relative_root_an_absolute_path_outside_is_outside_every_root() {
     }
     problems.assert_none("--root .: absolute paths outside the root");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Second review round
+// ---------------------------------------------------------------------------------------------
+
+/// R2-1: deny `.github/workflows/*.yml`. In one session, back to back: rename the *file* `X`
+/// onto `.github/workflows`, delete `X`, rename the folder `D` (holding `evil.yml`) to `X`. If
+/// the broker decided "a file, no tree to check" before the swap, the folder lands on the
+/// denied name. `evil.yml` must never exist under `.github/workflows`.
+#[test]
+fn r2_a_file_swapped_for_a_folder_before_its_rename_never_lands_on_a_denied_name() {
+    let (_t, dir) = tempdir();
+    let proj = dir.join("proj");
+    mkdirs(&dir, &["proj/.github", "policy"]);
+    let policy = dir.join("policy/policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}{LIMITS}",
+            root_toml(
+                &lit(&proj),
+                "p",
+                "read-write",
+                "auto",
+                &[".github/workflows/*.yml"]
+            )
+        ),
+    )
+    .unwrap();
+    let mut b = serve(&policy);
+    let workflows = proj.join(".github/workflows");
+    let landed = workflows.join("evil.yml");
+    let start = Instant::now();
+    let mut tries = 0;
+    for i in 0..300 {
+        if start.elapsed() > Duration::from_secs(15) {
+            break;
+        }
+        tries += 1;
+        put(&proj.join("X"), "a file");
+        put(&proj.join(format!("D{i}/evil.yml")), PAYLOAD);
+        let ids = [
+            b.send(
+                "files/rename",
+                json!({"oldPath": "p/X", "newPath": "p/.github/workflows"}),
+            ),
+            b.send("files/delete", json!({"path": "p/X"})),
+            b.send(
+                "files/rename",
+                json!({"oldPath": format!("p/D{i}"), "newPath": "p/X"}),
+            ),
+        ];
+        let answers: Vec<Value> = ids.iter().map(|id| b.response(*id)).collect();
+        assert!(
+            !exists(&landed),
+            "R2-1: at try {i} evil.yml landed under .github/workflows: {}",
+            answers.iter().map(shown).collect::<Vec<_>>().join(" | ")
+        );
+        let _ = std::fs::remove_dir_all(&workflows);
+        let _ = std::fs::remove_file(&workflows);
+        let _ = std::fs::remove_dir_all(proj.join("X"));
+        let _ = std::fs::remove_file(proj.join("X"));
+        let _ = std::fs::remove_dir_all(proj.join(format!("D{i}")));
+    }
+    println!("R2-1: {tries} tries in {:?}", start.elapsed());
+}
+
+/// R2-2: everything beneath the consent script's folder is sealed, not only its direct
+/// entries: a sub-package it imports (`tools/helpers/__init__.py`) and the compiled cache
+/// (`tools/__pycache__/…`) are refused "protected…" too; a folder beside `tools` is not.
+#[test]
+fn r2_everything_beneath_the_consent_scripts_folder_is_sealed() {
+    let (_t, dir) = tempdir();
+    let proj = dir.join("proj");
+    let tools = proj.join("tools");
+    put(
+        &tools.join("consent.py"),
+        "import json, sys, helpers\njson.load(sys.stdin)\nprint(json.dumps({'approvedPaths': []}))\n",
+    );
+    put(&tools.join("helpers/__init__.py"), "");
+    put(&tools.join("__pycache__/helpers.cpython-311.pyc"), "");
+    put(&proj.join("other/keep.txt"), "keep");
+    mkdirs(&dir, &["policy"]);
+    let policy = dir.join("policy/policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}[consent]\ncommand = [{}, {}]\nterminal = false\n\n{LIMITS}",
+            root_toml(&lit(&proj), "p", "read-write", "auto", &[]),
+            lit(Path::new(python())),
+            lit(&tools.join("consent.py"))
+        ),
+    )
+    .unwrap();
+    let mut b = serve(&policy);
+    let before = snapshot(&tools);
+    let mut problems = Problems::default();
+    for (method, params, path) in [
+        (
+            "files/write",
+            json!({"path": "p/tools/helpers/__init__.py", "content": "import os\n"}),
+            "p/tools/helpers/__init__.py",
+        ),
+        (
+            "files/write",
+            json!({"path": "p/tools/__pycache__/helpers.cpython-311.pyc", "content": "x"}),
+            "p/tools/__pycache__/helpers.cpython-311.pyc",
+        ),
+        (
+            "files/create",
+            json!({"path": "p/tools/helpers/util.py", "type": "file"}),
+            "p/tools/helpers/util.py",
+        ),
+        (
+            "files/delete",
+            json!({"path": "p/tools/__pycache__", "recursive": true}),
+            "p/tools/__pycache__",
+        ),
+        (
+            "files/rename",
+            json!({"oldPath": "p/other/keep.txt", "newPath": "p/tools/helpers/keep.py"}),
+            "p/tools/helpers/keep.py",
+        ),
+    ] {
+        let r = b.request(method, params.clone());
+        problems.check(
+            &format!("{method} {params}"),
+            denied(&r, path, Reason::StartsWith(&["protected"])),
+        );
+    }
+    if snapshot(&tools) != before {
+        problems.push(format!(
+            "the consent command's folder changed: {:?}",
+            diff(&before, &snapshot(&tools))
+        ));
+    }
+    // Control: a folder beside it stays writable.
+    b.ok(
+        "files/write",
+        json!({"path": "p/other/new.txt", "content": "ok"}),
+    );
+    problems.assert_none("R2-2: beneath the consent script's folder");
+}
+
+/// R2-3: the home folder is inside a read-write root. A server writes a `usercustomize.py`
+/// into the user's Python site folder, which Python would run at every start — the consent
+/// command included. The broker runs its consent command without the user site: the code
+/// never runs, and the prompt root stays closed.
+#[test]
+fn r2_the_consent_command_does_not_run_the_users_python_site_code() {
+    let (_t, dir) = tempdir();
+    let home = dir.join("home");
+    let marker = dir.join("PWNED");
+    put(&home.join("notes.txt"), "notes");
+    put(&dir.join("priv/secret.txt"), "secret");
+    put(
+        &dir.join("bin/consent.py"),
+        "import json, sys\njson.load(sys.stdin)\nprint(json.dumps({'approvedPaths': []}))\n",
+    );
+    // Where python would look, for this HOME.
+    let out = Command::new(python())
+        .env("HOME", &home)
+        .args(["-c", "import site; print(site.getusersitepackages())"])
+        .output()
+        .unwrap();
+    let site = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    let rel = site
+        .strip_prefix(&home)
+        .expect("the user site is under HOME");
+    mkdirs(&dir, &["policy"]);
+    let policy = dir.join("policy/policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}{}[consent]\ncommand = [{}, {}]\nterminal = false\n\n{LIMITS}",
+            root_toml(&lit(&home), "h", "read-write", "auto", &[]),
+            root_toml(&lit(&dir.join("priv")), "priv", "read-only", "prompt", &[]),
+            lit(Path::new(python())),
+            lit(&dir.join("bin/consent.py"))
+        ),
+    )
+    .unwrap();
+    let mut b = Broker::spawn_program(
+        "env",
+        &[
+            format!("HOME={}", s(&home)),
+            bin().to_owned(),
+            "serve".into(),
+            "--policy".into(),
+            s(&policy),
+        ],
+    );
+    let evil = format!(
+        "import json, pathlib, sys\npathlib.Path({:?}).write_text('ran')\n",
+        s(&marker)
+    );
+    let planted = format!("h/{}/usercustomize.py", s(rel));
+    b.ok("files/create", json!({"path": planted, "type": "file"}));
+    b.ok("files/write", json!({"path": planted, "content": evil}));
+    // Control: the planted code does run for a python started the usual way.
+    let ran = Command::new(python())
+        .env("HOME", &home)
+        .args(["-c", "pass"])
+        .status()
+        .unwrap();
+    assert!(
+        ran.success() && marker.exists(),
+        "control: usercustomize did not run"
+    );
+    std::fs::remove_file(&marker).unwrap();
+    let r = b.ok(
+        "files/consent",
+        json!({"message": "m", "requestedPaths": ["priv"]}),
+    );
+    assert!(
+        !marker.exists(),
+        "R2-3: the server's usercustomize.py ran in the consent command"
+    );
+    assert_eq!(r["granted"], json!(false), "{r}");
+    let e = b.err("files/read", json!({"path": "priv/secret.txt"}));
+    assert_eq!(e["data"]["reason"], "no consent", "{e}");
+}
+
+/// R2-4: a directory rename walks its tree while every other change waits; a tree larger than
+/// the walk's bound is not moved (QUOTA_EXCEEDED, nothing changed), so no rename can hold the
+/// others up for long.
+#[test]
+fn r2_a_directory_too_large_to_check_is_not_moved() {
+    let (_t, dir) = tempdir();
+    let proj = dir.join("proj");
+    let big = proj.join("big");
+    mkdirs(&dir, &["proj/big", "policy"]);
+    for i in 0..20_001 {
+        std::fs::write(big.join(format!("f{i}")), "").unwrap();
+    }
+    let policy = dir.join("policy/policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}{LIMITS}",
+            root_toml(&lit(&proj), "p", "read-write", "auto", &["**/.env"])
+        ),
+    )
+    .unwrap();
+    let mut b = serve(&policy);
+    let e = b.err(
+        "files/rename",
+        json!({"oldPath": "p/big", "newPath": "p/moved"}),
+    );
+    assert_eq!(code(&e), "QUOTA_EXCEEDED", "{e}");
+    assert_eq!(e["data"]["path"], "p/big", "{e}");
+    assert!(big.is_dir() && !proj.join("moved").exists());
+    // Control: a smaller tree moves.
+    put(&proj.join("small/a.txt"), "a");
+    b.ok(
+        "files/rename",
+        json!({"oldPath": "p/small", "newPath": "p/small2"}),
+    );
+}

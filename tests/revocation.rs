@@ -487,7 +487,9 @@ fn removing_an_outer_root_leaves_a_nested_root_alone() {
 /// A consent command (a POSIX sh script) that approves every requested path and counts its
 /// calls in `calls.log` beside it. Returns the `[consent]` table naming it.
 fn approving_consent_command(dir: &Path) -> (String, PathBuf) {
-    let script = dir.join("approve.sh");
+    // In a folder of its own: fsbroker seals the folder of the consent command's files.
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    let script = dir.join("bin/approve.sh");
     let calls = dir.join("calls.log");
     std::fs::write(
         &script,

@@ -33,6 +33,9 @@ pub(super) fn ask(
     let (program, args) = argv.split_first().ok_or("empty consent command")?;
     let mut child = Command::new(program)
         .args(args)
+        // Python would otherwise run code from the user's site directory (`usercustomize`),
+        // which a server with a read-write root on the home folder could write.
+        .env("PYTHONNOUSERSITE", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -64,7 +64,8 @@ fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
     }
     let _dst_lock = op.lock(&dst.key, LockMode::Exclusive, new_raw)?;
     op.commit()?;
-    match mutate::rename(&src, &dst, p.overwrite, kind.is_dir(), old_raw, new_raw)? {
+    let deadline = op.started + op.policy.limits().timeout;
+    match mutate::rename(&src, &dst, p.overwrite, deadline, old_raw, new_raw)? {
         Ok(()) => {}
         Err(rustix::io::Errno::XDEV) if kind.is_file() => {
             copy_across(&src, &dst, p.overwrite, new_raw)?

@@ -325,6 +325,18 @@ impl Policy {
                     }
                 }
             }
+            let home = std::env::var_os("HOME").map(PathBuf::from);
+            if root.mode() == Mode::ReadWrite
+                && home.as_ref().is_some_and(|h| h.starts_with(root.path()))
+            {
+                out.push(format!(
+                    "read-write root {:?} ({}) holds your home folder: a server can write the \
+                     dotfiles and user site folders that every program you run reads, the \
+                     consent command included",
+                    root.name(),
+                    root.path().display()
+                ));
+            }
             for other in &self.roots {
                 if other.path() != root.path() && other.path().starts_with(root.path()) {
                     out.push(format!(

@@ -308,8 +308,12 @@ impl Parent {
 /// directory — the one change that moves other entries — holds it exclusively, from the
 /// check of its whole tree to the rename. So no entry is ever checked under one name and
 /// created under another (an upload's folder renamed onto a denied name between its first and
-/// last chunk, or a write racing the rename of its folder). It is one lock for the process:
-/// directory renames are rare, and the other holders are short.
+/// last chunk, or a write racing the rename of its folder). It is one lock for the process.
+///
+/// A directory rename never *waits* inside the lock: it polls for it, so other sessions'
+/// changes are only ever held up while a rename actually holds it, and that hold is bounded by
+/// the size of the tree it may walk ([`MAX_TREE_CHECK`]); a rename that cannot get the lock
+/// before its deadline answers `TIMEOUT`.
 pub fn tree_lock() -> &'static TreeLock {
     static TREE: TreeLock = TreeLock(std::sync::RwLock::new(()));
     &TREE
@@ -326,11 +330,30 @@ impl TreeLock {
         self.0.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Held while a directory is checked and moved.
-    pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
-        self.0.write().unwrap_or_else(|e| e.into_inner())
+    /// Held while a directory is checked and moved; polled for until `deadline`.
+    pub fn write_by(
+        &self,
+        deadline: std::time::Instant,
+    ) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
+        loop {
+            match self.0.try_write() {
+                Ok(guard) => return Some(guard),
+                Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }
+
+/// The most entries a directory rename checks against deny globs and fsbroker's own files
+/// while it holds the tree lock exclusively; a larger tree is not moved (`QUOTA_EXCEEDED`).
+/// It bounds how long one rename can hold up every other session's changes (a few hundred
+/// milliseconds on a slow disk).
+pub const MAX_TREE_CHECK: usize = 20_000;
 
 /// Checks every entry of the tree at `src` (walked without following symlinks) before it
 /// is moved to `dst` (or deleted, with `dst` `None`): nothing beneath it may be denied where
@@ -349,9 +372,21 @@ pub fn check_tree(src: &Parent, dst: Option<(&Parent, &str)>, raw: &str) -> Resu
         .open_dir_nofollow(&src.name)
         .map_err(|e| Error::from_io(&e, raw))?;
     let mut stack = vec![(top, String::new())];
+    let mut seen = 0usize;
     while let Some((dir, sub)) = stack.pop() {
         for entry in dir.entries().map_err(|e| Error::from_io(&e, raw))? {
             let entry = entry.map_err(|e| Error::from_io(&e, raw))?;
+            seen += 1;
+            if seen > MAX_TREE_CHECK {
+                return Err(Error::new(
+                    ErrorKind::QuotaExceeded,
+                    format!(
+                        "the directory holds more than {MAX_TREE_CHECK} entries to check against \
+                         the policy; move it in parts"
+                    ),
+                )
+                .with_path(raw));
+            }
             let name = entry.file_name();
             // A name that is not UTF-8 cannot be matched by a glob; be safe and refuse.
             let Some(name) = name.to_str() else {
@@ -472,14 +507,15 @@ impl Drop for Staged {
 /// (`RENAME_NOREPLACE`), never stat-then-rename.
 ///
 /// Both entries are checked first ([`Parent::check_change`]): the source is "renamed", the
-/// target "replaced"; a directory's whole tree too ([`check_tree`]), under the tree lock held
-/// exclusively, so nothing lands in it between the check and the move. A refusal is the outer
-/// `Err`.
+/// target "replaced". Whether the source is a directory is decided under the tree lock, from
+/// the entry about to be renamed (a file swapped for a directory in between is caught); a
+/// directory's whole tree is checked too ([`check_tree`]), with the lock held exclusively, so
+/// nothing lands in it between the check and the move. A refusal is the outer `Err`.
 pub fn rename(
     from: &Parent,
     to: &Parent,
     overwrite: bool,
-    is_dir: bool,
+    deadline: std::time::Instant,
     old_raw: &str,
     new_raw: &str,
 ) -> Result<rustix::io::Result<()>> {
@@ -488,14 +524,34 @@ pub fn rename(
     } else {
         rustix::fs::RenameFlags::NOREPLACE
     };
-    let _shared = (!is_dir).then(|| tree_lock().read());
-    let _exclusive = is_dir.then(|| tree_lock().write());
-    from.check_change("renamed", old_raw)?;
-    to.check_change("replaced", new_raw)?;
-    if is_dir {
-        check_tree(from, Some((to, new_raw)), old_raw)?;
+    let is_dir = |p: &Parent| p.entry_type(old_raw).map(|t| t.is_some_and(|t| t.is_dir()));
+    loop {
+        let exclusive = if is_dir(from)? {
+            match tree_lock().write_by(deadline) {
+                Some(guard) => Some(guard),
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        "the directory could not be checked in time: other changes held it",
+                    )
+                    .with_path(old_raw));
+                }
+            }
+        } else {
+            None
+        };
+        let _shared = exclusive.is_none().then(|| tree_lock().read());
+        // Under the lock now: the entry must still be what the lock was chosen for.
+        if is_dir(from)? != exclusive.is_some() {
+            continue;
+        }
+        from.check_change("renamed", old_raw)?;
+        to.check_change("replaced", new_raw)?;
+        if exclusive.is_some() {
+            check_tree(from, Some((to, new_raw)), old_raw)?;
+        }
+        return Ok(rustix::fs::renameat_with(
+            &from.dir, &from.name, &to.dir, &to.name, flags,
+        ));
     }
-    Ok(rustix::fs::renameat_with(
-        &from.dir, &from.name, &to.dir, &to.name, flags,
-    ))
 }

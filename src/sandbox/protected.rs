@@ -78,9 +78,9 @@ pub struct Protected {
     /// Identities of the own files that exist (refreshed once the broker has created its
     /// audit log: [`Protected::refresh`]).
     file_ids: RwLock<HashMap<Id, Verdict>>,
-    /// Folders holding the files the consent command runs: no entry in them may change, since
-    /// a program picks up what lies beside it (a script's modules or packages, a `source`d
-    /// file).
+    /// Folders holding the files the consent command runs: nothing beneath them may change,
+    /// since a program picks up what lies beside it (a script's modules, its packages and their
+    /// compiled `__pycache__`, a `source`d file).
     sealed: Vec<PathBuf>,
     /// Identities of roots, and of every folder above an own file or a root.
     dir_ids: HashMap<Id, Verdict>,
@@ -222,10 +222,7 @@ impl Protected {
         if self.roots.iter().any(|r| r == abs) {
             return Some(Verdict::Root);
         }
-        if abs
-            .parent()
-            .is_some_and(|dir| self.sealed.iter().any(|d| d == dir))
-        {
+        if self.sealed.iter().any(|d| abs != d && abs.starts_with(d)) {
             return Some(Verdict::Sealed);
         }
         let above = |p: &PathBuf| p.as_path() != abs && p.starts_with(abs);
@@ -439,7 +436,10 @@ mod tests {
             p.change(&base.join("tools/pkg"), None),
             Some(Verdict::Sealed)
         );
-        assert_eq!(p.change(&base.join("tools/pkg/x.py"), None), None);
+        assert_eq!(
+            p.change(&base.join("tools/pkg/__pycache__/x.pyc"), None),
+            Some(Verdict::Sealed)
+        );
         assert_eq!(
             p.change(&base.join("tools"), None),
             Some(Verdict::HoldsOwnFiles)
