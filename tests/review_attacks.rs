@@ -405,13 +405,10 @@ fn f1_an_upload_moved_onto_a_denied_folder_of_another_root_never_lands_there() {
 // F2: a write raced against the rename of its folder
 // ---------------------------------------------------------------------------------------------
 
-/// F2: deny `.github/workflows/*`; again and again, make an empty `p/tN`, then send
-/// `files/write p/tN/evil.yml` and `files/rename p/tN -> p/.github/workflows` back to back
-/// without waiting. Whichever wins, `evil.yml` must never exist under `.github/workflows`.
-/// (Whatever landed legitimately is removed after each try.)
-#[test]
-fn f2_a_write_raced_against_moving_its_folder_onto_a_denied_folder_never_lands_there() {
-    let (_t, dir) = tempdir();
+/// `T/proj` (with an empty `.github`) as the read-write auto root `p` denying `glob`, served
+/// live. Returns the temp dir, `T/proj` and the broker.
+fn one_root_denying(glob: &str) -> (tempfile::TempDir, PathBuf, LiveBroker) {
+    let (t, dir) = tempdir();
     let proj = dir.join("proj");
     mkdirs(&dir, &["proj/.github", "policy"]);
     let policy = dir.join("policy/policy.toml");
@@ -419,17 +416,21 @@ fn f2_a_write_raced_against_moving_its_folder_onto_a_denied_folder_never_lands_t
         &policy,
         format!(
             "{}{LIMITS}",
-            root_toml(
-                &lit(&proj),
-                "p",
-                "read-write",
-                "auto",
-                &[".github/workflows/*"]
-            )
+            root_toml(&lit(&proj), "p", "read-write", "auto", &[glob])
         ),
     )
     .unwrap();
-    let mut b = serve(&policy);
+    let b = serve(&policy);
+    (t, proj, b)
+}
+
+/// F2: deny `.github/workflows/*`; again and again, make an empty `p/tN`, then send
+/// `files/write p/tN/evil.yml` and `files/rename p/tN -> p/.github/workflows` back to back
+/// without waiting. Whichever wins, `evil.yml` must never exist under `.github/workflows`.
+/// (Whatever landed legitimately is removed after each try.)
+#[test]
+fn f2_a_write_raced_against_moving_its_folder_onto_a_denied_folder_never_lands_there() {
+    let (_t, proj, mut b) = one_root_denying(".github/workflows/*");
     let workflows = proj.join(".github/workflows");
     let landed = workflows.join("evil.yml");
     let start = Instant::now();
@@ -1416,25 +1417,7 @@ fn relative_root_an_absolute_path_outside_is_outside_every_root() {
 /// denied name. `evil.yml` must never exist under `.github/workflows`.
 #[test]
 fn r2_a_file_swapped_for_a_folder_before_its_rename_never_lands_on_a_denied_name() {
-    let (_t, dir) = tempdir();
-    let proj = dir.join("proj");
-    mkdirs(&dir, &["proj/.github", "policy"]);
-    let policy = dir.join("policy/policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "{}{LIMITS}",
-            root_toml(
-                &lit(&proj),
-                "p",
-                "read-write",
-                "auto",
-                &[".github/workflows/*.yml"]
-            )
-        ),
-    )
-    .unwrap();
-    let mut b = serve(&policy);
+    let (_t, proj, mut b) = one_root_denying(".github/workflows/*.yml");
     let workflows = proj.join(".github/workflows");
     let landed = workflows.join("evil.yml");
     let start = Instant::now();
