@@ -1343,13 +1343,13 @@ fn the_consent_command_files_are_protected() {
     let populate = |base: &Path| {
         project(base);
         let proj = base.join("proj");
-        let sh = proj.join("bin/consent.sh");
+        let sh = proj.join("ro/bin/consent.sh");
         put(
             &sh,
             &format!("#!/bin/sh\n# {OWN_MARKER}\nexec python3 \"$@\"\n"),
         );
         std::fs::set_permissions(&sh, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let py = proj.join("tools/consent.py");
+        let py = proj.join("ro/tools/consent.py");
         put(
             &py,
             &format!(
@@ -1363,7 +1363,10 @@ fn the_consent_command_files_are_protected() {
             &policy_text(
                 &[(".", "project")],
                 &format!(
-                    "[consent]\ncommand = [{}, {}, \"--approve\", \"all\"]\n",
+                    // The command's files lie in a read-only root: in a read-write one the
+                    // policy is refused at load (a server could change what it runs).
+                    "[[root]]\npath = 'ro'\nname = \"ro\"\nmode = \"read-only\"\nconsent = \"auto\"\n\n\
+                     [consent]\ncommand = [{}, {}, \"--approve\", \"all\"]\n",
                     lit(&sh),
                     lit(&py)
                 ),
@@ -1372,14 +1375,14 @@ fn the_consent_command_files_are_protected() {
     };
     let mut lab = Lab::new(populate, serve_usual);
     lab.guard("proj/fsbroker.toml")
-        .guard("proj/bin/consent.sh")
-        .guard("proj/tools/consent.py")
-        .guard("proj/bin");
+        .guard("proj/ro/bin/consent.sh")
+        .guard("proj/ro/tools/consent.py")
+        .guard("proj/ro/bin");
     let root = lab.p("proj");
     let mut rows = Vec::new();
     for (what, rel) in [
-        ("the consent program", "bin/consent.sh"),
-        ("the consent script argument", "tools/consent.py"),
+        ("the consent program", "ro/bin/consent.sh"),
+        ("the consent script argument", "ro/tools/consent.py"),
     ] {
         let f = Forms::new("project", &root, rel);
         for (form, path) in f.each() {
@@ -1427,25 +1430,25 @@ fn the_consent_command_files_are_protected() {
     rows.extend([
         rename(
             "the folder holding the program",
-            "project/bin",
-            "project/bin2",
+            "project/ro/bin",
+            "project/ro/bin2",
             false,
             Side::Old,
         ),
-        delete("the folder holding the program", "project/bin", true),
+        delete("the folder holding the program", "project/ro/bin", true),
         write(
             "an ordinary file beside the program",
-            "project/bin/other.sh",
+            "project/ro/bin/other.sh",
             PAYLOAD,
         ),
         write(
             "a module beside the script, which it would import",
-            "project/tools/json.py",
+            "project/ro/tools/json.py",
             "print('PWNED')\n",
         ),
         create(
             "a package beside the script",
-            "project/tools/json",
+            "project/ro/tools/json",
             "directory",
         ),
         write(
@@ -1786,7 +1789,8 @@ fn listings_never_show_protected_paths() {
         put(
             &proj.join("fsbroker.toml"),
             &format!(
-                "{text}\n[consent]\ncommand = [{}]\n",
+                "{text}\n[[root]]\npath = 'bin'\nname = \"bin\"\nmode = \"read-only\"\n\
+                 consent = \"auto\"\n\n[consent]\ncommand = [{}]\n",
                 lit(&proj.join("bin/consent.sh"))
             ),
         );

@@ -501,8 +501,11 @@ fn f3_the_consent_scripts_folder_is_protected_so_no_server_module_runs_at_consen
     put(
         &policy,
         &format!(
-            "{}{}[consent]\ncommand = [{}, {}]\nterminal = false\ntimeout_ms = 20000\n\n{LIMITS}",
+            "{}{}{}[consent]\ncommand = [{}, {}]\nterminal = false\ntimeout_ms = 20000\n\n{LIMITS}",
             root_toml(&lit(&proj), "p", "read-write", "auto", &[]),
+            // In a read-write root the policy would be refused at load (see
+            // `consent_files_in_a_read_write_root_refuse_the_policy`).
+            root_toml(&lit(&tools), "tools", "read-only", "auto", &[]),
             root_toml(
                 &lit(&dir.join("private")),
                 "priv",
@@ -1475,8 +1478,9 @@ fn r2_everything_beneath_the_consent_scripts_folder_is_sealed() {
     std::fs::write(
         &policy,
         format!(
-            "{}[consent]\ncommand = [{}, {}]\nterminal = false\n\n{LIMITS}",
+            "{}{}[consent]\ncommand = [{}, {}]\nterminal = false\n\n{LIMITS}",
             root_toml(&lit(&proj), "p", "read-write", "auto", &[]),
+            root_toml(&lit(&tools), "tools", "read-only", "auto", &[]),
             lit(Path::new(python())),
             lit(&tools.join("consent.py"))
         ),
@@ -1646,4 +1650,208 @@ fn r2_a_directory_too_large_to_check_is_not_moved() {
         "files/rename",
         json!({"oldPath": "p/small", "newPath": "p/small2"}),
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Third review round
+// ---------------------------------------------------------------------------------------------
+
+/// R3-1: a consent command that runs anything from a read-write root — a virtualenv's python
+/// (whose `site-packages` and `.pth` files it loads), a Node script (whose `node_modules` it
+/// looks up in every parent folder), a Python script — is refused at load: `policy check` and
+/// `serve` fail naming the file, and nothing runs.
+#[test]
+fn r3_consent_files_in_a_read_write_root_refuse_the_policy() {
+    let (_t, dir) = tempdir();
+    let proj = dir.join("proj");
+    put_exe(&proj.join(".venv/bin/python"), "#!/bin/sh\nexit 1\n");
+    put(&proj.join("tools/approve.js"), "");
+    put(&dir.join("outside/consent.py"), "");
+    mkdirs(&dir, &["policy"]);
+    let policy = dir.join("policy/policy.toml");
+    for (program, script, names) in [
+        (
+            proj.join(".venv/bin/python"),
+            dir.join("outside/consent.py"),
+            ".venv/bin/python",
+        ),
+        (
+            PathBuf::from("/bin/sh"),
+            proj.join("tools/approve.js"),
+            "tools/approve.js",
+        ),
+    ] {
+        std::fs::write(
+            &policy,
+            format!(
+                "{}[consent]\ncommand = [{}, {}]\nterminal = false\n",
+                root_toml(&lit(&proj), "p", "read-write", "auto", &[]),
+                lit(&program),
+                lit(&script)
+            ),
+        )
+        .unwrap();
+        for args in [vec!["policy", "check"], vec!["serve", "--policy"]] {
+            let out = Command::new(bin())
+                .args(&args)
+                .arg(&policy)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{args:?} accepted {names}: {err}");
+            assert!(
+                err.contains(names) && err.contains("read-write root"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    // Control: the same command with its files outside every writable root loads.
+    std::fs::write(
+        &policy,
+        format!(
+            "{}{}[consent]\ncommand = [{}, {}]\nterminal = false\n",
+            root_toml(&lit(&proj), "p", "read-write", "auto", &[]),
+            root_toml(&lit(&proj.join(".venv")), "venv", "read-only", "auto", &[]),
+            lit(&proj.join(".venv/bin/python")),
+            lit(&dir.join("outside/consent.py"))
+        ),
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .args(["policy", "check"])
+        .arg(&policy)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// R3-2: hosts start the broker inside the project. `python3 -m json.tool` as the consent
+/// command would import a `json` package the server wrote into the working directory; the
+/// command runs in `/`, so the server's code never runs and nothing is approved.
+#[test]
+fn r3_the_consent_command_does_not_run_code_from_the_brokers_working_directory() {
+    let (_t, dir) = tempdir();
+    let proj = dir.join("proj");
+    let marker = dir.join("PWNED");
+    put(&proj.join("a.txt"), "a");
+    put(&dir.join("priv/secret.txt"), "secret");
+    mkdirs(&dir, &["policy"]);
+    let policy = dir.join("policy/policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}{}[consent]\ncommand = [{}, \"-m\", \"json.tool\"]\nterminal = false\n\n{LIMITS}",
+            root_toml(&lit(&proj), "p", "read-write", "auto", &[]),
+            root_toml(&lit(&dir.join("priv")), "priv", "read-only", "prompt", &[]),
+            lit(Path::new(python())),
+        ),
+    )
+    .unwrap();
+    let mut b = Broker::spawn_program(
+        "sh",
+        &[
+            "-c".to_owned(),
+            format!(
+                "cd {} && exec {} serve --policy {}",
+                lit(&proj),
+                lit(Path::new(bin())),
+                lit(&policy)
+            ),
+        ],
+    );
+    let evil = format!(
+        "import pathlib, sys\npathlib.Path({:?}).write_text('ran')\nsys.stdin.read()\n\
+         print('{{\"approvedPaths\": ' + '[\"{}\"]' + '}}')\n",
+        s(&marker),
+        s(&dir.join("priv"))
+    );
+    b.ok(
+        "files/create",
+        json!({"path": "p/json/__init__.py", "type": "file"}),
+    );
+    b.ok(
+        "files/write",
+        json!({"path": "p/json/tool.py", "content": evil}),
+    );
+    let r = b.ok(
+        "files/consent",
+        json!({"message": "m", "requestedPaths": ["priv"]}),
+    );
+    assert!(!marker.exists(), "R3-2: the server's json/tool.py ran");
+    assert_eq!(r["granted"], json!(false), "{r}");
+}
+
+/// R3-3: a tree a thousand folders deep costs a glob match per folder above each entry; its
+/// rename is refused (QUOTA_EXCEEDED) instead of holding every other change up for seconds.
+#[test]
+fn r3_a_very_deep_tree_is_not_moved() {
+    let (_t, proj, mut b) = one_root_denying("**/*.pem");
+    let mut deep = proj.join("deep");
+    for _ in 0..1000 {
+        deep.push("a");
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    let started = Instant::now();
+    let r = b.request(
+        "files/rename",
+        json!({"oldPath": "p/deep", "newPath": "p/moved"}),
+    );
+    assert_eq!(code(&r["error"]), "QUOTA_EXCEEDED", "{r}");
+    assert!(proj.join("deep").is_dir() && !proj.join("moved").exists());
+    println!("R3-3: refused after {:?}", started.elapsed());
+}
+
+/// R3-4: in one session, back to back: rename the *file* `X` onto a deep
+/// `.github/workflows`, delete `X`, create `X/evil.yml`. A file swapped for a folder while the
+/// rename checks its destination must not be moved unchecked. `evil.yml` never lands.
+#[test]
+fn r3_a_file_swapped_for_a_new_folder_during_its_rename_never_lands_on_a_denied_name() {
+    let (_t, proj, mut b) = one_root_denying("**/.github/workflows/*");
+    let mut deep = String::from("p");
+    for _ in 0..300 {
+        deep.push_str("/d");
+    }
+    let deep_disk = proj.join(deep.trim_start_matches("p/"));
+    std::fs::create_dir_all(deep_disk.join(".github")).unwrap();
+    let workflows = deep_disk.join(".github/workflows");
+    let start = Instant::now();
+    let mut tries = 0;
+    for i in 0..300 {
+        if start.elapsed() > Duration::from_secs(15) {
+            break;
+        }
+        tries += 1;
+        put(&proj.join("X"), "a file");
+        let ids = [
+            b.send(
+                "files/rename",
+                json!({"oldPath": "p/X", "newPath": format!("{deep}/.github/workflows")}),
+            ),
+            b.send("files/delete", json!({"path": "p/X"})),
+            b.send(
+                "files/write",
+                json!({"path": "p/X/evil.yml", "content": PAYLOAD}),
+            ),
+            b.send(
+                "files/create",
+                json!({"path": "p/X/evil.yml", "type": "file"}),
+            ),
+        ];
+        let answers: Vec<Value> = ids.iter().map(|id| b.response(*id)).collect();
+        assert!(
+            !exists(&workflows.join("evil.yml")),
+            "R3-4: at try {i} evil.yml landed: {}",
+            answers.iter().map(shown).collect::<Vec<_>>().join(" | ")
+        );
+        let _ = std::fs::remove_dir_all(&workflows);
+        let _ = std::fs::remove_file(&workflows);
+        let _ = std::fs::remove_dir_all(proj.join("X"));
+        let _ = std::fs::remove_file(proj.join("X"));
+    }
+    println!("R3-4: {tries} tries in {:?}", start.elapsed());
 }

@@ -33,9 +33,17 @@ pub(super) fn ask(
     let (program, args) = argv.split_first().ok_or("empty consent command")?;
     let mut child = Command::new(program)
         .args(args)
-        // Python would otherwise run code from the user's site directory (`usercustomize`),
-        // which a server with a read-write root on the home folder could write.
+        // Nothing the command runs may come from where a server can write: not the broker's
+        // working directory (hosts start it inside the project; `python -m`, `-c` and Node
+        // look there), not Python's user site folder (`usercustomize`), not a module path
+        // or preloaded code named in the environment.
+        .current_dir("/")
         .env("PYTHONNOUSERSITE", "1")
+        .env("PYTHONSAFEPATH", "1")
+        .env_remove("PYTHONPATH")
+        .env_remove("PYTHONSTARTUP")
+        .env_remove("NODE_PATH")
+        .env_remove("NODE_OPTIONS")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -43,7 +43,8 @@ fn delete(op: &Op, p: &Params) -> Result<Json<Empty>> {
     parent.check_change("deleted", raw)?;
     let is_dir = parent.entry_type(raw)?.is_some_and(|t| t.is_dir());
     if p.recursive && is_dir {
-        mutate::check_tree(&parent, None, raw)?;
+        let deadline = op.started + op.policy.limits().timeout;
+        mutate::check_tree(&parent, None, deadline, raw)?;
     }
     op.commit()?;
     parent.remove(p.recursive, raw)?;

@@ -271,7 +271,7 @@ impl Policy {
         own.extend(overrides.listen.clone());
         let protected = Arc::new(Protected::new(&ProtectedSpec {
             files: own,
-            command,
+            command: command.clone(),
             // The log in use stays protected when a reload names another (it stays in use).
             audit_logs: audit
                 .iter()
@@ -284,6 +284,7 @@ impl Policy {
                 .collect(),
         }));
         crate::sandbox::link(&mut roots, &protected);
+        refuse_writable_command(&roots, &command)?;
         Ok(Policy {
             roots: roots.into_iter().map(Arc::new).collect(),
             limits,
@@ -301,9 +302,14 @@ impl Policy {
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
         for root in &self.roots {
+            // Judged where each file is: a read-only root nested here keeps it out of reach.
+            let writable = |p: &Path| {
+                p.strip_prefix(root.path())
+                    .is_ok_and(|rel| root.mode_at(&rel.to_string_lossy()) == Mode::ReadWrite)
+            };
             if root.mode() == Mode::ReadWrite {
                 for dir in self.protected.sealed() {
-                    if dir.starts_with(root.path()) {
+                    if writable(dir) {
                         out.push(format!(
                             "read-write root {:?} ({}) holds {}, the folder of the consent \
                              command: it is protected, servers cannot change anything in it",
@@ -314,7 +320,7 @@ impl Policy {
                     }
                 }
                 for file in self.protected.files() {
-                    if file.starts_with(root.path()) {
+                    if writable(file) {
                         out.push(format!(
                             "read-write root {:?} ({}) holds {}, one of fsbroker's own files: \
                              it is protected, servers can neither read nor change it",
@@ -397,6 +403,36 @@ impl Policy {
     pub fn source(&self) -> Option<&Path> {
         self.source.as_deref()
     }
+}
+
+/// Refuses a consent command that runs a file a server could write: it would run the
+/// server's code, which answers every prompt. Protecting the file itself is not enough: an
+/// interpreter loads what lies around it (a virtualenv's `site-packages` and `.pth` files, a
+/// Node script's `node_modules` in every parent folder), so every file the command names must
+/// lie where no root covering it is read-write.
+fn refuse_writable_command(roots: &[Root], command: &[PathBuf]) -> Result<(), PolicyError> {
+    for file in command {
+        for spelling in protected::spellings(file) {
+            for root in roots {
+                let Ok(rel) = spelling.strip_prefix(root.path()) else {
+                    continue;
+                };
+                if root.mode_at(&rel.to_string_lossy()) == Mode::ReadWrite {
+                    return Err(PolicyError::Table {
+                        table: "consent",
+                        reason: format!(
+                            "command runs {}, which lies in the read-write root {:?}: a server \
+                             could change what it runs; move it out of the root, or make that \
+                             folder a read-only root",
+                            spelling.display(),
+                            root.name()
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `~/x` → `$HOME/x`; a relative path → under `base` (the policy's directory) when given,

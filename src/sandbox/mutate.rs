@@ -49,9 +49,16 @@ pub struct Parent {
 pub fn require_writable(target: &Resolved, raw: &str) -> Result<()> {
     match target.root().mode() {
         Mode::ReadWrite => Ok(()),
-        Mode::ReadOnly => {
-            Err(Error::new(ErrorKind::PermissionDenied, "read-only root").with_path(raw))
-        }
+        // A protected path says so, in a read-only root too: the answer does not depend on
+        // which root's name reached it.
+        Mode::ReadOnly => Err(Error::new(
+            ErrorKind::PermissionDenied,
+            match target.root().protected().change(&target.absolute(), None) {
+                Some(verdict) => verdict.reason("changed"),
+                None => "read-only root".to_owned(),
+            },
+        )
+        .with_path(raw)),
     }
 }
 
@@ -355,13 +362,23 @@ impl TreeLock {
 /// milliseconds on a slow disk).
 pub const MAX_TREE_CHECK: usize = 20_000;
 
+/// The most glob matches (an entry's folders, counted for each entry) a directory rename
+/// makes under the tree lock; with [`MAX_TREE_CHECK`] it keeps a hold to a fraction of a
+/// second whatever the tree's shape.
+pub const MAX_TREE_WORK: usize = 200_000;
+
 /// Checks every entry of the tree at `src` (walked without following symlinks) before it
 /// is moved to `dst` (or deleted, with `dst` `None`): nothing beneath it may be denied where
 /// it is (the tree would carry denied files out from under the globs that hide them, or
 /// delete files the server may not even see), and, moved, no entry may land on a name denied
 /// at the destination, or on one of fsbroker's own files. Checked under the destination's own
 /// name, against every root covering it. Nothing is walked when no rule could apply.
-pub fn check_tree(src: &Parent, dst: Option<(&Parent, &str)>, raw: &str) -> Result<()> {
+pub fn check_tree(
+    src: &Parent,
+    dst: Option<(&Parent, &str)>,
+    deadline: std::time::Instant,
+    raw: &str,
+) -> Result<()> {
     let dst_rules =
         dst.is_some_and(|(d, _)| d.root.has_deny() || d.root.protected().any_beneath(&d.key));
     if !src.root.has_deny() && !dst_rules {
@@ -372,17 +389,27 @@ pub fn check_tree(src: &Parent, dst: Option<(&Parent, &str)>, raw: &str) -> Resu
         .open_dir_nofollow(&src.name)
         .map_err(|e| Error::from_io(&e, raw))?;
     let mut stack = vec![(top, String::new())];
-    let mut seen = 0usize;
+    let (mut seen, mut work) = (0usize, 0usize);
     while let Some((dir, sub)) = stack.pop() {
         for entry in dir.entries().map_err(|e| Error::from_io(&e, raw))? {
             let entry = entry.map_err(|e| Error::from_io(&e, raw))?;
             seen += 1;
-            if seen > MAX_TREE_CHECK {
+            // Each entry costs one glob match per folder above it: bound that work too, so a
+            // tree a thousand folders deep cannot hold the lock for seconds.
+            work += sub.matches('/').count() + 2;
+            if seen % 256 == 0 && std::time::Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    "the directory could not be checked before the deadline",
+                )
+                .with_path(raw));
+            }
+            if seen > MAX_TREE_CHECK || work > MAX_TREE_WORK {
                 return Err(Error::new(
                     ErrorKind::QuotaExceeded,
                     format!(
-                        "the directory holds more than {MAX_TREE_CHECK} entries to check against \
-                         the policy; move it in parts"
+                        "the directory holds too much to check against the policy (over \
+                         {MAX_TREE_CHECK} entries, or folders too deep); move it in parts"
                     ),
                 )
                 .with_path(raw));
@@ -507,10 +534,9 @@ impl Drop for Staged {
 /// (`RENAME_NOREPLACE`), never stat-then-rename.
 ///
 /// Both entries are checked first ([`Parent::check_change`]): the source is "renamed", the
-/// target "replaced". Whether the source is a directory is decided under the tree lock, from
-/// the entry about to be renamed (a file swapped for a directory in between is caught); a
-/// directory's whole tree is checked too ([`check_tree`]), with the lock held exclusively, so
-/// nothing lands in it between the check and the move. A refusal is the outer `Err`.
+/// target "replaced"; a directory's whole tree too ([`check_tree`]). All of it under the tree
+/// lock held exclusively, so nothing lands in the tree, and nothing swaps the source for a
+/// folder, between the checks and the move. A refusal is the outer `Err`.
 pub fn rename(
     from: &Parent,
     to: &Parent,
@@ -524,34 +550,22 @@ pub fn rename(
     } else {
         rustix::fs::RenameFlags::NOREPLACE
     };
-    let is_dir = |p: &Parent| p.entry_type(old_raw).map(|t| t.is_some_and(|t| t.is_dir()));
-    loop {
-        let exclusive = if is_dir(from)? {
-            match tree_lock().write_by(deadline) {
-                Some(guard) => Some(guard),
-                None => {
-                    return Err(Error::new(
-                        ErrorKind::Timeout,
-                        "the directory could not be checked in time: other changes held it",
-                    )
-                    .with_path(old_raw));
-                }
-            }
-        } else {
-            None
-        };
-        let _shared = exclusive.is_none().then(|| tree_lock().read());
-        // Under the lock now: the entry must still be what the lock was chosen for.
-        if is_dir(from)? != exclusive.is_some() {
-            continue;
-        }
-        from.check_change("renamed", old_raw)?;
-        to.check_change("replaced", new_raw)?;
-        if exclusive.is_some() {
-            check_tree(from, Some((to, new_raw)), old_raw)?;
-        }
-        return Ok(rustix::fs::renameat_with(
-            &from.dir, &from.name, &to.dir, &to.name, flags,
-        ));
+    // Every rename holds the lock exclusively: a rename decides by the type of its source
+    // whether there is a tree to check, and creates and deletes (which hold it shared) could
+    // otherwise swap a file for a folder between that decision and the move.
+    let Some(_exclusive) = tree_lock().write_by(deadline) else {
+        return Err(Error::new(
+            ErrorKind::Timeout,
+            "the rename could not be checked in time: other changes held it up",
+        )
+        .with_path(old_raw));
+    };
+    from.check_change("renamed", old_raw)?;
+    to.check_change("replaced", new_raw)?;
+    if from.entry_type(old_raw)?.is_some_and(|t| t.is_dir()) {
+        check_tree(from, Some((to, new_raw)), deadline, old_raw)?;
     }
+    Ok(rustix::fs::renameat_with(
+        &from.dir, &from.name, &to.dir, &to.name, flags,
+    ))
 }

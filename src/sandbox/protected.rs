@@ -312,6 +312,23 @@ fn push_unique(list: &mut Vec<PathBuf>, path: PathBuf) {
 /// A program that is not found stays as written; starting it fails, which is a denial.
 pub fn resolve_command(argv: &[String]) -> Vec<String> {
     let mut out = argv.to_vec();
+    // The command runs in `/`: a relative program or file argument is made absolute now.
+    for (i, arg) in out.iter_mut().enumerate() {
+        let path = Path::new(arg.as_str());
+        let named = if i == 0 {
+            arg.contains('/')
+        } else {
+            path.is_file()
+        };
+        if named && path.is_relative() {
+            if let Some(abs) = std::path::absolute(path)
+                .ok()
+                .and_then(|p| p.to_str().map(str::to_owned))
+            {
+                *arg = abs;
+            }
+        }
+    }
     if let Some(program) = out.first_mut() {
         if !program.contains('/') {
             let found = std::env::var_os("PATH").and_then(|path| {
