@@ -1812,8 +1812,9 @@ fn r3_a_very_deep_tree_is_not_moved() {
 #[test]
 fn r3_a_file_swapped_for_a_new_folder_during_its_rename_never_lands_on_a_denied_name() {
     let (_t, proj, mut b) = one_root_denying("**/.github/workflows/*");
+    // Deep, so the rename's checks take a while; within the 256-component limit.
     let mut deep = String::from("p");
-    for _ in 0..300 {
+    for _ in 0..250 {
         deep.push_str("/d");
     }
     let deep_disk = proj.join(deep.trim_start_matches("p/"));
@@ -1854,4 +1855,78 @@ fn r3_a_file_swapped_for_a_new_folder_during_its_rename_never_lands_on_a_denied_
         let _ = std::fs::remove_file(proj.join("X"));
     }
     println!("R3-4: {tries} tries in {:?}", start.elapsed());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fourth review round
+// ---------------------------------------------------------------------------------------------
+
+/// R4-1: deny `**/.git/hooks/*`. One session, pipelined: a slow rename (a tree of 15,000
+/// files, which holds the tree lock while it is walked), then `D` (holding `pre-commit`) →
+/// `a/hooks`, then `a` → `.git`. If the second rename judged `D`'s entries under the name its
+/// destination had when the request began (`a/hooks/pre-commit`) instead of where it is when
+/// it moves (`.git/hooks/pre-commit`), the hook lands. It never does.
+#[test]
+fn r4_a_tree_is_judged_where_its_destination_is_when_it_moves() {
+    let (_t, proj, mut b) = one_root_denying("**/.git/hooks/*");
+    let slow = proj.join("W");
+    std::fs::create_dir_all(&slow).unwrap();
+    for i in 0..15_000 {
+        std::fs::write(slow.join(format!("f{i}")), "").unwrap();
+    }
+    let hook = proj.join(".git/hooks/pre-commit");
+    let names = ["W", "W2"];
+    let start = Instant::now();
+    let mut tries = 0;
+    for i in 0..100 {
+        if start.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+        tries += 1;
+        let _ = std::fs::remove_dir_all(proj.join(".git"));
+        let _ = std::fs::remove_dir_all(proj.join("a"));
+        let _ = std::fs::remove_dir_all(proj.join("D"));
+        std::fs::create_dir_all(proj.join("a")).unwrap();
+        put(&proj.join("D/pre-commit"), "#!/bin/sh\necho pwned\n");
+        let (from, to) = (names[i % 2], names[(i + 1) % 2]);
+        let ids = [
+            b.send(
+                "files/rename",
+                json!({"oldPath": format!("p/{from}"), "newPath": format!("p/{to}")}),
+            ),
+            b.send(
+                "files/rename",
+                json!({"oldPath": "p/D", "newPath": "p/a/hooks"}),
+            ),
+            b.send(
+                "files/rename",
+                json!({"oldPath": "p/a", "newPath": "p/.git"}),
+            ),
+        ];
+        let answers: Vec<Value> = ids.iter().map(|id| b.response(*id)).collect();
+        assert!(
+            !exists(&hook),
+            "R4-1: at try {i} the hook landed in .git/hooks: {}",
+            answers.iter().map(shown).collect::<Vec<_>>().join(" | ")
+        );
+    }
+    println!("R4-1: {tries} tries in {:?}", start.elapsed());
+}
+
+/// R4-2: request paths deeper than 256 components are refused (`INVALID_PATH`): the checks
+/// on a path, some made while every other change waits, cost more with every folder above it.
+#[test]
+fn r4_paths_deeper_than_the_limit_are_refused() {
+    let (_t, proj, mut b) = one_root_denying("**/*.pem");
+    let deep = |n: usize| format!("p/{}x", "d/".repeat(n - 1));
+    b.ok("files/create", json!({"path": deep(256), "type": "file"}));
+    let r = b.request("files/create", json!({"path": deep(257), "type": "file"}));
+    assert_eq!(code(&r["error"]), "INVALID_PATH", "{r}");
+    assert_eq!(r["error"]["data"]["path"], json!(deep(257)), "{r}");
+    let r = b.request(
+        "files/rename",
+        json!({"oldPath": deep(256), "newPath": format!("{}/y", deep(256))}),
+    );
+    assert_eq!(code(&r["error"]), "INVALID_PATH", "{r}");
+    assert!(proj.join(deep(256).trim_start_matches("p/")).is_file());
 }

@@ -118,13 +118,7 @@ impl Parent {
     /// building blocks below call this while they hold the tree lock ([`tree_lock`]), so no
     /// folder moves between the check and the change.
     pub fn check_change(&self, what: &str, raw: &str) -> Result<()> {
-        let real_parent = real_rel(&self.root, &self.dir, raw)?;
-        let real = if real_parent.is_empty() {
-            self.name.clone()
-        } else {
-            format!("{real_parent}/{}", self.name)
-        };
-        let key = self.root.join(&real);
+        let (real, key) = self.now(raw)?;
         let id = self
             .dir
             .symlink_metadata(&self.name)
@@ -142,6 +136,19 @@ impl Parent {
             return Err(Error::new(ErrorKind::PermissionDenied, "read-only root").with_path(raw));
         }
         Ok(())
+    }
+
+    /// Where the entry is now, relative to the root and absolute: its parent descriptor's path
+    /// from the kernel (a folder moved since the parent was opened is followed), then the name.
+    pub fn now(&self, raw: &str) -> Result<(String, PathBuf)> {
+        let real_parent = real_rel(&self.root, &self.dir, raw)?;
+        let real = if real_parent.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{real_parent}/{}", self.name)
+        };
+        let key = self.root.join(&real);
+        Ok((real, key))
     }
 
     /// Flushes the parent directory, so a rename or unlink in it survives a crash.
@@ -379,8 +386,16 @@ pub fn check_tree(
     deadline: std::time::Instant,
     raw: &str,
 ) -> Result<()> {
-    let dst_rules =
-        dst.is_some_and(|(d, _)| d.root.has_deny() || d.root.protected().any_beneath(&d.key));
+    // Where both are now (the caller holds the tree lock): a folder above either may have
+    // been renamed since they were opened, and the entries must be judged where they will be.
+    let (src_real, _) = src.now(raw)?;
+    let dst_now = match dst {
+        Some((d, new_raw)) => Some((d, d.now(new_raw)?, new_raw)),
+        None => None,
+    };
+    let dst_rules = dst_now
+        .as_ref()
+        .is_some_and(|(d, (_, key), _)| d.root.has_deny() || d.root.protected().any_beneath(key));
     if !src.root.has_deny() && !dst_rules {
         return Ok(());
     }
@@ -424,16 +439,16 @@ pub fn check_tree(
             } else {
                 format!("{sub}/{name}")
             };
-            if src.root.is_denied(&format!("{}/{child}", src.real)) {
+            if src.root.is_denied(&format!("{src_real}/{child}")) {
                 return Err(holds_denied(raw));
             }
-            if let Some((to, new_raw)) = dst {
-                if to.root.is_denied(&format!("{}/{child}", to.real)) {
+            if let Some((to, (to_real, to_key), new_raw)) = &dst_now {
+                if to.root.is_denied(&format!("{to_real}/{child}")) {
                     return Err(denied(new_raw));
                 }
-                if to.root.protected().is_own_file(&to.key.join(&child), None) {
+                if to.root.protected().is_own_file(&to_key.join(&child), None) {
                     return Err(
-                        Error::new(ErrorKind::PermissionDenied, OWN_FILE).with_path(new_raw)
+                        Error::new(ErrorKind::PermissionDenied, OWN_FILE).with_path(*new_raw)
                     );
                 }
             }

@@ -273,11 +273,23 @@ fn beneath(root: &Arc<Root>, rel: &str) -> Result<Resolved> {
             }
         }
     }
+    if parts.len() > MAX_DEPTH {
+        return Err(Error::new(
+            ErrorKind::InvalidPath,
+            format!("path too deep (more than {MAX_DEPTH} components)"),
+        ));
+    }
     Ok(Resolved {
         root: Arc::clone(root),
         rel: parts.join("/"),
     })
 }
+
+/// The most components a request path may have beneath its root. Checks on a path (a deny
+/// glob for each folder above it, the tree lock held while a rename checks both names) cost
+/// more the deeper it is; no real tree needs more, and `PATH_MAX` stops the kernel not far
+/// beyond.
+pub const MAX_DEPTH: usize = 256;
 
 #[cfg(test)]
 mod tests {
