@@ -318,16 +318,17 @@ impl Parent {
 
 /// The lock that keeps folders where they are while an entry is checked and changed.
 ///
-/// Every change to an entry holds it shared, from its check to its system call; a rename of a
-/// directory — the one change that moves other entries — holds it exclusively, from the
-/// check of its whole tree to the rename. So no entry is ever checked under one name and
-/// created under another (an upload's folder renamed onto a denied name between its first and
-/// last chunk, or a write racing the rename of its folder). It is one lock for the process.
+/// Every change to an entry holds it shared, from its check to its system call; a rename —
+/// the one change that moves other entries, or could move a folder swapped in for a file —
+/// holds it exclusively, from the checks of both names (and a directory's whole tree) to the
+/// rename. So no entry is ever checked under one name and created under another (an upload's
+/// folder renamed onto a denied name between its first and last chunk, or a write racing the
+/// rename of its folder). It is one lock for the process.
 ///
-/// A directory rename never *waits* inside the lock: it polls for it, so other sessions'
-/// changes are only ever held up while a rename actually holds it, and that hold is bounded by
-/// the size of the tree it may walk ([`MAX_TREE_CHECK`]); a rename that cannot get the lock
-/// before its deadline answers `TIMEOUT`.
+/// A rename never *waits* inside the lock: it polls for it, so other sessions' changes are
+/// only ever held up while a rename actually holds it, and that hold is bounded by the work
+/// its tree check may do ([`MAX_TREE_CHECK`], [`MAX_TREE_WORK`]); a rename that cannot get
+/// the lock before its deadline answers `TIMEOUT`.
 pub fn tree_lock() -> &'static TreeLock {
     static TREE: TreeLock = TreeLock(std::sync::RwLock::new(()));
     &TREE
@@ -403,6 +404,9 @@ pub fn check_tree(
         .dir
         .open_dir_nofollow(&src.name)
         .map_err(|e| Error::from_io(&e, raw))?;
+    // Each entry is matched with every folder above it, from the root down, on both sides.
+    let depth = |rel: &str| rel.matches('/').count() + 1;
+    let base = depth(&src_real) + dst_now.as_ref().map_or(0, |(_, (r, _), _)| depth(r));
     let mut stack = vec![(top, String::new())];
     let (mut seen, mut work) = (0usize, 0usize);
     while let Some((dir, sub)) = stack.pop() {
@@ -411,7 +415,7 @@ pub fn check_tree(
             seen += 1;
             // Each entry costs one glob match per folder above it: bound that work too, so a
             // tree a thousand folders deep cannot hold the lock for seconds.
-            work += sub.matches('/').count() + 2;
+            work += base + 2 * (sub.matches('/').count() + 1);
             if seen % 256 == 0 && std::time::Instant::now() >= deadline {
                 return Err(Error::new(
                     ErrorKind::Timeout,
