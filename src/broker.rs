@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use crate::audit::{AuditError, AuditLog};
+use crate::fair::FairPool;
 use crate::limits::RateLimits;
 use crate::locks::LockTable;
 use crate::policy::{Overrides, Policy, PolicyError};
@@ -28,6 +29,7 @@ pub struct Broker {
     watches: Arc<WatchHub>,
     rate: RwLock<Arc<RateLimits>>,
     next_session: AtomicU64,
+    pool: Arc<FairPool>,
 }
 
 /// What a policy reload changed.
@@ -54,7 +56,7 @@ impl Broker {
             policy.protected().refresh();
             overrides.audit_in_use = Some(config.path.clone());
         }
-        Ok(Arc::new_cyclic(|me| Broker {
+        let broker = Arc::new_cyclic(|me| Broker {
             rate: RwLock::new(Arc::new(RateLimits::new(policy.limits()))),
             policy: RwLock::new(Arc::new(policy)),
             overrides,
@@ -63,7 +65,10 @@ impl Broker {
             sessions: Mutex::new(Vec::new()),
             watches: WatchHub::start(me.clone()),
             next_session: AtomicU64::new(1),
-        }))
+            pool: FairPool::new(crate::fair::blocking_slots()),
+        });
+        reap_idle_uploads(Arc::downgrade(&broker));
+        Ok(broker)
     }
 
     /// A broker running `policy` (no command-line overrides).
@@ -86,6 +91,11 @@ impl Broker {
     /// The per-session rate limiters of the policy in force.
     pub fn rate_limits(&self) -> Arc<RateLimits> {
         Arc::clone(&self.rate.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The slots of the blocking pool, shared fairly between sessions.
+    pub fn pool(&self) -> &Arc<FairPool> {
+        &self.pool
     }
 
     /// The watch hub every session's `files/watch` goes through.
@@ -219,6 +229,44 @@ impl Broker {
                 "policy reload failed; the previous policy stays in force"
             );
         }
+    }
+}
+
+/// Abandons uploads left idle for `lock_timeout_ms`, as kept locks expire: an upload holds a
+/// lock and descriptors, and a session that stops sending chunks must not hold them for as
+/// long as it stays connected. Runs on a thread of its own until the broker is gone.
+fn reap_idle_uploads(broker: Weak<Broker>) {
+    let spawned = std::thread::Builder::new()
+        .name("fsbroker-uploads".into())
+        .spawn(move || {
+            loop {
+                let idle = match broker.upgrade() {
+                    Some(b) => b.policy().limits().lock_timeout,
+                    None => return,
+                };
+                // Often enough that an upload goes within a quarter of its limit past it.
+                std::thread::sleep(
+                    (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(1)),
+                );
+                let Some(b) = broker.upgrade() else { return };
+                let sessions: Vec<Arc<SessionState>> = {
+                    let list = b.sessions.lock().unwrap_or_else(|e| e.into_inner());
+                    list.iter().filter_map(Weak::upgrade).collect()
+                };
+                for s in sessions {
+                    let n = s.uploads.reap(idle);
+                    if n > 0 {
+                        tracing::info!(
+                            session = s.id,
+                            abandoned = n,
+                            "idle uploads abandoned (lock_timeout_ms)"
+                        );
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the idle-upload reaper; idle uploads last until their session ends");
     }
 }
 

@@ -353,11 +353,14 @@ fn serve(args: ServeArgs) -> ExitCode {
 /// threads that stay busy, taking the next operation from the queue, answer more than twice as
 /// many (measured with `fsbroker bench`). The bound is also a bound on what a stuck file system
 /// can hold; requests queued behind it answer `TIMEOUT` and skip their work.
+///
+/// File operations take a slot of the broker's [`crate::fair::FairPool`] (as many slots as
+/// these threads) before they take a thread, so no session holds more than its share; a few
+/// threads more serve tokio's own blocking work (stdin that is not a pipe, the file API).
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .max_blocking_threads((2 * cpus).max(8))
+        .max_blocking_threads(crate::fair::blocking_slots() + 4)
         .build()
 }
 

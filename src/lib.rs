@@ -71,6 +71,7 @@ pub mod cli;
 pub mod codec;
 pub mod consent;
 pub mod error;
+pub mod fair;
 pub mod jsonrpc;
 pub mod limits;
 pub mod locks;

@@ -209,6 +209,13 @@ impl LockTable {
         }
     }
 
+    /// The number of kept locks `session` holds (expired ones are dropped first).
+    pub fn kept_by(&self, session: u64) -> usize {
+        let mut t = self.lock();
+        t.expire(Instant::now());
+        t.kept.values().filter(|k| k.session == session).count()
+    }
+
     /// The number of kept locks still in force (expired ones are dropped first).
     pub fn kept_count(&self) -> usize {
         let mut t = self.lock();

@@ -91,10 +91,15 @@ pub(crate) struct SessionState {
     /// Whether the session's `prompt` roots were offered to the person (on its first
     /// `roots/list`).
     pub(crate) roots_offered: std::sync::atomic::AtomicBool,
-    /// Requests received and not yet answered, counted from the moment the transport read
-    /// them (before their tasks run, which may be in any order): an upload chunk ahead of its
-    /// turn waits only while another request could be the chunk it needs.
-    pub(crate) requests_in_flight: std::sync::atomic::AtomicUsize,
+    /// Requests received and not yet answered, by arrival number, taken when the transport
+    /// read them (their tasks may then run in any order): an upload chunk ahead of its turn
+    /// waits only while a request that arrived before it, which could be the chunk it needs,
+    /// is unanswered.
+    in_flight: Mutex<std::collections::BTreeSet<u64>>,
+    next_arrival: std::sync::atomic::AtomicU64,
+    /// Bumped whenever a request of the session is answered or an upload moves: what chunks
+    /// waiting for their turn wait on.
+    progress: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl SessionState {
@@ -157,6 +162,17 @@ impl SessionState {
         self.wake.notify_one();
     }
 
+    /// Whether a request that arrived before request number `arrival` is still unanswered.
+    pub(crate) fn earlier_unfinished(&self, arrival: u64) -> bool {
+        let set = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        set.first().is_some_and(|&first| first < arrival)
+    }
+
+    /// A receiver that sees every answer and every upload move of the session.
+    pub(crate) fn progress(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.progress.subscribe()
+    }
+
     /// The MCP server's name, when the transport learned it.
     pub(crate) fn peer_name(&self) -> Option<String> {
         self.peer.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -167,16 +183,19 @@ impl Session {
     pub(crate) fn new(broker: Arc<Broker>, id: u64) -> (Session, Arc<SessionState>) {
         let (tx, rx) = mpsc::channel(NOTIFICATION_QUEUE);
         let wake = Arc::new(tokio::sync::Notify::new());
+        let progress = Arc::new(tokio::sync::watch::Sender::new(0));
         let state = Arc::new(SessionState {
             id,
-            uploads: Uploads::default(),
+            uploads: Uploads::new(Arc::clone(&progress)),
             grants: Mutex::new(Vec::new()),
             notify: tx,
             roots_changed: std::sync::atomic::AtomicBool::new(false),
             wake: Arc::clone(&wake),
             peer: Mutex::new(None),
             roots_offered: Default::default(),
-            requests_in_flight: Default::default(),
+            in_flight: Mutex::default(),
+            next_arrival: Default::default(),
+            progress,
         });
         let session = Session {
             broker,
@@ -255,10 +274,19 @@ impl Session {
     /// Counts a request as received, for a transport that hands requests to concurrent tasks:
     /// taken in arrival order, before the task is spawned.
     pub(crate) fn received(&self) -> Received {
-        self.state
-            .requests_in_flight
+        let arrival = self
+            .state
+            .next_arrival
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        Received(Arc::clone(&self.state))
+        self.state
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(arrival);
+        Received {
+            state: Arc::clone(&self.state),
+            arrival,
+        }
     }
 
     /// [`Session::respond`] for a request already counted by [`Session::received`].
@@ -267,10 +295,9 @@ impl Session {
         line: &[u8],
         received: Received,
     ) -> Option<Outgoing> {
-        let _received = received;
         match jsonrpc::parse(line) {
             Incoming::Request { id, method, params } => {
-                Some(methods::call(self, &method, params, id).await)
+                Some(methods::call(self, &method, params, id, received.arrival).await)
             }
             Incoming::Notification { method } => {
                 tracing::debug!(session = self.id(), %method, "notification");
@@ -293,13 +320,19 @@ impl Session {
 
 /// A request counted as received until it has been answered (dropped).
 #[derive(Debug)]
-pub(crate) struct Received(Arc<SessionState>);
+pub(crate) struct Received {
+    state: Arc<SessionState>,
+    arrival: u64,
+}
 
 impl Drop for Received {
     fn drop(&mut self) {
-        self.0
-            .requests_in_flight
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.state
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.arrival);
+        self.state.progress.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 

@@ -2,20 +2,27 @@
 //! and committed atomically by the `final` chunk.
 //!
 //! Once the first chunk (offset 0) has been answered, the rest may be sent without waiting for
-//! each answer: a chunk that arrives ahead of its turn waits for the ones before it (up to
-//! `timeout_ms`, and only while another request of the session is in progress), so the
-//! client's sending overlaps the broker's writing.
+//! each answer. A chunk that arrives ahead of its turn waits for the ones before it — without
+//! a thread: it waits on the session's progress before it asks for a slot of the blocking
+//! pool (`methods/write.rs`), and only while a request that arrived before it is unanswered
+//! (one that could be the chunk it needs), up to `timeout_ms`. Chunks sent in order therefore
+//! land in order however many are in flight, and a chunk whose predecessor will never come is
+//! answered `CONCURRENCY_CONFLICT` at once.
 //!
 //! An upload holds an exclusive lock on its path from its first chunk to its commit, so other
-//! sessions see `FILE_LOCKED` rather than a half-built file, and its staging file is removed
-//! whenever the upload ends without a commit: an error, a quota, a restart at offset 0, or the
-//! session ending (the map is dropped with the session).
+//! sessions see `FILE_LOCKED` rather than a half-built file. Unfinished uploads are bounded per
+//! session (`max_uploads`, and together with kept locks `max_locks`), and one left idle for
+//! `lock_timeout_ms` is abandoned like an expired kept lock. Its staging file is removed
+//! whenever the upload ends without a commit: an error, a quota, a restart at offset 0, idling
+//! out, or the session ending (the map is dropped with the session).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
+use crate::error::{Error, ErrorKind, Result};
 use crate::locks::LockGuard;
 use crate::sandbox::mutate::{Parent, Staged};
 
@@ -41,136 +48,236 @@ pub struct Upload {
 /// the end of its upload sees that instead of writing into a finished one.
 pub type Slot = Arc<SlotInner>;
 
-/// An upload and the signal its chunks wait on for their turn.
+/// An upload, and what a chunk waiting for its turn can see of it without locking it.
 #[derive(Debug)]
 pub struct SlotInner {
     upload: Mutex<Option<Upload>>,
-    /// Raised whenever a chunk lands or the upload ends.
-    moved: Condvar,
+    /// Bytes staged so far (a copy of `Upload::written`, kept as chunks land).
+    written: AtomicU64,
+    ended: AtomicBool,
+    /// When a chunk last arrived or landed, in milliseconds since `born`.
+    touched_ms: AtomicU64,
+    born: Instant,
+    progress: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl SlotInner {
-    fn new(upload: Upload) -> SlotInner {
+    fn new(upload: Upload, progress: Arc<tokio::sync::watch::Sender<u64>>) -> SlotInner {
         SlotInner {
+            written: AtomicU64::new(upload.written),
             upload: Mutex::new(Some(upload)),
-            moved: Condvar::new(),
+            ended: AtomicBool::new(false),
+            touched_ms: AtomicU64::new(0),
+            born: Instant::now(),
+            progress,
         }
     }
 
-    /// Wakes the chunks waiting for their turn (a chunk landed, or the upload ended).
-    pub fn moved(&self) {
-        self.moved.notify_all();
+    /// Records that a chunk landed: the upload now holds `written` bytes. Wakes the chunks
+    /// waiting for their turn.
+    pub fn landed(&self, written: u64) {
+        self.written.store(written, Ordering::Release);
+        self.touch();
+        self.progress.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Bytes staged so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    /// Whether the upload has ended (committed or aborted).
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// Marks the upload as in use now (it is not idle).
+    pub fn touch(&self) {
+        let ms = self.born.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
+        self.touched_ms.store(ms, Ordering::Release);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let touched = Duration::from_millis(self.touched_ms.load(Ordering::Acquire));
+        self.born.elapsed().saturating_sub(touched)
     }
 }
 
-/// A session's uploads, by lock key (the canonical target path).
-#[derive(Debug, Default, Clone)]
+/// A session's uploads, by lock key (the canonical target path), and the path spellings
+/// their chunks use (so a chunk can find its upload without touching the file system).
+#[derive(Debug, Clone)]
 pub struct Uploads {
-    map: Arc<Mutex<HashMap<PathBuf, Slot>>>,
+    map: Arc<Mutex<Map>>,
+    progress: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+#[derive(Debug, Default)]
+struct Map {
+    by_key: HashMap<PathBuf, Slot>,
+    /// Request path as spelled by the chunk that started the upload → its key.
+    by_spelling: HashMap<String, PathBuf>,
 }
 
 impl Uploads {
-    fn map(&self) -> MutexGuard<'_, HashMap<PathBuf, Slot>> {
-        // Every mutation of the map is a single insert or remove: never half-done.
+    /// No uploads; `progress` is bumped whenever one moves or ends.
+    pub fn new(progress: Arc<tokio::sync::watch::Sender<u64>>) -> Uploads {
+        Uploads {
+            map: Arc::default(),
+            progress,
+        }
+    }
+
+    fn map(&self) -> MutexGuard<'_, Map> {
+        // Every mutation of the map is a few inserts or removes that cannot panic half-way.
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts an upload, replacing (and so aborting) any earlier one at the same key.
-    pub fn start(&self, key: PathBuf, upload: Upload) -> Slot {
-        let slot: Slot = Arc::new(SlotInner::new(upload));
-        let old = self.map().insert(key, Arc::clone(&slot));
-        if let Some(old) = old {
-            abort(old);
+    /// Fails with `QUOTA_EXCEEDED` unless the session may start one more upload at `key`
+    /// (one at `key` already is replaced, so it does not count): at most `max` uploads.
+    pub fn check_room(&self, key: &Path, max: usize, raw: &str) -> Result<()> {
+        let map = self.map();
+        let others = map.by_key.len() - usize::from(map.by_key.contains_key(key));
+        if others >= max {
+            return Err(Error::new(
+                ErrorKind::QuotaExceeded,
+                format!("this session already has {others} unfinished uploads (max_uploads)"),
+            )
+            .with_path(raw));
         }
-        slot
+        Ok(())
+    }
+
+    /// Starts an upload, replacing (and so aborting) any earlier one at the same key; fails
+    /// with `QUOTA_EXCEEDED` (dropping `upload`, and with it its staging file and lock) when the
+    /// session already has `max` others.
+    pub fn start(
+        &self,
+        key: PathBuf,
+        spelling: &str,
+        upload: Upload,
+        max: usize,
+        raw: &str,
+    ) -> Result<Slot> {
+        let slot: Slot = Arc::new(SlotInner::new(upload, Arc::clone(&self.progress)));
+        let old = {
+            let mut map = self.map();
+            let others = map.by_key.len() - usize::from(map.by_key.contains_key(&key));
+            if others >= max {
+                drop(map);
+                return Err(Error::new(
+                    ErrorKind::QuotaExceeded,
+                    format!("this session already has {others} unfinished uploads (max_uploads)"),
+                )
+                .with_path(raw));
+            }
+            map.by_spelling.insert(spelling.to_owned(), key.clone());
+            map.by_key.insert(key, Arc::clone(&slot))
+        };
+        if let Some(old) = old {
+            self.abort(old);
+        }
+        self.progress.send_modify(|n| *n = n.wrapping_add(1));
+        Ok(slot)
     }
 
     /// The upload at `key`, if one is in progress.
     pub fn get(&self, key: &Path) -> Option<Slot> {
-        self.map().get(key).cloned()
+        self.map().by_key.get(key).cloned()
+    }
+
+    /// The upload started with the request path `spelling`, if one is in progress.
+    pub fn by_spelling(&self, spelling: &str) -> Option<Slot> {
+        let map = self.map();
+        let key = map.by_spelling.get(spelling)?;
+        map.by_key.get(key).cloned()
     }
 
     /// Ends the upload at `key` (its staging file goes with it unless already committed).
     pub fn end(&self, key: &Path) {
-        let old = self.map().remove(key);
+        let old = {
+            let mut map = self.map();
+            let old = map.by_key.remove(key);
+            map.by_spelling.retain(|_, k| k != key);
+            old
+        };
         if let Some(old) = old {
-            abort(old);
+            self.abort(old);
+        }
+    }
+
+    /// Ends the upload at `key` if it is still `slot` (a restart at offset 0 may have replaced
+    /// it meanwhile; that one goes on).
+    pub fn end_slot(&self, key: &Path, slot: &Slot) {
+        let old = {
+            let mut map = self.map();
+            if !map.by_key.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+                None
+            } else {
+                map.by_spelling.retain(|_, k| k != key);
+                map.by_key.remove(key)
+            }
+        };
+        if let Some(old) = old {
+            self.abort(old);
         }
     }
 
     /// Ends every upload whose target lies under `root` (a root being revoked) but not under
     /// one of `spared` (roots nested in it that stay).
     pub fn end_under(&self, root: &Path, spared: &[PathBuf]) {
-        let gone: Vec<Slot> = {
+        self.end_where(|k, _| k.starts_with(root) && !spared.iter().any(|s| k.starts_with(s)));
+    }
+
+    /// Abandons the uploads no chunk has touched for `idle` (`lock_timeout_ms`): their
+    /// locks are released and their staging files removed. Returns how many.
+    pub fn reap(&self, idle: Duration) -> usize {
+        self.end_where(|_, slot| slot.idle_for() >= idle)
+    }
+
+    fn end_where(&self, gone: impl Fn(&Path, &Slot) -> bool) -> usize {
+        let ended: Vec<Slot> = {
             let mut map = self.map();
             let keys: Vec<PathBuf> = map
-                .keys()
-                .filter(|k| k.starts_with(root) && !spared.iter().any(|s| k.starts_with(s)))
-                .cloned()
+                .by_key
+                .iter()
+                .filter(|(k, slot)| gone(k, slot))
+                .map(|(k, _)| k.clone())
                 .collect();
-            keys.iter().filter_map(|k| map.remove(k)).collect()
+            let ended = keys.iter().filter_map(|k| map.by_key.remove(k)).collect();
+            map.by_spelling.retain(|_, k| !keys.contains(k));
+            ended
         };
-        gone.into_iter().for_each(abort);
+        let n = ended.len();
+        ended.into_iter().for_each(|slot| self.abort(slot));
+        n
     }
 
     /// Ends every upload (the session is over).
     pub fn clear(&self) {
-        let gone: Vec<Slot> = self.map().drain().map(|(_, slot)| slot).collect();
-        gone.into_iter().for_each(abort);
+        self.end_where(|_, _| true);
     }
 
     /// How many uploads are in progress.
     pub fn len(&self) -> usize {
-        self.map().len()
+        self.map().by_key.len()
     }
 
     /// Whether no upload is in progress.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
 
-/// Empties a slot so a chunk holding a clone of it finds the upload gone.
-fn abort(slot: Slot) {
-    let mut guard = lock(&slot);
-    drop(guard.take());
-    drop(guard);
-    slot.moved();
+    /// Empties a slot so a chunk holding a clone of it finds the upload gone.
+    fn abort(&self, slot: Slot) {
+        let mut guard = lock(&slot);
+        drop(guard.take());
+        slot.ended.store(true, Ordering::Release);
+        drop(guard);
+        self.progress.send_modify(|n| *n = n.wrapping_add(1));
+    }
 }
 
 /// Locks a slot for one chunk.
 pub fn lock(slot: &Slot) -> MutexGuard<'_, Option<Upload>> {
     slot.upload.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Locks a slot for the chunk at `offset`, first waiting (until `deadline`) while chunks
-/// before it may still land: a client may send an upload's chunks without waiting for each
-/// answer, and the broker, which runs requests concurrently, still writes them in order.
-///
-/// It waits only while `others_busy()` says another request of the session is in progress
-/// (one that could be the missing chunk); a chunk ahead of its upload with nothing in flight to
-/// fill the gap is answered at once. Returns when it is this chunk's turn, the upload has
-/// ended, or waiting is pointless; the caller then checks the offset.
-pub fn lock_turn(
-    slot: &Slot,
-    offset: u64,
-    deadline: Instant,
-    others_busy: impl Fn() -> bool,
-) -> MutexGuard<'_, Option<Upload>> {
-    // Short waits, so a predecessor that fails for a reason that never touches this slot is
-    // noticed through `others_busy` soon after.
-    const POLL: std::time::Duration = std::time::Duration::from_millis(5);
-    let mut guard = lock(slot);
-    loop {
-        let ahead = guard.as_ref().is_some_and(|up| up.written < offset);
-        let now = Instant::now();
-        if !ahead || now >= deadline || !others_busy() {
-            return guard;
-        }
-        guard = slot
-            .moved
-            .wait_timeout(guard, POLL.min(deadline - now))
-            .unwrap_or_else(|e| e.into_inner())
-            .0;
-    }
 }

@@ -37,6 +37,10 @@ use crate::session::{Session, SessionState};
 pub(crate) struct Ctx<'a> {
     pub policy: Arc<Policy>,
     pub session: &'a Session,
+    /// The request's arrival number in its session (see `SessionState::earlier_unfinished`).
+    pub arrival: u64,
+    /// When the broker began handling the request.
+    pub started: Instant,
 }
 
 impl Ctx<'_> {
@@ -46,6 +50,7 @@ impl Ctx<'_> {
         Op {
             policy: Arc::clone(&self.policy),
             locks: Arc::clone(self.session.broker().locks()),
+            pool: Arc::clone(self.session.broker().pool()),
             state: Arc::clone(self.session.state()),
             deadline: Arc::default(),
             started: Instant::now(),
@@ -58,6 +63,8 @@ impl Ctx<'_> {
 pub(crate) struct Op {
     pub policy: Arc<Policy>,
     pub locks: Arc<LockTable>,
+    /// The blocking pool's slots, shared fairly between sessions.
+    pub pool: Arc<crate::fair::FairPool>,
     pub state: Arc<SessionState>,
     pub deadline: Arc<Deadline>,
     /// When the request's blocking work was set up: `timeout_ms` counts from here.
@@ -75,15 +82,24 @@ impl Op {
         T: Send + 'static,
     {
         let limit = self.policy.limits().timeout;
+        let until = tokio::time::Instant::from_std(self.started + limit);
         let deadline = Arc::clone(&self.deadline);
+        // A slot first (waiting counts against the deadline), then a thread; the slot stays
+        // with the work until it ends, also past a TIMEOUT answer.
+        let Ok(slot) = tokio::time::timeout_at(until, self.pool.acquire(self.state.id)).await
+        else {
+            deadline.expire();
+            return Err(limits::timed_out(limit));
+        };
         let mut task = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
             // Queued behind other work past the deadline: the caller has its TIMEOUT already.
             if self.deadline.expired() {
                 return Err(limits::timed_out(limit));
             }
             f(&self)
         });
-        let joined = match tokio::time::timeout(limit, &mut task).await {
+        let joined = match tokio::time::timeout_at(until, &mut task).await {
             Ok(joined) => joined,
             Err(_) if deadline.expire() => return Err(limits::timed_out(limit)),
             Err(_) => task.await,
@@ -142,7 +158,7 @@ impl Op {
     fn check_keep_quota(&self, keep: bool, raw: &str) -> Result<()> {
         if keep {
             self.locks
-                .check_keep_quota(self.state.id, self.policy.limits().max_locks, raw)?;
+                .check_keep_quota(self.state.id, self.max_kept(), raw)?;
         }
         Ok(())
     }
@@ -156,8 +172,15 @@ impl Op {
         self.commit()?;
         let limits = self.policy.limits();
         self.locks
-            .keep(guard, limits.lock_timeout, limits.max_locks, raw)
+            .keep(guard, limits.lock_timeout, self.max_kept(), raw)
             .map(Some)
+    }
+
+    /// How many kept locks the session may hold: `max_locks`, less its unfinished uploads
+    /// (which hold locks too).
+    fn max_kept(&self) -> u32 {
+        let uploads = u32::try_from(self.state.uploads.len()).unwrap_or(u32::MAX);
+        self.policy.limits().max_locks.saturating_sub(uploads)
     }
 }
 
@@ -205,6 +228,7 @@ pub(crate) async fn call(
     method: &str,
     params: Option<&RawValue>,
     id: &RawValue,
+    arrival: u64,
 ) -> Outgoing {
     let started = Instant::now();
     let audit = session
@@ -215,10 +239,10 @@ pub(crate) async fn call(
         return jsonrpc::error_frame(Some(id), &audit_unavailable()).into();
     }
     let (frame, outcome) = if method == "ping" {
-        dispatch(session, method, params, id).await
+        dispatch(session, method, params, id, arrival, started).await
     } else {
         match session.broker().rate_limits().check_request(session.id()) {
-            Ok(()) => dispatch(session, method, params, id).await,
+            Ok(()) => dispatch(session, method, params, id, arrival, started).await,
             Err(e) => {
                 let code = e.kind().outcome();
                 (
@@ -280,10 +304,14 @@ async fn dispatch(
     method: &str,
     params: Option<&RawValue>,
     id: &RawValue,
+    arrival: u64,
+    started: Instant,
 ) -> (Outgoing, Outcome) {
     let ctx = Ctx {
         policy: session.broker().policy(),
         session,
+        arrival,
+        started,
     };
     let c = &ctx;
     match Method::from_name(method) {

@@ -12,7 +12,6 @@
 use std::borrow::Cow;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::LazyLock;
-use std::sync::atomic::Ordering;
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -86,6 +85,9 @@ struct Request {
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params<'_>>) -> Result<Json<Reply>> {
     let p = params?;
+    if let Some(offset) = p.offset.filter(|&o| o > 0) {
+        await_turn(ctx, &p.path, offset).await?;
+    }
     let payload = match p.encoding {
         Encoding::Utf8 => p.content.len(),
         Encoding::Base64 => p.content.len() / 4 * 3,
@@ -113,6 +115,50 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params<'_>>) -> Result<
         .run(move |op| write(op, request))
         .await
         .map(Json)
+}
+
+/// Waits, without a thread, until it is the turn of the chunk at `offset` of the upload that
+/// the request path `raw` names: its predecessors have landed. It waits only while a request
+/// that arrived before this one is unanswered (one that could be the chunk it needs), and at
+/// most until the request's `timeout_ms` has passed; a chunk whose turn cannot come is answered
+/// `CONCURRENCY_CONFLICT` here. A chunk that spells its path unlike the upload's first chunk
+/// finds no upload here and goes on; the blocking part then finds it by its canonical path,
+/// and judges the offset without waiting.
+async fn await_turn(ctx: &Ctx<'_>, raw: &str, offset: u64) -> Result<()> {
+    let state = ctx.session.state();
+    let until = tokio::time::Instant::from_std(ctx.started + ctx.policy.limits().timeout);
+    let mut progress = state.progress();
+    loop {
+        progress.borrow_and_update();
+        let slot = state.uploads.by_spelling(raw);
+        let written = match &slot {
+            Some(slot) if slot.ended() => return Ok(()),
+            Some(slot) if slot.written() == offset => {
+                slot.touch();
+                return Ok(());
+            }
+            Some(slot) => Some(slot.written()),
+            None => None,
+        };
+        let waited_out = !state.earlier_unfinished(ctx.arrival)
+            || tokio::time::timeout_at(until, progress.changed())
+                .await
+                .is_err();
+        if waited_out {
+            return match written {
+                Some(written) => Err(Error::new(
+                    ErrorKind::ConcurrencyConflict,
+                    offset_mismatch(offset, written),
+                )
+                .with_path(raw)),
+                None => Ok(()),
+            };
+        }
+    }
+}
+
+fn offset_mismatch(offset: u64, written: u64) -> String {
+    format!("offset {offset} does not match the {written} bytes staged so far")
 }
 
 fn write(op: &Op, p: Request) -> Result<Reply> {
@@ -308,68 +354,76 @@ fn chunk(
     data: &[u8],
     raw: &str,
 ) -> Result<Reply> {
-    let max_file = op.policy.limits().max_file_size;
+    let limits = op.policy.limits();
     let key = parent.key.clone();
+    let uploads = &op.state.uploads;
     if offset == 0 {
         // A new upload (or a restart: the earlier one at this path is dropped first, so its
-        // lock does not stand in the way of this one).
-        op.state.uploads.end(&key);
+        // lock does not stand in the way of this one). Refused before anything is created
+        // when the session is at its bounds: an upload holds a lock and descriptors.
+        uploads.end(&key);
+        uploads.check_room(&key, limits.max_uploads, raw)?;
+        let kept = op.locks.kept_by(op.state.id);
+        if kept + uploads.len() >= limits.max_locks as usize {
+            return Err(Error::new(
+                ErrorKind::QuotaExceeded,
+                format!(
+                    "this session holds {kept} kept locks and {} unfinished uploads (max_locks)",
+                    uploads.len()
+                ),
+            )
+            .with_path(raw));
+        }
         let lock = op.lock(&key, LockMode::Exclusive, raw)?;
         let current = existing(&parent, raw)?;
         check_preconditions(p, current.as_ref().map(|(_, m)| m), raw)?;
         let mode = mode_for(current.as_ref().map(|(_, m)| m));
         let staged = parent.stage(raw)?;
-        op.state.uploads.start(
-            key.clone(),
-            Upload {
-                parent,
-                staged,
-                written: 0,
-                mode,
-                if_match: p.if_match.clone(),
-                lock,
-            },
-        );
+        let upload = Upload {
+            parent,
+            staged,
+            written: 0,
+            mode,
+            if_match: p.if_match.clone(),
+            lock,
+        };
+        uploads.start(key.clone(), &p.path, upload, limits.max_uploads, raw)?;
     }
     let conflict = |why: String| Error::new(ErrorKind::ConcurrencyConflict, why).with_path(raw);
-    let slot = op.state.uploads.get(&key).ok_or_else(|| {
+    let slot = uploads.get(&key).ok_or_else(|| {
         conflict(format!(
             "no upload in progress for this path; offset {offset} needs an upload started at offset 0"
         ))
     })?;
-    let until = op.started + op.policy.limits().timeout;
-    let mut guard = upload::lock_turn(&slot, offset, until, || {
-        op.state.requests_in_flight.load(Ordering::Acquire) > 1
-    });
+    slot.touch();
+    let mut guard = upload::lock(&slot);
     let Some(up) = guard.as_mut() else {
         return Err(conflict("the upload has already ended".into()));
     };
     if up.written != offset {
-        return Err(conflict(format!(
-            "offset {offset} does not match the {} bytes staged so far",
-            up.written
-        )));
+        return Err(conflict(offset_mismatch(offset, up.written)));
     }
     let size = up.written + data.len() as u64;
-    if size > max_file {
+    let failed = |e: Error| {
+        uploads.end_slot(&key, &slot);
+        Err(e)
+    };
+    if size > limits.max_file_size {
         drop(guard);
-        op.state.uploads.end(&key);
-        return Err(too_large(size, max_file, raw));
+        return failed(too_large(size, limits.max_file_size, raw));
     }
     if let Err(e) = up.staged.write(data, raw) {
         drop(guard);
-        op.state.uploads.end(&key);
-        return Err(e);
+        return failed(e);
     }
     if let Err(e) = op.commit() {
         // Timed out: this chunk is not acknowledged, so the upload cannot go on consistently.
         drop(guard);
-        op.state.uploads.end(&key);
-        return Err(e);
+        return failed(e);
     }
     up.written = size;
     up.staged.start_writeback();
-    slot.moved();
+    slot.landed(size);
     if !p.last {
         return Ok(Reply {
             bytes_written: data.len() as u64,
@@ -382,7 +436,7 @@ fn chunk(
         return Err(conflict("the upload has already ended".into()));
     };
     drop(guard);
-    op.state.uploads.end(&key);
+    uploads.end_slot(&key, &slot);
     up.staged.finish(up.mode, raw)?;
     recheck_if_match(up.if_match.as_deref(), &up.parent, raw)?;
     recheck_if_match(p.if_match.as_deref(), &up.parent, raw)?;

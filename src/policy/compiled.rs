@@ -73,6 +73,12 @@ pub struct Limits {
     pub lock_timeout: Duration,
     /// Requests of one session handled at once.
     pub max_in_flight: usize,
+    /// Unfinished uploads per session.
+    pub max_uploads: usize,
+    /// Sessions a `serve --listen` broker serves at once.
+    pub max_sessions: usize,
+    /// Bytes of partial request lines held across every connection of a broker.
+    pub max_pending_input: usize,
 }
 
 impl Default for Limits {
@@ -141,6 +147,18 @@ impl Limits {
             max_in_flight: as_usize(
                 "max_in_flight",
                 positive("max_in_flight", f.max_in_flight.into())?,
+            )?,
+            max_uploads: as_usize(
+                "max_uploads",
+                positive("max_uploads", f.max_uploads.into())?,
+            )?,
+            max_sessions: as_usize(
+                "max_sessions",
+                positive("max_sessions", f.max_sessions.into())?,
+            )?,
+            max_pending_input: as_usize(
+                "max_pending_input",
+                positive("max_pending_input", f.max_pending_input)?,
             )?,
         })
     }

@@ -114,6 +114,13 @@ pub struct LimitsFile {
     /// Requests of one session handled at once; beyond this the broker stops reading the
     /// session's input (extension).
     pub max_in_flight: u32,
+    /// Unfinished uploads per session (extension).
+    pub max_uploads: u32,
+    /// Connections a `serve --listen` broker serves at once (extension).
+    pub max_sessions: u32,
+    /// Bytes of request lines still arriving that a broker holds across all its connections
+    /// (extension).
+    pub max_pending_input: u64,
 }
 
 impl Default for LimitsFile {
@@ -131,6 +138,9 @@ impl Default for LimitsFile {
             max_locks: 256,
             lock_timeout_ms: 300_000,
             max_in_flight: 64,
+            max_uploads: 16,
+            max_sessions: 64,
+            max_pending_input: 96 << 20,
         }
     }
 }
