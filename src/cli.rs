@@ -365,9 +365,10 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 fn proxy(args: ProxyArgs) -> ExitCode {
-    let opts = transport::proxy::ProxyOptions {
+    let mut opts = transport::proxy::ProxyOptions {
         command: args.command,
         max_line: args.serve.max_line_bytes,
+        max_in_flight: crate::policy::Limits::default().max_in_flight,
     };
     let result = match &args.connect {
         // A shared broker answers; this process only relays.
@@ -390,6 +391,7 @@ fn proxy(args: ProxyArgs) -> ExitCode {
                 }
             };
             let session = Arc::new(running.broker.session());
+            opts.max_in_flight = running.broker.policy().limits().max_in_flight;
             let code = running.run(transport::proxy::run(
                 transport::proxy::Link::Local(session),
                 opts,

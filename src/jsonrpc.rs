@@ -28,6 +28,8 @@ pub enum Incoming<'a> {
     Notification {
         /// The method name.
         method: String,
+        /// The raw params, if present.
+        params: Option<&'a RawValue>,
     },
     /// A response to a request we did not send (the broker sends none in `serve`).
     Response,
@@ -138,7 +140,10 @@ pub fn parse(line: &[u8]) -> Incoming<'_> {
             method,
             params: env.params,
         },
-        None => Incoming::Notification { method },
+        None => Incoming::Notification {
+            method,
+            params: env.params,
+        },
     }
 }
 
@@ -273,7 +278,7 @@ mod tests {
     fn kind_of(line: &str) -> String {
         match parse(line.as_bytes()) {
             Incoming::Request { id, method, .. } => format!("req {} {method}", id.get()),
-            Incoming::Notification { method } => format!("note {method}"),
+            Incoming::Notification { method, .. } => format!("note {method}"),
             Incoming::Response => "response".into(),
             Incoming::Invalid { id, error } => {
                 format!(

@@ -11,6 +11,13 @@ use crate::methods;
 use crate::outgoing::{BodyPool, Outgoing};
 use crate::upload::Uploads;
 
+/// The notification a proxy sends a shared broker (`proxy --connect`) to name the MCP server
+/// behind it: `{"name": "…"}`, the server's own `serverInfo.name`.
+pub const PEER_NOTIFICATION: &str = "notifications/fsbroker/peer";
+
+/// The longest server name kept (consent prompts show it).
+const MAX_PEER_NAME: usize = 256;
+
 /// How many notifications may wait for a session's writer before new ones are dropped.
 const NOTIFICATION_QUEUE: usize = 1024;
 
@@ -245,7 +252,32 @@ impl Session {
 
     /// Names the MCP server on the other end (shown in consent prompts).
     pub fn set_peer_name(&self, name: impl Into<String>) {
-        *self.state.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(name.into());
+        let mut name: String = name.into();
+        if name.len() > MAX_PEER_NAME {
+            let mut cut = MAX_PEER_NAME;
+            while !name.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            name.truncate(cut);
+        }
+        *self.state.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(name);
+    }
+
+    /// Takes the name a proxy reported ([`PEER_NOTIFICATION`]); the first one stands, so the
+    /// name a person saw in one prompt is the name they see in the next.
+    fn learn_peer(&self, params: Option<&serde_json::value::RawValue>) {
+        #[derive(serde::Deserialize)]
+        struct Peer {
+            name: String,
+        }
+        let Some(peer) = params.and_then(|p| serde_json::from_str::<Peer>(p.get()).ok()) else {
+            tracing::debug!(session = self.id(), "a peer notification without a name");
+            return;
+        };
+        if self.state.peer_name().is_none() {
+            tracing::info!(session = self.id(), server = %peer.name, "server named by its proxy");
+            self.set_peer_name(peer.name);
+        }
     }
 
     /// The stream of notification frames (newline included) for this session's peer:
@@ -299,8 +331,12 @@ impl Session {
             Incoming::Request { id, method, params } => {
                 Some(methods::call(self, &method, params, id, received.arrival).await)
             }
-            Incoming::Notification { method } => {
-                tracing::debug!(session = self.id(), %method, "notification");
+            Incoming::Notification { method, params } => {
+                if method == PEER_NOTIFICATION {
+                    self.learn_peer(params);
+                } else {
+                    tracing::debug!(session = self.id(), %method, "notification");
+                }
                 None
             }
             Incoming::Response => {

@@ -1,6 +1,7 @@
 //! Bytes in and out: line framing, the stdio server, the Unix-socket server (a broker shared
 //! by many servers) and the proxy that puts the broker in front of any stdio MCP server.
 
+pub(crate) mod driver;
 pub mod framing;
 pub mod listen;
 pub mod pipe;

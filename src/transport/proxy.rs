@@ -3,11 +3,17 @@
 //! The proxy relays raw lines in both directions and parses only a thin envelope of each
 //! (method, id) — never a full MCP model that could drop fields it does not know. It rewrites
 //! one message, the host's `initialize`, to declare `roots.listChanged` and
-//! `roots.filesystemBrokering`; it answers the server's `roots/list` and `files/*` requests
-//! itself (they never reach the host); it sends the broker's notifications to the server.
+//! `roots.filesystemBrokering`; it hands the server's `roots/list` and `files/*` requests to the
+//! broker (they never reach the host); it sends the broker's notifications to the server.
 //! Everything else passes through verbatim and in order, per direction: one writer owns each
 //! output, and the server may send its requests at any moment — before `initialized`, while
 //! host requests are in flight, many at once.
+//!
+//! The proxy is a transport, not a second session driver: the server's requests go to the
+//! same [`Driver`] as `serve`'s, with the same in-flight limit, input budget and output budget,
+//! and every relayed line waits in a queue bounded in bytes ([`RELAY_BUDGET_KIB`]). A server
+//! that stops reading its stdin, or a host that stops reading the proxy's stdout, stops the
+//! proxy reading the other side instead of growing its memory.
 //!
 //! Either side closing ends the proxy: host EOF closes the server's stdin; the server's exit
 //! ends the relay. The proxy exits with the server's exit code.
@@ -15,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -22,12 +29,19 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
+use super::driver::{Driver, OUTPUT_QUEUE};
 use super::framing::{Frame, LineReader};
-use super::serve::write_frames;
+use super::listen::BlockingWriter;
+use super::serve::{QueueItem, too_long, write_frames};
 use crate::jsonrpc::{self, Incoming};
-use crate::session::Session;
+use crate::outgoing::Outgoing;
+use crate::session::{PEER_NOTIFICATION, Session};
+
+/// KiB of lines each relay queue may hold (host → server, server → host, and to and from a
+/// shared broker); a longer line is let through alone.
+pub const RELAY_BUDGET_KIB: usize = 32 << 10;
 
 /// How the proxy reaches a broker.
 #[derive(Debug)]
@@ -45,13 +59,47 @@ pub struct ProxyOptions {
     pub command: Vec<OsString>,
     /// Longest relayed line.
     pub max_line: usize,
+    /// Server requests the local broker handles at once (`max_in_flight`).
+    pub max_in_flight: usize,
 }
 
 /// Messages for the server's stdin.
 enum ToServer {
-    Line(Vec<u8>),
+    Frame(Outgoing),
     /// The host is gone: close the server's stdin.
     Close,
+}
+
+impl From<Outgoing> for ToServer {
+    fn from(frame: Outgoing) -> ToServer {
+        ToServer::Frame(frame)
+    }
+}
+
+impl QueueItem for ToServer {
+    fn into_frame(self) -> Option<Outgoing> {
+        match self {
+            ToServer::Frame(frame) => Some(frame),
+            ToServer::Close => None,
+        }
+    }
+}
+
+/// Room for relayed lines in one queue, in KiB.
+#[derive(Clone)]
+struct Budget(Arc<Semaphore>);
+
+impl Budget {
+    fn new() -> Budget {
+        Budget(Arc::new(Semaphore::new(RELAY_BUDGET_KIB)))
+    }
+
+    /// `line` as a frame holding its share of the budget until it is written; waits for room.
+    async fn frame(&self, line: Vec<u8>) -> Option<Outgoing> {
+        let kib = line.len().div_ceil(1024).clamp(1, RELAY_BUDGET_KIB) as u32;
+        let permit = Arc::clone(&self.0).acquire_many_owned(kib).await.ok()?;
+        Some(Outgoing::from(line).hold(Some(permit)))
+    }
 }
 
 /// Runs the proxy until the server exits; returns its exit code.
@@ -68,44 +116,31 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))?;
-    let mut server_in = child
+    let server_in = child
         .stdin
         .take()
-        .ok_or_else(|| io::Error::other("no stdin"))?;
+        .ok_or_else(|| io::Error::other("no stdin"))?
+        .into_owned_fd()?;
     let server_out = child
         .stdout
         .take()
         .ok_or_else(|| io::Error::other("no stdout"))?;
 
-    // The server's stdin: host lines, broker answers and broker notifications, one writer.
-    let (to_server, mut server_rx) = mpsc::channel::<ToServer>(64);
-    let server_writer = tokio::spawn(async move {
-        while let Some(msg) = server_rx.recv().await {
-            match msg {
-                ToServer::Line(line) => {
-                    if server_in.write_all(&line).await.is_err() {
-                        break;
-                    }
-                    if server_rx.is_empty() && server_in.flush().await.is_err() {
-                        break;
-                    }
-                }
-                ToServer::Close => break,
-            }
-        }
-        let _ = server_in.shutdown().await;
-    });
+    // The server's stdin: host lines, broker answers and broker notifications, one writer
+    // thread (large read answers are spliced into the pipe, as `serve` does on stdout).
+    let (to_server, server_rx) = mpsc::channel::<ToServer>(OUTPUT_QUEUE);
+    let _server_writer = std::thread::Builder::new()
+        .name("fsbroker-server-writer".into())
+        .spawn(move || write_frames(server_rx, BlockingWriter(server_in)))?;
 
     // The host's stdout: the server's messages, one writer thread.
-    let (to_host, host_rx) = mpsc::channel::<Vec<u8>>(64);
-    let stdout = super::listen::BlockingWriter(
-        std::os::fd::AsFd::as_fd(&io::stdout()).try_clone_to_owned()?,
-    );
+    let (to_host, host_rx) = mpsc::channel::<Outgoing>(OUTPUT_QUEUE);
+    let stdout = BlockingWriter(io::stdout().as_fd().try_clone_to_owned()?);
     let host_writer = std::thread::Builder::new()
         .name("fsbroker-host-writer".into())
         .spawn(move || write_frames(host_rx, stdout))?;
 
-    let broker = BrokerSide::start(link, to_server.clone(), opts.max_line).await?;
+    let mut broker = BrokerSide::start(link, to_server.clone(), &opts).await?;
     let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
 
     let host_reader = {
@@ -118,7 +153,7 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
             let _ = to_server.send(ToServer::Close).await;
         })
     };
-    relay_server(server_out, &to_host, &broker, &init_id, opts.max_line).await;
+    relay_server(server_out, &to_host, &mut broker, &init_id, opts.max_line).await;
 
     // The server closed its stdout: it is exiting. Stop reading the host, let the host see
     // everything the server said, and return the server's exit code.
@@ -126,7 +161,6 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
     drop(to_server);
     broker.stop();
     let status = child.wait().await?;
-    server_writer.abort();
     drop(to_host);
     if let Ok(Err(e)) = host_writer.join() {
         tracing::debug!(error = %e, "host output");
@@ -146,10 +180,11 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
 async fn relay_host<R: AsyncRead + Unpin>(
     input: R,
     to_server: mpsc::Sender<ToServer>,
-    to_host: mpsc::Sender<Vec<u8>>,
+    to_host: mpsc::Sender<Outgoing>,
     init_id: Arc<Mutex<Option<Box<RawValue>>>>,
     max: usize,
 ) {
+    let budget = Budget::new();
     let mut reader = LineReader::new(input, max);
     while let Ok(Some(frame)) = reader.next_frame().await {
         let line = match frame {
@@ -157,7 +192,7 @@ async fn relay_host<R: AsyncRead + Unpin>(
             Frame::TooLong { len } => {
                 // Answer the host as a server would, so it does not wait for nothing.
                 tracing::warn!(len, "an over-long line from the host was not relayed");
-                let _ = to_host.send(too_long(len, max)).await;
+                let _ = to_host.send(too_long(len, max).into()).await;
                 continue;
             }
         };
@@ -170,7 +205,10 @@ async fn relay_host<R: AsyncRead + Unpin>(
         };
         let mut framed = line;
         framed.push(b'\n');
-        if to_server.send(ToServer::Line(framed)).await.is_err() {
+        let Some(frame) = budget.frame(framed).await else {
+            break;
+        };
+        if to_server.send(ToServer::Frame(frame)).await.is_err() {
             break;
         }
     }
@@ -209,21 +247,19 @@ fn declare_brokering(line: &[u8]) -> Option<Vec<u8>> {
 /// Server → host: verbatim, except the requests the broker answers.
 async fn relay_server<R: AsyncRead + Unpin>(
     output: R,
-    to_host: &mpsc::Sender<Vec<u8>>,
-    broker: &BrokerSide,
+    to_host: &mpsc::Sender<Outgoing>,
+    broker: &mut BrokerSide,
     init_id: &Mutex<Option<Box<RawValue>>>,
     max: usize,
 ) {
+    let budget = Budget::new();
     let mut reader = LineReader::new(output, max);
     while let Ok(Some(frame)) = reader.next_frame().await {
         let mut line = match frame {
             Frame::Line(line) => line,
             Frame::TooLong { len } => {
                 tracing::warn!(len, "an over-long line from the server was not relayed");
-                let _ = broker
-                    .to_server()
-                    .send(ToServer::Line(too_long(len, max)))
-                    .await;
+                broker.answer(too_long(len, max).into()).await;
                 continue;
             }
         };
@@ -238,23 +274,17 @@ async fn relay_server<R: AsyncRead + Unpin>(
             _ => {}
         }
         line.push(b'\n');
-        if to_host.send(line).await.is_err() {
+        let Some(frame) = budget.frame(line).await else {
+            break;
+        };
+        if to_host.send(frame).await.is_err() {
             break;
         }
     }
 }
 
-/// The `-32600` answer to a line longer than the relay's maximum.
-fn too_long(len: u64, max: usize) -> Vec<u8> {
-    let err = crate::error::Error::new(
-        crate::error::ErrorKind::InvalidRequest,
-        format!("line of {len} bytes is longer than the maximum of {max} bytes"),
-    );
-    jsonrpc::error_frame(None, &err)
-}
-
 /// The `initialize` result names the server; consent prompts show it.
-fn learn_server_name(line: &[u8], init_id: &Mutex<Option<Box<RawValue>>>, broker: &BrokerSide) {
+fn learn_server_name(line: &[u8], init_id: &Mutex<Option<Box<RawValue>>>, broker: &mut BrokerSide) {
     let mut guard = init_id.lock().unwrap_or_else(|e| e.into_inner());
     let Some(want) = guard.as_deref() else { return };
     #[derive(serde::Deserialize)]
@@ -277,24 +307,23 @@ fn learn_server_name(line: &[u8], init_id: &Mutex<Option<Box<RawValue>>>, broker
         .and_then(|r| r.pointer("/serverInfo/name"))
         .and_then(Value::as_str)
     {
-        if let BrokerSide::Local { session, .. } = broker {
-            session.set_peer_name(name);
-        }
+        broker.name_server(name);
     }
 }
 
 /// The broker end of the proxy: a local session, or a connection to a shared broker.
 enum BrokerSide {
     Local {
-        session: Arc<Session>,
-        to_server: mpsc::Sender<ToServer>,
+        driver: Driver<ToServer>,
         notes: tokio::task::JoinHandle<()>,
     },
     Remote {
-        to_broker: mpsc::Sender<Vec<u8>>,
+        to_broker: mpsc::Sender<Outgoing>,
+        to_broker_budget: Budget,
         to_server: mpsc::Sender<ToServer>,
         alive: Arc<std::sync::atomic::AtomicBool>,
         tasks: Vec<tokio::task::JoinHandle<()>>,
+        named: bool,
     },
 }
 
@@ -302,7 +331,7 @@ impl BrokerSide {
     async fn start(
         link: Link,
         to_server: mpsc::Sender<ToServer>,
-        max: usize,
+        opts: &ProxyOptions,
     ) -> io::Result<BrokerSide> {
         match link {
             Link::Local(session) => {
@@ -311,14 +340,13 @@ impl BrokerSide {
                 let notes = tokio::spawn(async move {
                     let Some(rx) = rx.as_mut() else { return };
                     while let Some(frame) = rx.recv().await {
-                        if tx.send(ToServer::Line(frame)).await.is_err() {
+                        if tx.send(ToServer::Frame(frame.into())).await.is_err() {
                             break;
                         }
                     }
                 });
                 Ok(BrokerSide::Local {
-                    session,
-                    to_server,
+                    driver: Driver::new(session, opts.max_in_flight, to_server),
                     notes,
                 })
             }
@@ -330,10 +358,11 @@ impl BrokerSide {
                     )
                 })?;
                 let (read, mut write) = stream.into_split();
-                let (to_broker, mut rx) = mpsc::channel::<Vec<u8>>(64);
+                let (to_broker, mut rx) = mpsc::channel::<Outgoing>(OUTPUT_QUEUE);
                 let writer = tokio::spawn(async move {
-                    while let Some(line) = rx.recv().await {
-                        if write.write_all(&line).await.is_err() {
+                    while let Some(frame) = rx.recv().await {
+                        // The frame (and its share of the budget) goes once written.
+                        if write.write_all(&frame.into_vec()).await.is_err() {
                             break;
                         }
                     }
@@ -344,11 +373,16 @@ impl BrokerSide {
                 let reader = {
                     let to_server = to_server.clone();
                     let alive = Arc::clone(&alive);
+                    let max = opts.max_line;
                     tokio::spawn(async move {
+                        let budget = Budget::new();
                         let mut lines = LineReader::new(read, max);
                         while let Ok(Some(Frame::Line(mut line))) = lines.next_frame().await {
                             line.push(b'\n');
-                            if to_server.send(ToServer::Line(line)).await.is_err() {
+                            let Some(frame) = budget.frame(line).await else {
+                                break;
+                            };
+                            if to_server.send(ToServer::Frame(frame)).await.is_err() {
                                 break;
                             }
                         }
@@ -360,59 +394,90 @@ impl BrokerSide {
                 };
                 Ok(BrokerSide::Remote {
                     to_broker,
+                    to_broker_budget: Budget::new(),
                     to_server,
                     alive,
                     tasks: vec![writer, reader],
+                    named: false,
                 })
             }
         }
     }
 
     /// Hands one server request to the broker; its answer goes to the server.
-    async fn request(&self, line: Vec<u8>) {
+    async fn request(&mut self, line: Vec<u8>) {
         match self {
-            BrokerSide::Local {
-                session, to_server, ..
-            } => {
-                let session = Arc::clone(session);
-                let to_server = to_server.clone();
-                // Counted now, in arrival order (see `Session::received`).
-                let received = session.received();
-                tokio::spawn(async move {
-                    if let Some(answer) = session.respond_received(&line, received).await {
-                        let _ = to_server.send(ToServer::Line(answer.into_vec())).await;
-                    }
-                });
+            BrokerSide::Local { driver, .. } => {
+                driver.submit(line).await;
             }
             BrokerSide::Remote {
                 to_broker,
+                to_broker_budget,
                 to_server,
                 alive,
                 ..
             } => {
                 let gone = !alive.load(std::sync::atomic::Ordering::Acquire);
-                let mut framed = line.clone();
+                let id = match jsonrpc::parse(&line) {
+                    Incoming::Request { id, .. } => Some(id.to_owned()),
+                    _ => None,
+                };
+                let mut framed = line;
                 framed.push(b'\n');
-                if gone || to_broker.send(framed).await.is_err() {
+                let sent = !gone
+                    && match to_broker_budget.frame(framed).await {
+                        Some(frame) => to_broker.send(frame).await.is_ok(),
+                        None => false,
+                    };
+                if !sent {
                     // Answer for the broker, so the server is not left waiting.
-                    if let Incoming::Request { id, .. } = jsonrpc::parse(&line) {
+                    if let Some(id) = id {
                         let err = crate::error::Error::new(
                             crate::error::ErrorKind::Internal,
                             "the shared broker is unavailable",
                         );
-                        let _ = to_server
-                            .send(ToServer::Line(jsonrpc::error_frame(Some(id), &err)))
-                            .await;
+                        let frame = jsonrpc::error_frame(Some(&id), &err);
+                        let _ = to_server.send(ToServer::Frame(frame.into())).await;
                     }
                 }
             }
         }
     }
 
-    /// The queue to the server's stdin.
-    fn to_server(&self) -> &mpsc::Sender<ToServer> {
+    /// Sends the server a frame of the proxy's own.
+    async fn answer(&self, frame: Outgoing) {
+        let to_server = match self {
+            BrokerSide::Local { driver, .. } => {
+                driver.send(frame).await;
+                return;
+            }
+            BrokerSide::Remote { to_server, .. } => to_server,
+        };
+        let _ = to_server.send(ToServer::Frame(frame)).await;
+    }
+
+    /// Tells the broker the server's name (consent prompts show it); a shared broker learns it
+    /// from a [`PEER_NOTIFICATION`].
+    fn name_server(&mut self, name: &str) {
         match self {
-            BrokerSide::Local { to_server, .. } | BrokerSide::Remote { to_server, .. } => to_server,
+            BrokerSide::Local { driver, .. } => driver.session().set_peer_name(name),
+            BrokerSide::Remote {
+                to_broker, named, ..
+            } => {
+                if std::mem::replace(named, true) {
+                    return;
+                }
+                let note = serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "method": PEER_NOTIFICATION,
+                    "params": { "name": name },
+                });
+                let mut line = note.to_string().into_bytes();
+                line.push(b'\n');
+                // Best effort: a full queue means the broker is busy, and the name is only
+                // for prompts.
+                let _ = to_broker.try_send(line.into());
+            }
         }
     }
 

@@ -1,18 +1,18 @@
 //! `fsbroker serve`: one session over a byte stream (stdio, later a socket).
 //!
-//! The reader turns lines into tasks; each task's response frame goes through a bounded
-//! channel to a writer thread that owns the output. Responses leave in completion order,
-//! each carrying its request's id. At end of input the requests in flight finish, the writer
-//! flushes, and the session ends.
+//! The reader hands lines to the session's [`Driver`] (which bounds what is in flight); each
+//! response frame goes through a bounded channel to a writer thread that owns the output.
+//! Responses leave in completion order, each carrying its request's id. At end of input the
+//! requests in flight finish, the writer flushes, and the session ends.
 
 use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use tokio::io::AsyncRead;
-use tokio::sync::{Semaphore, mpsc};
-use tokio::task::JoinSet;
+use tokio::sync::mpsc;
 
+use super::driver::{Driver, OUTPUT_QUEUE};
 use super::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
 use super::listen::BlockingWriter;
 use super::pipe::FrameWriter;
@@ -38,15 +38,6 @@ impl Default for ServeOptions {
         }
     }
 }
-
-/// KiB of request lines a connection may hold while their requests run: with upload chunks
-/// pipelined, `max_in_flight` alone would let 64 lines of up to `max_line` bytes pile up. A
-/// longer line is let through alone.
-const INPUT_BUDGET_KIB: usize = 32 << 10;
-
-/// Frames waiting for the writer; small, so a peer that stops reading stalls the broker's
-/// reading rather than growing its memory.
-const OUTPUT_QUEUE: usize = 64;
 
 /// Serves `session` on this process's stdin and stdout.
 pub async fn serve_stdio(session: Arc<Session>, opts: ServeOptions) -> io::Result<()> {
@@ -95,84 +86,80 @@ where
             }
         })
     });
-    let in_flight = Arc::new(Semaphore::new(opts.max_in_flight.max(1)));
-    let held = Arc::new(Semaphore::new(INPUT_BUDGET_KIB));
-    let mut tasks = JoinSet::new();
+    let id = session.id();
+    let mut driver = Driver::new(session, opts.max_in_flight, tx);
     let mut reader = LineReader::new(input, opts.max_line);
     loop {
         let frame = match reader.next_frame().await {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(e) => {
-                tracing::warn!(session = session.id(), error = %e, "input failed; ending the session");
+                tracing::warn!(session = id, error = %e, "input failed; ending the session");
                 break;
             }
         };
-        if tx.is_closed() {
-            break;
-        }
-        match frame {
+        let more = match frame {
             Frame::TooLong { len } => {
                 tracing::warn!(
-                    session = session.id(),
+                    session = id,
                     len,
                     max = opts.max_line,
                     "discarded an over-long line"
                 );
-                let err = Error::new(
-                    ErrorKind::InvalidRequest,
-                    format!(
-                        "line of {len} bytes is longer than the maximum of {} bytes",
-                        opts.max_line
-                    ),
-                );
-                let _ = tx.send(jsonrpc::error_frame(None, &err).into()).await;
+                driver.send(too_long(len, opts.max_line).into()).await
             }
-            Frame::Line(line) => {
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
-                    break;
-                };
-                let kib = line.len().div_ceil(1024).clamp(1, INPUT_BUDGET_KIB) as u32;
-                let Ok(held) = Arc::clone(&held).acquire_many_owned(kib).await else {
-                    break;
-                };
-                let session = Arc::clone(&session);
-                let received = session.received();
-                let tx = tx.clone();
-                tasks.spawn(async move {
-                    if let Some(frame) = session.respond_received(&line, received).await {
-                        let _ = tx.send(frame).await;
-                    }
-                    drop((permit, held));
-                });
-            }
+            Frame::Line(line) if line.iter().all(u8::is_ascii_whitespace) => true,
+            Frame::Line(line) => driver.submit(line).await,
+        };
+        if !more {
+            break;
         }
-        while tasks.try_join_next().is_some() {}
     }
-    while tasks.join_next().await.is_some() {}
+    driver.finish().await;
     if let Some(f) = forwarder {
         f.abort();
         let _ = f.await;
     }
-    drop(tx);
     match writer.join() {
         Ok(result) => result,
         Err(_) => Err(io::Error::other("the writer thread panicked")),
     }
 }
 
+/// The `-32600` answer (id `null`) to a line longer than the maximum.
+pub(crate) fn too_long(len: u64, max: usize) -> Vec<u8> {
+    let err = Error::new(
+        ErrorKind::InvalidRequest,
+        format!("line of {len} bytes is longer than the maximum of {max} bytes"),
+    );
+    jsonrpc::error_frame(None, &err)
+}
+
+/// What a frame writer's queue carries: a frame, or (`None`) the order to stop and close the
+/// output.
+pub(crate) trait QueueItem: Send {
+    /// The frame to write, or `None` to stop.
+    fn into_frame(self) -> Option<Outgoing>;
+}
+
+impl QueueItem for Outgoing {
+    fn into_frame(self) -> Option<Outgoing> {
+        Some(self)
+    }
+}
+
 /// Writes frames as they come, flushing whenever the queue runs dry.
 pub(crate) fn write_frames<F, W>(mut rx: mpsc::Receiver<F>, output: W) -> io::Result<()>
 where
-    F: Into<Outgoing>,
+    F: QueueItem,
     W: Write + AsFd,
 {
     let mut out = FrameWriter::new(output);
-    while let Some(frame) = rx.blocking_recv() {
-        if let Err(e) = out.write(frame.into()) {
+    while let Some(item) = rx.blocking_recv() {
+        let Some(frame) = item.into_frame() else {
+            break;
+        };
+        if let Err(e) = out.write(frame) {
             rx.close();
             return quiet_broken_pipe(e);
         }

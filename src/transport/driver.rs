@@ -1,0 +1,93 @@
+//! Drives one session: the bounds every transport applies to the requests it hands a session.
+//!
+//! `serve` (stdio or a socket connection) and `proxy` (the server's requests, split from the
+//! rest of its output) both feed request lines to a [`Driver`]. It runs them concurrently, at
+//! most `max_in_flight` at once, holding at most [`INPUT_BUDGET_KIB`] of their lines; past
+//! either bound, [`Driver::submit`] waits, so the transport stops reading its peer instead of
+//! buffering. Answers go to one bounded queue whose writer owns the output; read answers also
+//! hold a share of the session's output budget until they are written (see
+//! `Session::reserve_output`). A peer that stops reading its answers therefore stops the
+//! broker reading its requests, with memory bounded by these three budgets.
+
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+use crate::outgoing::Outgoing;
+use crate::session::Session;
+
+/// KiB of request lines a session may hold while their requests run: with upload chunks
+/// pipelined, `max_in_flight` alone would let 64 lines of up to `max_line` bytes pile up. A
+/// longer line is let through alone.
+pub const INPUT_BUDGET_KIB: usize = 32 << 10;
+
+/// Frames waiting for a writer; small, so a peer that stops reading stalls the broker's
+/// reading rather than growing its memory.
+pub const OUTPUT_QUEUE: usize = 64;
+
+/// Runs one session's requests within its bounds; answers go to `out`.
+#[derive(Debug)]
+pub(crate) struct Driver<T> {
+    session: Arc<Session>,
+    in_flight: Arc<Semaphore>,
+    held: Arc<Semaphore>,
+    tasks: JoinSet<()>,
+    out: mpsc::Sender<T>,
+}
+
+impl<T: From<Outgoing> + Send + 'static> Driver<T> {
+    /// A driver for `session` running at most `max_in_flight` requests at once.
+    pub(crate) fn new(session: Arc<Session>, max_in_flight: usize, out: mpsc::Sender<T>) -> Self {
+        Driver {
+            session,
+            in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            held: Arc::new(Semaphore::new(INPUT_BUDGET_KIB)),
+            tasks: JoinSet::new(),
+            out,
+        }
+    }
+
+    /// The session driven.
+    pub(crate) fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// Hands one line (a request, notification or stray response) to the session, once a
+    /// request slot and room for the line are free. Returns `false` when the output is gone
+    /// (the session is over).
+    pub(crate) async fn submit(&mut self, line: Vec<u8>) -> bool {
+        if self.out.is_closed() {
+            return false;
+        }
+        let Ok(permit) = Arc::clone(&self.in_flight).acquire_owned().await else {
+            return false;
+        };
+        let kib = line.len().div_ceil(1024).clamp(1, INPUT_BUDGET_KIB) as u32;
+        let Ok(held) = Arc::clone(&self.held).acquire_many_owned(kib).await else {
+            return false;
+        };
+        let session = Arc::clone(&self.session);
+        // Counted now, in arrival order: tasks may start in any order.
+        let received = session.received();
+        let out = self.out.clone();
+        self.tasks.spawn(async move {
+            if let Some(frame) = session.respond_received(&line, received).await {
+                let _ = out.send(T::from(frame)).await;
+            }
+            drop((permit, held));
+        });
+        while self.tasks.try_join_next().is_some() {}
+        true
+    }
+
+    /// Sends a frame of the transport's own (an error for a line it could not pass on).
+    pub(crate) async fn send(&self, frame: Outgoing) -> bool {
+        self.out.send(T::from(frame)).await.is_ok()
+    }
+
+    /// Waits for the requests in flight to be answered.
+    pub(crate) async fn finish(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
