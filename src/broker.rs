@@ -30,6 +30,7 @@ pub struct Broker {
     rate: RwLock<Arc<RateLimits>>,
     next_session: AtomicU64,
     pool: Arc<FairPool>,
+    pending_input: crate::transport::InputBudget,
 }
 
 /// What a policy reload changed.
@@ -56,6 +57,7 @@ impl Broker {
             policy.protected().refresh();
             overrides.audit_in_use = Some(config.path.clone());
         }
+        let policy_limits = policy.limits().clone();
         let broker = Arc::new_cyclic(|me| Broker {
             rate: RwLock::new(Arc::new(RateLimits::new(policy.limits()))),
             policy: RwLock::new(Arc::new(policy)),
@@ -66,6 +68,7 @@ impl Broker {
             watches: WatchHub::start(me.clone()),
             next_session: AtomicU64::new(1),
             pool: FairPool::new(crate::fair::blocking_slots()),
+            pending_input: crate::transport::InputBudget::new(policy_limits.max_pending_input),
         });
         reap_idle_uploads(Arc::downgrade(&broker));
         Ok(broker)
@@ -96,6 +99,12 @@ impl Broker {
     /// The slots of the blocking pool, shared fairly between sessions.
     pub fn pool(&self) -> &Arc<FairPool> {
         &self.pool
+    }
+
+    /// The room for partial request lines shared by every connection (`max_pending_input`,
+    /// fixed when the broker starts).
+    pub fn pending_input(&self) -> &crate::transport::InputBudget {
+        &self.pending_input
     }
 
     /// The watch hub every session's `files/watch` goes through.

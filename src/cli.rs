@@ -321,6 +321,7 @@ impl Running {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
+    raise_descriptor_limit();
     let running = match start(&args) {
         Ok(r) => r,
         Err(e) => {
@@ -341,6 +342,22 @@ fn serve(args: ServeArgs) -> ExitCode {
         Err(e) => {
             eprintln!("fsbroker: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Raises the soft limit on open descriptors to the hard limit, as servers do: each upload
+/// and connection holds a few, and the default soft limit (often 1024) is far below what the
+/// system allows. Only `serve` does: the proxy's server inherits the proxy's limits, and some
+/// programs still assume descriptors below 1024. The bounds that matter are the policy's (`max_uploads`, `max_sessions`);
+/// should descriptors still run out, that request or connection fails, never the broker.
+fn raise_descriptor_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::debug!(error = %e, "descriptor limit left as it is");
         }
     }
 }

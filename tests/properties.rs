@@ -628,6 +628,10 @@ fn framer_accounts_for_every_byte() {
                     prop_assert!(*len > max as u64);
                     dropped_bytes += len;
                 }
+                // Only a reader with a shared budget refuses lines; this one has none.
+                Frame::Refused { .. } => {
+                    prop_assert!(false, "a reader without a budget refused a line")
+                }
             }
         }
         let expected: Vec<Frame> = pieces(&input)

@@ -1,8 +1,11 @@
 //! MCP stdio framing: one message per `\n`-terminated line, with a named maximum.
 
 use std::io;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The default maximum line length: 32 MiB, room for an 8 MiB chunk in base64 and then some.
 pub const DEFAULT_MAX_LINE: usize = 32 << 20;
@@ -23,6 +26,87 @@ pub enum Frame {
         /// How many bytes the discarded line had.
         len: u64,
     },
+    /// A line that could not be held: the budget shared by every connection's partial lines
+    /// stayed full for as long as the reader was allowed to wait. Its bytes were discarded
+    /// up to and including its `\n`; the peer may send it again.
+    Refused {
+        /// How many bytes the discarded line had.
+        len: u64,
+    },
+}
+
+/// Bytes of partial lines a reader holds without asking its budget: small requests never
+/// wait for it.
+const ALLOWANCE: usize = READ_SIZE;
+
+/// A budget for partial lines shared by many readers (every connection of a broker), in KiB.
+#[derive(Debug, Clone)]
+pub struct InputBudget {
+    kib: Arc<Semaphore>,
+    total_kib: usize,
+}
+
+impl InputBudget {
+    /// A budget of `bytes` (at least one read's worth).
+    pub fn new(bytes: usize) -> InputBudget {
+        let total_kib = bytes.div_ceil(1024).max(READ_SIZE / 1024);
+        InputBudget {
+            kib: Arc::new(Semaphore::new(total_kib)),
+            total_kib,
+        }
+    }
+
+    /// KiB not held by any reader now.
+    pub fn available_kib(&self) -> usize {
+        self.kib.available_permits()
+    }
+}
+
+/// A reader's share of an [`InputBudget`].
+#[derive(Debug)]
+struct Share {
+    budget: InputBudget,
+    /// How long to wait for room before refusing the line.
+    wait: Duration,
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl Share {
+    fn held_kib(&self) -> usize {
+        self.held.as_ref().map_or(0, |p| p.num_permits())
+    }
+
+    /// Makes the share cover `bytes` of partial line (less the allowance); `false` when the
+    /// budget stayed full for the whole wait.
+    async fn cover(&mut self, bytes: usize) -> bool {
+        let want = bytes
+            .saturating_sub(ALLOWANCE)
+            .div_ceil(1024)
+            .min(self.budget.total_kib);
+        let held = self.held_kib();
+        if want <= held {
+            return true;
+        }
+        // In steps of at least a megabyte, so a large line asks a few times, not per read.
+        let step = (want - held).max(1024).min(self.budget.total_kib - held) as u32;
+        let sem = Arc::clone(&self.budget.kib);
+        let more = match sem.clone().try_acquire_many_owned(step) {
+            Ok(p) => p,
+            Err(_) => match tokio::time::timeout(self.wait, sem.acquire_many_owned(step)).await {
+                Ok(Ok(p)) => p,
+                _ => return false,
+            },
+        };
+        match &mut self.held {
+            Some(p) => p.merge(more),
+            None => self.held = Some(more),
+        }
+        true
+    }
+
+    fn release(&mut self) {
+        self.held = None;
+    }
 }
 
 /// Splits a byte stream into lines, never holding more than `max` bytes of one line.
@@ -36,6 +120,7 @@ pub struct LineReader<R> {
     scanned: usize,
     max: usize,
     eof: bool,
+    share: Option<Share>,
 }
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
@@ -48,7 +133,19 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             scanned: 0,
             max,
             eof: false,
+            share: None,
         }
+    }
+
+    /// Holds partial lines beyond a small allowance only with room in `budget`, waiting for
+    /// it at most `wait`; a line that cannot get room is refused ([`Frame::Refused`]).
+    pub fn with_budget(mut self, budget: InputBudget, wait: Duration) -> Self {
+        self.share = Some(Share {
+            budget,
+            wait,
+            held: None,
+        });
+        self
     }
 
     /// The next frame, or `None` at end of input. A last line without `\n` is still a line.
@@ -79,6 +176,17 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             if self.buf.capacity() > 4 * READ_SIZE && self.buf.len() < READ_SIZE {
                 self.buf.shrink_to(READ_SIZE);
             }
+            if let Some(share) = &mut self.share {
+                let partial = self.buf.len() - self.start + READ_SIZE;
+                if !share.cover(partial).await {
+                    share.release();
+                    let refused = match self.discard_rest().await? {
+                        Frame::TooLong { len } => Frame::Refused { len },
+                        other => other,
+                    };
+                    return Ok(Some(refused));
+                }
+            }
             self.buf.reserve(READ_SIZE);
             if self.inner.read_buf(&mut self.buf).await? == 0 {
                 self.eof = true;
@@ -88,6 +196,11 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
 
     /// The line `buf[start..end]`, consumed along with its `\n` (if there is one).
     fn take(&mut self, end: usize) -> Frame {
+        // The line leaves the reader (it is counted by whoever holds it now); what is left
+        // is asked for again at the next read.
+        if let Some(share) = &mut self.share {
+            share.release();
+        }
         let next = (end + 1).min(self.buf.len());
         let len = end - self.start;
         if len > self.max {
@@ -210,6 +323,40 @@ mod tests {
         assert_eq!(
             frames(&[b'y'; 50], 10).await,
             vec![Frame::TooLong { len: 50 }]
+        );
+    }
+
+    #[tokio::test]
+    async fn partial_lines_share_one_budget_and_a_line_without_room_is_refused() {
+        use tokio::io::AsyncWriteExt;
+        // Room for 2 MiB of partial lines beyond each reader's allowance.
+        let budget = InputBudget::new(2 << 20);
+        let wait = Duration::from_millis(200);
+        let (mut a_in, a_out) = tokio::io::duplex(8 << 20);
+        let (mut b_in, b_out) = tokio::io::duplex(8 << 20);
+        let mut a = LineReader::new(a_out, 32 << 20).with_budget(budget.clone(), wait);
+        let mut b = LineReader::new(b_out, 32 << 20).with_budget(budget.clone(), wait);
+        // A holds a partial line of 3 MiB: it gets the whole budget, then waits for more.
+        a_in.write_all(&vec![b'a'; 3 << 20]).await.unwrap();
+        let pending = tokio::time::timeout(Duration::from_millis(100), a.next_frame()).await;
+        assert!(pending.is_err(), "A's line is not complete");
+        assert!(budget.available_kib() < 1024, "{}", budget.available_kib());
+        // B's 3 MiB line finds no room: refused (its bytes discarded), and B goes on.
+        b_in.write_all(&vec![b'b'; 3 << 20]).await.unwrap();
+        b_in.write_all(b"\nping\n").await.unwrap();
+        assert_eq!(
+            b.next_frame().await.unwrap(),
+            Some(Frame::Refused { len: 3 << 20 })
+        );
+        assert_eq!(b.next_frame().await.unwrap(), Some(line("ping")));
+        // Once A's connection is gone, its room comes back and a large line goes through.
+        drop(a);
+        drop(a_in);
+        b_in.write_all(&vec![b'c'; 2 << 20]).await.unwrap();
+        b_in.write_all(b"\n").await.unwrap();
+        assert_eq!(
+            b.next_frame().await.unwrap(),
+            Some(Frame::Line(vec![b'c'; 2 << 20]))
         );
     }
 }

@@ -9,29 +9,78 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::net::UnixListener;
 
 use super::serve::{ServeOptions, serve_connection};
 use crate::broker::Broker;
+use crate::error::{Error, ErrorKind};
+use crate::jsonrpc;
 
 /// Serves `broker` on a Unix socket at `path` until the process is stopped.
+///
+/// At most `max_sessions` (policy `[limits]`) connections are served at once; one more is
+/// answered with a single `QUOTA_EXCEEDED` error line (id `null`) and closed. Running out of
+/// descriptors never ends the broker: a connection that cannot be taken on is refused the
+/// same way (a descriptor kept in reserve makes room to accept it and say so), and `accept`
+/// errors are waited out.
 pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io::Result<()> {
     let listener = bind_private(path)?;
     tracing::info!(path = %path.display(), "listening");
     let _cleanup = RemoveOnDrop(path.to_path_buf());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut reserve = Reserve::open();
     loop {
         // SIGTERM and SIGINT end the broker cleanly: the socket file is removed.
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => accepted?,
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             _ = term.recv() => return Ok(()),
             _ = int.recv() => return Ok(()),
         };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) if out_of_descriptors(&e) => {
+                tracing::warn!(error = %e, "out of file descriptors; refusing a connection");
+                if reserve.release() {
+                    if let Ok((stream, _)) = listener.accept().await {
+                        refuse(
+                            stream,
+                            "the broker is out of file descriptors; try again later",
+                        );
+                    }
+                    reserve = Reserve::open();
+                } else {
+                    tokio::time::sleep(BACKOFF).await;
+                }
+                continue;
+            }
+            Err(e) => {
+                // A connection that went away before it was accepted, and the like.
+                tracing::debug!(error = %e, "accept failed");
+                tokio::time::sleep(BACKOFF / 10).await;
+                continue;
+            }
+        };
+        let max = broker.policy().limits().max_sessions;
+        if active.load(Ordering::Acquire) >= max {
+            tracing::warn!(max, "max_sessions reached; refusing a connection");
+            refuse(
+                stream,
+                &format!(
+                    "the broker is serving its maximum of {max} sessions (max_sessions); try again later"
+                ),
+            );
+            continue;
+        }
+        let counted = Counted::new(&active);
         let session = Arc::new(broker.session());
         let opts = opts.clone();
         tokio::spawn(async move {
+            let _counted = counted;
             let id = session.id();
             let result = async {
                 let std_stream = stream.into_std()?;
@@ -45,6 +94,58 @@ pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io:
                 Err(e) => tracing::warn!(session = id, error = %e, "connection failed"),
             }
         });
+    }
+}
+
+/// How long to wait before accepting again after running out of descriptors.
+const BACKOFF: Duration = Duration::from_millis(100);
+
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(code) if code == rustix::io::Errno::MFILE.raw_os_error()
+            || code == rustix::io::Errno::NFILE.raw_os_error()
+            || code == rustix::io::Errno::NOBUFS.raw_os_error()
+            || code == rustix::io::Errno::NOMEM.raw_os_error()
+    )
+}
+
+/// Tells a connection the broker will not serve it (one JSON-RPC error line, id `null`), then
+/// closes it. Never waits: a peer that does not read simply misses the line.
+fn refuse(stream: tokio::net::UnixStream, why: &str) {
+    let err = Error::new(ErrorKind::QuotaExceeded, why);
+    let line = jsonrpc::error_frame(None, &err);
+    let _ = stream.try_write(&line);
+}
+
+/// One descriptor held back (`/dev/null`), given up to accept a connection when the process
+/// has run out, so that connection hears why it is refused instead of waiting in the backlog.
+struct Reserve(Option<std::fs::File>);
+
+impl Reserve {
+    fn open() -> Reserve {
+        Reserve(std::fs::File::open("/dev/null").ok())
+    }
+
+    /// Closes the reserve; `false` when there was none.
+    fn release(&mut self) -> bool {
+        self.0.take().is_some()
+    }
+}
+
+/// A served connection, counted against `max_sessions` until it ends.
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn new(active: &Arc<AtomicUsize>) -> Counted {
+        active.fetch_add(1, Ordering::AcqRel);
+        Counted(Arc::clone(active))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

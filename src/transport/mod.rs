@@ -8,5 +8,5 @@ pub mod pipe;
 pub mod proxy;
 pub mod serve;
 
-pub use framing::{DEFAULT_MAX_LINE, Frame, LineReader};
+pub use framing::{DEFAULT_MAX_LINE, Frame, InputBudget, LineReader};
 pub use serve::{ServeOptions, serve_connection, serve_stdio};

@@ -189,6 +189,8 @@ async fn relay_host<R: AsyncRead + Unpin>(
     while let Ok(Some(frame)) = reader.next_frame().await {
         let line = match frame {
             Frame::Line(line) => line,
+            // The proxy's readers have no shared budget, so they never refuse a line.
+            Frame::Refused { .. } => continue,
             Frame::TooLong { len } => {
                 // Answer the host as a server would, so it does not wait for nothing.
                 tracing::warn!(len, "an over-long line from the host was not relayed");
@@ -257,6 +259,7 @@ async fn relay_server<R: AsyncRead + Unpin>(
     while let Ok(Some(frame)) = reader.next_frame().await {
         let mut line = match frame {
             Frame::Line(line) => line,
+            Frame::Refused { .. } => continue,
             Frame::TooLong { len } => {
                 tracing::warn!(len, "an over-long line from the server was not relayed");
                 broker.answer(too_long(len, max).into()).await;

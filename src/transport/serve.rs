@@ -87,8 +87,10 @@ where
         })
     });
     let id = session.id();
+    let budget = session.broker().pending_input().clone();
+    let wait = session.broker().policy().limits().timeout;
     let mut driver = Driver::new(session, opts.max_in_flight, tx);
-    let mut reader = LineReader::new(input, opts.max_line);
+    let mut reader = LineReader::new(input, opts.max_line).with_budget(budget, wait);
     loop {
         let frame = match reader.next_frame().await {
             Ok(Some(frame)) => frame,
@@ -107,6 +109,14 @@ where
                     "discarded an over-long line"
                 );
                 driver.send(too_long(len, opts.max_line).into()).await
+            }
+            Frame::Refused { len } => {
+                tracing::warn!(
+                    session = id,
+                    len,
+                    "discarded a line: the input budget shared by every connection stayed full"
+                );
+                driver.send(refused(len).into()).await
             }
             Frame::Line(line) if line.iter().all(u8::is_ascii_whitespace) => true,
             Frame::Line(line) => driver.submit(line).await,
@@ -131,6 +141,19 @@ pub(crate) fn too_long(len: u64, max: usize) -> Vec<u8> {
     let err = Error::new(
         ErrorKind::InvalidRequest,
         format!("line of {len} bytes is longer than the maximum of {max} bytes"),
+    );
+    jsonrpc::error_frame(None, &err)
+}
+
+/// The answer (id `null`) to a line dropped because the broker's shared input budget
+/// (`max_pending_input`) stayed full: the broker is busy, the peer may send it again.
+pub(crate) fn refused(len: u64) -> Vec<u8> {
+    let err = Error::new(
+        ErrorKind::QuotaExceeded,
+        format!(
+            "a line of {len} bytes was discarded: the broker's buffers for incoming lines \
+             (max_pending_input) stayed full for timeout_ms; send it again"
+        ),
     );
     jsonrpc::error_frame(None, &err)
 }
