@@ -39,8 +39,6 @@ pub(crate) struct Ctx<'a> {
     pub session: &'a Session,
     /// The request's arrival number in its session (see `SessionState::earlier_unfinished`).
     pub arrival: u64,
-    /// When the broker began handling the request.
-    pub started: Instant,
 }
 
 impl Ctx<'_> {
@@ -239,10 +237,10 @@ pub(crate) async fn call(
         return jsonrpc::error_frame(Some(id), &audit_unavailable()).into();
     }
     let (frame, outcome) = if method == "ping" {
-        dispatch(session, method, params, id, arrival, started).await
+        dispatch(session, method, params, id, arrival).await
     } else {
         match session.broker().rate_limits().check_request(session.id()) {
-            Ok(()) => dispatch(session, method, params, id, arrival, started).await,
+            Ok(()) => dispatch(session, method, params, id, arrival).await,
             Err(e) => {
                 let code = e.kind().outcome();
                 (
@@ -305,13 +303,11 @@ async fn dispatch(
     params: Option<&RawValue>,
     id: &RawValue,
     arrival: u64,
-    started: Instant,
 ) -> (Outgoing, Outcome) {
     let ctx = Ctx {
         policy: session.broker().policy(),
         session,
         arrival,
-        started,
     };
     let c = &ctx;
     match Method::from_name(method) {

@@ -119,17 +119,26 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params<'_>>) -> Result<
 
 /// Waits, without a thread, until it is the turn of the chunk at `offset` of the upload that
 /// the request path `raw` names: its predecessors have landed. It waits only while a request
-/// that arrived before this one is unanswered (one that could be the chunk it needs), and at
-/// most until the request's `timeout_ms` has passed; a chunk whose turn cannot come is answered
-/// `CONCURRENCY_CONFLICT` here. A chunk that spells its path unlike the upload's first chunk
-/// finds no upload here and goes on; the blocking part then finds it by its canonical path,
-/// and judges the offset without waiting.
+/// that arrived before this one is unanswered (one that could be the chunk it needs); a chunk
+/// whose turn cannot come is answered `CONCURRENCY_CONFLICT` here.
+///
+/// The wait has no deadline of its own, and needs none: every request it waits for either
+/// waits the same way for requests older still, or is bounded by its own `timeout_ms`, so the
+/// wait ends; and it is not part of this chunk's operation, whose `timeout_ms` starts once its
+/// turn has come. (With a deadline, a long pipelined upload on a slow disk would time out the
+/// chunks queued far behind, which are merely waiting their turn.)
+///
+/// A chunk that spells its path unlike the upload's first chunk finds no upload here and goes
+/// on; the blocking part then finds it by its canonical path, and judges the offset without
+/// waiting.
 async fn await_turn(ctx: &Ctx<'_>, raw: &str, offset: u64) -> Result<()> {
     let state = ctx.session.state();
-    let until = tokio::time::Instant::from_std(ctx.started + ctx.policy.limits().timeout);
     let mut progress = state.progress();
     loop {
         progress.borrow_and_update();
+        // Asked before the upload is looked at: a predecessor lands before it is answered, so
+        // once none is unanswered, what the upload shows is final.
+        let none_earlier = !state.earlier_unfinished(ctx.arrival);
         let slot = state.uploads.by_spelling(raw);
         let written = match &slot {
             Some(slot) if slot.ended() => return Ok(()),
@@ -140,11 +149,7 @@ async fn await_turn(ctx: &Ctx<'_>, raw: &str, offset: u64) -> Result<()> {
             Some(slot) => Some(slot.written()),
             None => None,
         };
-        let waited_out = !state.earlier_unfinished(ctx.arrival)
-            || tokio::time::timeout_at(until, progress.changed())
-                .await
-                .is_err();
-        if waited_out {
+        if none_earlier || progress.changed().await.is_err() {
             return match written {
                 Some(written) => Err(Error::new(
                     ErrorKind::ConcurrencyConflict,

@@ -177,7 +177,9 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 self.buf.shrink_to(READ_SIZE);
             }
             if let Some(share) = &mut self.share {
-                let partial = self.buf.len() - self.start + READ_SIZE;
+                // What the line holds now: the read about to be made may bring it one read's
+                // worth past its share, which the next read then asks for.
+                let partial = self.buf.len() - self.start;
                 if !share.cover(partial).await {
                     share.release();
                     let refused = match self.discard_rest().await? {

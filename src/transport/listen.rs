@@ -34,6 +34,7 @@ pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io:
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let active = Arc::new(AtomicUsize::new(0));
     let mut reserve = Reserve::open();
+    let mut starved = false;
     loop {
         // SIGTERM and SIGINT end the broker cleanly: the socket file is removed.
         let accepted = tokio::select! {
@@ -42,19 +43,33 @@ pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io:
             _ = int.recv() => return Ok(()),
         };
         let stream = match accepted {
-            Ok((stream, _)) => stream,
+            Ok((stream, _)) => {
+                if std::mem::take(&mut starved) {
+                    tracing::info!("file descriptors available again; accepting connections");
+                }
+                stream
+            }
             Err(e) if out_of_descriptors(&e) => {
-                tracing::warn!(error = %e, "out of file descriptors; refusing a connection");
-                if reserve.release() {
-                    if let Ok((stream, _)) = listener.accept().await {
+                if !std::mem::replace(&mut starved, true) {
+                    tracing::warn!(error = %e, "out of file descriptors; refusing new connections");
+                }
+                if pending(&listener) && reserve.release() {
+                    // Polled once (a zero timeout still polls the accept before it expires):
+                    // the connection is waiting, and the reserve's descriptor is free for it.
+                    let next = tokio::time::timeout(Duration::ZERO, listener.accept()).await;
+                    if let Ok(Ok((stream, _))) = next {
                         refuse(
                             stream,
                             "the broker is out of file descriptors; try again later",
                         );
                     }
-                    reserve = Reserve::open();
                 } else {
+                    // `accept` fails for want of a descriptor before it looks for a
+                    // connection, so this failure repeats until one is free: wait.
                     tokio::time::sleep(BACKOFF).await;
+                }
+                if !reserve.held() {
+                    reserve = Reserve::open();
                 }
                 continue;
             }
@@ -84,7 +99,18 @@ pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io:
             let id = session.id();
             let result = async {
                 let std_stream = stream.into_std()?;
-                let writer = BlockingWriter(OwnedFd::from(std_stream.try_clone()?));
+                // The writer's own descriptor: the first thing a connection needs that a broker
+                // out of descriptors cannot give it. Then the peer hears why, as at accept.
+                let dup = match std_stream.try_clone() {
+                    Ok(dup) => dup,
+                    Err(e) => {
+                        let line =
+                            refusal(&format!("the broker cannot serve this connection: {e}"));
+                        let _ = (&std_stream).write(&line);
+                        return Err(e);
+                    }
+                };
+                let writer = BlockingWriter(OwnedFd::from(dup));
                 let reader = tokio::net::UnixStream::from_std(std_stream)?;
                 serve_connection(session, reader, writer, opts).await
             }
@@ -110,12 +136,28 @@ fn out_of_descriptors(e: &io::Error) -> bool {
     )
 }
 
+/// Whether a connection is waiting to be accepted (asked without taking a descriptor).
+fn pending(listener: &UnixListener) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        listener,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&zero)).is_ok_and(|n| n > 0)
+}
+
 /// Tells a connection the broker will not serve it (one JSON-RPC error line, id `null`), then
 /// closes it. Never waits: a peer that does not read simply misses the line.
 fn refuse(stream: tokio::net::UnixStream, why: &str) {
-    let err = Error::new(ErrorKind::QuotaExceeded, why);
-    let line = jsonrpc::error_frame(None, &err);
-    let _ = stream.try_write(&line);
+    let _ = stream.try_write(&refusal(why));
+}
+
+/// The line a refused connection gets: `QUOTA_EXCEEDED`, id `null`.
+fn refusal(why: &str) -> Vec<u8> {
+    jsonrpc::error_frame(None, &Error::new(ErrorKind::QuotaExceeded, why))
 }
 
 /// One descriptor held back (`/dev/null`), given up to accept a connection when the process
@@ -125,6 +167,10 @@ struct Reserve(Option<std::fs::File>);
 impl Reserve {
     fn open() -> Reserve {
         Reserve(std::fs::File::open("/dev/null").ok())
+    }
+
+    fn held(&self) -> bool {
+        self.0.is_some()
     }
 
     /// Closes the reserve; `false` when there was none.

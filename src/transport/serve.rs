@@ -39,6 +39,13 @@ impl Default for ServeOptions {
     }
 }
 
+/// The longest a line waits for room in the shared input budget before it is refused. Honest
+/// lines arrive in milliseconds and free their room as they complete; a budget that stays
+/// full this long is held by connections that are not finishing theirs. A reader waiting for
+/// room does not read, so it does not see its peer leave: the wait is short so that a closed
+/// connection is noticed (and its session ended) soon.
+const MAX_INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Serves `session` on this process's stdin and stdout.
 pub async fn serve_stdio(session: Arc<Session>, opts: ServeOptions) -> io::Result<()> {
     // Written through a writer that waits for room on `EAGAIN`: a parent may have made the
@@ -88,7 +95,12 @@ where
     });
     let id = session.id();
     let budget = session.broker().pending_input().clone();
-    let wait = session.broker().policy().limits().timeout;
+    let wait = session
+        .broker()
+        .policy()
+        .limits()
+        .timeout
+        .min(MAX_INPUT_WAIT);
     let mut driver = Driver::new(session, opts.max_in_flight, tx);
     let mut reader = LineReader::new(input, opts.max_line).with_budget(budget, wait);
     loop {
@@ -152,7 +164,7 @@ pub(crate) fn refused(len: u64) -> Vec<u8> {
         ErrorKind::QuotaExceeded,
         format!(
             "a line of {len} bytes was discarded: the broker's buffers for incoming lines \
-             (max_pending_input) stayed full for timeout_ms; send it again"
+             (max_pending_input) stayed full; send it again"
         ),
     );
     jsonrpc::error_frame(None, &err)
