@@ -75,6 +75,8 @@ pub struct Record<'a> {
     pub bytes: u64,
     /// How long the request took.
     pub duration: Duration,
+    /// The MCP server's name, when its transport learnt it (its own `serverInfo.name`).
+    pub server: Option<&'a str>,
 }
 
 struct Chain {
@@ -186,6 +188,9 @@ impl AuditLog {
                 )
             };
             fields.insert(key, Value::from(list));
+        }
+        if let Some(name) = r.server {
+            fields.insert("server", Value::from(name));
         }
         fields.insert("outcome", Value::from(r.outcome));
         fields.insert("bytes", Value::from(r.bytes));

@@ -713,11 +713,12 @@ fn shared_broker_names_the_server_behind_proxy_connect_in_consent_requests() {
         std::fs::write(
             &policy,
             format!(
-                "[[root]]\npath = {}\nname = \"r\"\nconsent = \"prompt\"\n\n[consent]\ncommand = [{}, {}, {}]\nterminal = false\ntimeout_ms = 20000\n",
+                "[[root]]\npath = {}\nname = \"r\"\nconsent = \"prompt\"\n\n[consent]\ncommand = [{}, {}, {}]\nterminal = false\ntimeout_ms = 20000\n\n[audit]\npath = {}\n",
                 lit(&root),
                 lit(Path::new(python())),
                 lit(&consent),
-                lit(&save)
+                lit(&save),
+                lit(&dir.join("audit.jsonl"))
             ),
         )
         .unwrap();
@@ -766,6 +767,17 @@ fn shared_broker_names_the_server_behind_proxy_connect_in_consent_requests() {
         assert_eq!(
             asked["server"], "abuse-test-server",
             "the consent command was not told which server asks: {asked}"
+        );
+        // The audit log names it too.
+        let audit = std::fs::read_to_string(dir.join("audit.jsonl")).expect("the audit log");
+        let consent_line: Value = audit
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).expect("an audit line is JSON"))
+            .find(|r| r["method"] == "files/consent")
+            .unwrap_or_else(|| panic!("no files/consent record in the audit log: {audit}"));
+        assert_eq!(
+            consent_line["server"], "abuse-test-server",
+            "{consent_line}"
         );
         drop(host_in);
     });

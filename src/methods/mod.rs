@@ -251,6 +251,7 @@ pub(crate) async fn call(
         }
     };
     if let Some(log) = audit {
+        let server = session.state().peer_name();
         let paths: AuditPaths = params
             .and_then(|p| serde_json::from_str(p.get()).ok())
             .unwrap_or_default();
@@ -263,6 +264,7 @@ pub(crate) async fn call(
             outcome: outcome.code,
             bytes: outcome.bytes,
             duration: started.elapsed(),
+            server: server.as_deref(),
         };
         if log.record(&record).is_err() {
             return jsonrpc::error_frame(Some(id), &audit_unavailable()).into();
