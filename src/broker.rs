@@ -135,6 +135,9 @@ impl Broker {
         if new.audit() != old.audit() {
             tracing::warn!("the [audit] table changed; the audit log in use stays until restart");
         }
+        if new.limits().max_pending_input != old.limits().max_pending_input {
+            tracing::warn!("max_pending_input changed; the budget in use stays until restart");
+        }
         Ok(self.apply(new))
     }
 

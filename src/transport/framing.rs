@@ -157,6 +157,9 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             }
             self.scanned = self.buf.len();
             if self.buf.len() - self.start > self.max {
+                if let Some(share) = &mut self.share {
+                    share.release();
+                }
                 return self.discard_rest().await.map(Some);
             }
             if self.eof {

@@ -34,7 +34,7 @@ use tokio::sync::{Semaphore, mpsc};
 use super::driver::{Driver, OUTPUT_QUEUE};
 use super::framing::{Frame, LineReader};
 use super::listen::BlockingWriter;
-use super::serve::{QueueItem, too_long, write_frames};
+use super::serve::{QueueItem, spawn_writer, too_long, write_frames};
 use crate::jsonrpc::{self, Incoming};
 use crate::outgoing::Outgoing;
 use crate::session::{PEER_NOTIFICATION, Session};
@@ -136,9 +136,7 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
     // The host's stdout: the server's messages, one writer thread.
     let (to_host, host_rx) = mpsc::channel::<Outgoing>(OUTPUT_QUEUE);
     let stdout = BlockingWriter(io::stdout().as_fd().try_clone_to_owned()?);
-    let host_writer = std::thread::Builder::new()
-        .name("fsbroker-host-writer".into())
-        .spawn(move || write_frames(host_rx, stdout))?;
+    let host_writer = spawn_writer("fsbroker-host-writer", host_rx, stdout)?;
 
     let mut broker = BrokerSide::start(link, to_server.clone(), &opts).await?;
     let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
@@ -162,7 +160,7 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
     broker.stop();
     let status = child.wait().await?;
     drop(to_host);
-    if let Ok(Err(e)) = host_writer.join() {
+    if let Ok(Err(e)) = host_writer.await {
         tracing::debug!(error = %e, "host output");
     }
     Ok(exit_code(status))

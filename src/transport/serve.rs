@@ -79,9 +79,7 @@ where
     W: Write + AsFd + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Outgoing>(OUTPUT_QUEUE);
-    let writer = std::thread::Builder::new()
-        .name("fsbroker-writer".into())
-        .spawn(move || write_frames(rx, output))?;
+    let writer = spawn_writer("fsbroker-writer", rx, output)?;
     // Notifications (roots changed, files changed) share the output with responses.
     let forwarder = session.take_notifications().map(|mut notes| {
         let tx = tx.clone();
@@ -142,10 +140,29 @@ where
         f.abort();
         let _ = f.await;
     }
-    match writer.join() {
-        Ok(result) => result,
-        Err(_) => Err(io::Error::other("the writer thread panicked")),
-    }
+    writer.await.unwrap_or_else(|_| Err(io::Error::other("the writer thread panicked")))
+}
+
+/// Starts a thread that writes the frames of `rx` to `output` ([`write_frames`]); its result
+/// comes through the returned receiver. Awaited, not joined: a peer that stops reading keeps
+/// its writer blocked for as long as it likes, and a join would block the async thread that
+/// waits for it — and with it every other session that thread serves.
+pub(crate) fn spawn_writer<F, W>(
+    name: &str,
+    rx: mpsc::Receiver<F>,
+    output: W,
+) -> io::Result<tokio::sync::oneshot::Receiver<io::Result<()>>>
+where
+    F: QueueItem + 'static,
+    W: Write + AsFd + Send + 'static,
+{
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let _ = done.send(write_frames(rx, output));
+        })?;
+    Ok(result)
 }
 
 /// The `-32600` answer (id `null`) to a line longer than the maximum.
