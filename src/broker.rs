@@ -31,6 +31,7 @@ pub struct Broker {
     next_session: AtomicU64,
     pool: Arc<FairPool>,
     pending_input: crate::transport::InputBudget,
+    prompts: Arc<tokio::sync::Semaphore>,
 }
 
 /// What a policy reload changed.
@@ -68,6 +69,7 @@ impl Broker {
             watches: WatchHub::start(me.clone()),
             next_session: AtomicU64::new(1),
             pool: FairPool::new(crate::fair::blocking_slots()),
+            prompts: Arc::new(tokio::sync::Semaphore::new(crate::methods::PROMPTS)),
             pending_input: crate::transport::InputBudget::new(policy_limits.max_pending_input),
         });
         reap_idle_uploads(Arc::downgrade(&broker));
@@ -99,6 +101,11 @@ impl Broker {
     /// The slots of the blocking pool, shared fairly between sessions.
     pub fn pool(&self) -> &Arc<FairPool> {
         &self.pool
+    }
+
+    /// Turns to ask the person (consent prompts), shared by every session.
+    pub(crate) fn prompts(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.prompts
     }
 
     /// The room for partial request lines shared by every connection (`max_pending_input`,

@@ -107,6 +107,8 @@ pub(crate) struct SessionState {
     /// Bumped whenever a request of the session is answered or an upload moves: what chunks
     /// waiting for their turn wait on.
     progress: Arc<tokio::sync::watch::Sender<u64>>,
+    /// One prompt to the person at a time for this session.
+    pub(crate) prompting: Arc<tokio::sync::Semaphore>,
 }
 
 impl SessionState {
@@ -203,6 +205,7 @@ impl Session {
             in_flight: Mutex::default(),
             next_arrival: Default::default(),
             progress,
+            prompting: Arc::new(tokio::sync::Semaphore::new(1)),
         });
         let session = Session {
             broker,

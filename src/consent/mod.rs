@@ -31,15 +31,24 @@ pub fn available(config: &ConsentConfig) -> bool {
     !config.command.is_empty() || (config.terminal && terminal::open().is_some())
 }
 
-/// Asks, and returns the approved subset of `req.requested_paths` (in request order).
-pub fn ask(config: &ConsentConfig, req: &Request) -> Vec<String> {
+/// Asks, and returns the approved subset of `req.requested_paths` (in request order). The
+/// person has until `[consent] timeout_ms` or `until` (the request's own deadline), whichever
+/// comes first: a prompt whose request has already been answered is never shown.
+pub fn ask(config: &ConsentConfig, req: &Request, until: std::time::Instant) -> Vec<String> {
     if req.requested_paths.is_empty() {
         return Vec::new();
     }
+    let timeout = config
+        .timeout
+        .min(until.saturating_duration_since(std::time::Instant::now()));
+    if timeout.is_zero() {
+        tracing::info!("consent not asked: the request's time is up");
+        return Vec::new();
+    }
     let answer = if !config.command.is_empty() {
-        command::ask(&config.command, req, config.timeout)
+        command::ask(&config.command, req, timeout)
     } else if let Some(tty) = config.terminal.then(terminal::open).flatten() {
-        terminal::ask(tty, req, config.timeout)
+        terminal::ask(tty, req, timeout)
     } else {
         Err("no consent command is configured and there is no terminal to ask on".to_owned())
     };

@@ -26,8 +26,24 @@ pub(super) fn open() -> Option<File> {
 }
 
 pub(super) fn ask(mut tty: File, req: &Request, timeout: Duration) -> Result<Vec<String>, String> {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // One prompt at a time, and the wait for the terminal counts against the request's time:
+    // prompts queued behind one nobody answers are denied when their time is up, not shown
+    // later to a person whose answer no longer matters.
     let deadline = Instant::now() + timeout;
+    let _turn = loop {
+        match ONE_AT_A_TIME.try_lock() {
+            Ok(turn) => break turn,
+            Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if Instant::now() >= deadline {
+                    return Err(
+                        "the terminal was busy with another prompt until the deadline".into(),
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
     let mut text = format!(
         "\nfsbroker: {} asks for file access:\n",
         req.server

@@ -39,10 +39,15 @@ impl super::PayloadBytes for Reply {}
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
     let params = params?;
-    ctx.owned()
+    // One deadline for the wait for a turn and the work.
+    let started = std::time::Instant::now();
+    let turn = ctx.prompt_turn(started).await?;
+    let reply = ctx
+        .owned_since(started)
         .run(move |op| consent(op, params))
-        .await
-        .map(Json)
+        .await;
+    drop(turn);
+    reply.map(Json)
 }
 
 /// One requested path, placed where it really leads.
@@ -78,7 +83,11 @@ fn consent(op: &Op, p: Params) -> Result<Reply> {
             message: p.message.clone(),
             requested_paths: to_ask.iter().map(|c| c.absolute.clone()).collect(),
         };
-        let yes = consent::ask(op.policy.consent(), &request);
+        let yes = consent::ask(
+            op.policy.consent(),
+            &request,
+            op.started + op.policy.limits().timeout,
+        );
         approved.extend(to_ask.into_iter().filter(|c| yes.contains(&c.absolute)));
     }
     // A prompt answered after the deadline grants nothing: the server was told TIMEOUT.

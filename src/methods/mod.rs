@@ -45,15 +45,54 @@ impl Ctx<'_> {
     /// The parts of the context that blocking work needs, owned so they can move to
     /// another thread.
     fn owned(&self) -> Op {
+        self.owned_since(Instant::now())
+    }
+
+    /// [`Ctx::owned`] for an operation whose `timeout_ms` started counting at `started`.
+    fn owned_since(&self, started: Instant) -> Op {
         Op {
             policy: Arc::clone(&self.policy),
             locks: Arc::clone(self.session.broker().locks()),
             pool: Arc::clone(self.session.broker().pool()),
             state: Arc::clone(self.session.state()),
             deadline: Arc::default(),
-            started: Instant::now(),
+            started,
         }
     }
+}
+
+impl Ctx<'_> {
+    /// Waits for this request's turn to ask the person (consent prompts, the offer of
+    /// `prompt` roots): one prompt at a time per session, and at most [`PROMPTS`] running
+    /// in the broker. A prompt waits for a person on a thread of the blocking pool; without
+    /// these bounds, sessions queueing prompts nobody answers would hold every thread. The
+    /// wait counts against `timeout_ms` (`TIMEOUT` when it runs out).
+    async fn prompt_turn(&self, started: Instant) -> Result<PromptTurn> {
+        let limit = self.policy.limits().timeout;
+        let until = tokio::time::Instant::from_std(started + limit);
+        let state = self.session.state();
+        let mine = tokio::time::timeout_at(until, Arc::clone(&state.prompting).acquire_owned());
+        let Ok(Ok(mine)) = mine.await else {
+            return Err(limits::timed_out(limit));
+        };
+        let any = Arc::clone(self.session.broker().prompts()).acquire_owned();
+        let Ok(Ok(any)) = tokio::time::timeout_at(until, any).await else {
+            return Err(limits::timed_out(limit));
+        };
+        Ok(PromptTurn {
+            _mine: mine,
+            _any: any,
+        })
+    }
+}
+
+/// Prompts that may wait for a person at once in one broker (each holds a blocking thread).
+pub const PROMPTS: usize = 2;
+
+/// A request's turn to ask the person; see [`Ctx::prompt_turn`].
+pub(crate) struct PromptTurn {
+    _mine: OwnedSemaphorePermit,
+    _any: OwnedSemaphorePermit,
 }
 
 /// An operation's context on the blocking pool.

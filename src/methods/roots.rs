@@ -59,7 +59,19 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json
             .collect();
         if !unasked.is_empty() && consent::available(ctx.policy.consent()) {
             // A refusal or a timeout only leaves the roots unlisted.
-            if let Err(e) = ctx.owned().run(move |op| offer(op, &unasked)).await {
+            let started = std::time::Instant::now();
+            let offered = match ctx.prompt_turn(started).await {
+                Ok(turn) => {
+                    let offered = ctx
+                        .owned_since(started)
+                        .run(move |op| offer(op, &unasked))
+                        .await;
+                    drop(turn);
+                    offered
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = offered {
                 tracing::warn!(session = ctx.session.id(), error = %e, "roots/list: offering prompt roots failed");
             }
         }
@@ -108,7 +120,11 @@ fn offer(op: &Op, roots: &[Arc<Root>]) -> Result<()> {
         message: "The server asks which folders it may use (roots/list).".to_owned(),
         requested_paths: paths.iter().map(|(_, p)| p.clone()).collect(),
     };
-    let yes = consent::ask(op.policy.consent(), &request);
+    let yes = consent::ask(
+        op.policy.consent(),
+        &request,
+        op.started + op.policy.limits().timeout,
+    );
     op.commit()?;
     for (path, text) in paths {
         if yes.contains(&text) {

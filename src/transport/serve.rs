@@ -140,7 +140,9 @@ where
         f.abort();
         let _ = f.await;
     }
-    writer.await.unwrap_or_else(|_| Err(io::Error::other("the writer thread panicked")))
+    writer
+        .await
+        .unwrap_or_else(|_| Err(io::Error::other("the writer thread panicked")))
 }
 
 /// Starts a thread that writes the frames of `rx` to `output` ([`write_frames`]); its result
