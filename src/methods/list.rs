@@ -14,7 +14,7 @@ use cap_std::fs::{Dir, FileType};
 use serde::{Deserialize, Serialize};
 
 use super::{Ctx, Op};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::limits::Deadline;
 use crate::rfc3339;
@@ -158,6 +158,12 @@ fn list(op: &Op, p: Params) -> Result<Reply> {
             stack.pop();
             continue;
         };
+        if stack.len() > crate::sandbox::MAX_WALK_DEPTH {
+            return Err(too_deep(&p.path));
+        }
+        let level = stack
+            .last_mut()
+            .unwrap_or_else(|| unreachable!("popped from it above"));
         let lexical = join(&level.lexical, &name);
         let real = join(&level.real, &name);
         let scanned = open::open_child_dir(&level.dir, name.as_ref()).and_then(|dir| {
@@ -193,6 +199,18 @@ fn list(op: &Op, p: Params) -> Result<Reply> {
         entries,
         next_cursor,
     })
+}
+
+/// A recursive listing of a tree deeper than [`crate::sandbox::MAX_WALK_DEPTH`] levels.
+fn too_deep(raw: &str) -> Error {
+    Error::new(
+        ErrorKind::QuotaExceeded,
+        format!(
+            "the tree is more than {} levels deep; list its deeper folders on their own",
+            crate::sandbox::MAX_WALK_DEPTH
+        ),
+    )
+    .with_path(raw)
 }
 
 impl Page<'_> {

@@ -19,6 +19,6 @@ mod root;
 
 pub use deny::DenySet;
 pub(crate) use resolve::join_display;
-pub use resolve::{Resolved, resolve};
+pub use resolve::{MAX_WALK_DEPTH, Resolved, resolve};
 pub(crate) use root::link;
 pub use root::{ConsentMode, Mode, Root, RootSpec};

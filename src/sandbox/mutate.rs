@@ -297,7 +297,12 @@ impl Parent {
         };
         let result = if ft.is_dir() {
             match self.dir.remove_dir(&self.name) {
-                Err(e) if is_not_empty(&e) && recursive => self.dir.remove_dir_all(&self.name),
+                Err(e) if is_not_empty(&e) && recursive => {
+                    return remove_tree(&self.dir, &self.name, raw).and_then(|()| {
+                        drop(tree);
+                        self.sync().map_err(|e| e.or_path(raw))
+                    });
+                }
                 Err(e) if is_not_empty(&e) => {
                     return Err(Error::new(
                         ErrorKind::Io,
@@ -314,6 +319,66 @@ impl Parent {
         drop(tree);
         self.sync().map_err(|e| e.or_path(raw))
     }
+}
+
+/// Removes the directory `name` of `parent` and everything beneath it, depth first, holding
+/// one directory (and its listing) per level — never recursing on the thread's stack, which a
+/// tree thousands of levels deep (renames can nest one) would overflow. A tree deeper than
+/// [`super::MAX_WALK_DEPTH`] levels is refused with `QUOTA_EXCEEDED` when the walk reaches
+/// that depth; what was removed before then stays removed, as with any recursive delete that
+/// stops on an error.
+fn remove_tree(parent: &Dir, name: &str, raw: &str) -> Result<()> {
+    struct Level {
+        dir: Dir,
+        entries: cap_std::fs::ReadDir,
+        name: std::ffi::OsString,
+    }
+    let io = |e: std::io::Error| Error::from_io(&e, raw);
+    let open = |at: &Dir, name: &std::ffi::OsStr| -> Result<Level> {
+        let dir = at.open_dir_nofollow(name).map_err(io)?;
+        let entries = dir.entries().map_err(io)?;
+        Ok(Level {
+            dir,
+            entries,
+            name: name.to_owned(),
+        })
+    };
+    let mut stack = vec![open(parent, name.as_ref())?];
+    loop {
+        let depth = stack.len();
+        let Some(level) = stack.last_mut() else { break };
+        match level.entries.next() {
+            Some(entry) => {
+                let entry = entry.map_err(io)?;
+                let child = entry.file_name();
+                if entry.file_type().map_err(io)?.is_dir() {
+                    if depth >= super::MAX_WALK_DEPTH {
+                        return Err(Error::new(
+                            ErrorKind::QuotaExceeded,
+                            format!(
+                                "the tree is more than {} levels deep; delete its deeper \
+                                 folders first",
+                                super::MAX_WALK_DEPTH
+                            ),
+                        )
+                        .with_path(raw));
+                    }
+                    let inner = open(&level.dir, &child)?;
+                    stack.push(inner);
+                } else {
+                    level.dir.remove_file_or_symlink(&child).map_err(io)?;
+                }
+            }
+            None => {
+                let Some(done) = stack.pop() else { break };
+                let above = stack.last().map_or(parent, |l| &l.dir);
+                drop(done.entries);
+                drop(done.dir);
+                above.remove_dir(&done.name).map_err(io)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The lock that keeps folders where they are while an entry is checked and changed.
@@ -407,10 +472,21 @@ pub fn check_tree(
     // Each entry is matched with every folder above it, from the root down, on both sides.
     let depth = |rel: &str| rel.matches('/').count() + 1;
     let base = depth(&src_real) + dst_now.as_ref().map_or(0, |(_, (r, _), _)| depth(r));
-    let mut stack = vec![(top, String::new())];
+    // Depth first, one open folder (and its listing) per level: a wide tree never holds many
+    // descriptors, and a deep one is refused past `MAX_WALK_DEPTH`.
+    let listing = top.entries().map_err(|e| Error::from_io(&e, raw))?;
+    let mut stack = vec![(top, listing, String::new())];
     let (mut seen, mut work) = (0usize, 0usize);
-    while let Some((dir, sub)) = stack.pop() {
-        for entry in dir.entries().map_err(|e| Error::from_io(&e, raw))? {
+    loop {
+        let level = stack.len();
+        let Some((dir, listing, sub)) = stack.last_mut() else {
+            break;
+        };
+        let Some(entry) = listing.next() else {
+            stack.pop();
+            continue;
+        };
+        {
             let entry = entry.map_err(|e| Error::from_io(&e, raw))?;
             seen += 1;
             // Each entry costs one glob match per folder above it: bound that work too, so a
@@ -457,10 +533,22 @@ pub fn check_tree(
                 }
             }
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                if level >= super::MAX_WALK_DEPTH {
+                    return Err(Error::new(
+                        ErrorKind::QuotaExceeded,
+                        format!(
+                            "the directory is more than {} levels deep to check against the \
+                             policy; move it in parts",
+                            super::MAX_WALK_DEPTH
+                        ),
+                    )
+                    .with_path(raw));
+                }
                 let inner = dir
                     .open_dir_nofollow(name)
                     .map_err(|e| Error::from_io(&e, raw))?;
-                stack.push((inner, child));
+                let inner_listing = inner.entries().map_err(|e| Error::from_io(&e, raw))?;
+                stack.push((inner, inner_listing, child));
             }
         }
     }

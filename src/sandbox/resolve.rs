@@ -291,6 +291,12 @@ fn beneath(root: &Arc<Root>, rel: &str) -> Result<Resolved> {
 /// beyond.
 pub const MAX_DEPTH: usize = 256;
 
+/// The most levels a walk goes beneath the folder it starts from (a recursive delete or
+/// listing). A tree can be deeper than any request path — renames nest folders without
+/// naming their contents — and a walk holds a directory, and for a listing that level's
+/// path, per level: deeper trees are refused (`QUOTA_EXCEEDED`), to be handled in parts.
+pub const MAX_WALK_DEPTH: usize = 128;
+
 #[cfg(test)]
 mod tests {
     use super::*;
