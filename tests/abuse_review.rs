@@ -1,0 +1,696 @@
+//! Regression tests for three attacks on a shared broker (`serve --listen`), through the real
+//! binary over real Unix sockets:
+//! - connections that half-close and stop reading must not freeze the other sessions (their
+//!   writers are awaited, not joined on an async worker);
+//! - a connection that sent one over-long line must not keep its share of the shared input
+//!   budget (`max_pending_input`) while it sits idle;
+//! - consent prompts nobody answers must not hold the blocking pool: other sessions' reads
+//!   stay fast, and each prompt request is answered by its deadline.
+//!
+//! Every test runs under a deadline; past it the broker's process group (the broker and any
+//! consent command it started) is killed and the test fails.
+
+mod common;
+
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use common::{bin, code, lit, python, request_line, tempdir, with_deadline, write_policy};
+
+/// Longest any one test may run before its processes are killed and it fails.
+const TEST_DEADLINE: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// SIGKILLs the process group led by `pid` (a broker this test started in a group of its own:
+/// the broker and the consent commands it runs).
+fn kill_group(pid: u32) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// Brokers a test started, their process groups killed if the test runs past its deadline.
+#[derive(Clone, Default)]
+struct Pids(Arc<Mutex<Vec<u32>>>);
+
+impl Pids {
+    fn add(&self, pid: u32) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+    }
+
+    fn kill_all(&self) {
+        for &pid in self.0.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            kill_group(pid);
+        }
+    }
+}
+
+/// Runs a test body under [`TEST_DEADLINE`]; past it, the test's brokers are killed.
+fn within<T: Send + 'static>(pids: &Pids, f: impl FnOnce(Pids) -> T + Send + 'static) -> T {
+    let killer = pids.clone();
+    let inner = pids.clone();
+    with_deadline(TEST_DEADLINE, move || killer.kill_all(), move || f(inner))
+}
+
+/// Whether a Unix socket bound at `path` is listening (`__SO_ACCEPTCON` in `/proc/net/unix`).
+fn is_listening(path: &Path) -> bool {
+    let path = path.to_str().expect("UTF-8 temp path");
+    std::fs::read_to_string("/proc/net/unix")
+        .expect("read /proc/net/unix")
+        .lines()
+        .skip(1)
+        .any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 8 && f[7] == path && f[3] == "00010000"
+        })
+}
+
+/// `fsbroker serve --listen SOCK --policy POLICY [EXTRA...]` in a process group of its own;
+/// dropping it kills the whole group (consent commands included) and reaps the broker.
+struct Listener {
+    child: Child,
+    sock: PathBuf,
+}
+
+impl Listener {
+    /// Starts the broker and waits for its socket; panics (with the exit status) when the
+    /// broker exits instead.
+    fn start(policy: &Path, sock: &Path, extra: &[&str], pids: &Pids) -> Listener {
+        let mut args: Vec<OsString> = vec![
+            "serve".into(),
+            "--listen".into(),
+            sock.into(),
+            "--policy".into(),
+            policy.into(),
+        ];
+        args.extend(extra.iter().map(OsString::from));
+        let child = Command::new(bin())
+            .args(&args)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start fsbroker serve --listen");
+        pids.add(child.id());
+        let mut l = Listener {
+            child,
+            sock: sock.to_owned(),
+        };
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = l.child.try_wait().expect("try_wait") {
+                panic!(
+                    "serve --listen exited before listening ({status}); policy:\n{}",
+                    std::fs::read_to_string(policy).unwrap_or_default()
+                );
+            }
+            // Not probed by connecting: a probe would be a session of its own.
+            if is_listening(&l.sock) {
+                return l;
+            }
+            assert!(Instant::now() < end, "no socket at {}", l.sock.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn connect(&self) -> Conn {
+        Conn::new(UnixStream::connect(&self.sock).expect("connect to the broker"))
+    }
+
+    /// Panics when the broker has exited.
+    fn assert_alive(&mut self) {
+        if let Some(status) = self.child.try_wait().expect("try_wait") {
+            panic!("the broker exited ({status})");
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // The group first (the broker is not reaped yet, so its id is still its own).
+        kill_group(self.child.id());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a bounded read of one line found.
+#[derive(Debug)]
+enum Got {
+    Line(Value),
+    Eof,
+    Timeout,
+}
+
+/// One connection to `serve --listen`, read line by line with time limits.
+struct Conn {
+    stream: UnixStream,
+    reader: BufReader<UnixStream>,
+    /// The part of a line read so far.
+    partial: Vec<u8>,
+}
+
+impl Conn {
+    fn new(stream: UnixStream) -> Conn {
+        let reader = BufReader::new(stream.try_clone().expect("clone the socket"));
+        Conn {
+            stream,
+            reader,
+            partial: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("write to the broker");
+    }
+
+    /// Sends a request with the given id.
+    fn send_request(&mut self, id: &Value, method: &str, params: Value) {
+        let mut line = serde_json::to_vec(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .unwrap();
+        line.push(b'\n');
+        self.send(&line);
+    }
+
+    /// The next line (parsed), end of input, or nothing within `limit`. A read error (the
+    /// broker reset the connection) counts as end of input.
+    fn next(&mut self, limit: Duration) -> Got {
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Got::Timeout;
+            }
+            self.reader
+                .get_ref()
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            match self.reader.read_until(b'\n', &mut self.partial) {
+                Ok(0) => return Got::Eof,
+                Ok(_) if self.partial.ends_with(b"\n") => {
+                    let line = std::mem::take(&mut self.partial);
+                    let v = serde_json::from_slice(&line).unwrap_or_else(|e| {
+                        panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&line))
+                    });
+                    return Got::Line(v);
+                }
+                Ok(_) => return Got::Eof,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Got::Eof,
+            }
+        }
+    }
+
+    /// The response to `id`, or an error with `id: null` (a line the broker could not take
+    /// in is refused without its id having been read), within `limit`; notifications are
+    /// passed over.
+    fn answer_or_null_error(&mut self, id: &Value, limit: Duration) -> Value {
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.next(left) {
+                Got::Line(m) if m.get("method").is_none() && m["id"] == *id => return m,
+                Got::Line(m) if m.get("id") == Some(&Value::Null) && m.get("error").is_some() => {
+                    return m;
+                }
+                Got::Line(_) => {}
+                Got::Eof => panic!("the broker closed the connection before answering {id}"),
+                Got::Timeout => panic!("no answer to {id} within {limit:?}"),
+            }
+        }
+    }
+
+    /// The response to `id` within `limit` (notifications are passed over), or `None`.
+    fn next_answer(&mut self, id: &Value, limit: Duration) -> Option<Value> {
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.next(left) {
+                Got::Line(m) if m.get("method").is_none() && m["id"] == *id => return Some(m),
+                Got::Line(_) => {}
+                Got::Eof => panic!("the broker closed the connection before answering {id}"),
+                Got::Timeout => return None,
+            }
+        }
+    }
+
+    /// Sends `ping` and asserts it is answered `{}` within `limit`.
+    fn ping_within(&mut self, id: &str, limit: Duration) {
+        let id = json!(id);
+        let started = Instant::now();
+        self.send(&request_line_str(&id, "ping"));
+        let r = self.answer_or_null_error(&id, limit);
+        assert_eq!(r["result"], json!({}), "ping {id}: {r}");
+        println!("ping {id} answered in {:?}", started.elapsed());
+    }
+}
+
+/// A request line without params.
+fn request_line_str(id: &Value, method: &str) -> Vec<u8> {
+    let mut line = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": method}))
+        .expect("serialize");
+    line.push(b'\n');
+    line
+}
+
+/// Sets `SO_RCVBUF` on `stream` (the kernel may round it up to its minimum).
+fn set_recv_buffer(stream: &UnixStream, bytes: libc::c_int) {
+    // SAFETY: `setsockopt` only reads `optlen` bytes at `optval`: that is `&bytes`, a live
+    // `c_int` whose exact size is passed; the descriptor is `stream`'s, open for the call's
+    // whole duration because `stream` is borrowed.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "setsockopt SO_RCVBUF: {}",
+        io::Error::last_os_error()
+    );
+}
+
+/// A short description of a response for messages: `ok` or the error's code and message.
+fn outcome(m: &Value) -> String {
+    match m.get("error") {
+        None => "ok".into(),
+        Some(e) => {
+            let s = format!("{} ({})", code(e), e["message"].as_str().unwrap_or(""));
+            s.chars().take(160).collect()
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Half-closed connections that stop reading
+// ---------------------------------------------------------------------------------------------
+
+/// Rule: a peer that stops reading and half-closes its connection holds up only its own
+/// session. One connection more than the CPUs (so every async worker of the broker could be
+/// hit; at least three, at most 17) each set a small `SO_RCVBUF`, send six `files/read` of 1 MiB,
+/// never read, and `shutdown(SHUT_WR)`: the broker must wait for each writer without blocking
+/// an async thread on it. Afterwards a connection made before the attack and a new one each
+/// get their `ping` answered within 3 s, and again once the attackers have gone.
+#[test]
+fn half_closed_connections_that_stop_reading_do_not_freeze_other_sessions() {
+    let pids = Pids::default();
+    within(&pids, move |pids| {
+        let (_t, dir) = tempdir();
+        let root = dir.join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("big.txt"), vec![b'a'; 1 << 20]).unwrap();
+        let policy = write_policy(&dir, &root, "", "requests_per_second = 0");
+        let mut l = Listener::start(&policy, &dir.join("broker.sock"), &[], &pids);
+
+        let mut before = l.connect();
+        before.ping_within("before-0", Duration::from_secs(5));
+
+        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+        let n = (cpus + 1).clamp(3, 17);
+        let mut attackers = Vec::new();
+        for k in 0..n {
+            let s = UnixStream::connect(&l.sock).expect("connect");
+            set_recv_buffer(&s, 4096);
+            let mut c = Conn::new(s);
+            let mut input = Vec::new();
+            for i in 0..6 {
+                input.extend(request_line(
+                    (k * 100 + i) as u64,
+                    "files/read",
+                    json!({"path": "r/big.txt", "length": 1048576}),
+                ));
+            }
+            c.send(&input);
+            attackers.push(c);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        for c in &attackers {
+            c.stream
+                .shutdown(std::net::Shutdown::Write)
+                .expect("shutdown(SHUT_WR)");
+        }
+        // Let every attacker's session reach its end of input and wait for its writer.
+        std::thread::sleep(Duration::from_secs(1));
+        l.assert_alive();
+        println!("{n} connections half-closed without reading six 1 MiB answers each");
+
+        let limit = Duration::from_secs(3);
+        let mut fresh = l.connect();
+        fresh.ping_within("fresh-1", limit);
+        before.ping_within("before-1", limit);
+
+        drop(attackers);
+        std::thread::sleep(Duration::from_millis(300));
+        let mut after = l.connect();
+        after.ping_within("after-1", limit);
+        fresh.ping_within("fresh-2", limit);
+        l.assert_alive();
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. The input budget after an over-long line
+// ---------------------------------------------------------------------------------------------
+
+/// Rule: an over-long line gives back the share of `max_pending_input` it took while it
+/// arrived. With `--max-line-bytes 1048576` and `max_pending_input = 3145728` (3 MiB), three
+/// connections each send one line of 1.5 MiB, get the `-32600` answer (id null) and then stay
+/// open and idle. An honest connection's `files/write` of a 600 KiB line (past the 256 KiB
+/// that needs no budget, well within the 3 MiB) must then succeed, twice, and write the file.
+#[test]
+fn an_over_long_line_gives_back_its_share_of_the_input_budget() {
+    let pids = Pids::default();
+    within(&pids, move |pids| {
+        let (_t, dir) = tempdir();
+        let root = dir.join("root");
+        std::fs::create_dir(&root).unwrap();
+        let policy = write_policy(
+            &dir,
+            &root,
+            "mode = \"read-write\"",
+            "max_pending_input = 3145728\ntimeout_ms = 5000\nrequests_per_second = 0",
+        );
+        let mut l = Listener::start(
+            &policy,
+            &dir.join("broker.sock"),
+            &["--max-line-bytes", "1048576"],
+            &pids,
+        );
+
+        let mut attackers = Vec::new();
+        for k in 0..3 {
+            let mut c = l.connect();
+            let mut line = vec![b'x'; 3 << 19];
+            line.push(b'\n');
+            c.send(&line);
+            let m = match c.next(Duration::from_secs(5)) {
+                Got::Line(m) => m,
+                other => panic!("attacker {k}: no answer to its over-long line: {other:?}"),
+            };
+            assert_eq!(m.get("id"), Some(&Value::Null), "attacker {k}: {m}");
+            assert_eq!(m["error"]["code"], -32600, "attacker {k}: {m}");
+            println!("attacker {k}: {}", outcome(&m));
+            attackers.push(c);
+        }
+        // The attackers now sit idle, each holding no partial line.
+
+        let mut honest = l.connect();
+        honest.ping_within("h-ping", Duration::from_secs(5));
+        let content = "h".repeat(600 << 10);
+        for round in 0..2 {
+            let id = json!(format!("h-write-{round}"));
+            let started = Instant::now();
+            honest.send_request(
+                &id,
+                "files/write",
+                json!({"path": "r/honest.txt", "content": content}),
+            );
+            let m = honest.answer_or_null_error(&id, Duration::from_secs(10));
+            println!(
+                "honest 600 KiB write {round} after {:?}: {}",
+                started.elapsed(),
+                outcome(&m)
+            );
+            assert!(
+                m.get("result").is_some() && m["id"] == id,
+                "with three idle connections that once sent an over-long line, an honest 600 KiB line was refused (3 MiB max_pending_input): {m}"
+            );
+            assert_eq!(m["result"]["bytesWritten"], content.len(), "{m}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(root.join("honest.txt")).unwrap(),
+            content,
+            "honest.txt holds other bytes"
+        );
+        // The attackers are still connected (their leak, if any, would still be held).
+        for (k, c) in attackers.iter_mut().enumerate() {
+            c.ping_within(&format!("a{k}-ping"), Duration::from_secs(5));
+        }
+        l.assert_alive();
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Consent prompts nobody answers
+// ---------------------------------------------------------------------------------------------
+
+/// The consent command of a person who never answers. `PIDS`: appends its pid to PIDS, reads
+/// the request, then waits 30 s (ending early once its parent, the broker, is gone) before
+/// denying.
+const SLOW_CONSENT_PY: &str = r#"
+import os, sys, time
+ppid = os.getppid()
+with open(sys.argv[1], "a") as f:
+    f.write("%d\n" % os.getpid())
+sys.stdin.buffer.read()
+end = time.time() + 30
+while time.time() < end and os.getppid() == ppid:
+    time.sleep(0.1)
+if os.getppid() == ppid:
+    print('{"approvedPaths": []}')
+"#;
+
+/// Hostile sessions.
+const HOSTILE: usize = 3;
+/// `files/consent` requests each hostile session keeps outstanding.
+const OUTSTANDING: usize = 6;
+/// `[limits] timeout_ms`.
+const TIMEOUT_MS: u64 = 3000;
+
+/// What one hostile session saw.
+#[derive(Debug, Default)]
+struct HostileReport {
+    answered: usize,
+    outcomes: std::collections::BTreeMap<String, usize>,
+    slowest: Duration,
+    /// Requests answered late, or left unanswered past the bound.
+    late: Vec<String>,
+}
+
+/// A hostile session: keeps [`OUTSTANDING`] `files/consent` requests for `p/p.txt` in flight
+/// (one more sent whenever one is answered) until `stop`; every request must be answered
+/// within `bound` of being sent.
+fn hostile(mut c: Conn, k: usize, stop: Arc<AtomicBool>, bound: Duration) -> HostileReport {
+    let mut report = HostileReport::default();
+    let mut sent: std::collections::HashMap<String, Instant> = Default::default();
+    let mut next = 0;
+    let mut send = |c: &mut Conn, sent: &mut std::collections::HashMap<String, Instant>| {
+        let id = format!("hostile-{k}-{next}");
+        next += 1;
+        c.send_request(
+            &json!(id),
+            "files/consent",
+            json!({"message": "hostile", "requestedPaths": ["p/p.txt"]}),
+        );
+        sent.insert(id, Instant::now());
+    };
+    for _ in 0..OUTSTANDING {
+        send(&mut c, &mut sent);
+    }
+    while !stop.load(Ordering::SeqCst) {
+        let oldest = sent.values().min().copied().expect("requests outstanding");
+        let overdue = (oldest + bound).saturating_duration_since(Instant::now());
+        if overdue.is_zero() {
+            report.late.push(format!(
+                "session {k}: a request still unanswered {:?} after it was sent",
+                oldest.elapsed()
+            ));
+            break;
+        }
+        match c.next(overdue.min(Duration::from_millis(200))) {
+            Got::Line(m) if m.get("method").is_some() => {}
+            Got::Line(m) => {
+                let id = m["id"].as_str().unwrap_or_default().to_owned();
+                let Some(at) = sent.remove(&id) else {
+                    panic!("session {k}: an answer to no request of its own: {m}");
+                };
+                let took = at.elapsed();
+                report.answered += 1;
+                report.slowest = report.slowest.max(took);
+                *report.outcomes.entry(outcome(&m)).or_default() += 1;
+                if took > bound {
+                    report
+                        .late
+                        .push(format!("session {k}: {id} answered after {took:?}: {m}"));
+                }
+                send(&mut c, &mut sent);
+            }
+            Got::Eof => panic!("session {k}: the broker closed the connection"),
+            Got::Timeout => {}
+        }
+    }
+    report
+}
+
+/// Whether process `pid` is gone (or a zombie waiting to be reaped).
+fn gone(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).map_or(true, |c| c.is_empty())
+}
+
+/// Rule: consent prompts wait for a person without holding the blocking pool and without
+/// outliving their request. A consent command that never answers (it waits 30 s;
+/// `[consent] timeout_ms = 30000`), `[limits] timeout_ms = 3000`. Three hostile sessions each
+/// keep six `files/consent` requests on a `prompt` root outstanding. Meanwhile an honest
+/// session's 1 KiB `files/read`s on an `auto` root, one every 200 ms for 8 s, must each
+/// succeed within 1 s, and every hostile request must be answered (`TIMEOUT` is fine) within
+/// timeout_ms + 2 s of being sent. At the end no consent command is left running.
+#[test]
+fn consent_prompts_nobody_answers_do_not_hold_other_sessions_reads() {
+    let pids = Pids::default();
+    within(&pids, move |pids| {
+        let (_t, dir) = tempdir();
+        let auto = dir.join("auto");
+        let prompt = dir.join("prompt");
+        std::fs::create_dir(&auto).unwrap();
+        std::fs::create_dir(&prompt).unwrap();
+        let small = "s".repeat(1024);
+        std::fs::write(auto.join("small.txt"), &small).unwrap();
+        std::fs::write(prompt.join("p.txt"), "p\n").unwrap();
+        let script = dir.join("slow_consent.py");
+        std::fs::write(&script, SLOW_CONSENT_PY).unwrap();
+        let pid_file = dir.join("consent-pids");
+        let policy = dir.join("policy.toml");
+        std::fs::write(
+            &policy,
+            format!(
+                "[[root]]\npath = {}\nname = \"r\"\nconsent = \"auto\"\n\n\
+                 [[root]]\npath = {}\nname = \"p\"\nconsent = \"prompt\"\n\n\
+                 [consent]\ncommand = [{}, {}, {}]\nterminal = false\ntimeout_ms = 30000\n\n\
+                 [limits]\ntimeout_ms = {TIMEOUT_MS}\nrequests_per_second = 0\n",
+                lit(&auto),
+                lit(&prompt),
+                lit(Path::new(python())),
+                lit(&script),
+                lit(&pid_file),
+            ),
+        )
+        .unwrap();
+        let mut l = Listener::start(&policy, &dir.join("broker.sock"), &[], &pids);
+
+        let mut honest = l.connect();
+        honest.ping_within("h-ping", Duration::from_secs(5));
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let bound = Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(2);
+        let threads: Vec<_> = (0..HOSTILE)
+            .map(|k| {
+                let c = l.connect();
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || hostile(c, k, stop, bound))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+
+        // The honest session's reads, for 8 s (past two rounds of hostile timeouts).
+        let started = Instant::now();
+        let mut reads = Vec::new();
+        let mut n = 0;
+        while started.elapsed() < Duration::from_secs(8) {
+            n += 1;
+            let id = json!(format!("h-read-{n}"));
+            let at = Instant::now();
+            honest.send_request(&id, "files/read", json!({"path": "r/small.txt"}));
+            let m = match honest.next_answer(&id, Duration::from_secs(4)) {
+                Some(m) => m,
+                None => {
+                    reads.push((at.elapsed(), "no answer within 4 s".to_owned()));
+                    break;
+                }
+            };
+            let took = at.elapsed();
+            if m.get("error").is_none() {
+                assert_eq!(m["result"]["content"], small.as_str(), "{m}");
+            }
+            reads.push((took, outcome(&m)));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        stop.store(true, Ordering::SeqCst);
+        let reports: Vec<HostileReport> = threads
+            .into_iter()
+            .map(|t| t.join().expect("a hostile session panicked"))
+            .collect();
+        l.assert_alive();
+
+        let slowest = reads.iter().map(|(d, _)| *d).max().unwrap_or_default();
+        let bad: Vec<String> = reads
+            .iter()
+            .filter(|(d, o)| *d > Duration::from_secs(1) || o != "ok")
+            .map(|(d, o)| format!("{d:?}: {o}"))
+            .collect();
+        println!(
+            "honest reads: {} in 8 s, slowest {slowest:?}, {} slow or failed",
+            reads.len(),
+            bad.len()
+        );
+        for (k, r) in reports.iter().enumerate() {
+            println!(
+                "hostile session {k}: {} consent requests answered, slowest {:?}, {:?}",
+                r.answered, r.slowest, r.outcomes
+            );
+        }
+        let late: Vec<&String> = reports.iter().flat_map(|r| &r.late).collect();
+
+        // Every consent command ends with the broker.
+        let broker = l.child.id();
+        drop(l);
+        let consent_pids: Vec<u32> = std::fs::read_to_string(&pid_file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        let end = Instant::now() + Duration::from_secs(3);
+        while consent_pids.iter().any(|&p| !gone(p)) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let left: Vec<u32> = consent_pids.iter().copied().filter(|&p| !gone(p)).collect();
+        println!(
+            "{} consent commands ran; broker {broker} killed",
+            consent_pids.len()
+        );
+
+        assert!(
+            bad.is_empty(),
+            "while {HOSTILE} sessions kept {OUTSTANDING} unanswered consent prompts each, {} of {} honest 1 KiB reads took over 1 s or failed: {bad:?}",
+            bad.len(),
+            reads.len()
+        );
+        assert!(
+            late.is_empty(),
+            "consent requests not answered within timeout_ms + 2 s ({bound:?}): {late:?}"
+        );
+        assert!(
+            reports.iter().all(|r| r.answered > 0),
+            "a hostile session's consent requests were never answered"
+        );
+        assert!(
+            left.is_empty(),
+            "consent commands still running after the broker was killed: {left:?}"
+        );
+    });
+}
