@@ -282,7 +282,19 @@ impl WatchHub {
         }
         self.register(&registered, recursive, raw)?;
         let identity = identity_of(root, &registered);
-        let snapshot = snapshot::scan(root, &rel, is_dir, recursive);
+        let Ok(snapshot) = snapshot::scan(root, &rel, is_dir, recursive) else {
+            self.unregister(&registered, recursive);
+            return Err(Error::new(
+                ErrorKind::QuotaExceeded,
+                format!(
+                    "the tree is too large to watch (over {} entries or {} MiB of paths); \
+                     watch a smaller part of it",
+                    snapshot::MAX_ENTRIES,
+                    snapshot::MAX_PATH_BYTES >> 20
+                ),
+            )
+            .with_path(raw));
+        };
         let id = crate::locks::random_hex(8);
         self.registry().watches.insert(
             id.clone(),

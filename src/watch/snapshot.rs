@@ -56,48 +56,81 @@ pub enum Diff {
     Deleted,
 }
 
-/// Walks `rel` beneath `root` (its entries; all the way down when `recursive`), without
-/// following symlinks and skipping staging files and denied paths.
-pub fn scan(root: &Root, rel: &str, is_dir: bool, recursive: bool) -> Snapshot {
+/// The most entries one watch's snapshot holds.
+pub const MAX_ENTRIES: usize = 100_000;
+
+/// The most bytes of paths one watch's snapshot holds.
+pub const MAX_PATH_BYTES: usize = 16 << 20;
+
+/// A tree too large to watch: over [`MAX_ENTRIES`] entries or [`MAX_PATH_BYTES`] of paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooLarge;
+
+/// Walks `rel` beneath `root` (its entries; all the way down when `recursive`, at most
+/// [`crate::sandbox::MAX_WALK_DEPTH`] levels), without following symlinks and skipping staging
+/// files and denied paths. Fails when the tree is too large to keep a snapshot of.
+pub fn scan(root: &Root, rel: &str, is_dir: bool, recursive: bool) -> Result<Snapshot, TooLarge> {
     let mut snap = Snapshot::new();
     let path = if rel.is_empty() { "." } else { rel };
     if !is_dir {
         if let Ok(m) = root.dir().symlink_metadata(path) {
             snap.insert(rel.to_owned(), Stamp::of(&m));
         }
-        return snap;
+        return Ok(snap);
     }
     let Ok(top) = root.dir().open_dir(path) else {
-        return snap;
+        return Ok(snap);
     };
-    let mut stack: Vec<(Dir, String)> = vec![(top, rel.to_owned())];
-    while let Some((dir, base)) = stack.pop() {
-        let Ok(entries) = dir.entries() else { continue };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if is_staging_name(name) {
-                continue;
-            }
-            let child = if base.is_empty() {
-                name.to_owned()
-            } else {
-                format!("{base}/{name}")
-            };
-            if root.is_denied(&child) || root.protected().is_own_file(&root.join(&child), None) {
-                continue;
-            }
-            let Ok(meta) = entry.metadata() else { continue };
-            let stamp = Stamp::of(&meta);
-            if recursive && stamp.is_dir && !meta.file_type().is_symlink() {
-                if let Ok(sub) = dir.open_dir_nofollow(name) {
-                    stack.push((sub, child.clone()));
-                }
-            }
-            snap.insert(child, stamp);
+    let Ok(listing) = top.entries() else {
+        return Ok(snap);
+    };
+    // Depth first, one open folder (and its listing) per level: a wide tree never holds many
+    // descriptors.
+    let mut stack: Vec<(Dir, cap_std::fs::ReadDir, String)> = vec![(top, listing, rel.to_owned())];
+    let mut bytes = 0usize;
+    loop {
+        let depth = stack.len();
+        let Some((dir, listing, base)) = stack.last_mut() else {
+            break;
+        };
+        let Some(entry) = listing.next() else {
+            stack.pop();
+            continue;
+        };
+        let Ok(entry) = entry else { continue };
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if is_staging_name(name) {
+            continue;
         }
+        let child = if base.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{base}/{name}")
+        };
+        if root.is_denied(&child) || root.protected().is_own_file(&root.join(&child), None) {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else { continue };
+        let stamp = Stamp::of(&meta);
+        bytes += child.len();
+        if snap.len() >= MAX_ENTRIES || bytes > MAX_PATH_BYTES {
+            return Err(TooLarge);
+        }
+        let descend = recursive
+            && stamp.is_dir
+            && !meta.file_type().is_symlink()
+            && depth < crate::sandbox::MAX_WALK_DEPTH;
+        let sub = descend
+            .then(|| dir.open_dir_nofollow(name).ok())
+            .flatten()
+            .and_then(|sub| sub.entries().ok().map(|l| (sub, l)));
+        if let Some((sub, l)) = sub {
+            stack.push((sub, l, child.clone()));
+        }
+        snap.insert(child, stamp);
     }
-    snap
+    Ok(snap)
 }
 
 /// What changed from `old` to `new`, in path order.

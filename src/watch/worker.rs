@@ -226,7 +226,8 @@ impl Worker {
             // notify misses files created right after their directory: list a new
             // directory and report what is already inside.
             if change == Change::Created && w.recursive && stamp.is_some_and(|s| s.is_dir()) {
-                for (inner, s) in snapshot::scan(root, rel, true, true) {
+                // A new folder too large to list is reported alone.
+                for (inner, s) in snapshot::scan(root, rel, true, true).unwrap_or_default() {
                     if w.snapshot.insert(inner.clone(), s).is_none() {
                         changes.push((inner, Change::Created));
                     }
@@ -261,7 +262,7 @@ impl Worker {
             let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) else {
                 continue;
             };
-            for (inner, s) in snapshot::scan(root, &rel, true, true) {
+            for (inner, s) in snapshot::scan(root, &rel, true, true).unwrap_or_default() {
                 if !visible(root, w, &inner) {
                     continue;
                 }
@@ -311,7 +312,13 @@ impl Worker {
             let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) else {
                 continue;
             };
-            let now = snapshot::scan(root, &w.rel, w.is_dir, w.recursive);
+            let Ok(now) = snapshot::scan(root, &w.rel, w.is_dir, w.recursive) else {
+                // Grown too large to compare since it was set up: its events still come, but
+                // a lost one is not recovered by a rescan.
+                tracing::warn!(path = %w.rel, "a watched tree grew too large to rescan");
+                w.lost = false;
+                continue;
+            };
             let diffs = snapshot::diff(&w.snapshot, &now);
             w.snapshot = now;
             w.lost = false;
