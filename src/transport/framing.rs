@@ -35,9 +35,9 @@ pub enum Frame {
     },
 }
 
-/// Bytes of partial lines a reader holds without asking its budget: small requests never
-/// wait for it.
-const ALLOWANCE: usize = READ_SIZE;
+/// Bytes of line buffer a reader holds without asking its budget: small requests never wait
+/// for it (a buffer starts at one read's size, and grows by doubling).
+const ALLOWANCE: usize = 2 * READ_SIZE;
 
 /// A budget for partial lines shared by many readers (every connection of a broker), in KiB.
 #[derive(Debug, Clone)]
@@ -179,11 +179,11 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             if self.buf.capacity() > 4 * READ_SIZE && self.buf.len() < READ_SIZE {
                 self.buf.shrink_to(READ_SIZE);
             }
+            self.buf.reserve(READ_SIZE);
             if let Some(share) = &mut self.share {
-                // What the line holds now: the read about to be made may bring it one read's
-                // worth past its share, which the next read then asks for.
-                let partial = self.buf.len() - self.start;
-                if !share.cover(partial).await {
+                // The buffer's whole allocation counts: it grows by doubling, so a line holds
+                // up to twice its length, and that is what the machine pays for.
+                if !share.cover(self.buf.capacity()).await {
                     share.release();
                     let refused = match self.discard_rest().await? {
                         Frame::TooLong { len } => Frame::Refused { len },
@@ -192,7 +192,6 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                     return Ok(Some(refused));
                 }
             }
-            self.buf.reserve(READ_SIZE);
             if self.inner.read_buf(&mut self.buf).await? == 0 {
                 self.eof = true;
             }
@@ -201,8 +200,8 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
 
     /// The line `buf[start..end]`, consumed along with its `\n` (if there is one).
     fn take(&mut self, end: usize) -> Frame {
-        // The line leaves the reader (it is counted by whoever holds it now); what is left
-        // is asked for again at the next read.
+        // The line leaves the reader (it is counted by whoever holds it now: the session's
+        // own budget for lines in flight); what is left is asked for again at the next read.
         if let Some(share) = &mut self.share {
             share.release();
         }
