@@ -82,6 +82,31 @@ pub struct Record<'a> {
 struct Chain {
     file: File,
     prev: String,
+    /// The file's length after this process's last append: if it has grown since, another
+    /// process appended, and `prev` is read again from the file.
+    len: u64,
+}
+
+/// Holds the file's advisory lock (`flock`, exclusive) until dropped: every broker appending
+/// to one log takes it, so their lines form one chain.
+struct FileLock<'a>(&'a File);
+
+impl<'a> FileLock<'a> {
+    fn take(file: &'a File) -> std::io::Result<FileLock<'a>> {
+        loop {
+            match rustix::fs::flock(file, rustix::fs::FlockOperation::LockExclusive) {
+                Ok(()) => return Ok(FileLock(file)),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl Drop for FileLock<'_> {
+    fn drop(&mut self) {
+        let _ = rustix::fs::flock(self.0, rustix::fs::FlockOperation::Unlock);
+    }
 }
 
 /// An open, append-only audit log.
@@ -113,23 +138,35 @@ impl AuditLog {
             path: path.clone(),
             source,
         };
-        let mut file = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
             .mode(0o600)
             .open(&path)
             .map_err(io)?;
-        let prev = last_hash(&mut file, &path)?;
+        // The chain's head is read under the lock each append takes anyway ([`AuditLog::append`]).
         let log = AuditLog {
             redact: config.redact_paths,
-            chain: Mutex::new(Chain { file, prev }),
+            chain: Mutex::new(Chain {
+                file,
+                prev: GENESIS.to_owned(),
+                len: u64::MAX,
+            }),
             healthy: AtomicBool::new(true),
-            path,
+            path: path.clone(),
         };
         // A first line at start-up proves the log writable before any request can act (and
         // tells one run of the broker from the next). If it cannot be written, the broker
         // runs but refuses every audited request.
+        {
+            // A log whose last line is torn is refused at once, as before.
+            let mut chain = log.chain.lock().unwrap_or_else(|e| e.into_inner());
+            let chain = &mut *chain;
+            let _lock = FileLock::take(&chain.file).map_err(io)?;
+            chain.prev = last_hash(&chain.file, &log.path)?;
+            chain.len = chain.file.metadata().map_err(io)?.len();
+        }
         let mut start: BTreeMap<&str, Value> = BTreeMap::new();
         start.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
         start.insert("event", Value::from("start"));
@@ -208,19 +245,31 @@ impl AuditLog {
                 path: self.path.clone(),
             });
         }
-        let mut chain = self.chain.lock().unwrap_or_else(|e| e.into_inner());
-        fields.insert("prev", Value::from(chain.prev.clone()));
-        let hash = sha256_hex(&canonical(&fields));
-        fields.insert("hash", Value::from(hash.clone()));
-        let mut line = canonical(&fields);
-        line.push(b'\n');
-        // One write per line: a line is either in the file whole or (on a failed write) the
-        // log is marked broken and nothing more is appended after the torn piece.
-        match chain.file.write_all(&line) {
-            Ok(()) => {
-                chain.prev = hash;
-                Ok(())
+        let mut guard = self.chain.lock().unwrap_or_else(|e| e.into_inner());
+        let chain = &mut *guard;
+        // Other brokers may append to the same file: under the file's lock, a file that grew
+        // since this process last wrote has a new head, read from its last line.
+        let written = FileLock::take(&chain.file).and_then(|lock| {
+            let len = chain.file.metadata()?.len();
+            if len != chain.len {
+                chain.prev = last_hash(&chain.file, &self.path)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
             }
+            fields.insert("prev", Value::from(chain.prev.clone()));
+            let hash = sha256_hex(&canonical(&fields));
+            fields.insert("hash", Value::from(hash.clone()));
+            let mut line = canonical(&fields);
+            line.push(b'\n');
+            // One write per line: a line is either in the file whole or (on a failed write)
+            // the log is marked broken and nothing more is appended after the torn piece.
+            (&chain.file).write_all(&line)?;
+            chain.prev = hash;
+            chain.len = len + line.len() as u64;
+            drop(lock);
+            Ok(())
+        });
+        match written {
+            Ok(()) => Ok(()),
             Err(source) => {
                 self.healthy.store(false, Ordering::Release);
                 tracing::error!(path = %self.path.display(), error = %source, "audit log unavailable: refusing every audited request from now on");
@@ -241,10 +290,41 @@ impl AuditLog {
     }
 }
 
-/// Compact JSON with keys in byte order: what the hash covers.
-fn canonical(fields: &BTreeMap<&str, Value>) -> Vec<u8> {
+/// Compact JSON with keys in byte order, U+2028 and U+2029 escaped: the one form a line may
+/// have, and what the hash covers (the line without its `hash` member).
+///
+/// JSON allows the two separators raw, but JavaScript's and Python's line splitters end a line
+/// at them, so a log read that way would show more lines than it has. They can only occur
+/// inside strings, where `\u2028` and `\u2029` mean the same.
+fn canonical<K: AsRef<str> + Ord + serde::Serialize>(fields: &BTreeMap<K, Value>) -> Vec<u8> {
     // A BTreeMap serializes its keys in order whatever serde_json's features are.
-    serde_json::to_vec(fields).unwrap_or_default()
+    let raw = serde_json::to_vec(fields).unwrap_or_default();
+    escape_separators(raw)
+}
+
+/// Replaces the UTF-8 bytes of U+2028 and U+2029 with their JSON escapes.
+fn escape_separators(raw: Vec<u8>) -> Vec<u8> {
+    const LS: &[u8] = "\u{2028}".as_bytes();
+    const PS: &[u8] = "\u{2029}".as_bytes();
+    if !raw.windows(3).any(|w| w == LS || w == PS) {
+        return raw;
+    }
+    let mut out = Vec::with_capacity(raw.len() + 16);
+    let mut i = 0;
+    while i < raw.len() {
+        let rest = &raw[i..];
+        if rest.starts_with(LS) {
+            out.extend_from_slice(b"\\u2028");
+            i += 3;
+        } else if rest.starts_with(PS) {
+            out.extend_from_slice(b"\\u2029");
+            i += 3;
+        } else {
+            out.push(raw[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -257,7 +337,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// The `hash` of the file's last line, or [`GENESIS`] for an empty file.
-fn last_hash(file: &mut File, path: &Path) -> Result<String, AuditError> {
+fn last_hash(mut file: &File, path: &Path) -> Result<String, AuditError> {
     let io = |source| AuditError::Io {
         path: path.to_owned(),
         source,
@@ -282,7 +362,7 @@ fn last_hash(file: &mut File, path: &Path) -> Result<String, AuditError> {
             break;
         }
     }
-    let mut broken = |reason: &str| {
+    let broken = |reason: &str| {
         // Name the line the way `verify` counts: from 1, the torn piece included.
         let line = count_lines(file).unwrap_or(0);
         AuditError::Broken {
@@ -307,7 +387,7 @@ fn last_hash(file: &mut File, path: &Path) -> Result<String, AuditError> {
 }
 
 /// How many lines the file has, a last line without its newline included.
-fn count_lines(file: &mut File) -> std::io::Result<usize> {
+fn count_lines(mut file: &File) -> std::io::Result<usize> {
     file.seek(SeekFrom::Start(0))?;
     let mut text = Vec::new();
     file.read_to_end(&mut text)?;
@@ -365,11 +445,20 @@ pub fn verify(path: &Path) -> Result<Summary, AuditError> {
                     .into(),
             ));
         }
-        let sorted: BTreeMap<&str, Value> = fields
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
-        if sha256_hex(&canonical(&sorted)) != hash {
+        // The hash covers the exact bytes written, which must be the line's one canonical
+        // form: a line re-spaced, re-ordered, re-escaped or with a key given twice is not
+        // what the broker wrote, even if it says the same.
+        let mut whole = fields.clone();
+        whole.insert("hash".to_owned(), Value::String(hash.clone()));
+        if canonical(&whole) != raw {
+            return Err(broken(
+                n,
+                "it is not byte for byte the form the broker writes: the line was reformatted \
+                 or edited"
+                    .into(),
+            ));
+        }
+        if sha256_hex(&canonical(&fields)) != hash {
             return Err(broken(
                 n,
                 "its hash does not match its content: the line was edited".into(),

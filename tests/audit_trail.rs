@@ -1,0 +1,147 @@
+//! The audit log as an auditor relies on it: several brokers appending to one file form one
+//! chain, the hash covers the exact bytes written (a reformatted line fails), and line
+//! separators inside strings are escaped so every line splitter sees the same lines.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{Broker, bin, tempdir};
+use serde_json::json;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `fsbroker audit verify LOG`: (exit code, stdout + stderr).
+fn verify(log: &Path) -> (i32, String) {
+    let out = Command::new(bin())
+        .args(["audit", "verify", s(log)])
+        .output()
+        .expect("run fsbroker audit verify");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn serve_audited(root: &Path, log: &Path) -> Broker {
+    Broker::spawn(&[
+        "serve",
+        "--root",
+        s(root),
+        "--read-write",
+        "--audit",
+        s(log),
+    ])
+}
+
+/// Rule: brokers sharing one `[audit] path` keep one chain. Three brokers append at once,
+/// 300 requests each; `audit verify` must find every line in one intact chain. (Before, two
+/// brokers broke it within three lines: each chained to its own idea of the last line.)
+#[test]
+fn three_brokers_appending_to_one_log_form_one_chain() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hello").unwrap();
+    let log = dir.join("audit.jsonl");
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            let (root, log) = (root.clone(), log.clone());
+            std::thread::spawn(move || {
+                let mut b = serve_audited(&root, &log);
+                for _ in 0..300 {
+                    b.ok("files/read", json!({"path": "root/f.txt"}));
+                }
+                let (status, _) = b.finish();
+                assert!(status.success(), "{status}");
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let (code, text) = verify(&log);
+    assert_eq!(code, 0, "{text}");
+    let lines = std::fs::read_to_string(&log).unwrap().lines().count();
+    assert_eq!(lines, 3 * 301, "three start lines and 900 requests");
+}
+
+/// Rule: the hash is over the exact bytes written. A line whose content is unchanged but whose
+/// bytes are not the broker's form (a space added, a key given twice) fails `verify`.
+#[test]
+fn a_reformatted_line_fails_verify() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hello").unwrap();
+    let log = dir.join("audit.jsonl");
+    let mut b = serve_audited(&root, &log);
+    for _ in 0..3 {
+        b.ok("files/read", json!({"path": "root/f.txt"}));
+    }
+    b.finish();
+    assert_eq!(verify(&log).0, 0, "{}", verify(&log).1);
+    let good = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = good.lines().collect();
+    let with_line_2 = |new: String| {
+        let mut all: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+        all[1] = new;
+        all.join("\n") + "\n"
+    };
+    for (what, bad) in [
+        ("a space after the brace", lines[1].replacen('{', "{ ", 1)),
+        (
+            "a leading key given twice",
+            lines[1].replacen('{', "{\"bytes\":12345,", 1),
+        ),
+        ("a space after a colon", lines[1].replacen("\":", "\": ", 1)),
+    ] {
+        std::fs::write(&log, with_line_2(bad)).unwrap();
+        let (code, text) = verify(&log);
+        assert_ne!(code, 0, "{what}: verify accepted it: {text}");
+        assert!(text.contains("line 2"), "{what}: {text}");
+    }
+}
+
+/// Rule: a path holding U+2028 or U+2029 is logged escaped, so the log has as many lines for
+/// JavaScript's and Python's line splitters as it has newlines, and it still verifies.
+#[test]
+fn line_separators_in_paths_are_escaped() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    let log = dir.join("audit.jsonl");
+    let mut b = serve_audited(&root, &log);
+    b.err(
+        "files/read",
+        json!({"path": "root/a\u{2028}b\u{2029}c.txt"}),
+    );
+    b.finish();
+    let bytes = std::fs::read(&log).unwrap();
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(
+        !text.contains('\u{2028}') && !text.contains('\u{2029}'),
+        "raw separators in the log: {text:?}"
+    );
+    assert!(
+        text.contains("a\\u2028b\\u2029c.txt"),
+        "not escaped: {text}"
+    );
+    // Every way of splitting lines agrees.
+    let newlines = text.matches('\n').count();
+    let split_all = text
+        .split(['\n', '\u{2028}', '\u{2029}'])
+        .filter(|l| !l.is_empty())
+        .count();
+    assert_eq!(newlines, split_all);
+    // The escaped form is what was hashed: it verifies, and it reads back as the path sent.
+    let (code, out) = verify(&log);
+    assert_eq!(code, 0, "{out}");
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["path"], "root/a\u{2028}b\u{2029}c.txt");
+}
