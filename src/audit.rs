@@ -281,6 +281,20 @@ impl AuditLog {
         }
     }
 
+    /// Seals this run's part of the log (at a clean exit): a last line,
+    /// `{"event":"seal","pid":…}`, chained like the rest, then flushed to disk. `verify`
+    /// reports a run without its seal — a crash, or lines removed from the end.
+    pub fn seal(&self) {
+        let mut seal: BTreeMap<&str, Value> = BTreeMap::new();
+        seal.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
+        seal.insert("event", Value::from("seal"));
+        seal.insert("pid", Value::from(std::process::id()));
+        if let Err(e) = self.append(seal) {
+            tracing::error!(error = %e, "cannot seal the audit log");
+        }
+        self.sync();
+    }
+
     /// Flushes the log to disk (at exit).
     pub fn sync(&self) {
         let chain = self.chain.lock().unwrap_or_else(|e| e.into_inner());
@@ -396,7 +410,7 @@ fn count_lines(mut file: &File) -> std::io::Result<usize> {
 }
 
 /// What [`verify`] found in an intact log.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Summary {
     /// Lines in the log.
     pub lines: usize,
@@ -404,10 +418,24 @@ pub struct Summary {
     pub first: Option<String>,
     /// The last line's `ts`.
     pub last: Option<String>,
+    /// The last line's `hash` ([`GENESIS`] for an empty log): what to keep elsewhere to
+    /// detect, later, that the log was cut or rewritten before it.
+    pub head: String,
+    /// The pids of runs that started and have no seal after their start: brokers still
+    /// running, or that crashed, or whose last lines were removed.
+    pub unsealed: Vec<u64>,
+    /// Whether the anchor given to [`verify_anchored`] is the hash of a line of the log.
+    pub anchor_found: bool,
 }
 
 /// Checks every line's hash and link; the error names the first bad line.
 pub fn verify(path: &Path) -> Result<Summary, AuditError> {
+    verify_anchored(path, None)
+}
+
+/// [`verify`], also looking for `anchor` (a head kept from an earlier `audit head`) among the
+/// lines' hashes.
+pub fn verify_anchored(path: &Path, anchor: Option<&str>) -> Result<Summary, AuditError> {
     let text = std::fs::read(path).map_err(|source| AuditError::Io {
         path: path.to_owned(),
         source,
@@ -419,10 +447,13 @@ pub fn verify(path: &Path) -> Result<Summary, AuditError> {
     };
     let mut prev = GENESIS.to_owned();
     let mut summary = Summary {
-        lines: 0,
-        first: None,
-        last: None,
+        head: GENESIS.to_owned(),
+        anchor_found: anchor == Some(GENESIS),
+        ..Summary::default()
     };
+    // Runs still open, by pid; a pid that starts again while open was a run that never sealed.
+    let mut open: Vec<u64> = Vec::new();
+    let mut unsealed: Vec<u64> = Vec::new();
     if text.is_empty() {
         return Ok(summary);
     }
@@ -468,10 +499,26 @@ pub fn verify(path: &Path) -> Result<Summary, AuditError> {
         if summary.first.is_none() {
             summary.first = ts.clone();
         }
+        let pid = fields.get("pid").and_then(Value::as_u64);
+        match (fields.get("event").and_then(Value::as_str), pid) {
+            (Some("start"), Some(pid)) => {
+                if open.contains(&pid) {
+                    unsealed.push(pid);
+                } else {
+                    open.push(pid);
+                }
+            }
+            (Some("seal"), Some(pid)) => open.retain(|&p| p != pid),
+            _ => {}
+        }
+        summary.anchor_found |= anchor == Some(hash.as_str());
         summary.last = ts;
         summary.lines = n;
         prev = hash;
     }
+    unsealed.extend(open);
+    summary.unsealed = unsealed;
+    summary.head = prev;
     Ok(summary)
 }
 

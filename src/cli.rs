@@ -139,9 +139,21 @@ impl BenchArgs {
 #[derive(Debug, Subcommand)]
 enum AuditCommand {
     /// Check an audit log's hash chain. Exit 0 with a one-line summary when every line is
-    /// intact and in order; exit 1 naming the first line that was edited, removed,
-    /// reordered or inserted.
+    /// intact and in order and every run of a broker ended with its seal; exit 1 naming the
+    /// first line that was edited, reformatted, removed, reordered or inserted (or when the
+    /// --head given is not in the log); exit 3 when the chain is intact but a run has no seal:
+    /// a broker still running, a crash, or lines removed from the end.
     Verify {
+        /// The audit log (JSON lines).
+        file: PathBuf,
+        /// A head printed earlier by `audit head` and kept elsewhere: it must still be the
+        /// hash of one of the log's lines (the log may have grown since).
+        #[arg(long, value_name = "HASH")]
+        head: Option<String>,
+    },
+    /// Print the log's head: the hash of its last line, after checking the chain. Keep it
+    /// somewhere the log's writers cannot reach, and check it later with `verify --head`.
+    Head {
         /// The audit log (JSON lines).
         file: PathBuf,
     },
@@ -228,7 +240,8 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Proxy(args) => proxy(args),
         Command::Policy(PolicyCommand::Check { file }) => policy_check(file),
-        Command::Audit(AuditCommand::Verify { file }) => audit_verify(&file),
+        Command::Audit(AuditCommand::Verify { file, head }) => audit_verify(&file, head.as_deref()),
+        Command::Audit(AuditCommand::Head { file }) => audit_head(&file),
         Command::Bench(args) => crate::bench::main(args.options()),
         Command::Policy(PolicyCommand::Schema) => {
             print(&format!("{:#}\n", PolicyFile::json_schema()))
@@ -306,8 +319,9 @@ impl Running {
             hangups.abort();
             result
         });
+        // A clean end: the run's part of the log is sealed (a crash leaves it unsealed).
         if let Some(log) = self.broker.audit() {
-            log.sync();
+            log.seal();
         }
         result
     }
@@ -427,15 +441,49 @@ fn proxy(args: ProxyArgs) -> ExitCode {
     }
 }
 
-fn audit_verify(file: &std::path::Path) -> ExitCode {
-    match crate::audit::verify(file) {
-        Ok(s) => print(&format!(
-            "{}: ok, {} line(s), first {}, last {}; the hash chain is intact\n",
+fn audit_verify(file: &std::path::Path, anchor: Option<&str>) -> ExitCode {
+    let s = match crate::audit::verify_anchored(file, anchor) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(anchor) = anchor.filter(|_| !s.anchor_found) {
+        eprintln!(
+            "fsbroker: audit log {}: the head {anchor} is not in it: the log was cut or \
+             rewritten before that line",
+            file.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    if !s.unsealed.is_empty() {
+        let pids: Vec<String> = s.unsealed.iter().map(u64::to_string).collect();
+        eprintln!(
+            "fsbroker: audit log {}: unsealed: crash or truncation — the run(s) of pid {} have \
+             no seal (a broker still running, one that crashed, or lines removed from the end); \
+             the chain itself is intact, {} line(s), head {}",
             file.display(),
+            pids.join(", "),
             s.lines,
-            s.first.as_deref().unwrap_or("-"),
-            s.last.as_deref().unwrap_or("-")
-        )),
+            s.head
+        );
+        return ExitCode::from(3);
+    }
+    print(&format!(
+        "{}: ok, {} line(s), first {}, last {}, head {}; the hash chain is intact and every run \
+         is sealed\n",
+        file.display(),
+        s.lines,
+        s.first.as_deref().unwrap_or("-"),
+        s.last.as_deref().unwrap_or("-"),
+        s.head
+    ))
+}
+
+fn audit_head(file: &std::path::Path) -> ExitCode {
+    match crate::audit::verify(file) {
+        Ok(s) => print(&format!("{}\n", s.head)),
         Err(e) => {
             eprintln!("fsbroker: {e}");
             ExitCode::FAILURE

@@ -389,7 +389,19 @@ fn one_run(first_n: usize, lines: &[Line], pid: u32, start_ms: i64, end_ms: i64)
         .first()
         .unwrap_or_else(|| panic!("no start line at line {first_n}: the run logged nothing"));
     check_start(first_n, first, pid, start_ms, end_ms);
-    let requests = &lines[1..];
+    // A run that ended cleanly ends with its seal.
+    let mut requests = &lines[1..];
+    if let Some(last) = requests.last() {
+        if last.fields.get("event") == Some(&json!("seal")) {
+            assert_eq!(
+                last.fields["pid"],
+                json!(pid),
+                "a seal of another run: {}",
+                last.raw
+            );
+            requests = &requests[..requests.len() - 1];
+        }
+    }
     for (i, line) in requests.iter().enumerate() {
         assert!(
             is_request(line) && !line.fields.contains_key("event"),
@@ -480,8 +492,8 @@ fn first_line_named(text: &str) -> Option<usize> {
     })
 }
 
-/// A good log of 7 lines (the start line, roots/list, then reads of `proj/f1.txt` ..
-/// `proj/f5.txt`), its text and its lines.
+/// A good log of 8 lines (the start line, roots/list, then reads of `proj/f1.txt` ..
+/// `proj/f5.txt`, and the seal of the run), its text and its lines.
 fn fresh_log(ws: &Ws) -> (PathBuf, String, Vec<String>) {
     let log = ws.dir.join("audit.jsonl");
     let err = ws.dir.join("fresh.stderr");
@@ -503,7 +515,7 @@ fn fresh_log(ws: &Ws) -> (PathBuf, String, Vec<String>) {
     finish(b, &err);
     let end = now_ms();
     let (text, lines) = read_log(&log);
-    assert_eq!(lines.len(), 7, "{text}");
+    assert_eq!(lines.len(), 8, "{text}");
     check_log(&lines, &wants, pid, false, start, end);
     let raw = lines.into_iter().map(|l| l.raw).collect();
     (log, text, raw)
@@ -815,9 +827,9 @@ fn verify_summarises_an_intact_log() {
     // The start line counts: it is the first line, and its ts the first timestamp.
     let first: Value = serde_json::from_str(&lines[0]).unwrap();
     assert_eq!(first["event"], json!("start"), "{first}");
-    let last: Value = serde_json::from_str(&lines[6]).unwrap();
+    let last: Value = serde_json::from_str(&lines[7]).unwrap();
     assert!(
-        out_text.contains("7 line"),
+        out_text.contains("8 line"),
         "line count missing: {out_text}"
     );
     assert!(
@@ -977,8 +989,8 @@ fn verify_names_an_inserted_line() {
     assert_broken_at(&ws, "start line duplicated", &join_lines(&dup), 2);
     // The last line repeated at the end.
     let mut dup = lines.clone();
-    dup.push(lines[6].clone());
-    assert_broken_at(&ws, "last line duplicated", &join_lines(&dup), 8);
+    dup.push(lines[7].clone());
+    assert_broken_at(&ws, "last line duplicated", &join_lines(&dup), 9);
 }
 
 #[test]
@@ -986,13 +998,13 @@ fn verify_names_a_truncated_last_line() {
     let ws = workspace();
     let (_log, text, lines) = fresh_log(&ws);
     // Cut in the middle of the last line (a crash mid-write).
-    let cut = &text[..text.len() - 1 - lines[6].len() / 2];
-    assert_broken_at(&ws, "last line cut in half", cut, 7);
+    let cut = &text[..text.len() - 1 - lines[7].len() / 2];
+    assert_broken_at(&ws, "last line cut in half", cut, 8);
     // Only the newline missing.
-    assert_broken_at(&ws, "final newline missing", &text[..text.len() - 1], 7);
+    assert_broken_at(&ws, "final newline missing", &text[..text.len() - 1], 8);
     // Cut, but ending in a newline.
     let cut = format!("{}\n", &text[..text.len() - 20]);
-    assert_broken_at(&ws, "last line cut, newline kept", &cut, 7);
+    assert_broken_at(&ws, "last line cut, newline kept", &cut, 8);
     // A log torn inside its start line, the only line.
     let cut = &lines[0][..lines[0].len() / 2];
     assert_broken_at(&ws, "start line cut in half", cut, 1);
@@ -1166,7 +1178,7 @@ fn a_restart_continues_the_chain() {
     let end = now_ms();
 
     let (text, lines) = read_log(&log);
-    assert_eq!(lines.len(), 7, "{text}");
+    assert_eq!(lines.len(), 9, "{text}");
     for (a, b) in first_run.iter().zip(&lines) {
         assert_eq!(a.raw, b.raw, "a restart rewrote an earlier line");
     }
@@ -1174,12 +1186,12 @@ fn a_restart_continues_the_chain() {
     let starts: Vec<usize> = (0..lines.len()).filter(|&i| is_start(&lines[i])).collect();
     assert_eq!(
         starts,
-        [0, 4],
+        [0, 5],
         "expected a start line opening each run:\n{text}"
     );
     check_run(
-        5,
-        &lines[4..],
+        6,
+        &lines[5..],
         &[
             want("files/read", Some("proj/f2.txt"), "ok", f2_len),
             want("files/list", Some("proj"), "ok", 0),
@@ -1190,7 +1202,7 @@ fn a_restart_continues_the_chain() {
         end,
     );
     assert_eq!(
-        lines[4].fields["prev"], lines[3].fields["hash"],
+        lines[5].fields["prev"], lines[4].fields["hash"],
         "the second run's start line does not chain to the first run's last line:\n{text}"
     );
     assert_eq!(
@@ -1204,7 +1216,7 @@ fn a_restart_continues_the_chain() {
     }
     let out = verify(&log);
     assert!(out.status.success(), "verify failed: {}", stderr(&out));
-    assert!(stdout(&out).contains("7 line"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("9 line"), "{}", stdout(&out));
 }
 
 #[test]
@@ -1216,10 +1228,10 @@ fn a_torn_log_refuses_to_start() {
     let cases = [
         (
             "cut",
-            text[..text.len() - 1 - lines[6].len() / 2].to_owned(),
-            7,
+            text[..text.len() - 1 - lines[7].len() / 2].to_owned(),
+            8,
         ),
-        ("no-newline", text[..text.len() - 1].to_owned(), 7),
+        ("no-newline", text[..text.len() - 1].to_owned(), 8),
         (
             "start-line-cut",
             lines[0][..lines[0].len() / 2].to_owned(),

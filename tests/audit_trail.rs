@@ -68,7 +68,11 @@ fn three_brokers_appending_to_one_log_form_one_chain() {
     let (code, text) = verify(&log);
     assert_eq!(code, 0, "{text}");
     let lines = std::fs::read_to_string(&log).unwrap().lines().count();
-    assert_eq!(lines, 3 * 301, "three start lines and 900 requests");
+    assert_eq!(
+        lines,
+        3 * 302,
+        "three start lines, 900 requests, three seals"
+    );
 }
 
 /// Rule: the hash is over the exact bytes written. A line whose content is unchanged but whose
@@ -142,6 +146,96 @@ fn line_separators_in_paths_are_escaped() {
     // The escaped form is what was hashed: it verifies, and it reads back as the path sent.
     let (code, out) = verify(&log);
     assert_eq!(code, 0, "{out}");
+    let read = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["method"] == "files/read")
+        .expect("the read's line");
+    assert_eq!(read["path"], "root/a\u{2028}b\u{2029}c.txt");
+}
+
+/// Rule: a hash chain cannot see its own end, so each run seals its part. A cleanly closed log
+/// verifies (exit 0); with its seal, or its last two lines, removed it is reported unsealed
+/// (exit 3, distinct from a broken chain's 1); a broker killed mid-run leaves its run unsealed.
+#[test]
+fn a_removed_tail_or_a_crash_is_reported_unsealed() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hello").unwrap();
+    let log = dir.join("audit.jsonl");
+    let mut b = serve_audited(&root, &log);
+    for _ in 0..3 {
+        b.ok("files/read", json!({"path": "root/f.txt"}));
+    }
+    b.finish();
+    let (code, text) = verify(&log);
+    assert_eq!(code, 0, "{text}");
+    let good = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = good.lines().collect();
+    assert!(
+        lines.last().unwrap().contains("\"event\":\"seal\""),
+        "{good}"
+    );
+    for cut in [1, 2] {
+        let kept = lines[..lines.len() - cut].join("\n") + "\n";
+        std::fs::write(&log, kept).unwrap();
+        let (code, text) = verify(&log);
+        assert_eq!(code, 3, "last {cut} line(s) removed: {text}");
+        assert!(text.contains("unsealed"), "{text}");
+    }
+
+    // A crash: the broker is killed after a request.
+    std::fs::write(&log, &good).unwrap();
+    let mut b = serve_audited(&root, &log);
+    b.ok("files/read", json!({"path": "root/f.txt"}));
+    b.kill_now();
+    let (code, text) = verify(&log);
+    assert_eq!(code, 3, "{text}");
+}
+
+/// Rule: the head can be anchored elsewhere. `audit head` prints the last line's hash;
+/// `verify --head` accepts the log while that line is in it (also after it grew) and fails
+/// (exit 1) once the log was cut before it.
+#[test]
+fn a_head_kept_elsewhere_catches_a_cut_log() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hello").unwrap();
+    let log = dir.join("audit.jsonl");
+    let mut b = serve_audited(&root, &log);
+    b.ok("files/read", json!({"path": "root/f.txt"}));
+    b.finish();
+    let out = Command::new(bin())
+        .args(["audit", "head", s(&log)])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let head = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let text = std::fs::read_to_string(&log).unwrap();
     let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-    assert_eq!(last["path"], "root/a\u{2028}b\u{2029}c.txt");
+    assert_eq!(head, last["hash"].as_str().unwrap());
+    let verify_head = |log: &Path| {
+        let out = Command::new(bin())
+            .args(["audit", "verify", s(log), "--head", &head])
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(verify_head(&log).0, 0, "{}", verify_head(&log).1);
+    // The log grows: the anchor is still in it.
+    let mut b = serve_audited(&root, &log);
+    b.ok("files/read", json!({"path": "root/f.txt"}));
+    b.finish();
+    assert_eq!(verify_head(&log).0, 0, "{}", verify_head(&log).1);
+    // Cut back to before the anchored line (and sealed-looking at a cut point or not): 1.
+    let lines: Vec<&str> = text.lines().collect();
+    std::fs::write(&log, lines[..lines.len() - 1].join("\n") + "\n").unwrap();
+    let (code, err) = verify_head(&log);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not in it"), "{err}");
 }
