@@ -133,6 +133,16 @@ impl AuditLog {
     /// A log whose last line is incomplete (a crash mid-write, or a file that is not an audit
     /// log) is refused: appending to it would hide the damage inside a valid-looking chain.
     pub fn open(config: &AuditConfig) -> Result<AuditLog, AuditError> {
+        AuditLog::open_run(config, None)
+    }
+
+    /// [`AuditLog::open`] for a broker whose session ids start at `first_session`: the start
+    /// line says so (`firstSession`), which ties the sessions in the log to the process and
+    /// version that served them.
+    pub fn open_run(
+        config: &AuditConfig,
+        first_session: Option<u64>,
+    ) -> Result<AuditLog, AuditError> {
         let path = config.path.clone();
         let io = |source| AuditError::Io {
             path: path.clone(),
@@ -172,6 +182,9 @@ impl AuditLog {
         start.insert("event", Value::from("start"));
         start.insert("pid", Value::from(std::process::id()));
         start.insert("version", Value::from(env!("CARGO_PKG_VERSION")));
+        if let Some(first) = first_session {
+            start.insert("firstSession", Value::from(first));
+        }
         let _ = log.append(start);
         Ok(log)
     }

@@ -51,7 +51,11 @@ impl Broker {
         policy: Policy,
         mut overrides: Overrides,
     ) -> Result<Arc<Broker>, AuditError> {
-        let audit = policy.audit().map(AuditLog::open).transpose()?;
+        let first_session = first_session_id();
+        let audit = policy
+            .audit()
+            .map(|c| AuditLog::open_run(c, Some(first_session)))
+            .transpose()?;
         if let Some(config) = policy.audit() {
             // Now that the log exists, know it by identity too; and keep it protected across
             // reloads that name another log (this one stays in use until restart).
@@ -67,7 +71,7 @@ impl Broker {
             audit,
             sessions: Mutex::new(Vec::new()),
             watches: WatchHub::start(me.clone()),
-            next_session: AtomicU64::new(1),
+            next_session: AtomicU64::new(first_session),
             pool: FairPool::new(crate::fair::blocking_slots()),
             prompts: Arc::new(tokio::sync::Semaphore::new(crate::methods::PROMPTS)),
             pending_input: crate::transport::InputBudget::new(policy_limits.max_pending_input),
@@ -249,6 +253,16 @@ impl Broker {
             );
         }
     }
+}
+
+/// Where this broker's session ids start: a random number below 2^52, so that ids are unique
+/// across brokers and restarts (two runs sharing one audit log never both log a session 1),
+/// unguessable, and still exact as JSON numbers (below 2^53) for as many sessions as a broker
+/// will ever serve. Within a broker they count up from here, so they never collide.
+fn first_session_id() -> u64 {
+    let hex = crate::locks::random_hex(8);
+    let random = u64::from_str_radix(&hex, 16).unwrap_or(1);
+    (random >> 12).max(1)
 }
 
 /// Abandons uploads left idle for `lock_timeout_ms`, as kept locks expire: an upload holds a

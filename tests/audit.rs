@@ -29,7 +29,15 @@ const GENESIS: &str = "000000000000000000000000000000000000000000000000000000000
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The keys a start line carries, exactly.
-const START_KEYS: [&str; 6] = ["event", "pid", "version", "ts", "prev", "hash"];
+const START_KEYS: [&str; 7] = [
+    "event",
+    "pid",
+    "version",
+    "firstSession",
+    "ts",
+    "prev",
+    "hash",
+];
 
 /// The keys every request line carries.
 const ALWAYS: [&str; 8] = [

@@ -239,3 +239,66 @@ fn a_head_kept_elsewhere_catches_a_cut_log() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("not in it"), "{err}");
 }
+
+/// Rule: session ids are unique across brokers and restarts. Two runs, then two brokers at
+/// once, on one log: no two runs log the same session id, and each run's start line names
+/// where its session ids begin (`firstSession`), tying them to its pid and version.
+#[test]
+fn session_ids_are_unique_across_runs_and_brokers() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hello").unwrap();
+    let log = dir.join("audit.jsonl");
+    let one_run = |root: &Path, log: &Path| {
+        let mut b = serve_audited(root, log);
+        b.ok("files/read", json!({"path": "root/f.txt"}));
+        b.finish();
+    };
+    one_run(&root, &log);
+    one_run(&root, &log);
+    let both: Vec<_> = (0..2)
+        .map(|_| {
+            let (root, log) = (root.clone(), log.clone());
+            std::thread::spawn(move || {
+                let mut b = serve_audited(&root, &log);
+                b.ok("files/read", json!({"path": "root/f.txt"}));
+                b.finish();
+            })
+        })
+        .collect();
+    for t in both {
+        t.join().unwrap();
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut firsts: Vec<(u64, u64)> = records
+        .iter()
+        .filter(|r| r["event"] == "start")
+        .map(|r| {
+            (
+                r["pid"].as_u64().unwrap(),
+                r["firstSession"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(firsts.len(), 4, "{text}");
+    let mut sessions: Vec<u64> = records
+        .iter()
+        .filter(|r| r["method"] == "files/read")
+        .map(|r| r["session"].as_u64().expect("a session id below 2^53"))
+        .collect();
+    assert_eq!(sessions.len(), 4);
+    sessions.sort_unstable();
+    sessions.dedup();
+    assert_eq!(sessions.len(), 4, "session ids repeat across runs: {text}");
+    // Each session id is its run's first (one session per run here).
+    firsts.sort_unstable_by_key(|&(_, f)| f);
+    let mut first_ids: Vec<u64> = firsts.iter().map(|&(_, f)| f).collect();
+    first_ids.sort_unstable();
+    assert_eq!(first_ids, sessions);
+    assert_eq!(verify(&log).0, 0, "{}", verify(&log).1);
+}
