@@ -1,9 +1,9 @@
 //! Tests against real MCP peers (issue 7, PROTOCOL.md §1.2): `fsbroker proxy` between hosts
 //! and servers made with the official TypeScript SDK, and the reference filesystem server.
 //!
-//! The peers are npm packages pinned in `tests/peers/package.json` and its lockfile; CI
-//! installs them (`npm ci --prefix tests/peers`, in `.ci/run`) before `cargo test`. Without
-//! them these tests fail, saying so: they are never skipped silently.
+//! The peers are npm packages pinned in `tests/peers/package.json` and its lockfile. When
+//! they are missing the tests install them themselves, once (`npm ci --prefix tests/peers`,
+//! under a lock); without Node.js and npm they fail, saying so: they are never skipped.
 //!
 //! - `host_fs.mjs`: an SDK `Client` declaring no roots runs
 //!   `@modelcontextprotocol/server-filesystem` without directory arguments under the proxy.
@@ -38,22 +38,58 @@ fn node() -> String {
     std::env::var("NODE").unwrap_or_else(|_| "node".to_owned())
 }
 
-/// Fails (never skips) when the npm peers are not installed.
-fn require_peers() {
+const PACKAGES: [&str; 3] = [
+    "@modelcontextprotocol/sdk",
+    "@modelcontextprotocol/server-filesystem",
+    "zod",
+];
+
+fn installed() -> bool {
     let modules = peers_dir().join("node_modules");
-    for package in [
-        "@modelcontextprotocol/sdk",
-        "@modelcontextprotocol/server-filesystem",
-        "zod",
-    ] {
-        assert!(
-            modules.join(package).join("package.json").is_file(),
-            "{} is missing from {}: run `npm ci --prefix tests/peers` first \
-             (CI does it in .ci/run)",
-            package,
-            modules.display()
-        );
+    PACKAGES
+        .iter()
+        .all(|p| modules.join(p).join("package.json").is_file())
+}
+
+/// Makes sure the npm peers are installed: when they are not, installs them once, exactly as
+/// pinned (`npm ci --prefix tests/peers`), under a file lock so that tests starting at the
+/// same moment (in this binary or another) install them once and wait for each other. Fails
+/// (never skips) when they cannot be installed, naming the tool that is missing.
+fn require_peers() {
+    if installed() {
+        return;
     }
+    let lock_path = peers_dir().join(".install.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", lock_path.display()));
+    // flock locks belong to the open file, so two tests of one binary exclude each other too.
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+        .unwrap_or_else(|e| panic!("cannot lock {}: {e}", lock_path.display()));
+    if installed() {
+        return;
+    }
+    let npm = std::env::var("NPM").unwrap_or_else(|_| "npm".to_owned());
+    let status = Command::new(&npm)
+        .args(["ci", "--prefix"])
+        .arg(peers_dir())
+        .args(["--no-audit", "--no-fund"])
+        .stdin(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| {
+            panic!(
+                "the MCP peers are not installed and `{npm} ci --prefix tests/peers` cannot \
+                 run: {e} (install Node.js 20 or newer with npm, or set NPM to its path)"
+            )
+        });
+    assert!(
+        status.success(),
+        "`{npm} ci --prefix tests/peers` failed ({status}): the MCP peers could not be installed"
+    );
+    assert!(installed(), "npm ci ran but the MCP peers are still missing");
 }
 
 /// Runs `node tests/peers/SCRIPT` against this build's `fsbroker`, in a fresh scratch
