@@ -16,8 +16,14 @@ fn s(p: &Path) -> &str {
 
 /// `fsbroker audit verify LOG`: (exit code, stdout + stderr).
 fn verify(log: &Path) -> (i32, String) {
+    verify_with(log, &[])
+}
+
+/// `fsbroker audit verify LOG EXTRA...`: (exit code, stdout + stderr).
+fn verify_with(log: &Path, extra: &[&str]) -> (i32, String) {
     let out = Command::new(bin())
         .args(["audit", "verify", s(log)])
+        .args(extra)
         .output()
         .expect("run fsbroker audit verify");
     let text = format!(
@@ -26,6 +32,15 @@ fn verify(log: &Path) -> (i32, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.code().unwrap_or(-1), text)
+}
+
+/// A temp dir with a root `root` holding `f.txt`, and where the log goes.
+fn setup() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let (t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hello").unwrap();
+    (t, root, dir.join("audit.jsonl"))
 }
 
 fn serve_audited(root: &Path, log: &Path) -> Broker {
@@ -44,11 +59,7 @@ fn serve_audited(root: &Path, log: &Path) -> Broker {
 /// brokers broke it within three lines: each chained to its own idea of the last line.)
 #[test]
 fn three_brokers_appending_to_one_log_form_one_chain() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hello").unwrap();
-    let log = dir.join("audit.jsonl");
+    let (_t, root, log) = setup();
     let workers: Vec<_> = (0..3)
         .map(|_| {
             let (root, log) = (root.clone(), log.clone());
@@ -79,11 +90,7 @@ fn three_brokers_appending_to_one_log_form_one_chain() {
 /// bytes are not the broker's form (a space added, a key given twice) fails `verify`.
 #[test]
 fn a_reformatted_line_fails_verify() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hello").unwrap();
-    let log = dir.join("audit.jsonl");
+    let (_t, root, log) = setup();
     let mut b = serve_audited(&root, &log);
     for _ in 0..3 {
         b.ok("files/read", json!({"path": "root/f.txt"}));
@@ -159,11 +166,7 @@ fn line_separators_in_paths_are_escaped() {
 /// (exit 3, distinct from a broken chain's 1); a broker killed mid-run leaves its run unsealed.
 #[test]
 fn a_removed_tail_or_a_crash_is_reported_unsealed() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hello").unwrap();
-    let log = dir.join("audit.jsonl");
+    let (_t, root, log) = setup();
     let mut b = serve_audited(&root, &log);
     for _ in 0..3 {
         b.ok("files/read", json!({"path": "root/f.txt"}));
@@ -199,11 +202,7 @@ fn a_removed_tail_or_a_crash_is_reported_unsealed() {
 /// (exit 1) once the log was cut before it.
 #[test]
 fn a_head_kept_elsewhere_catches_a_cut_log() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hello").unwrap();
-    let log = dir.join("audit.jsonl");
+    let (_t, root, log) = setup();
     let mut b = serve_audited(&root, &log);
     b.ok("files/read", json!({"path": "root/f.txt"}));
     b.finish();
@@ -216,16 +215,7 @@ fn a_head_kept_elsewhere_catches_a_cut_log() {
     let text = std::fs::read_to_string(&log).unwrap();
     let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert_eq!(head, last["hash"].as_str().unwrap());
-    let verify_head = |log: &Path| {
-        let out = Command::new(bin())
-            .args(["audit", "verify", s(log), "--head", &head])
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let verify_head = |log: &Path| verify_with(log, &["--head", &head]);
     assert_eq!(verify_head(&log).0, 0, "{}", verify_head(&log).1);
     // The log grows: the anchor is still in it.
     let mut b = serve_audited(&root, &log);
@@ -245,11 +235,7 @@ fn a_head_kept_elsewhere_catches_a_cut_log() {
 /// where its session ids begin (`firstSession`), tying them to its pid and version.
 #[test]
 fn session_ids_are_unique_across_runs_and_brokers() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hello").unwrap();
-    let log = dir.join("audit.jsonl");
+    let (_t, root, log) = setup();
     let one_run = |root: &Path, log: &Path| {
         let mut b = serve_audited(root, log);
         b.ok("files/read", json!({"path": "root/f.txt"}));

@@ -89,7 +89,10 @@ fn require_peers() {
         status.success(),
         "`{npm} ci --prefix tests/peers` failed ({status}): the MCP peers could not be installed"
     );
-    assert!(installed(), "npm ci ran but the MCP peers are still missing");
+    assert!(
+        installed(),
+        "npm ci ran but the MCP peers are still missing"
+    );
 }
 
 /// Runs `node tests/peers/SCRIPT` against this build's `fsbroker`, in a fresh scratch
