@@ -143,9 +143,14 @@ enum AuditCommand {
     /// first line that was edited, reformatted, removed, reordered or inserted (or when the
     /// --head given is not in the log); exit 3 when the chain is intact but a run has no seal:
     /// a broker still running, a crash, or lines removed from the end.
+    ///
+    /// A log rolled over by `[audit] max_bytes` is checked across its files: give them oldest
+    /// first and the current one last, e.g. `fsbroker audit verify audit.jsonl.2* audit.jsonl`.
+    /// A file left out or out of order breaks the chain at the next file's first line.
     Verify {
-        /// The audit log (JSON lines).
-        file: PathBuf,
+        /// The audit log (JSON lines): one file, or its files oldest first.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
         /// A head printed earlier by `audit head` and kept elsewhere: it must still be the
         /// hash of one of the log's lines (the log may have grown since).
         #[arg(long, value_name = "HASH")]
@@ -154,8 +159,9 @@ enum AuditCommand {
     /// Print the log's head: the hash of its last line, after checking the chain. Keep it
     /// somewhere the log's writers cannot reach, and check it later with `verify --head`.
     Head {
-        /// The audit log (JSON lines).
-        file: PathBuf,
+        /// The audit log (JSON lines): one file, or its files oldest first.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
     },
 }
 
@@ -240,8 +246,10 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Proxy(args) => proxy(args),
         Command::Policy(PolicyCommand::Check { file }) => policy_check(file),
-        Command::Audit(AuditCommand::Verify { file, head }) => audit_verify(&file, head.as_deref()),
-        Command::Audit(AuditCommand::Head { file }) => audit_head(&file),
+        Command::Audit(AuditCommand::Verify { files, head }) => {
+            audit_verify(&files, head.as_deref())
+        }
+        Command::Audit(AuditCommand::Head { files }) => audit_head(&files),
         Command::Bench(args) => crate::bench::main(args.options()),
         Command::Policy(PolicyCommand::Schema) => {
             print(&format!("{:#}\n", PolicyFile::json_schema()))
@@ -441,39 +449,57 @@ fn proxy(args: ProxyArgs) -> ExitCode {
     }
 }
 
-fn audit_verify(file: &std::path::Path, anchor: Option<&str>) -> ExitCode {
-    let s = match crate::audit::verify_anchored(file, anchor) {
+fn audit_verify(files: &[PathBuf], anchor: Option<&str>) -> ExitCode {
+    let s = match crate::audit::verify_files(files, anchor) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fsbroker: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let name = files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
     if let Some(anchor) = anchor.filter(|_| !s.anchor_found) {
         eprintln!(
-            "fsbroker: audit log {}: the head {anchor} is not in it: the log was cut or \
-             rewritten before that line",
-            file.display()
+            "fsbroker: audit log {name}: the head {anchor} is not in it: the log was cut or \
+             rewritten before that line"
         );
         return ExitCode::FAILURE;
+    }
+    // What the files given leave unchecked: the file before them, and the one after.
+    let mut scope = String::new();
+    if let Some(from) = &s.continues_from {
+        scope += &format!(
+            "; it continues {from}, which was not checked (give the files together, oldest \
+             first, to check the link)"
+        );
+    }
+    if s.continued {
+        scope += "; the log goes on in a later file, which was not checked";
     }
     if !s.unsealed.is_empty() {
         let pids: Vec<String> = s.unsealed.iter().map(u64::to_string).collect();
         eprintln!(
-            "fsbroker: audit log {}: unsealed: crash or truncation — the run(s) of pid {} have \
-             no seal (a broker still running, one that crashed, or lines removed from the end); \
-             the chain itself is intact, {} line(s), head {}",
-            file.display(),
+            "fsbroker: audit log {name}: unsealed: crash or truncation — the run(s) of pid {} \
+             have no seal (a broker still running, one that crashed, or lines removed from the \
+             end); the chain itself is intact, {} line(s), head {}{scope}",
             pids.join(", "),
             s.lines,
             s.head
         );
         return ExitCode::from(3);
     }
+    let sealed = if s.continued {
+        "every run that ended in them is sealed"
+    } else {
+        "every run is sealed"
+    };
     print(&format!(
-        "{}: ok, {} line(s), first {}, last {}, head {}; the hash chain is intact and every run \
-         is sealed\n",
-        file.display(),
+        "{name}: ok, {} line(s), first {}, last {}, head {}; the hash chain is intact and \
+         {sealed}{scope}\n",
         s.lines,
         s.first.as_deref().unwrap_or("-"),
         s.last.as_deref().unwrap_or("-"),
@@ -481,8 +507,8 @@ fn audit_verify(file: &std::path::Path, anchor: Option<&str>) -> ExitCode {
     ))
 }
 
-fn audit_head(file: &std::path::Path) -> ExitCode {
-    match crate::audit::verify(file) {
+fn audit_head(files: &[PathBuf]) -> ExitCode {
+    match crate::audit::verify_files(files, None) {
         Ok(s) => print(&format!("{}\n", s.head)),
         Err(e) => {
             eprintln!("fsbroker: {e}");

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{LimitsFile, PolicyError, PolicyFile};
+use super::{AuditFile, CopyTarget, LimitsFile, PolicyError, PolicyFile};
 use crate::sandbox::protected::{self, Protected, ProtectedSpec};
 use crate::sandbox::{ConsentMode, Mode, Root, RootSpec};
 
@@ -26,7 +26,64 @@ pub struct AuditConfig {
     pub path: PathBuf,
     /// Whether paths are logged as their sha256.
     pub redact_paths: bool,
+    /// Roll to a new file once the log would grow past this many bytes.
+    pub max_bytes: Option<u64>,
+    /// Copies of every line sent, as it is written, to the machine's log collectors.
+    pub copies: Vec<CopyConfig>,
+    /// Whether a copy that cannot be delivered makes the log unavailable.
+    pub require_copies: bool,
 }
+
+impl AuditConfig {
+    /// A log at `path` with nothing else set.
+    pub fn at(path: PathBuf) -> AuditConfig {
+        AuditConfig {
+            path,
+            redact_paths: false,
+            max_bytes: None,
+            copies: Vec::new(),
+            require_copies: false,
+        }
+    }
+}
+
+/// One copy of the audit log, off the file: where it goes and how it is framed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyConfig {
+    /// RFC 5424 syslog messages, one per datagram.
+    Syslog {
+        /// The Unix datagram socket (`/dev/log`).
+        socket: PathBuf,
+        /// The facility's number (RFC 5424 §6.2.1).
+        facility: u8,
+    },
+    /// The systemd journal's native protocol.
+    Journald {
+        /// The Unix datagram socket (`/run/systemd/journal/socket`).
+        socket: PathBuf,
+    },
+}
+
+/// The smallest `max_bytes`: a few lines per file at least.
+pub const MIN_AUDIT_BYTES: u64 = 4096;
+
+/// Syslog facilities by name (RFC 5424 §6.2.1).
+const FACILITIES: &[(&str, u8)] = &[
+    ("kern", 0),
+    ("user", 1),
+    ("daemon", 3),
+    ("auth", 4),
+    ("syslog", 5),
+    ("authpriv", 10),
+    ("local0", 16),
+    ("local1", 17),
+    ("local2", 18),
+    ("local3", 19),
+    ("local4", 20),
+    ("local5", 21),
+    ("local6", 22),
+    ("local7", 23),
+];
 
 /// Roots and switches from the command line, merged into a policy (§1.1).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -270,16 +327,9 @@ impl Policy {
             terminal: file.consent.terminal,
             timeout: Duration::from_millis(file.consent.timeout_ms),
         };
-        let redact_paths = file.audit.as_ref().is_some_and(|a| a.redact_paths);
         let audit = match (&overrides.audit, &file.audit) {
-            (Some(path), _) => Some(AuditConfig {
-                path: expand(path, None),
-                redact_paths,
-            }),
-            (None, Some(a)) => Some(AuditConfig {
-                path: expand(&a.path, base),
-                redact_paths,
-            }),
+            (Some(path), a) => Some(audit_config(expand(path, None), a.as_ref(), base)?),
+            (None, Some(a)) => Some(audit_config(expand(&a.path, base), Some(a), base)?),
             (None, None) => None,
         };
         let limits = Limits::from_file(&file.limits)?;
@@ -451,6 +501,72 @@ fn refuse_writable_command(roots: &[Root], command: &[PathBuf]) -> Result<(), Po
         }
     }
     Ok(())
+}
+
+/// The `[audit]` table (when there is one) for a log at `path`.
+fn audit_config(
+    path: PathBuf,
+    table: Option<&AuditFile>,
+    base: Option<&Path>,
+) -> Result<AuditConfig, PolicyError> {
+    let Some(a) = table else {
+        return Ok(AuditConfig::at(path));
+    };
+    let bad = |reason: String| PolicyError::Table {
+        table: "audit",
+        reason,
+    };
+    if let Some(max) = a.max_bytes.filter(|&m| m < MIN_AUDIT_BYTES) {
+        return Err(bad(format!(
+            "max_bytes = {max} is too small: at least {MIN_AUDIT_BYTES}"
+        )));
+    }
+    let facility = match a.syslog_facility.as_deref() {
+        None => 10,
+        Some(name) => FACILITIES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, f)| f)
+            .ok_or_else(|| {
+                let names: Vec<&str> = FACILITIES.iter().map(|(n, _)| *n).collect();
+                bad(format!(
+                    "syslog_facility {name:?} is not a facility: one of {}",
+                    names.join(", ")
+                ))
+            })?,
+    };
+    if a.syslog_facility.is_some()
+        && !matches!(
+            a.syslog,
+            Some(CopyTarget::Enabled(true) | CopyTarget::Socket(_))
+        )
+    {
+        return Err(bad("syslog_facility is set but syslog is not".into()));
+    }
+    let socket = |target: &Option<CopyTarget>, usual: &str| match target {
+        Some(CopyTarget::Enabled(true)) => Some(PathBuf::from(usual)),
+        Some(CopyTarget::Socket(p)) => Some(expand(p, base)),
+        Some(CopyTarget::Enabled(false)) | None => None,
+    };
+    let mut copies = Vec::new();
+    if let Some(socket) = socket(&a.syslog, "/dev/log") {
+        copies.push(CopyConfig::Syslog { socket, facility });
+    }
+    if let Some(socket) = socket(&a.journald, "/run/systemd/journal/socket") {
+        copies.push(CopyConfig::Journald { socket });
+    }
+    if a.require_copies && copies.is_empty() {
+        return Err(bad(
+            "require_copies is set but there is no copy (set syslog or journald)".into(),
+        ));
+    }
+    Ok(AuditConfig {
+        path,
+        redact_paths: a.redact_paths,
+        max_bytes: a.max_bytes,
+        copies,
+        require_copies: a.require_copies,
+    })
 }
 
 /// `~/x` → `$HOME/x`; a relative path → under `base` (the policy's directory) when given,

@@ -60,6 +60,40 @@ pub struct AuditFile {
     /// Log the sha256 of paths instead of the paths.
     #[serde(default)]
     pub redact_paths: bool,
+    /// Roll to a new file once the log would grow past this many bytes (at least 4096). The
+    /// full file is kept beside it as `PATH.<UTC time>`, and the new file's first line
+    /// continues the chain. Unset: one file that grows for ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// Also send every line, as it is written, to the machine's syslog as RFC 5424: `true`
+    /// for `/dev/log`, or the path of another Unix datagram socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syslog: Option<CopyTarget>,
+    /// The syslog facility of those copies (`authpriv` unless set; `auth`, `daemon`, `user`,
+    /// `local0` … `local7` also).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syslog_facility: Option<String>,
+    /// Also send every line to the systemd journal over its native protocol, the line's
+    /// members as `FSBROKER_*` fields: `true` for `/run/systemd/journal/socket`, or the path
+    /// of another Unix datagram socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journald: Option<CopyTarget>,
+    /// Refuse every audited request once a copy could not be delivered, as when the file
+    /// cannot be written. Default: carry on, and record the gap in the log
+    /// (`copy-lost`, then `copy-resumed` with the number of lines the copy missed).
+    #[serde(default)]
+    pub require_copies: bool,
+}
+
+/// Where a copy of the audit log goes: `true` for the system's usual socket, `false` for
+/// nowhere, or a socket path.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CopyTarget {
+    /// `true`: the usual socket; `false`: no copy.
+    Enabled(bool),
+    /// A Unix datagram socket's path.
+    Socket(PathBuf),
 }
 
 /// One `[[root]]` table.

@@ -10,8 +10,10 @@ mod file;
 
 use std::path::PathBuf;
 
-pub use compiled::{AuditConfig, ConsentConfig, Limits, Overrides, Policy};
-pub use file::{AuditFile, ConsentFile, LimitsFile, PolicyFile, RootEntry};
+pub use compiled::{
+    AuditConfig, ConsentConfig, CopyConfig, Limits, MIN_AUDIT_BYTES, Overrides, Policy,
+};
+pub use file::{AuditFile, ConsentFile, CopyTarget, LimitsFile, PolicyFile, RootEntry};
 
 /// Why a policy could not be loaded.
 #[derive(Debug, thiserror::Error)]

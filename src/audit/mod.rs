@@ -1,4 +1,4 @@
-//! The hash-chained audit log (§6).
+//! The hash-chained audit log (§6 of the contract; docs/protocol.md, "Audit log").
 //!
 //! One JSON line per `roots/list` and `files/*` request, allowed or refused. Each line carries
 //! `prev` (the previous line's `hash`, or 64 zeros) and `hash`: the hex sha256 of the line's
@@ -6,13 +6,20 @@
 //! or inserting a line breaks the chain at that line, which [`verify`] names. File contents are
 //! never logged; with `redact_paths`, neither are paths (their sha256 is).
 //!
+//! Several brokers may append to one file (each append holds the file's `flock`); a log with
+//! `max_bytes` rolls over to a new file that continues the chain ([`rotate`]); every line can
+//! also be sent, as it is written, to the machine's log collector ([`copy`]).
+//!
 //! The log fails closed: once a line cannot be written, the broker refuses every audited
 //! request (`IO_ERROR`, "audit log unavailable") rather than act unrecorded.
 
-use std::collections::BTreeMap;
+pub mod copy;
+mod rotate;
+mod verify;
+
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +29,11 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::policy::AuditConfig;
+use copy::{Copies, Notice};
+pub use verify::{Summary, verify, verify_anchored, verify_files};
+
+/// A line's members, before it is chained.
+type Fields = BTreeMap<&'static str, Value>;
 
 /// The `prev` of the first line.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -43,6 +55,18 @@ pub enum AuditError {
     Unavailable {
         /// The log file.
         path: PathBuf,
+    },
+    /// A copy of the log could not be delivered, and the policy requires copies.
+    #[error("audit log {path}: its copy to {to} ({socket}) was lost: {error}")]
+    CopyLost {
+        /// The log file.
+        path: PathBuf,
+        /// `syslog` or `journald`.
+        to: &'static str,
+        /// The collector's socket.
+        socket: PathBuf,
+        /// Why it could not be sent.
+        error: String,
     },
     /// The chain is broken (or the file is not an audit log).
     #[error("audit log {path}: line {line}: {reason}")]
@@ -85,6 +109,8 @@ struct Chain {
     /// The file's length after this process's last append: if it has grown since, another
     /// process appended, and `prev` is read again from the file.
     len: u64,
+    /// Where each line is sent besides the file.
+    copies: Copies,
 }
 
 /// Holds the file's advisory lock (`flock`, exclusive) until dropped: every broker appending
@@ -113,6 +139,8 @@ impl Drop for FileLock<'_> {
 pub struct AuditLog {
     path: PathBuf,
     redact: bool,
+    max_bytes: Option<u64>,
+    require_copies: bool,
     chain: Mutex<Chain>,
     healthy: AtomicBool,
 }
@@ -148,20 +176,18 @@ impl AuditLog {
             path: path.clone(),
             source,
         };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io)?;
+        let file = rotate::open(&path).map_err(io)?;
+        let copies = Copies::new(&config.copies).map_err(io)?;
         // The chain's head is read under the lock each append takes anyway ([`AuditLog::append`]).
         let log = AuditLog {
             redact: config.redact_paths,
+            max_bytes: config.max_bytes,
+            require_copies: config.require_copies,
             chain: Mutex::new(Chain {
                 file,
                 prev: GENESIS.to_owned(),
                 len: u64::MAX,
+                copies,
             }),
             healthy: AtomicBool::new(true),
             path: path.clone(),
@@ -177,10 +203,7 @@ impl AuditLog {
             chain.prev = last_hash(&chain.file, &log.path)?;
             chain.len = chain.file.metadata().map_err(io)?.len();
         }
-        let mut start: BTreeMap<&str, Value> = BTreeMap::new();
-        start.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
-        start.insert("event", Value::from("start"));
-        start.insert("pid", Value::from(std::process::id()));
+        let mut start = event("start");
         start.insert("version", Value::from(env!("CARGO_PKG_VERSION")));
         if let Some(first) = first_session {
             start.insert("firstSession", Value::from(first));
@@ -206,7 +229,7 @@ impl AuditLog {
                 path: self.path.clone(),
             });
         }
-        let mut fields: BTreeMap<&str, Value> = BTreeMap::new();
+        let mut fields: Fields = BTreeMap::new();
         fields.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
         fields.insert("session", Value::from(r.session));
         fields.insert("method", Value::from(r.method));
@@ -251,8 +274,9 @@ impl AuditLog {
         self.append(fields)
     }
 
-    /// Chains and appends one line. On failure the log turns unhealthy for good.
-    fn append(&self, mut fields: BTreeMap<&str, Value>) -> Result<(), AuditError> {
+    /// Chains and appends one line, and sends it to the copies. On failure the log turns
+    /// unhealthy for good.
+    fn append(&self, fields: Fields) -> Result<(), AuditError> {
         if !self.is_healthy() {
             return Err(AuditError::Unavailable {
                 path: self.path.clone(),
@@ -260,49 +284,143 @@ impl AuditLog {
         }
         let mut guard = self.chain.lock().unwrap_or_else(|e| e.into_inner());
         let chain = &mut *guard;
-        // Other brokers may append to the same file: under the file's lock, a file that grew
-        // since this process last wrote has a new head, read from its last line.
-        let written = FileLock::take(&chain.file).and_then(|lock| {
+        let mut result = Ok(());
+        // A lost or resumed copy is itself recorded; the bound only guards against a copy
+        // that flaps on every line.
+        let mut notices_left = 8;
+        let mut queue = VecDeque::from([fields]);
+        while let Some(fields) = queue.pop_front() {
+            let written = match self.write(chain, fields) {
+                Ok(written) => written,
+                Err(source) => {
+                    self.healthy.store(false, Ordering::Release);
+                    tracing::error!(path = %self.path.display(), error = %source, "audit log unavailable: refusing every audited request from now on");
+                    return Err(AuditError::Io {
+                        path: self.path.clone(),
+                        source,
+                    });
+                }
+            };
+            if chain.copies.is_empty() {
+                continue;
+            }
+            for (line, fields) in &written {
+                for notice in chain.copies.send(line, fields) {
+                    if let (true, Notice::Lost { to, socket, error }) =
+                        (self.require_copies, &notice)
+                    {
+                        self.healthy.store(false, Ordering::Release);
+                        tracing::error!(path = %self.path.display(), to, "an audit copy was lost and require_copies is set: refusing every audited request from now on");
+                        result = Err(AuditError::CopyLost {
+                            path: self.path.clone(),
+                            to,
+                            socket: socket.clone(),
+                            error: error.clone(),
+                        });
+                    }
+                    if notices_left > 0 {
+                        notices_left -= 1;
+                        let mut f = notice.fields();
+                        f.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
+                        f.insert("pid", Value::from(std::process::id()));
+                        queue.push_back(f);
+                    }
+                }
+            }
+        }
+        result
+    }
+
+    /// Writes one line under the file's lock, with what it takes first: following the log to
+    /// its new file when another broker rolled it over, reading the head again when another
+    /// broker appended, and rolling over when the line would pass `max_bytes`. Returns every
+    /// line written (without its newline) with its members, `prev` and `hash` included.
+    fn write(&self, chain: &mut Chain, fields: Fields) -> std::io::Result<Vec<(Vec<u8>, Fields)>> {
+        let mut written = Vec::new();
+        let mut rolled = false;
+        loop {
+            let lock = FileLock::take(&chain.file)?;
+            if rotate::moved_away(&chain.file, &self.path)? {
+                // Another broker rolled the log over (or it was removed): its lines go on in
+                // the file now at the path. The head is read there.
+                drop(lock);
+                chain.file = rotate::open(&self.path)?;
+                chain.len = u64::MAX;
+                continue;
+            }
             let len = chain.file.metadata()?.len();
             if len != chain.len {
                 chain.prev = last_hash(&chain.file, &self.path)
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
+                chain.len = len;
             }
-            fields.insert("prev", Value::from(chain.prev.clone()));
-            let hash = sha256_hex(&canonical(&fields));
-            fields.insert("hash", Value::from(hash.clone()));
-            let mut line = canonical(&fields);
-            line.push(b'\n');
+            let (line, fields) = chain_line(&chain.prev, fields.clone());
+            let full = self
+                .max_bytes
+                .is_some_and(|max| len > 0 && len + line.len() as u64 + 1 > max);
+            // One roll-over per line: a line longer than max_bytes still goes in the new file.
+            if full && !rolled {
+                rolled = true;
+                let (file, lines) = self.roll(&chain.file, &chain.prev)?;
+                drop(lock);
+                let (last, _) = lines.last().expect("roll writes two lines");
+                chain.len = last.len() as u64 + 1;
+                chain.prev = lines[1].1["hash"].as_str().unwrap_or_default().to_owned();
+                chain.file = file;
+                written.extend(lines);
+                continue;
+            }
+            let mut bytes = line.clone();
+            bytes.push(b'\n');
             // One write per line: a line is either in the file whole or (on a failed write)
             // the log is marked broken and nothing more is appended after the torn piece.
-            (&chain.file).write_all(&line)?;
-            chain.prev = hash;
-            chain.len = len + line.len() as u64;
+            (&chain.file).write_all(&bytes)?;
+            chain.prev = fields
+                .get("hash")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            chain.len = len + bytes.len() as u64;
             drop(lock);
-            Ok(())
-        });
-        match written {
-            Ok(()) => Ok(()),
-            Err(source) => {
-                self.healthy.store(false, Ordering::Release);
-                tracing::error!(path = %self.path.display(), error = %source, "audit log unavailable: refusing every audited request from now on");
-                Err(AuditError::Io {
-                    path: self.path.clone(),
-                    source,
-                })
-            }
+            written.push((line, fields));
+            return Ok(written);
         }
+    }
+
+    /// Rolls the log over, holding the full file's lock: the full file is kept under a new
+    /// name and ends with a `rotate` line naming it; a new file at the path begins with a
+    /// `continue` line whose `prev` is that line's hash. The path is never missing (the new
+    /// file replaces it in one rename), so a broker starting meanwhile opens one or the other,
+    /// and a broker still holding the full file finds out at its next append
+    /// ([`rotate::moved_away`]).
+    fn roll(&self, full: &File, prev: &str) -> std::io::Result<(File, Vec<(Vec<u8>, Fields)>)> {
+        let kept = rotate::keep(&self.path)?;
+        let kept_name = kept
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut end = event("rotate");
+        end.insert("file", Value::from(kept_name.clone()));
+        let (end_line, end_fields) = chain_line(prev, end);
+        let mut bytes = end_line.clone();
+        bytes.push(b'\n');
+        (&*full).write_all(&bytes)?;
+        full.sync_data()?;
+        let end_hash = end_fields["hash"].as_str().unwrap_or_default().to_owned();
+        let mut next = event("continue");
+        next.insert("from", Value::from(kept_name));
+        let (next_line, next_fields) = chain_line(&end_hash, next);
+        let file = rotate::replace(&self.path, &next_line)?;
+        rotate::finish(full, &kept);
+        tracing::info!(path = %self.path.display(), kept = %kept.display(), "audit log rolled over");
+        Ok((file, vec![(end_line, end_fields), (next_line, next_fields)]))
     }
 
     /// Seals this run's part of the log (at a clean exit): a last line,
     /// `{"event":"seal","pid":…}`, chained like the rest, then flushed to disk. `verify`
     /// reports a run without its seal — a crash, or lines removed from the end.
     pub fn seal(&self) {
-        let mut seal: BTreeMap<&str, Value> = BTreeMap::new();
-        seal.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
-        seal.insert("event", Value::from("seal"));
-        seal.insert("pid", Value::from(std::process::id()));
-        if let Err(e) = self.append(seal) {
+        if let Err(e) = self.append(event("seal")) {
             tracing::error!(error = %e, "cannot seal the audit log");
         }
         self.sync();
@@ -315,6 +433,24 @@ impl AuditLog {
             tracing::error!(path = %self.path.display(), error = %e, "cannot sync the audit log");
         }
     }
+}
+
+/// A broker's own line (`start`, `seal`, `rotate`, …): its time, its event and its pid.
+fn event(name: &'static str) -> Fields {
+    let mut f: Fields = BTreeMap::new();
+    f.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
+    f.insert("event", Value::from(name));
+    f.insert("pid", Value::from(std::process::id()));
+    f
+}
+
+/// `fields` chained after `prev`: the line (canonical, no newline) and its members with
+/// `prev` and `hash`.
+fn chain_line(prev: &str, mut fields: Fields) -> (Vec<u8>, Fields) {
+    fields.insert("prev", Value::from(prev));
+    let hash = sha256_hex(&canonical(&fields));
+    fields.insert("hash", Value::from(hash));
+    (canonical(&fields), fields)
 }
 
 /// Compact JSON with keys in byte order, U+2028 and U+2029 escaped: the one form a line may
@@ -422,127 +558,14 @@ fn count_lines(mut file: &File) -> std::io::Result<usize> {
     Ok(newlines + usize::from(text.last().is_some_and(|&b| b != b'\n')))
 }
 
-/// What [`verify`] found in an intact log.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Summary {
-    /// Lines in the log.
-    pub lines: usize,
-    /// The first line's `ts`.
-    pub first: Option<String>,
-    /// The last line's `ts`.
-    pub last: Option<String>,
-    /// The last line's `hash` ([`GENESIS`] for an empty log): what to keep elsewhere to
-    /// detect, later, that the log was cut or rewritten before it.
-    pub head: String,
-    /// The pids of runs that started and have no seal after their start: brokers still
-    /// running, or that crashed, or whose last lines were removed.
-    pub unsealed: Vec<u64>,
-    /// Whether the anchor given to [`verify_anchored`] is the hash of a line of the log.
-    pub anchor_found: bool,
-}
-
-/// Checks every line's hash and link; the error names the first bad line.
-pub fn verify(path: &Path) -> Result<Summary, AuditError> {
-    verify_anchored(path, None)
-}
-
-/// [`verify`], also looking for `anchor` (a head kept from an earlier `audit head`) among the
-/// lines' hashes.
-pub fn verify_anchored(path: &Path, anchor: Option<&str>) -> Result<Summary, AuditError> {
-    let text = std::fs::read(path).map_err(|source| AuditError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    let broken = |line: usize, reason: String| AuditError::Broken {
-        path: path.to_owned(),
-        line,
-        reason,
-    };
-    let mut prev = GENESIS.to_owned();
-    let mut summary = Summary {
-        head: GENESIS.to_owned(),
-        anchor_found: anchor == Some(GENESIS),
-        ..Summary::default()
-    };
-    // Runs still open, by pid; a pid that starts again while open was a run that never sealed.
-    let mut open: Vec<u64> = Vec::new();
-    let mut unsealed: Vec<u64> = Vec::new();
-    if text.is_empty() {
-        return Ok(summary);
-    }
-    if text.last() != Some(&b'\n') {
-        let n = text.iter().filter(|&&b| b == b'\n').count() + 1;
-        return Err(broken(n, "incomplete line (no newline at the end)".into()));
-    }
-    for (i, raw) in text[..text.len() - 1].split(|&b| b == b'\n').enumerate() {
-        let n = i + 1;
-        let mut fields: BTreeMap<String, Value> = serde_json::from_slice(raw)
-            .map_err(|e| broken(n, format!("not a JSON object: {e}")))?;
-        let Some(Value::String(hash)) = fields.remove("hash") else {
-            return Err(broken(n, "no hash".into()));
-        };
-        let line_prev = fields.get("prev").and_then(Value::as_str).unwrap_or("");
-        if line_prev != prev {
-            return Err(broken(
-                n,
-                "does not follow the line before it: a line was removed, reordered or inserted here"
-                    .into(),
-            ));
-        }
-        // The hash covers the exact bytes written, which must be the line's one canonical
-        // form: a line re-spaced, re-ordered, re-escaped or with a key given twice is not
-        // what the broker wrote, even if it says the same.
-        let mut whole = fields.clone();
-        whole.insert("hash".to_owned(), Value::String(hash.clone()));
-        if canonical(&whole) != raw {
-            return Err(broken(
-                n,
-                "it is not byte for byte the form the broker writes: the line was reformatted \
-                 or edited"
-                    .into(),
-            ));
-        }
-        if sha256_hex(&canonical(&fields)) != hash {
-            return Err(broken(
-                n,
-                "its hash does not match its content: the line was edited".into(),
-            ));
-        }
-        let ts = fields.get("ts").and_then(Value::as_str).map(str::to_owned);
-        if summary.first.is_none() {
-            summary.first = ts.clone();
-        }
-        let pid = fields.get("pid").and_then(Value::as_u64);
-        match (fields.get("event").and_then(Value::as_str), pid) {
-            (Some("start"), Some(pid)) => {
-                if open.contains(&pid) {
-                    unsealed.push(pid);
-                } else {
-                    open.push(pid);
-                }
-            }
-            (Some("seal"), Some(pid)) => open.retain(|&p| p != pid),
-            _ => {}
-        }
-        summary.anchor_found |= anchor == Some(hash.as_str());
-        summary.last = ts;
-        summary.lines = n;
-        prev = hash;
-    }
-    unsealed.extend(open);
-    summary.unsealed = unsealed;
-    summary.head = prev;
-    Ok(summary)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn log(dir: &Path, redact: bool) -> AuditLog {
         AuditLog::open(&AuditConfig {
-            path: dir.join("audit.jsonl"),
             redact_paths: redact,
+            ..AuditConfig::at(dir.join("audit.jsonl"))
         })
         .unwrap()
     }
@@ -629,10 +652,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         std::fs::write(t.path().join("audit.jsonl"), "{\"hash\":").unwrap();
         assert!(matches!(
-            AuditLog::open(&AuditConfig {
-                path: t.path().join("audit.jsonl"),
-                redact_paths: false
-            }),
+            AuditLog::open(&AuditConfig::at(t.path().join("audit.jsonl"))),
             Err(AuditError::Broken { .. })
         ));
     }

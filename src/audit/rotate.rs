@@ -1,0 +1,116 @@
+//! The files of one audit log: opening the current one, noticing that another broker rolled
+//! it over, and rolling it over (`[audit] max_bytes`).
+//!
+//! A full file is kept beside the log as `NAME.<UTC time>` (`audit.jsonl.20261123T080000.123Z`,
+//! so the kept files sort in order and a shell glob lists them oldest first), made read-only,
+//! and a new file takes its place at the path in one `rename`. Kept files share the log's name
+//! as a prefix, which is what keeps them among fsbroker's protected files
+//! ([`crate::sandbox::protected`]).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// Opens (or creates, owner-only) the log file at `path` for reading and appending.
+pub fn open(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// Whether `file` is no longer the file at `path`: another broker rolled the log over, or the
+/// file was removed or replaced.
+pub fn moved_away(file: &File, path: &Path) -> std::io::Result<bool> {
+    let open = file.metadata()?;
+    match std::fs::metadata(path) {
+        Ok(now) => Ok((now.dev(), now.ino()) != (open.dev(), open.ino())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
+/// Links the log's current file under the name it is kept as, and returns that name. The
+/// file stays at `path` too until [`replace`] puts the new one there.
+pub fn keep(path: &Path) -> std::io::Result<PathBuf> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("the audit log's path has no file name"))?;
+    // 2026-11-23T08:00:00.123Z → 20261123T080000.123Z
+    let stamp: String = crate::rfc3339::format(SystemTime::now())
+        .chars()
+        .filter(|c| *c != '-' && *c != ':')
+        .collect();
+    for n in 0u32.. {
+        let mut kept = name.to_os_string();
+        kept.push(format!(".{stamp}"));
+        if n > 0 {
+            kept.push(format!("-{n}"));
+        }
+        let kept = path.with_file_name(kept);
+        match std::fs::hard_link(path, &kept) {
+            Ok(()) => return Ok(kept),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// Puts a new file holding `first` (one line, without its newline) at `path`, replacing the
+/// full one in one rename, and returns it open for appending.
+pub fn replace(path: &Path, first: &[u8]) -> std::io::Result<File> {
+    // Named after the log, so it is protected like the log while it exists.
+    let mut temp = path.as_os_str().to_os_string();
+    temp.push(format!(".new-{}", std::process::id()));
+    let temp = PathBuf::from(temp);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .or_else(|e| {
+            // Left by a broker of this pid that died mid-roll: it holds nothing worth keeping.
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                std::fs::remove_file(&temp)?;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .append(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&temp)
+            } else {
+                Err(e)
+            }
+        })?;
+    let mut line = first.to_vec();
+    line.push(b'\n');
+    let written = file
+        .write_all(&line)
+        .and_then(|()| file.sync_data())
+        .and_then(|()| std::fs::rename(&temp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e);
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        // The rename is durable once the folder is.
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(file)
+}
+
+/// Makes a kept file read-only: nothing is appended to it any more, and a writer that tries
+/// by its name is stopped (brokers holding it open notice the roll-over before they append).
+pub fn finish(full: &File, kept: &Path) {
+    if let Err(e) = full.set_permissions(std::fs::Permissions::from_mode(0o400)) {
+        tracing::warn!(kept = %kept.display(), error = %e, "cannot make the kept audit log read-only");
+    }
+}

@@ -1,0 +1,191 @@
+//! `fsbroker audit verify`: checks a log's chain, across the files it was rolled over into.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::{AuditError, GENESIS, canonical, sha256_hex};
+
+/// What [`verify_files`] found in an intact log.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Summary {
+    /// Lines in the log (in all its files).
+    pub lines: usize,
+    /// The first line's `ts`.
+    pub first: Option<String>,
+    /// The last line's `ts`.
+    pub last: Option<String>,
+    /// The last line's `hash` ([`GENESIS`] for an empty log): what to keep elsewhere to
+    /// detect, later, that the log was cut or rewritten before it.
+    pub head: String,
+    /// The pids of runs that started and have no seal after their start: brokers still
+    /// running, or that crashed, or whose last lines were removed.
+    pub unsealed: Vec<u64>,
+    /// Whether the anchor given to [`verify_files`] is the hash of a line of the log.
+    pub anchor_found: bool,
+    /// The first file given continues an earlier one (its first line is a `continue` line):
+    /// the earlier file's name as that line gives it. Its runs' starts are in that file, so a
+    /// run of it without a seal is not reported.
+    pub continues_from: Option<String>,
+    /// The last file given ends in a `rotate` line: the log goes on in a later file, which
+    /// holds the seals of the runs still open.
+    pub continued: bool,
+}
+
+/// Checks every line's hash and link; the error names the first bad line.
+pub fn verify(path: &Path) -> Result<Summary, AuditError> {
+    verify_files(&[path.to_owned()], None)
+}
+
+/// [`verify`], also looking for `anchor` (a head kept from an earlier `audit head`) among the
+/// lines' hashes.
+pub fn verify_anchored(path: &Path, anchor: Option<&str>) -> Result<Summary, AuditError> {
+    verify_files(&[path.to_owned()], anchor)
+}
+
+/// Checks one log kept in several files, oldest first (the files a roll-over kept, then the
+/// current one): each file's lines as [`verify`] does, and each file after the first must
+/// begin with the `continue` line that follows the `rotate` line ending the file before it.
+/// A file left out, or given out of order, breaks the chain at its successor's first line.
+pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, AuditError> {
+    let mut summary = Summary {
+        head: GENESIS.to_owned(),
+        anchor_found: anchor == Some(GENESIS),
+        ..Summary::default()
+    };
+    // Runs still open, by pid; a pid that starts again while open was a run that never sealed.
+    let mut open: Vec<u64> = Vec::new();
+    let mut unsealed: Vec<u64> = Vec::new();
+    let mut prev = GENESIS.to_owned();
+    // Whether the line before was a `rotate` line (ending its file).
+    let mut rotated = false;
+    for (index, path) in paths.iter().enumerate() {
+        let text = std::fs::read(path).map_err(|source| AuditError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let broken = |line: usize, reason: String| AuditError::Broken {
+            path: path.clone(),
+            line,
+            reason,
+        };
+        if index > 0 && !rotated {
+            return Err(broken(
+                1,
+                format!(
+                    "{} does not end in a roll-over, so no file follows it: give the files \
+                     oldest first, the current one last",
+                    paths[index - 1].display()
+                ),
+            ));
+        }
+        if text.is_empty() {
+            if index > 0 {
+                return Err(broken(
+                    1,
+                    "empty, but it should continue the file before it".into(),
+                ));
+            }
+            continue;
+        }
+        if text.last() != Some(&b'\n') {
+            let n = text.iter().filter(|&&b| b == b'\n').count() + 1;
+            return Err(broken(n, "incomplete line (no newline at the end)".into()));
+        }
+        for (i, raw) in text[..text.len() - 1].split(|&b| b == b'\n').enumerate() {
+            let n = i + 1;
+            let mut fields: BTreeMap<String, Value> = serde_json::from_slice(raw)
+                .map_err(|e| broken(n, format!("not a JSON object: {e}")))?;
+            let Some(Value::String(hash)) = fields.remove("hash") else {
+                return Err(broken(n, "no hash".into()));
+            };
+            let event = fields
+                .get("event")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let line_prev = fields.get("prev").and_then(Value::as_str).unwrap_or("");
+            let continues = event.as_deref() == Some("continue");
+            if n == 1 && index == 0 && continues {
+                // The log was verified from a file a roll-over began: its predecessor's head
+                // is taken on trust (verify the files together to check it).
+                prev = line_prev.to_owned();
+                summary.continues_from = fields
+                    .get("from")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+            } else if n == 1 && index > 0 && !continues {
+                return Err(broken(
+                    n,
+                    format!(
+                        "does not continue {}: a file begun by a roll-over starts with a \
+                         `continue` line",
+                        paths[index - 1].display()
+                    ),
+                ));
+            }
+            if line_prev != prev {
+                let reason = if n == 1 && index > 0 {
+                    format!(
+                        "does not follow the last line of {}: a file was left out, or the \
+                         files are out of order",
+                        paths[index - 1].display()
+                    )
+                } else {
+                    "does not follow the line before it: a line was removed, reordered or \
+                     inserted here"
+                        .to_owned()
+                };
+                return Err(broken(n, reason));
+            }
+            // The hash covers the exact bytes written, which must be the line's one canonical
+            // form: a line re-spaced, re-ordered, re-escaped or with a key given twice is not
+            // what the broker wrote, even if it says the same.
+            let mut whole = fields.clone();
+            whole.insert("hash".to_owned(), Value::String(hash.clone()));
+            if canonical(&whole) != raw {
+                return Err(broken(
+                    n,
+                    "it is not byte for byte the form the broker writes: the line was \
+                     reformatted or edited"
+                        .into(),
+                ));
+            }
+            if sha256_hex(&canonical(&fields)) != hash {
+                return Err(broken(
+                    n,
+                    "its hash does not match its content: the line was edited".into(),
+                ));
+            }
+            let ts = fields.get("ts").and_then(Value::as_str).map(str::to_owned);
+            if summary.first.is_none() {
+                summary.first = ts.clone();
+            }
+            let pid = fields.get("pid").and_then(Value::as_u64);
+            match (event.as_deref(), pid) {
+                (Some("start"), Some(pid)) => {
+                    if open.contains(&pid) {
+                        unsealed.push(pid);
+                    } else {
+                        open.push(pid);
+                    }
+                }
+                (Some("seal"), Some(pid)) => open.retain(|&p| p != pid),
+                _ => {}
+            }
+            rotated = event.as_deref() == Some("rotate");
+            summary.anchor_found |= anchor == Some(hash.as_str());
+            summary.last = ts;
+            summary.lines += 1;
+            prev = hash;
+        }
+    }
+    summary.continued = rotated;
+    // Runs still open when the log goes on in a later file may seal there.
+    if !rotated {
+        unsealed.extend(open);
+    }
+    summary.unsealed = unsealed;
+    summary.head = prev;
+    Ok(summary)
+}
