@@ -35,6 +35,9 @@ pub use verify::{Summary, verify, verify_anchored, verify_files};
 /// A line's members, before it is chained.
 type Fields = BTreeMap<&'static str, Value>;
 
+/// A line as written (without its newline) and its members.
+type Line = (Vec<u8>, Fields);
+
 /// The `prev` of the first line.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -142,7 +145,11 @@ pub struct AuditLog {
     max_bytes: Option<u64>,
     require_copies: bool,
     chain: Mutex<Chain>,
+    /// False once the file could not be written.
     healthy: AtomicBool,
+    /// True once a copy was lost while `require_copies` is set: requests are refused, but the
+    /// file still takes the broker's own lines (the loss itself, the seal).
+    copy_lost: AtomicBool,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -190,6 +197,7 @@ impl AuditLog {
                 copies,
             }),
             healthy: AtomicBool::new(true),
+            copy_lost: AtomicBool::new(false),
             path: path.clone(),
         };
         // A first line at start-up proves the log writable before any request can act (and
@@ -217,14 +225,16 @@ impl AuditLog {
         &self.path
     }
 
-    /// False once a write has failed: every audited request is then refused.
+    /// False once a write has failed (or, with `require_copies`, a copy was lost): every
+    /// audited request is then refused.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
+        self.healthy.load(Ordering::Acquire) && !self.copy_lost.load(Ordering::Acquire)
     }
 
-    /// Appends one line. On failure the log turns unhealthy for good and the error is logged.
+    /// Appends one line. On failure the log turns unhealthy for good and the error is logged;
+    /// with `require_copies`, a lost copy also fails it (the line is in the file).
     pub fn record(&self, r: &Record<'_>) -> Result<(), AuditError> {
-        if !self.is_healthy() {
+        if !self.healthy.load(Ordering::Acquire) {
             return Err(AuditError::Unavailable {
                 path: self.path.clone(),
             });
@@ -277,7 +287,7 @@ impl AuditLog {
     /// Chains and appends one line, and sends it to the copies. On failure the log turns
     /// unhealthy for good.
     fn append(&self, fields: Fields) -> Result<(), AuditError> {
-        if !self.is_healthy() {
+        if !self.healthy.load(Ordering::Acquire) {
             return Err(AuditError::Unavailable {
                 path: self.path.clone(),
             });
@@ -290,8 +300,8 @@ impl AuditLog {
         let mut notices_left = 8;
         let mut queue = VecDeque::from([fields]);
         while let Some(fields) = queue.pop_front() {
-            let written = match self.write(chain, fields) {
-                Ok(written) => written,
+            let notices = match self.write(chain, fields) {
+                Ok(notices) => notices,
                 Err(source) => {
                     self.healthy.store(false, Ordering::Release);
                     tracing::error!(path = %self.path.display(), error = %source, "audit log unavailable: refusing every audited request from now on");
@@ -301,30 +311,23 @@ impl AuditLog {
                     });
                 }
             };
-            if chain.copies.is_empty() {
-                continue;
-            }
-            for (line, fields) in &written {
-                for notice in chain.copies.send(line, fields) {
-                    if let (true, Notice::Lost { to, socket, error }) =
-                        (self.require_copies, &notice)
-                    {
-                        self.healthy.store(false, Ordering::Release);
-                        tracing::error!(path = %self.path.display(), to, "an audit copy was lost and require_copies is set: refusing every audited request from now on");
-                        result = Err(AuditError::CopyLost {
-                            path: self.path.clone(),
-                            to,
-                            socket: socket.clone(),
-                            error: error.clone(),
-                        });
-                    }
-                    if notices_left > 0 {
-                        notices_left -= 1;
-                        let mut f = notice.fields();
-                        f.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
-                        f.insert("pid", Value::from(std::process::id()));
-                        queue.push_back(f);
-                    }
+            for notice in notices {
+                if let (true, Notice::Lost { to, socket, error }) = (self.require_copies, &notice) {
+                    self.copy_lost.store(true, Ordering::Release);
+                    tracing::error!(path = %self.path.display(), to, "an audit copy was lost and require_copies is set: refusing every audited request from now on");
+                    result = Err(AuditError::CopyLost {
+                        path: self.path.clone(),
+                        to,
+                        socket: socket.clone(),
+                        error: error.clone(),
+                    });
+                }
+                if notices_left > 0 {
+                    notices_left -= 1;
+                    let mut f = notice.fields();
+                    f.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
+                    f.insert("pid", Value::from(std::process::id()));
+                    queue.push_back(f);
                 }
             }
         }
@@ -333,10 +336,12 @@ impl AuditLog {
 
     /// Writes one line under the file's lock, with what it takes first: following the log to
     /// its new file when another broker rolled it over, reading the head again when another
-    /// broker appended, and rolling over when the line would pass `max_bytes`. Returns every
-    /// line written (without its newline) with its members, `prev` and `hash` included.
-    fn write(&self, chain: &mut Chain, fields: Fields) -> std::io::Result<Vec<(Vec<u8>, Fields)>> {
-        let mut written = Vec::new();
+    /// broker appended, and rolling over when the line would pass `max_bytes`. Each line
+    /// written is sent to the copies before the lock is let go, so the copies get the lines
+    /// of every broker in the file's order (a copy is itself a chain). Returns the changes in
+    /// the copies' state, to be recorded.
+    fn write(&self, chain: &mut Chain, fields: Fields) -> std::io::Result<Vec<Notice>> {
+        let mut notices = Vec::new();
         let mut rolled = false;
         loop {
             let lock = FileLock::take(&chain.file)?;
@@ -362,12 +367,14 @@ impl AuditLog {
             if full && !rolled {
                 rolled = true;
                 let (file, lines) = self.roll(&chain.file, &chain.prev)?;
+                for (line, fields) in &lines {
+                    notices.extend(chain.copies.send(line, fields));
+                }
                 drop(lock);
-                let (last, _) = lines.last().expect("roll writes two lines");
+                let [_, (last, last_fields)] = &lines;
                 chain.len = last.len() as u64 + 1;
-                chain.prev = lines[1].1["hash"].as_str().unwrap_or_default().to_owned();
+                chain.prev = last_fields["hash"].as_str().unwrap_or_default().to_owned();
                 chain.file = file;
-                written.extend(lines);
                 continue;
             }
             let mut bytes = line.clone();
@@ -375,15 +382,11 @@ impl AuditLog {
             // One write per line: a line is either in the file whole or (on a failed write)
             // the log is marked broken and nothing more is appended after the torn piece.
             (&chain.file).write_all(&bytes)?;
-            chain.prev = fields
-                .get("hash")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
+            chain.prev = fields["hash"].as_str().unwrap_or_default().to_owned();
             chain.len = len + bytes.len() as u64;
+            notices.extend(chain.copies.send(&line, &fields));
             drop(lock);
-            written.push((line, fields));
-            return Ok(written);
+            return Ok(notices);
         }
     }
 
@@ -393,7 +396,7 @@ impl AuditLog {
     /// file replaces it in one rename), so a broker starting meanwhile opens one or the other,
     /// and a broker still holding the full file finds out at its next append
     /// ([`rotate::moved_away`]).
-    fn roll(&self, full: &File, prev: &str) -> std::io::Result<(File, Vec<(Vec<u8>, Fields)>)> {
+    fn roll(&self, full: &File, prev: &str) -> std::io::Result<(File, [Line; 2])> {
         let kept = rotate::keep(&self.path)?;
         let kept_name = kept
             .file_name()
@@ -413,7 +416,7 @@ impl AuditLog {
         let file = rotate::replace(&self.path, &next_line)?;
         rotate::finish(full, &kept);
         tracing::info!(path = %self.path.display(), kept = %kept.display(), "audit log rolled over");
-        Ok((file, vec![(end_line, end_fields), (next_line, next_fields)]))
+        Ok((file, [(end_line, end_fields), (next_line, next_fields)]))
     }
 
     /// Seals this run's part of the log (at a clean exit): a last line,

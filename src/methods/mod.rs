@@ -272,10 +272,16 @@ pub(crate) async fn call(
         .broker()
         .audit()
         .filter(|_| method == "roots/list" || method.starts_with("files/"));
-    if audit.is_some_and(|a| !a.is_healthy()) {
-        return jsonrpc::error_frame(Some(id), &audit_unavailable()).into();
-    }
-    let (frame, outcome) = if method == "ping" {
+    let (frame, outcome) = if audit.is_some_and(|a| !a.is_healthy()) {
+        // Refused before it runs. The refusal is still recorded when only a required copy
+        // was lost: the file itself takes lines.
+        let e = audit_unavailable();
+        let code = e.kind().outcome();
+        (
+            jsonrpc::error_frame(Some(id), &e).into(),
+            Outcome { code, bytes: 0 },
+        )
+    } else if method == "ping" {
         dispatch(session, method, params, id, arrival).await
     } else {
         match session.broker().rate_limits().check_request(session.id()) {

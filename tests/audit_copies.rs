@@ -1,0 +1,478 @@
+//! Copies of the audit log off the file: every line, as it is written, reaches a syslog
+//! socket as RFC 5424 and a journal socket in the journal's native protocol. The collectors
+//! here are Unix datagram sockets the tests bind themselves; the broker is the real binary.
+
+mod common;
+
+use std::io::{Read, Seek};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Broker, bin, code, tempdir, write_policy};
+use serde_json::{Value, json};
+
+/// A datagram received, with the memfd that came along with it (the journal's way for
+/// entries too large for one datagram), read whole.
+#[derive(Debug, Clone)]
+struct Datagram {
+    bytes: Vec<u8>,
+    memfd: Option<Vec<u8>>,
+}
+
+/// A collector: a bound Unix datagram socket drained by a thread until dropped.
+struct Collector {
+    got: Arc<Mutex<Vec<Datagram>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Collector {
+    fn bind(path: &Path) -> Collector {
+        let sock = UnixDatagram::bind(path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (got, stop) = (Arc::clone(&got), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    if let Some(d) = receive(&sock) {
+                        got.lock().unwrap().push(d);
+                    }
+                }
+                // Whatever is still queued.
+                sock.set_nonblocking(true).unwrap();
+                while let Some(d) = receive(&sock) {
+                    got.lock().unwrap().push(d);
+                }
+            })
+        };
+        Collector {
+            got,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops listening and returns everything received, in order.
+    fn finish(mut self) -> Vec<Datagram> {
+        self.stop.store(true, Ordering::Release);
+        self.thread.take().unwrap().join().unwrap();
+        self.got.lock().unwrap().clone()
+    }
+}
+
+/// One datagram and the descriptors passed with it, or None when none came in time.
+fn receive(sock: &UnixDatagram) -> Option<Datagram> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut buf = vec![0u8; 1 << 20];
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = match rustix::net::recvmsg(
+        sock,
+        &mut [std::io::IoSliceMut::new(&mut buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    ) {
+        Ok(m) => m,
+        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return None,
+        Err(e) => panic!("recvmsg: {e}"),
+    };
+    let mut memfd = None;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for fd in fds {
+                // The journal accepts only a sealed memfd: check the broker sealed it.
+                let seals = rustix::fs::fcntl_get_seals(&fd).unwrap();
+                assert!(
+                    seals.contains(rustix::fs::SealFlags::WRITE | rustix::fs::SealFlags::SEAL),
+                    "memfd not sealed: {seals:?}"
+                );
+                // The sender's offset is shared: read from the start, as journald maps it.
+                let mut file = std::fs::File::from(fd);
+                file.seek(std::io::SeekFrom::Start(0)).unwrap();
+                let mut bytes = Vec::new();
+                file.read_to_end(&mut bytes).unwrap();
+                memfd = Some(bytes);
+            }
+        }
+    }
+    buf.truncate(msg.bytes);
+    Some(Datagram { bytes: buf, memfd })
+}
+
+/// Parses the journal's native protocol into (name, value) pairs, in order.
+fn journal_fields(mut b: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let nl = b
+            .iter()
+            .position(|&c| c == b'\n')
+            .expect("field ends in a newline");
+        let head = &b[..nl];
+        if let Some(eq) = head.iter().position(|&c| c == b'=') {
+            out.push((
+                String::from_utf8(head[..eq].to_vec()).unwrap(),
+                head[eq + 1..].to_vec(),
+            ));
+            b = &b[nl + 1..];
+        } else {
+            let name = String::from_utf8(head.to_vec()).unwrap();
+            let len = u64::from_le_bytes(b[nl + 1..nl + 9].try_into().unwrap()) as usize;
+            let value = b[nl + 9..nl + 9 + len].to_vec();
+            assert_eq!(
+                b[nl + 9 + len],
+                b'\n',
+                "binary field {name} not ended by a newline"
+            );
+            out.push((name, value));
+            b = &b[nl + 10 + len..];
+        }
+    }
+    out
+}
+
+/// The values of the fields called `name`, as text.
+fn field(fields: &[(String, Vec<u8>)], name: &str) -> Vec<String> {
+    fields
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .collect()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A root `root` (read-write, consent auto) holding `f.txt`, and a policy whose `[audit]`
+/// table is `audit` (after `path = "audit.jsonl"`). Returns (temp dir, dir, policy, log).
+fn setup(audit: &str) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let (t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hello").unwrap();
+    let policy = write_policy(&dir, &root, "mode = \"read-write\"", "");
+    let mut text = std::fs::read_to_string(&policy).unwrap();
+    text += &format!("\n[audit]\npath = \"audit.jsonl\"\n{audit}\n");
+    std::fs::write(&policy, text).unwrap();
+    let log = dir.join("audit.jsonl");
+    (t, dir, policy, log)
+}
+
+fn log_lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn verify(files: &[&Path]) -> (i32, String) {
+    let out = std::process::Command::new(bin())
+        .args(["audit", "verify"])
+        .args(files)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Rule: every line of the log reaches both collectors, framed as each expects: the syslog
+/// message is RFC 5424 with the facility configured, the line's time, the broker's pid and
+/// the method as MSGID, and the line itself, byte for byte, as MSG; the journal entry has the
+/// line as MESSAGE and each member as a field, a path holding a newline in the binary form.
+#[test]
+fn every_line_reaches_syslog_and_the_journal_as_each_frames_it() {
+    let (_t, dir) = tempdir();
+    let (_t2, _, policy, log) = setup(&format!(
+        "syslog = '{}'\nsyslog_facility = \"local3\"\njournald = '{}'",
+        s(&dir.join("syslog.sock")),
+        s(&dir.join("journal.sock"))
+    ));
+    let syslog = Collector::bind(&dir.join("syslog.sock"));
+    let journal = Collector::bind(&dir.join("journal.sock"));
+
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    b.ok("files/read", json!({"path": "r/f.txt"}));
+    b.err("files/read", json!({"path": "r/no\nsuch.txt"}));
+    b.ok("files/write", json!({"path": "r/new.txt", "content": "x"}));
+    let (status, stderr) = b.finish();
+    assert!(status.success(), "{stderr}");
+    let (syslog, journal) = (syslog.finish(), journal.finish());
+
+    let lines = log_lines(&log);
+    assert_eq!(lines.len(), 5, "start, three requests, seal: {lines:#?}");
+    assert_eq!(verify(&[&log]).0, 0);
+    assert_eq!(syslog.len(), lines.len(), "{syslog:?}");
+    assert_eq!(journal.len(), lines.len(), "{journal:?}");
+    let pid = serde_json::from_str::<Value>(&lines[0]).unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    for (i, line) in lines.iter().enumerate() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let kind = v["method"].as_str().or(v["event"].as_str()).unwrap();
+        let severity = if v["outcome"].as_str().is_some_and(|o| o != "ok") {
+            5
+        } else {
+            6
+        };
+        // local3 = 19
+        let want = format!(
+            "<{}>1 {} {} fsbroker {pid} {kind} - {line}",
+            19 * 8 + severity,
+            v["ts"].as_str().unwrap(),
+            rustix::system::uname().nodename().to_str().unwrap(),
+        );
+        assert_eq!(
+            String::from_utf8(syslog[i].bytes.clone()).unwrap(),
+            want,
+            "syslog message {i}"
+        );
+
+        let f = journal_fields(&journal[i].bytes);
+        assert_eq!(
+            field(&f, "MESSAGE"),
+            vec![line.clone()],
+            "journal entry {i}"
+        );
+        assert_eq!(field(&f, "PRIORITY"), vec![severity.to_string()]);
+        assert_eq!(field(&f, "SYSLOG_IDENTIFIER"), vec!["fsbroker"]);
+        assert_eq!(
+            field(&f, "FSBROKER_HASH"),
+            vec![v["hash"].as_str().unwrap()]
+        );
+        if let Some(path) = v["path"].as_str() {
+            assert_eq!(field(&f, "FSBROKER_PATH"), vec![path]);
+        }
+    }
+    // The refused read's path holds a newline: it came through the binary form whole.
+    let f = journal_fields(&journal[2].bytes);
+    assert_eq!(field(&f, "FSBROKER_PATH"), vec!["r/no\nsuch.txt"]);
+    assert_eq!(field(&f, "FSBROKER_OUTCOME"), vec!["FILE_NOT_FOUND"]);
+    assert!(!field(&f, "FSBROKER_DURATION_MS").is_empty());
+}
+
+/// Rule: a line too large for one datagram still reaches both: the journal gets it in a
+/// sealed memfd (as journald takes large entries), syslog a shortened message that keeps the
+/// line's `hash` and `prev`, names what it left out, and fits a collector's 8 KiB.
+#[test]
+fn a_line_too_large_for_a_datagram_still_reaches_both() {
+    let (_t, dir) = tempdir();
+    let (_t2, _, policy, log) = setup(&format!(
+        "syslog = '{}'\njournald = '{}'",
+        s(&dir.join("syslog.sock")),
+        s(&dir.join("journal.sock"))
+    ));
+    let syslog = Collector::bind(&dir.join("syslog.sock"));
+    let journal = Collector::bind(&dir.join("journal.sock"));
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    // 3,000 requested paths of 100 bytes: a log line of about 300 KiB, above the 208 KiB a
+    // datagram socket sends by default.
+    let paths: Vec<String> = (0..3000)
+        .map(|i| format!("r/{i:04}-{}", "p".repeat(93)))
+        .collect();
+    b.ok(
+        "files/consent",
+        json!({"message": "many", "requestedPaths": paths}),
+    );
+    let (status, stderr) = b.finish();
+    assert!(status.success(), "{stderr}");
+    let (syslog, journal) = (syslog.finish(), journal.finish());
+    let lines = log_lines(&log);
+    let consent = &lines[1];
+    assert!(consent.len() > 250_000, "{}", consent.len());
+    let v: Value = serde_json::from_str(consent).unwrap();
+
+    let big = journal
+        .iter()
+        .find(|d| d.memfd.is_some())
+        .expect("the large entry came in a memfd");
+    assert!(
+        big.bytes.is_empty(),
+        "the memfd's datagram carries nothing else"
+    );
+    let f = journal_fields(big.memfd.as_ref().unwrap());
+    let message = field(&f, "MESSAGE");
+    assert!(
+        message.len() == 1 && message[0] == *consent,
+        "MESSAGE is not the line ({} fields)",
+        message.len()
+    );
+    assert_eq!(field(&f, "FSBROKER_PATHS").len(), 3000);
+    assert_eq!(journal.len(), lines.len());
+
+    let msg = String::from_utf8(syslog[1].bytes.clone()).unwrap();
+    assert!(msg.len() <= 8192, "{}", msg.len());
+    let body: Value = serde_json::from_str(&msg[msg.find(" - ").unwrap() + 3..]).unwrap();
+    assert_eq!(body["hash"], v["hash"]);
+    assert_eq!(body["prev"], v["prev"]);
+    assert_eq!(body["elided"], json!(["paths"]));
+    assert_eq!(body["lineBytes"], json!(consent.len()));
+    assert_eq!(syslog.len(), lines.len());
+}
+
+/// Rule: a copy that cannot be delivered does not silently lose lines. The log records the
+/// loss (`copy-lost`, with the error) in its chain, carries on, and when the collector is back
+/// records `copy-resumed` with the number of lines it missed; from then on lines reach it.
+#[test]
+fn a_lost_copy_is_recorded_in_the_chain_and_so_is_its_return() {
+    let (_t, dir) = tempdir();
+    let sock = dir.join("syslog.sock");
+    let (_t2, _, policy, log) = setup(&format!("syslog = '{}'", s(&sock)));
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    // Nobody listens yet: the start line and these three are lost.
+    for _ in 0..3 {
+        b.ok("files/read", json!({"path": "r/f.txt"}));
+    }
+    let syslog = Collector::bind(&sock);
+    b.ok("files/list", json!({"path": "r"}));
+    let (status, stderr) = b.finish();
+    assert!(status.success(), "{stderr}");
+    let got = syslog.finish();
+
+    let lines: Vec<Value> = log_lines(&log)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["event"], "start");
+    assert_eq!(lines[1]["event"], "copy-lost", "{lines:#?}");
+    assert_eq!(lines[1]["to"], "syslog");
+    assert_eq!(lines[1]["socket"], s(&sock));
+    assert!(!lines[1]["error"].as_str().unwrap().is_empty());
+    let resumed = lines
+        .iter()
+        .position(|l| l["event"] == "copy-resumed")
+        .expect("copy-resumed recorded");
+    // Lost: the start line, the copy-lost line itself and the three reads.
+    assert_eq!(lines[resumed]["lost"], 5, "{lines:#?}");
+    assert_eq!(lines[resumed - 1]["method"], "files/list");
+    assert_eq!(verify(&[&log]).0, 0);
+    // The collector got the list, the copy-resumed line and the seal, exactly as written.
+    let text = log_lines(&log);
+    let received: Vec<String> = got
+        .iter()
+        .map(|d| {
+            let m = String::from_utf8(d.bytes.clone()).unwrap();
+            m[m.find(" - ").unwrap() + 3..].to_owned()
+        })
+        .collect();
+    assert_eq!(received, text[resumed - 1..].to_vec());
+}
+
+/// Rule: with `require_copies`, a copy that cannot be delivered stops the broker acting
+/// unrecorded-elsewhere: every audited request is refused, as when the file cannot be written.
+#[test]
+fn require_copies_refuses_requests_once_a_copy_is_lost() {
+    let (_t, dir) = tempdir();
+    let sock = dir.join("absent.sock");
+    let (_t2, root_dir, policy, log) =
+        setup(&format!("syslog = '{}'\nrequire_copies = true", s(&sock)));
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let e = b.err("files/write", json!({"path": "r/new.txt", "content": "x"}));
+    assert_eq!(code(&e), "IO_ERROR", "{e}");
+    assert!(e.to_string().contains("audit log unavailable"), "{e}");
+    assert!(!root_dir.join("root/new.txt").exists(), "the write ran");
+    b.finish();
+    let lines = log_lines(&log);
+    assert!(lines[1].contains("\"copy-lost\""), "{lines:#?}");
+    // The refused write is recorded too, and the file, which works, still takes the seal.
+    assert!(lines[2].contains("\"IO_ERROR\""), "{lines:#?}");
+    assert!(lines.last().unwrap().contains("\"seal\""), "{lines:#?}");
+}
+
+/// Rule: the `[audit]` keys are checked when the policy loads, with the key named.
+#[test]
+fn bad_audit_keys_are_refused_with_the_reason() {
+    for (table, want) in [
+        ("max_bytes = 100", "max_bytes"),
+        (
+            "syslog = true\nsyslog_facility = \"mail2\"",
+            "syslog_facility",
+        ),
+        ("syslog_facility = \"auth\"", "syslog is not"),
+        ("require_copies = true", "require_copies"),
+        ("syslog = 3", "syslog"),
+    ] {
+        let (_t, _, policy, _) = setup(table);
+        let out = std::process::Command::new(bin())
+            .args(["policy", "check", s(&policy)])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{table}: accepted");
+        assert!(err.contains(want), "{table}: {err}");
+    }
+    let (_t, dir) = tempdir();
+    let (_t2, _, policy, _) = setup(&format!(
+        "max_bytes = 4096\nsyslog = '{}'\nsyslog_facility = \"local7\"\njournald = false",
+        s(&dir.join("x.sock"))
+    ));
+    let out = std::process::Command::new(bin())
+        .args(["policy", "check", s(&policy)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Rule: the copy is itself a chain. Lines are sent before the file's lock is let go, so three
+/// brokers sharing a log that rolls over send their lines in the file's order: the journal's
+/// MESSAGEs, one per line, are the files' lines in order and verify as one log.
+#[test]
+fn brokers_sharing_a_rolling_log_copy_it_in_order() {
+    let (_t, dir) = tempdir();
+    let sock = dir.join("journal.sock");
+    let (_t2, _, policy, log) = setup(&format!("max_bytes = 8192\njournald = '{}'", s(&sock)));
+    let journal = Collector::bind(&sock);
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            let policy = policy.clone();
+            std::thread::spawn(move || {
+                let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+                for _ in 0..100 {
+                    b.ok("files/read", json!({"path": "r/f.txt"}));
+                }
+                let (status, stderr) = b.finish();
+                assert!(status.success(), "{stderr}");
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let got = journal.finish();
+    let copy: Vec<String> = got
+        .iter()
+        .map(|d| field(&journal_fields(&d.bytes), "MESSAGE").remove(0))
+        .collect();
+    // The files, oldest first.
+    let mut files: Vec<PathBuf> = std::fs::read_dir(log.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| s(p).starts_with(&format!("{}.", s(&log))))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "the log rolled over: {files:?}");
+    files.push(log.clone());
+    let lines: Vec<String> = files.iter().flat_map(|f| log_lines(f)).collect();
+    assert_eq!(copy.len(), lines.len());
+    assert!(copy == lines, "the copy's order differs from the files'");
+    let copied = dir.join("copy.jsonl");
+    std::fs::write(&copied, copy.join("\n") + "\n").unwrap();
+    let (code, text) = verify(&[&copied]);
+    assert_eq!(code, 0, "{text}");
+}

@@ -1,0 +1,233 @@
+//! `[audit] max_bytes`: a full log rolls over to a new file whose first line continues the
+//! chain, `audit verify` checks the chain across the files, and brokers sharing the log roll
+//! it over without losing or forking a line.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{Broker, bin, tempdir, write_policy};
+use serde_json::{Value, json};
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A root `r` holding `f.txt`, and a policy whose log `audit.jsonl` rolls over past
+/// `max_bytes`. Returns (temp dir, its path, the policy, the log).
+fn setup(max_bytes: u64) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let (t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hello").unwrap();
+    let policy = write_policy(&dir, &root, "", "");
+    let mut text = std::fs::read_to_string(&policy).unwrap();
+    text += &format!("\n[audit]\npath = \"audit.jsonl\"\nmax_bytes = {max_bytes}\n");
+    std::fs::write(&policy, text).unwrap();
+    let log = dir.join("audit.jsonl");
+    (t, dir, policy, log)
+}
+
+/// The kept files of the log, oldest first (their names sort in time order), then the log.
+fn log_files(log: &Path) -> Vec<PathBuf> {
+    let dir = log.parent().unwrap();
+    let prefix = format!("{}.", log.file_name().unwrap().to_str().unwrap());
+    let mut kept: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with(&prefix)
+        })
+        .collect();
+    kept.sort();
+    kept.push(log.to_owned());
+    kept
+}
+
+fn verify(files: &[PathBuf]) -> (i32, String) {
+    let out = Command::new(bin())
+        .args(["audit", "verify"])
+        .args(files)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn lines_of(files: &[PathBuf]) -> Vec<Value> {
+    files
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Rule: past `max_bytes` the log rolls over. Each kept file ends in a `rotate` line and is
+/// read-only; the next begins with a `continue` line whose `prev` is that line's hash; the
+/// files verify together, oldest first, and every request is in exactly one of them. Verifying
+/// with a file left out, or in the wrong order, fails at the file after the gap.
+#[test]
+fn a_full_log_rolls_over_and_verifies_across_its_files() {
+    let (_t, _dir, policy, log) = setup(4096);
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    for _ in 0..100 {
+        b.ok("files/read", json!({"path": "r/f.txt"}));
+    }
+    let (status, stderr) = b.finish();
+    assert!(status.success(), "{stderr}");
+
+    let files = log_files(&log);
+    assert!(files.len() >= 4, "expected several files: {files:?}");
+    for (i, f) in files.iter().enumerate() {
+        let lines = lines_of(std::slice::from_ref(f));
+        let size = std::fs::metadata(f).unwrap().len();
+        if i + 1 < files.len() {
+            // Full: the line that did not fit went to the next file, then the rotate line
+            // closed this one.
+            let last_line = std::fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .last()
+                .unwrap()
+                .len();
+            assert!(size <= 4096 + last_line as u64 + 1, "{f:?}: {size} bytes");
+            assert_eq!(lines.last().unwrap()["event"], "rotate", "{f:?}");
+            assert_eq!(
+                lines.last().unwrap()["file"],
+                f.file_name().unwrap().to_str().unwrap(),
+                "the rotate line names the file it ends"
+            );
+            let mode = std::fs::metadata(f).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o400, "{f:?} is not read-only");
+        }
+        if i > 0 {
+            assert_eq!(lines[0]["event"], "continue", "{f:?}");
+            let before = lines_of(std::slice::from_ref(&files[i - 1]));
+            assert_eq!(lines[0]["prev"], before.last().unwrap()["hash"]);
+            assert_eq!(
+                lines[0]["from"],
+                files[i - 1].file_name().unwrap().to_str().unwrap()
+            );
+        }
+    }
+    let all = lines_of(&files);
+    let reads = all.iter().filter(|l| l["method"] == "files/read").count();
+    assert_eq!(reads, 100, "every request in exactly one file");
+
+    let (code, text) = verify(&files);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains(&format!("{} line(s)", all.len())), "{text}");
+
+    // The current file alone verifies, saying what it continues.
+    let (code, text) = verify(&files[files.len() - 1..]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("continues"), "{text}");
+    // The oldest alone verifies, saying the log goes on.
+    let (code, text) = verify(&files[..1]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("goes on in a later file"), "{text}");
+
+    // A file left out.
+    let mut gap = files.clone();
+    let left_out = gap.remove(1);
+    let (code, text) = verify(&gap);
+    assert_eq!(code, 1, "verify passed without {left_out:?}: {text}");
+    assert!(
+        text.contains(&format!("{}: line 1", gap[1].display())),
+        "{text}"
+    );
+    // Out of order.
+    let mut swapped = files.clone();
+    swapped.swap(0, 1);
+    let (code, text) = verify(&swapped);
+    assert_eq!(code, 1, "{text}");
+
+    // `audit head` of the files is the current file's last hash.
+    let out = Command::new(bin())
+        .args(["audit", "head"])
+        .args(&files)
+        .output()
+        .unwrap();
+    let head = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(head.trim(), all.last().unwrap()["hash"].as_str().unwrap());
+}
+
+/// Rule: the seal check works across files. A run that started in a kept file and whose
+/// seal was cut from the current file is reported unsealed (exit 3) when the files are
+/// verified together.
+#[test]
+fn a_cut_seal_is_found_across_files() {
+    let (_t, _dir, policy, log) = setup(4096);
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    for _ in 0..60 {
+        b.ok("files/read", json!({"path": "r/f.txt"}));
+    }
+    b.finish();
+    let files = log_files(&log);
+    assert!(files.len() >= 2, "{files:?}");
+    assert_eq!(verify(&files).0, 0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    assert!(lines.pop().unwrap().contains("\"seal\""));
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap();
+    let (code, out) = verify(&files);
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("unsealed"), "{out}");
+}
+
+/// Rule: brokers sharing one log roll it over together without losing a line or forking the
+/// chain. Three brokers append 200 requests each to a log that rolls every 8 KiB; the files
+/// verify together and hold every request once, and each roll-over has one `rotate` and one
+/// `continue` line.
+#[test]
+fn three_brokers_rolling_one_log_over_lose_no_line() {
+    let (_t, _dir, policy, log) = setup(8192);
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            let policy = policy.clone();
+            std::thread::spawn(move || {
+                let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+                for _ in 0..200 {
+                    b.ok("files/read", json!({"path": "r/f.txt"}));
+                }
+                let (status, stderr) = b.finish();
+                assert!(status.success(), "{stderr}");
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let files = log_files(&log);
+    let (code, text) = verify(&files);
+    assert_eq!(code, 0, "{text}");
+    let all = lines_of(&files);
+    let count = |f: &dyn Fn(&Value) -> bool| all.iter().filter(|l| f(l)).count();
+    assert_eq!(count(&|l| l["method"] == "files/read"), 600);
+    assert_eq!(count(&|l| l["event"] == "start"), 3);
+    assert_eq!(count(&|l| l["event"] == "seal"), 3);
+    let rotations = files.len() - 1;
+    assert!(rotations >= 5, "{rotations} roll-overs");
+    assert_eq!(count(&|l| l["event"] == "rotate"), rotations);
+    assert_eq!(count(&|l| l["event"] == "continue"), rotations);
+    // No temp file of a roll-over is left behind.
+    let leftovers: Vec<_> = files.iter().filter(|f| s(f).contains(".new-")).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
