@@ -270,10 +270,10 @@ fn enterprise_policy_says_what_it_should() {
     let text = std::fs::read_to_string(&path).unwrap();
     let limits_text = &text[text.find("[limits]").unwrap()..];
     assert!(limits_text.matches('#').count() >= 6, "{limits_text}");
-    assert!(
-        !text.contains("[audit]"),
-        "[audit] is not accepted by the parser yet"
-    );
+    // Audited: a rolling log with a copy in the journal that the user cannot rewrite.
+    let audit = p["audit"].as_table().expect("an [audit] table");
+    assert!(audit["max_bytes"].as_integer().unwrap() >= 4096);
+    assert_eq!(audit["journald"].as_bool(), Some(true));
 }
 
 // ---------------------------------------------------------------------------------------------
