@@ -28,7 +28,8 @@
 //!   `create.rs`, `delete.rs`, `rename.rs`, `unlock.rs`, `consent.rs`, `watch.rs`,
 //!   `ping.rs`), each with its `Params`, result and `handle`; `methods/mod.rs` dispatches.
 //! - [`consent`]: the providers that ask a person (command, terminal).
-//! - [`audit`]: the hash-chained audit log and its verifier.
+//! - [`audit`]: the hash-chained audit log, its verifier, its roll-over and its copies to
+//!   syslog or the journal.
 //! - [`sandbox`]: [`sandbox::Root`] (the only ambient-authority open, and the strictest
 //!   rules of every root covering a path), path resolution ([`sandbox::resolve`], and
 //!   [`sandbox::Resolved::real`]: where a path really leads), deny globs, fsbroker's own
