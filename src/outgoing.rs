@@ -47,7 +47,7 @@ impl Pages {
 /// Reuse saves the kernel zeroing fresh pages, which costs about as much as encoding into
 /// them. A body only comes back here when nothing outside this process can see its pages:
 /// when it was copied out (a socket, [`Outgoing::into_vec`]). A body spliced into a pipe is
-/// [discarded](Body::discard): the pipe, and whatever its reader splices them on to, may
+/// discarded (`Body::discard`): the pipe, and whatever its reader splices them on to, may
 /// hold its pages for as long as they like.
 #[derive(Debug, Default)]
 pub struct BodyPool {
@@ -84,7 +84,7 @@ impl BodyPool {
 }
 
 /// A response body in pages of its own, filled front to back. Dropped, it goes back to its
-/// pool; [`Body::discard`] unmaps it instead.
+/// pool; `Body::discard` unmaps it instead.
 #[derive(Debug)]
 pub struct Body {
     /// Always `Some` until dropped or discarded.

@@ -7,7 +7,7 @@
 //! never logged; with `redact_paths`, neither are paths (their sha256 is).
 //!
 //! Several brokers may append to one file (each append holds the file's `flock`); a log with
-//! `max_bytes` rolls over to a new file that continues the chain ([`rotate`]); every line can
+//! `max_bytes` rolls over to a new file that continues the chain (`rotate.rs`); every line can
 //! also be sent, as it is written, to the machine's log collector ([`copy`]).
 //!
 //! The log fails closed: once a line cannot be written, the broker refuses every audited

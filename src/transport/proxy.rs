@@ -10,7 +10,7 @@
 //! host requests are in flight, many at once.
 //!
 //! The proxy is a transport, not a second session driver: the server's requests go to the
-//! same [`Driver`] as `serve`'s, with the same in-flight limit, input budget and output budget,
+//! same `Driver` as `serve`'s, with the same in-flight limit, input budget and output budget,
 //! and every relayed line waits in a queue bounded in bytes ([`RELAY_BUDGET_KIB`]). A server
 //! that stops reading its stdin, or a host that stops reading the proxy's stdout, stops the
 //! proxy reading the other side instead of growing its memory.

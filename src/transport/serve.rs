@@ -1,6 +1,6 @@
 //! `fsbroker serve`: one session over a byte stream (stdio, later a socket).
 //!
-//! The reader hands lines to the session's [`Driver`] (which bounds what is in flight); each
+//! The reader hands lines to the session's `Driver` (which bounds what is in flight); each
 //! response frame goes through a bounded channel to a writer thread that owns the output.
 //! Responses leave in completion order, each carrying its request's id. At end of input the
 //! requests in flight finish, the writer flushes, and the session ends.
