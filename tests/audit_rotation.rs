@@ -231,3 +231,38 @@ fn three_brokers_rolling_one_log_over_lose_no_line() {
     let leftovers: Vec<_> = files.iter().filter(|f| s(f).contains(".new-")).collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// Rule: a roll-over that cannot be prepared loses nothing. With the new file's place taken
+/// (a folder where the broker writes `audit.jsonl.new-PID`), the log keeps growing in one
+/// file, every request is answered and recorded, and no kept name is left behind; once the
+/// place is free the next line rolls the log over.
+#[test]
+fn a_roll_over_that_cannot_happen_keeps_the_log_growing() {
+    let (_t, dir, policy, log) = setup(4096);
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let blocker = dir.join(format!("audit.jsonl.new-{}", b.pid()));
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("x"), "").unwrap();
+    for _ in 0..60 {
+        b.ok("files/read", json!({"path": "r/f.txt"}));
+    }
+    assert!(std::fs::metadata(&log).unwrap().len() > 4096);
+    assert_eq!(log_files(&log), vec![blocker.clone(), log.clone()]);
+    std::fs::remove_dir_all(&blocker).unwrap();
+    b.ok("files/read", json!({"path": "r/f.txt"}));
+    let (status, stderr) = b.finish();
+    assert!(status.success(), "{stderr}");
+    let files = log_files(&log);
+    assert_eq!(
+        files.len(),
+        2,
+        "one roll-over once the place was free: {files:?}"
+    );
+    let (code, text) = verify(&files);
+    assert_eq!(code, 0, "{text}");
+    let all = lines_of(&files);
+    assert_eq!(
+        all.iter().filter(|l| l["method"] == "files/read").count(),
+        61
+    );
+}

@@ -38,6 +38,13 @@ type Fields = BTreeMap<&'static str, Value>;
 /// A line as written (without its newline) and its members.
 type Line = (Vec<u8>, Fields);
 
+/// What a roll-over did: the new file, if it is in place, and the lines written.
+#[derive(Default)]
+struct Rolled {
+    file: Option<File>,
+    lines: Vec<Line>,
+}
+
 /// The `prev` of the first line.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -366,15 +373,22 @@ impl AuditLog {
             // One roll-over per line: a line longer than max_bytes still goes in the new file.
             if full && !rolled {
                 rolled = true;
-                let (file, lines) = self.roll(&chain.file, &chain.prev)?;
-                for (line, fields) in &lines {
+                let rolled_over = self.roll(&chain.file, &chain.prev)?;
+                for (line, fields) in &rolled_over.lines {
                     notices.extend(chain.copies.send(line, fields));
                 }
                 drop(lock);
-                let [_, (last, last_fields)] = &lines;
-                chain.len = last.len() as u64 + 1;
-                chain.prev = last_fields["hash"].as_str().unwrap_or_default().to_owned();
-                chain.file = file;
+                match rolled_over.file {
+                    Some(file) => {
+                        let (last, last_fields) = &rolled_over.lines[1];
+                        chain.len = last.len() as u64 + 1;
+                        chain.prev = last_fields["hash"].as_str().unwrap_or_default().to_owned();
+                        chain.file = file;
+                    }
+                    // Not rolled over: the full file takes the line (after the rotate line,
+                    // if one went in: the head is read again).
+                    None => chain.len = u64::MAX,
+                }
                 continue;
             }
             let mut bytes = line.clone();
@@ -395,9 +409,23 @@ impl AuditLog {
     /// `continue` line whose `prev` is that line's hash. The path is never missing (the new
     /// file replaces it in one rename), so a broker starting meanwhile opens one or the other,
     /// and a broker still holding the full file finds out at its next append
-    /// ([`rotate::moved_away`]).
-    fn roll(&self, full: &File, prev: &str) -> std::io::Result<(File, [Line; 2])> {
-        let kept = rotate::keep(&self.path)?;
+    /// (`rotate::moved_away`).
+    ///
+    /// The new file is ready before the full one is touched: when the roll-over cannot be
+    /// prepared (no hard links on this file system, no room for the new file) nothing is
+    /// written and the log carries on in the full file (`Rolled::file` is `None`). An error
+    /// is a failed write to the log itself.
+    fn roll(&self, full: &File, prev: &str) -> std::io::Result<Rolled> {
+        let cannot = |e: std::io::Error| {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot roll the audit log over; it keeps growing");
+        };
+        let kept = match rotate::keep(&self.path) {
+            Ok(kept) => kept,
+            Err(e) => {
+                cannot(e);
+                return Ok(Rolled::default());
+            }
+        };
         let kept_name = kept
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -405,18 +433,43 @@ impl AuditLog {
         let mut end = event("rotate");
         end.insert("file", Value::from(kept_name.clone()));
         let (end_line, end_fields) = chain_line(prev, end);
-        let mut bytes = end_line.clone();
-        bytes.push(b'\n');
-        (&*full).write_all(&bytes)?;
-        full.sync_data()?;
-        let end_hash = end_fields["hash"].as_str().unwrap_or_default().to_owned();
         let mut next = event("continue");
         next.insert("from", Value::from(kept_name));
-        let (next_line, next_fields) = chain_line(&end_hash, next);
-        let file = rotate::replace(&self.path, &next_line)?;
+        let (next_line, next_fields) =
+            chain_line(end_fields["hash"].as_str().unwrap_or_default(), next);
+        let (temp, file) = match rotate::prepare(&self.path, &next_line) {
+            Ok(ready) => ready,
+            Err(e) => {
+                rotate::unkeep(&kept);
+                cannot(e);
+                return Ok(Rolled::default());
+            }
+        };
+        let mut bytes = end_line.clone();
+        bytes.push(b'\n');
+        let ended = (&*full).write_all(&bytes).and_then(|()| full.sync_data());
+        if let Err(e) = ended {
+            rotate::unkeep(&kept);
+            rotate::discard(&temp);
+            return Err(e);
+        }
+        if let Err(e) = rotate::install(&temp, &self.path) {
+            // The full file ends in a rotate line yet stays the log: the next line follows
+            // it in the same file, and the chain is whole.
+            rotate::unkeep(&kept);
+            rotate::discard(&temp);
+            cannot(e);
+            return Ok(Rolled {
+                file: None,
+                lines: vec![(end_line, end_fields)],
+            });
+        }
         rotate::finish(full, &kept);
         tracing::info!(path = %self.path.display(), kept = %kept.display(), "audit log rolled over");
-        Ok((file, [(end_line, end_fields), (next_line, next_fields)]))
+        Ok(Rolled {
+            file: Some(file),
+            lines: vec![(end_line, end_fields), (next_line, next_fields)],
+        })
     }
 
     /// Seals this run's part of the log (at a clean exit): a last line,

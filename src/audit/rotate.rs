@@ -61,50 +61,58 @@ pub fn keep(path: &Path) -> std::io::Result<PathBuf> {
     unreachable!("the loop returns")
 }
 
-/// Puts a new file holding `first` (one line, without its newline) at `path`, replacing the
-/// full one in one rename, and returns it open for appending.
-pub fn replace(path: &Path, first: &[u8]) -> std::io::Result<File> {
+/// Writes the new file, holding `first` (one line, without its newline), beside the log as
+/// `NAME.new-PID`, synced; [`install`] then puts it in place. Returns its path, and the file
+/// open for appending.
+pub fn prepare(path: &Path, first: &[u8]) -> std::io::Result<(PathBuf, File)> {
     // Named after the log, so it is protected like the log while it exists.
     let mut temp = path.as_os_str().to_os_string();
     temp.push(format!(".new-{}", std::process::id()));
     let temp = PathBuf::from(temp);
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&temp)
-        .or_else(|e| {
-            // Left by a broker of this pid that died mid-roll: it holds nothing worth keeping.
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                std::fs::remove_file(&temp)?;
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .append(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&temp)
-            } else {
-                Err(e)
-            }
-        })?;
+    let create = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)
+    };
+    let mut file = match create() {
+        // Left by a broker of this pid that died mid-roll: it holds nothing worth keeping.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(&temp)?;
+            create()?
+        }
+        other => other?,
+    };
     let mut line = first.to_vec();
     line.push(b'\n');
-    let written = file
-        .write_all(&line)
-        .and_then(|()| file.sync_data())
-        .and_then(|()| std::fs::rename(&temp, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&temp);
+    if let Err(e) = file.write_all(&line).and_then(|()| file.sync_data()) {
+        discard(&temp);
         return Err(e);
     }
+    Ok((temp, file))
+}
+
+/// Renames the prepared file onto the log's path, and makes the rename durable.
+pub fn install(temp: &Path, path: &Path) -> std::io::Result<()> {
+    std::fs::rename(temp, path)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        // The rename is durable once the folder is.
         if let Ok(d) = File::open(dir) {
             let _ = d.sync_all();
         }
     }
-    Ok(file)
+    Ok(())
+}
+
+/// Removes a prepared file that will not be used.
+pub fn discard(temp: &Path) {
+    let _ = std::fs::remove_file(temp);
+}
+
+/// Removes the kept name of a roll-over that did not happen (the file stays at the path).
+pub fn unkeep(kept: &Path) {
+    let _ = std::fs::remove_file(kept);
 }
 
 /// Makes a kept file read-only: nothing is appended to it any more, and a writer that tries
