@@ -266,3 +266,58 @@ fn a_roll_over_that_cannot_happen_keeps_the_log_growing() {
         61
     );
 }
+
+/// Rule: a log moved away, removed or emptied outside fsbroker (logrotate's `create` or
+/// `copytruncate`, a person) does not start a new, unrelated chain: the first line of the new
+/// file is a `continue` line chained to the old file's last line, so the files verify
+/// together, and a file whose predecessor is gone says so.
+#[test]
+fn a_log_moved_removed_or_emptied_outside_the_broker_stays_linked() {
+    let (_t, dir, policy, log) = setup(1 << 20);
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let read = |b: &mut Broker| {
+        b.ok("files/read", json!({"path": "r/f.txt"}));
+    };
+    read(&mut b);
+
+    // logrotate `create`: renamed away, a new empty file in its place.
+    let first = dir.join("audit.jsonl.1");
+    std::fs::rename(&log, &first).unwrap();
+    std::fs::write(&log, "").unwrap();
+    read(&mut b);
+    // logrotate `copytruncate`: copied, then emptied in place.
+    let second = dir.join("audit.jsonl.2");
+    std::fs::copy(&log, &second).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&log)
+        .unwrap();
+    read(&mut b);
+    // Removed: the broker creates the file again.
+    let third = dir.join("audit.jsonl.3");
+    std::fs::copy(&log, &third).unwrap();
+    std::fs::remove_file(&log).unwrap();
+    read(&mut b);
+    let (status, stderr) = b.finish();
+    assert!(status.success(), "{stderr}");
+
+    let files = vec![first, second, third, log.clone()];
+    for f in &files[1..] {
+        let lines = lines_of(std::slice::from_ref(f));
+        assert_eq!(lines[0]["event"], "continue", "{f:?}: {lines:#?}");
+        assert!(lines[0].get("from").is_none());
+        assert_eq!(lines[1]["method"], "files/read", "{f:?}");
+    }
+    let (code, text) = verify(&files);
+    assert_eq!(code, 0, "{text}");
+    // The last file alone: intact, and it says the history before it is elsewhere.
+    let (code, text) = verify(&files[3..]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("continues an earlier file"), "{text}");
+    // From any file on, the rest verify; a file left out in the middle breaks the link.
+    let (code, text) = verify(&files[1..]);
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = verify(&[files[0].clone(), files[2].clone()]);
+    assert_eq!(code, 1, "{text}");
+}

@@ -121,6 +121,10 @@ struct Chain {
     len: u64,
     /// Where each line is sent besides the file.
     copies: Copies,
+    /// The head of a file that was moved away, removed or emptied outside the broker: the
+    /// next line, if it is the first of the file now at the path, is preceded by a `continue`
+    /// line chained to it, so the log's history stays linked (and its loss visible).
+    carry: Option<String>,
 }
 
 /// Holds the file's advisory lock (`flock`, exclusive) until dropped: every broker appending
@@ -202,6 +206,7 @@ impl AuditLog {
                 prev: GENESIS.to_owned(),
                 len: u64::MAX,
                 copies,
+                carry: None,
             }),
             healthy: AtomicBool::new(true),
             copy_lost: AtomicBool::new(false),
@@ -353,14 +358,37 @@ impl AuditLog {
         loop {
             let lock = FileLock::take(&chain.file)?;
             if rotate::moved_away(&chain.file, &self.path)? {
-                // Another broker rolled the log over (or it was removed): its lines go on in
-                // the file now at the path. The head is read there.
+                // Another broker rolled the log over, or the file was moved away or removed
+                // (logrotate, a person): the log goes on in the file now at the path. The
+                // old file's head, read under its lock (nobody appends to a file no longer at
+                // the path), links a new empty file to it.
+                chain.carry = last_hash(&chain.file, &self.path).ok();
                 drop(lock);
                 chain.file = rotate::open(&self.path)?;
                 chain.len = u64::MAX;
                 continue;
             }
             let len = chain.file.metadata()?.len();
+            if len == 0 && chain.len != u64::MAX && chain.len > 0 {
+                // Emptied in place (logrotate's copytruncate, a person).
+                chain.carry = Some(chain.prev.clone());
+            }
+            if let Some(head) = chain
+                .carry
+                .take()
+                .filter(|head| len == 0 && head != GENESIS)
+            {
+                let (line, fields) = chain_line(&head, event("continue"));
+                let mut bytes = line.clone();
+                bytes.push(b'\n');
+                (&chain.file).write_all(&bytes)?;
+                tracing::warn!(path = %self.path.display(), "the audit log was moved, removed or emptied outside fsbroker; the new file continues its chain");
+                chain.prev = fields["hash"].as_str().unwrap_or_default().to_owned();
+                chain.len = bytes.len() as u64;
+                notices.extend(chain.copies.send(&line, &fields));
+                drop(lock);
+                continue;
+            }
             if len != chain.len {
                 chain.prev = last_hash(&chain.file, &self.path)
                     .map_err(|e| std::io::Error::other(e.to_string()))?;

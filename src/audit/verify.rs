@@ -46,8 +46,10 @@ pub fn verify_anchored(path: &Path, anchor: Option<&str>) -> Result<Summary, Aud
 
 /// Checks one log kept in several files, oldest first (the files a roll-over kept, then the
 /// current one): each file's lines as [`verify`] does, and each file after the first must
-/// begin with the `continue` line that follows the `rotate` line ending the file before it.
-/// A file left out, or given out of order, breaks the chain at its successor's first line.
+/// begin with a `continue` line chained to the last line of the file before it (a `rotate`
+/// line when the broker rolled the log over; any line when the file was moved away or
+/// emptied outside it). A file left out, or given out of order, breaks the chain at its
+/// successor's first line.
 pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, AuditError> {
     let mut summary = Summary {
         head: GENESIS.to_owned(),
@@ -70,16 +72,6 @@ pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, 
             line,
             reason,
         };
-        if index > 0 && !rotated {
-            return Err(broken(
-                1,
-                format!(
-                    "{} does not end in a roll-over, so no file follows it: give the files \
-                     oldest first, the current one last",
-                    paths[index - 1].display()
-                ),
-            ));
-        }
         if text.is_empty() {
             if index > 0 {
                 return Err(broken(
@@ -110,15 +102,20 @@ pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, 
                 // The log was verified from a file a roll-over began: its predecessor's head
                 // is taken on trust (verify the files together to check it).
                 prev = line_prev.to_owned();
-                summary.continues_from = fields
-                    .get("from")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned);
+                // Without `from`, the file before was moved, removed or emptied outside the
+                // broker, which then linked this file to it.
+                summary.continues_from = Some(
+                    fields
+                        .get("from")
+                        .and_then(Value::as_str)
+                        .unwrap_or("an earlier file (moved, removed or emptied outside fsbroker)")
+                        .to_owned(),
+                );
             } else if n == 1 && index > 0 && !continues {
                 return Err(broken(
                     n,
                     format!(
-                        "does not continue {}: a file begun by a roll-over starts with a \
+                        "does not continue {}: a file that carries a log on starts with a \
                          `continue` line",
                         paths[index - 1].display()
                     ),
