@@ -20,7 +20,10 @@ fn limit_malloc_arenas() {
         #[allow(unsafe_code)]
         let set = unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
         if set != 1 {
-            eprintln!("fsbroker: could not limit malloc arenas; memory use may be higher");
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                b"fsbroker: could not limit malloc arenas; memory use may be higher\n",
+            );
         }
     }
 }

@@ -1227,28 +1227,25 @@ fn a_restart_continues_the_chain() {
     assert!(stdout(&out).contains("9 line"), "{}", stdout(&out));
 }
 
+/// Rule: a log whose last line is torn (a broker killed in the middle of its write) is mended,
+/// not abandoned: the next broker cuts the torn piece off and records it in a `torn` line
+/// (its length, sha256 and first bytes) chained to the last complete line, and the log
+/// verifies. A file holding nothing but one incomplete line may not be an audit log at all:
+/// the broker refuses it and leaves it as it was.
 #[test]
-fn a_torn_log_refuses_to_start() {
+fn a_torn_log_is_mended_and_the_tear_recorded() {
     let ws = workspace();
     let (_log, text, lines) = fresh_log(&ws);
-    // (what, the torn log, the line the refusal must name: counted from 1, the torn piece
-    // included, as `audit verify` counts).
-    let cases = [
+    for (what, torn) in [
         (
             "cut",
             text[..text.len() - 1 - lines[7].len() / 2].to_owned(),
-            8,
         ),
-        ("no-newline", text[..text.len() - 1].to_owned(), 8),
-        (
-            "start-line-cut",
-            lines[0][..lines[0].len() / 2].to_owned(),
-            1,
-        ),
-    ];
-    for (what, torn, n) in cases {
+        ("no-newline", text[..text.len() - 1].to_owned()),
+    ] {
         let log = ws.dir.join(format!("torn-{what}.jsonl"));
         std::fs::write(&log, &torn).unwrap();
+        let piece = &torn[torn.rfind('\n').unwrap() + 1..];
         let out = run(&[
             "serve",
             "--root",
@@ -1256,37 +1253,54 @@ fn a_torn_log_refuses_to_start() {
             "--audit",
             log.to_str().unwrap(),
         ]);
-        let err = stderr(&out);
+        assert!(out.status.success(), "{what}: {}", stderr(&out));
         assert!(
-            !out.status.success(),
-            "{what}: the broker started on a torn audit log; stderr: {err}"
+            stderr(&out).contains("torn line"),
+            "{what}: {}",
+            stderr(&out)
         );
-        assert!(
-            err.contains(log.to_str().unwrap()),
-            "{what}: the message should name the log: {err}"
-        );
-        assert!(
-            ["incomplete", "torn", "truncated"]
-                .iter()
-                .any(|w| err.contains(w)),
-            "{what}: the message should say the last line is incomplete: {err}"
-        );
-        // The number is read after the log's path, so that nothing in the path can pass for it.
-        let after_path = err.replace(log.to_str().unwrap(), "");
+        let mended = std::fs::read_to_string(&log).unwrap();
+        let mended: Vec<Value> = mended
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let torn_at = lines.len() - 1;
+        let record = &mended[torn_at];
+        assert_eq!(record["event"], "torn", "{what}: {mended:#?}");
+        assert_eq!(record["bytes"], piece.len(), "{what}");
+        assert_eq!(record["sha256"], sha256_hex(piece.as_bytes()), "{what}");
         assert_eq!(
-            first_line_named(&after_path),
-            Some(n),
-            "{what}: the message should name line {n}, the torn one: {err}"
+            record["prev"],
+            serde_json::from_str::<Value>(&lines[torn_at - 1]).unwrap()["hash"],
+            "{what}: chained to the last complete line"
         );
-        assert!(stdout(&out).is_empty(), "{what}: {}", stdout(&out));
-        assert_eq!(
-            std::fs::read_to_string(&log).unwrap(),
-            torn,
-            "{what}: a refused start changed the log"
-        );
-        // `audit verify` names the same line.
-        assert_broken_at(&ws, &format!("torn {what}"), &torn, n);
+        assert_eq!(mended[torn_at + 1]["event"], "start", "{what}");
+        // The torn line was the first run's seal: the chain is whole, and that run is
+        // reported unsealed (exit 3), as a crash should be.
+        let out = verify(&log);
+        assert_eq!(out.status.code(), Some(3), "{what}: {}", stderr(&out));
     }
+    // One incomplete line and nothing else: refused, untouched.
+    let log = ws.dir.join("torn-start-line-cut.jsonl");
+    let torn = lines[0][..lines[0].len() / 2].to_owned();
+    std::fs::write(&log, &torn).unwrap();
+    let out = run(&[
+        "serve",
+        "--root",
+        ws.root.to_str().unwrap(),
+        "--audit",
+        log.to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert!(
+        !out.status.success(),
+        "started on a one-line torn file: {err}"
+    );
+    assert!(err.contains(log.to_str().unwrap()), "{err}");
+    assert!(err.contains("incomplete"), "{err}");
+    assert!(stdout(&out).is_empty());
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), torn);
+    assert_broken_at(&ws, "torn start line", &torn, 1);
 }
 
 // ---------------------------------------------------------------------------------------------

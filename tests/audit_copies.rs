@@ -263,11 +263,13 @@ fn every_line_reaches_syslog_and_the_journal_as_each_frames_it() {
     assert!(!field(&f, "FSBROKER_DURATION_MS").is_empty());
 }
 
-/// Rule: a line too large for one datagram still reaches both: the journal gets it in a
-/// sealed memfd (as journald takes large entries), syslog a shortened message that keeps the
-/// line's `hash` and `prev`, names what it left out, and fits a collector's 8 KiB.
+/// Rule: a server decides how long its strings are, not how long the log's lines get. A
+/// consent request for 3,000 paths of 1 KiB is logged with its first 16 paths, the count and a
+/// digest of them all; the journal gets that line whole, and syslog, whose collectors cut
+/// messages past 8 KiB, a shorter message that keeps the line's hash, prev and the start of
+/// each long string, and names what it cut.
 #[test]
-fn a_line_too_large_for_a_datagram_still_reaches_both() {
+fn a_huge_request_is_logged_capped_and_reaches_both_copies() {
     let (_t, dir) = tempdir();
     let (_t2, _, policy, log) = setup(&format!(
         "syslog = '{}'\njournald = '{}'",
@@ -277,10 +279,8 @@ fn a_line_too_large_for_a_datagram_still_reaches_both() {
     let syslog = Collector::bind(&dir.join("syslog.sock"));
     let journal = Collector::bind(&dir.join("journal.sock"));
     let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
-    // 3,000 requested paths of 100 bytes: a log line of about 300 KiB, above the 208 KiB a
-    // datagram socket sends by default.
     let paths: Vec<String> = (0..3000)
-        .map(|i| format!("r/{i:04}-{}", "p".repeat(93)))
+        .map(|i| format!("r/{i:04}-{}", "p".repeat(1017)))
         .collect();
     b.ok(
         "files/consent",
@@ -291,35 +291,57 @@ fn a_line_too_large_for_a_datagram_still_reaches_both() {
     let (syslog, journal) = (syslog.finish(), journal.finish());
     let lines = log_lines(&log);
     let consent = &lines[1];
-    assert!(consent.len() > 250_000, "{}", consent.len());
     let v: Value = serde_json::from_str(consent).unwrap();
+    assert_eq!(v["paths"].as_array().unwrap().len(), 16);
+    assert_eq!(v["paths"][0], paths[0]);
+    assert_eq!(v["pathsCount"], 3000);
+    let digest = hex_sha256(&serde_json::to_vec(&paths).unwrap());
+    assert_eq!(v["pathsDigest"], digest);
+    assert!(consent.len() < 20_000, "{}", consent.len());
 
-    let big = journal
-        .iter()
-        .find(|d| d.memfd.is_some())
-        .expect("the large entry came in a memfd");
-    assert!(
-        big.bytes.is_empty(),
-        "the memfd's datagram carries nothing else"
-    );
-    let f = journal_fields(big.memfd.as_ref().unwrap());
-    let message = field(&f, "MESSAGE");
-    assert!(
-        message.len() == 1 && message[0] == *consent,
-        "MESSAGE is not the line ({} fields)",
-        message.len()
-    );
-    assert_eq!(field(&f, "FSBROKER_PATHS").len(), 3000);
     assert_eq!(journal.len(), lines.len());
+    let f = journal_fields(&journal[1].bytes);
+    assert_eq!(field(&f, "MESSAGE"), vec![consent.clone()]);
+    assert_eq!(field(&f, "FSBROKER_PATHS").len(), 16);
 
+    assert_eq!(syslog.len(), lines.len());
     let msg = String::from_utf8(syslog[1].bytes.clone()).unwrap();
     assert!(msg.len() <= 8192, "{}", msg.len());
     let body: Value = serde_json::from_str(&msg[msg.find(" - ").unwrap() + 3..]).unwrap();
     assert_eq!(body["hash"], v["hash"]);
     assert_eq!(body["prev"], v["prev"]);
+    assert_eq!(body["pathsCount"], 3000);
     assert_eq!(body["elided"], json!(["paths"]));
     assert_eq!(body["lineBytes"], json!(consent.len()));
-    assert_eq!(syslog.len(), lines.len());
+}
+
+/// Rule: a path longer than `PATH_MAX` is logged cut to 4,096 bytes, with its length and
+/// sha256, so a probe still shows and its line stays small.
+#[test]
+fn a_path_longer_than_path_max_is_logged_cut_with_its_digest() {
+    let (_t, dir) = tempdir();
+    let (_t2, _, policy, log) = setup(&format!("syslog = '{}'", s(&dir.join("syslog.sock"))));
+    let syslog = Collector::bind(&dir.join("syslog.sock"));
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let path = format!("r/{}../../etc/passwd", "./".repeat(4200));
+    b.err("files/read", json!({"path": path}));
+    b.finish();
+    let got = syslog.finish();
+    let v: Value = serde_json::from_str(&log_lines(&log)[1]).unwrap();
+    assert_eq!(v["path"], path[..4096]);
+    assert_eq!(v["pathBytes"], path.len());
+    assert_eq!(v["pathDigest"], hex_sha256(path.as_bytes()));
+    // The syslog copy keeps the start of the path.
+    let msg = String::from_utf8(got[1].bytes.clone()).unwrap();
+    assert!(msg.contains("r/./././"), "{msg}");
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Rule: a copy that cannot be delivered does not silently lose lines. The log records the

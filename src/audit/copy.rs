@@ -31,6 +31,9 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 /// collectors, so a longer line is sent elided ([`syslog_message`]).
 pub const SYSLOG_MAX: usize = 8192;
 
+/// How much of each long string an elided syslog message keeps.
+const SYSLOG_KEEP: usize = 512;
+
 /// A change in a copy's state, to be recorded in the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
@@ -214,8 +217,9 @@ fn severity(fields: &BTreeMap<&str, Value>) -> u8 {
 /// enterprise number to name an SD-ID with, and the line already carries every member.
 ///
 /// A line longer than [`SYSLOG_MAX`] would be cut by the collector; it is sent instead as a
-/// shorter JSON object that keeps the chain (`prev`, `hash`) and the line's short members,
-/// names the members left out (`elided`) and the line's length (`lineBytes`).
+/// shorter JSON object that keeps the chain (`prev`, `hash`), the line's numbers and short
+/// strings, the first 512 bytes of each long string, and names what it cut or left out
+/// (`elided`) and the line's length (`lineBytes`).
 pub fn syslog_message(
     facility: u8,
     host: &str,
@@ -239,15 +243,16 @@ pub fn syslog_message(
     let mut short: BTreeMap<&str, Value> = BTreeMap::new();
     let mut elided: Vec<Value> = Vec::new();
     for (k, v) in fields {
-        let small = match v {
-            Value::String(s) => s.len() <= 256,
-            Value::Array(_) | Value::Object(_) => false,
-            _ => true,
-        };
-        if small {
-            short.insert(k, v.clone());
-        } else {
-            elided.push(Value::from(*k));
+        match v {
+            // The start of a long string still shows what it was (a probe's target).
+            Value::String(s) if s.len() > SYSLOG_KEEP => {
+                short.insert(k, Value::from(super::cap(s, SYSLOG_KEEP)));
+                elided.push(Value::from(*k));
+            }
+            Value::Array(_) | Value::Object(_) => elided.push(Value::from(*k)),
+            _ => {
+                short.insert(k, v.clone());
+            }
         }
     }
     short.insert("elided", Value::from(elided));
@@ -411,6 +416,10 @@ mod tests {
         let text = String::from_utf8(m).unwrap();
         assert!(text.contains(&"h".repeat(64)), "{text}");
         assert!(text.contains("\"elided\":[\"path\"]"), "{text}");
+        assert!(
+            text.contains(&format!("\"path\":\"{}\"", "x".repeat(512))),
+            "{text}"
+        );
     }
 
     #[test]
@@ -424,6 +433,46 @@ mod tests {
         assert!(text.contains("MESSAGE={}\n"), "{text}");
         assert!(text.contains("FSBROKER_DURATION_MS=1.5\n"), "{text}");
         assert!(text.contains("PRIORITY=6\n"), "{text}");
+    }
+
+    /// An entry too large for one datagram is passed in a sealed memfd with an empty
+    /// datagram, as journald takes it.
+    #[test]
+    fn a_large_journal_entry_goes_in_a_sealed_memfd() {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        use std::io::{Read, Seek};
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("journal.sock");
+        let listener = UnixDatagram::bind(&path).unwrap();
+        let sender = UnixDatagram::unbound().unwrap();
+        let big = vec![b'x'; 1 << 20];
+        let entry = journal_message(&fields(), &big);
+        assert_eq!(send_journal(&sender, &path, &entry).unwrap(), entry.len());
+        let mut buf = [0u8; 16];
+        let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let msg = rustix::net::recvmsg(
+            &listener,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::empty(),
+        )
+        .unwrap();
+        assert_eq!(msg.bytes, 0);
+        let mut got = None;
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(mut fds) = m {
+                got = fds.next();
+            }
+        }
+        let fd = got.expect("a descriptor came with the datagram");
+        let seals = rustix::fs::fcntl_get_seals(&fd).unwrap();
+        assert!(seals.contains(rustix::fs::SealFlags::WRITE | rustix::fs::SealFlags::SEAL));
+        let mut file = std::fs::File::from(fd);
+        file.rewind().unwrap();
+        let mut read = Vec::new();
+        file.read_to_end(&mut read).unwrap();
+        assert!(read == entry, "the memfd holds the entry");
     }
 
     #[test]

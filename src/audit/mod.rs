@@ -38,6 +38,17 @@ type Fields = BTreeMap<&'static str, Value>;
 /// A line as written (without its newline) and its members.
 type Line = (Vec<u8>, Fields);
 
+/// What a file needs before a broker's line ([`AuditLog::settle`]).
+enum Settled {
+    /// Nothing: the line goes next.
+    Ready,
+    /// This line first (`continue` or `torn`), chained to the head.
+    Write(Fields),
+    /// The file ends in a `rotate` line naming `kept`, which is this same file, still at the
+    /// path: a roll-over to finish.
+    Unrolled(PathBuf),
+}
+
 /// What a roll-over did: the new file, if it is in place, and the lines written.
 #[derive(Default)]
 struct Rolled {
@@ -128,14 +139,17 @@ struct Chain {
 }
 
 /// Holds the file's advisory lock (`flock`, exclusive) until dropped: every broker appending
-/// to one log takes it, so their lines form one chain.
-struct FileLock<'a>(&'a File);
+/// to one log takes it, so their lines form one chain. It keeps a duplicate of the file's
+/// descriptor (the lock belongs to the open file, which both share), so the chain can change
+/// while the lock is held.
+struct FileLock(std::os::fd::OwnedFd);
 
-impl<'a> FileLock<'a> {
-    fn take(file: &'a File) -> std::io::Result<FileLock<'a>> {
+impl FileLock {
+    fn take(file: &File) -> std::io::Result<FileLock> {
+        let fd = std::os::fd::AsFd::as_fd(file).try_clone_to_owned()?;
         loop {
-            match rustix::fs::flock(file, rustix::fs::FlockOperation::LockExclusive) {
-                Ok(()) => return Ok(FileLock(file)),
+            match rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive) {
+                Ok(()) => return Ok(FileLock(fd)),
                 Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -143,9 +157,9 @@ impl<'a> FileLock<'a> {
     }
 }
 
-impl Drop for FileLock<'_> {
+impl Drop for FileLock {
     fn drop(&mut self) {
-        let _ = rustix::fs::flock(self.0, rustix::fs::FlockOperation::Unlock);
+        let _ = rustix::fs::flock(&self.0, rustix::fs::FlockOperation::Unlock);
     }
 }
 
@@ -216,12 +230,18 @@ impl AuditLog {
         // tells one run of the broker from the next). If it cannot be written, the broker
         // runs but refuses every audited request.
         {
-            // A log whose last line is torn is refused at once, as before.
-            let mut chain = log.chain.lock().unwrap_or_else(|e| e.into_inner());
-            let chain = &mut *chain;
+            // A file that is not an audit log is refused before anything is written to it.
+            // (A log whose last line was torn by a broker killed mid-write is mended by the
+            // start line's append: see `AuditLog::settle`.)
+            let chain = log.chain.lock().unwrap_or_else(|e| e.into_inner());
             let _lock = FileLock::take(&chain.file).map_err(io)?;
-            chain.prev = last_hash(&chain.file, &log.path)?;
-            chain.len = chain.file.metadata().map_err(io)?.len();
+            if let Tail::Torn { complete: 0, .. } = tail(&chain.file, &log.path)? {
+                return Err(AuditError::Broken {
+                    path: log.path.clone(),
+                    line: 1,
+                    reason: "the file holds one incomplete line; is this an audit log?".into(),
+                });
+            }
         }
         let mut start = event("start");
         start.insert("version", Value::from(env!("CARGO_PKG_VERSION")));
@@ -254,38 +274,59 @@ impl AuditLog {
         let mut fields: Fields = BTreeMap::new();
         fields.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
         fields.insert("session", Value::from(r.session));
-        fields.insert("method", Value::from(r.method));
-        let mut put_path = |plain: &'static str, hashed: &'static str, p: &str| {
+        put_capped(
+            &mut fields,
+            ["method", "methodBytes", "methodDigest"],
+            r.method,
+            256,
+        );
+        let mut put_path = |keys: [&'static str; 3], hashed: &'static str, p: &str| {
             if self.redact {
                 fields.insert(hashed, Value::from(sha256_hex(p.as_bytes())));
             } else {
-                fields.insert(plain, Value::from(p));
+                put_capped(&mut fields, keys, p, MAX_LOGGED_PATH);
             }
         };
         if let Some(p) = r.path {
-            put_path("path", "pathSha256", p);
+            put_path(["path", "pathBytes", "pathDigest"], "pathSha256", p);
         }
         if let Some(p) = r.new_path {
-            put_path("newPath", "newPathSha256", p);
+            put_path(
+                ["newPath", "newPathBytes", "newPathDigest"],
+                "newPathSha256",
+                p,
+            );
         }
         if let Some(ps) = r.paths {
+            // A server chooses how many paths it asks consent for: the line keeps the first
+            // few, the count and a digest of them all.
+            let kept = ps.iter().take(MAX_LOGGED_PATHS);
             let (key, list): (&str, Vec<Value>) = if self.redact {
                 (
                     "pathsSha256",
-                    ps.iter()
-                        .map(|p| Value::from(sha256_hex(p.as_bytes())))
+                    kept.map(|p| Value::from(sha256_hex(p.as_bytes())))
                         .collect(),
                 )
             } else {
                 (
                     "paths",
-                    ps.iter().map(|p| Value::from(p.as_str())).collect(),
+                    kept.map(|p| Value::from(cap(p, MAX_LOGGED_PATH))).collect(),
                 )
             };
             fields.insert(key, Value::from(list));
+            if ps.len() > MAX_LOGGED_PATHS || ps.iter().any(|p| p.len() > MAX_LOGGED_PATH) {
+                fields.insert("pathsCount", Value::from(ps.len()));
+                let all = serde_json::to_vec(ps).unwrap_or_default();
+                fields.insert("pathsDigest", Value::from(sha256_hex(&all)));
+            }
         }
         if let Some(name) = r.server {
-            fields.insert("server", Value::from(name));
+            put_capped(
+                &mut fields,
+                ["server", "serverBytes", "serverDigest"],
+                name,
+                256,
+            );
         }
         fields.insert("outcome", Value::from(r.outcome));
         fields.insert("bytes", Value::from(r.bytes));
@@ -348,10 +389,10 @@ impl AuditLog {
 
     /// Writes one line under the file's lock, with what it takes first: following the log to
     /// its new file when another broker rolled it over, reading the head again when another
-    /// broker appended, and rolling over when the line would pass `max_bytes`. Each line
-    /// written is sent to the copies before the lock is let go, so the copies get the lines
-    /// of every broker in the file's order (a copy is itself a chain). Returns the changes in
-    /// the copies' state, to be recorded.
+    /// broker appended ([`AuditLog::settle`]), and rolling over when the line would pass
+    /// `max_bytes`. Each line written is sent to the copies before the lock is let go, so the
+    /// copies get the lines of every broker in the file's order (a copy is itself a chain).
+    /// Returns the changes in the copies' state, to be recorded.
     fn write(&self, chain: &mut Chain, fields: Fields) -> std::io::Result<Vec<Notice>> {
         let mut notices = Vec::new();
         let mut rolled = false;
@@ -369,30 +410,31 @@ impl AuditLog {
                 continue;
             }
             let len = chain.file.metadata()?.len();
-            if len == 0 && chain.len != u64::MAX && chain.len > 0 {
-                // Emptied in place (logrotate's copytruncate, a person).
-                chain.carry = Some(chain.prev.clone());
-            }
-            if let Some(head) = chain
-                .carry
-                .take()
-                .filter(|head| len == 0 && head != GENESIS)
-            {
-                let (line, fields) = chain_line(&head, event("continue"));
-                let mut bytes = line.clone();
-                bytes.push(b'\n');
-                (&chain.file).write_all(&bytes)?;
-                tracing::warn!(path = %self.path.display(), "the audit log was moved, removed or emptied outside fsbroker; the new file continues its chain");
-                chain.prev = fields["hash"].as_str().unwrap_or_default().to_owned();
-                chain.len = bytes.len() as u64;
-                notices.extend(chain.copies.send(&line, &fields));
-                drop(lock);
-                continue;
-            }
-            if len != chain.len {
-                chain.prev = last_hash(&chain.file, &self.path)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?;
-                chain.len = len;
+            match self.settle(chain, len)? {
+                Settled::Ready => {}
+                Settled::Write(first) => {
+                    // A line that links or mends the log goes first.
+                    let (line, fields) = chain_line(&chain.prev, first);
+                    self.put(chain, &line)?;
+                    notices.extend(chain.copies.send(&line, &fields));
+                    chain.prev = fields["hash"].as_str().unwrap_or_default().to_owned();
+                    drop(lock);
+                    continue;
+                }
+                Settled::Unrolled(kept) => {
+                    // A broker died between a roll-over's rotate line and the new file: this
+                    // one finishes it.
+                    let next = self.finish_roll(&chain.file, &chain.prev, &kept)?;
+                    if let Some((_, line, fields)) = &next {
+                        notices.extend(chain.copies.send(line, fields));
+                    }
+                    drop(lock);
+                    if let Some((file, _, _)) = next {
+                        chain.file = file;
+                        chain.len = u64::MAX;
+                    }
+                    continue;
+                }
             }
             let (line, fields) = chain_line(&chain.prev, fields.clone());
             let full = self
@@ -419,16 +461,95 @@ impl AuditLog {
                 }
                 continue;
             }
-            let mut bytes = line.clone();
-            bytes.push(b'\n');
-            // One write per line: a line is either in the file whole or (on a failed write)
-            // the log is marked broken and nothing more is appended after the torn piece.
-            (&chain.file).write_all(&bytes)?;
+            self.put(chain, &line)?;
             chain.prev = fields["hash"].as_str().unwrap_or_default().to_owned();
-            chain.len = len + bytes.len() as u64;
             notices.extend(chain.copies.send(&line, &fields));
             drop(lock);
             return Ok(notices);
+        }
+    }
+
+    /// Appends `line` and its newline to the file (`chain.len` bytes long, its lock held) in
+    /// one write. A write that fails part-way is cut back off, so no other broker finds a torn
+    /// line; the caller then marks the log unavailable.
+    fn put(&self, chain: &mut Chain, line: &[u8]) -> std::io::Result<()> {
+        let len = chain.len;
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line);
+        bytes.push(b'\n');
+        if let Err(e) = (&chain.file).write_all(&bytes) {
+            if let Err(cut) = chain.file.set_len(len) {
+                tracing::error!(path = %self.path.display(), error = %cut, "cannot remove a partly written audit line");
+            }
+            chain.len = u64::MAX;
+            return Err(e);
+        }
+        chain.len = len + bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Brings `chain` up to date with the file (`len` bytes, its lock held): its head when
+    /// another broker appended, and what the file needs before this broker's line:
+    /// - an empty file that replaced, or is, a file this broker wrote to (moved away, removed,
+    ///   emptied: logrotate, a person) begins with a `continue` line chained to the old head;
+    /// - a torn last line (a broker killed mid-write) is cut off, and a `torn` line records its
+    ///   length, sha256 and first bytes;
+    /// - a file still at the path that ends in a `rotate` line is a roll-over a broker did not
+    ///   finish.
+    fn settle(&self, chain: &mut Chain, len: u64) -> std::io::Result<Settled> {
+        let other = |e: AuditError| std::io::Error::other(e.to_string());
+        if len == 0 {
+            if chain.len != u64::MAX && chain.len > 0 {
+                // Emptied in place (logrotate's copytruncate, a person).
+                chain.carry = Some(chain.prev.clone());
+            }
+            chain.len = 0;
+            chain.prev = GENESIS.to_owned();
+            return Ok(match chain.carry.take().filter(|h| h != GENESIS) {
+                Some(head) => {
+                    tracing::warn!(path = %self.path.display(), "the audit log was moved, removed or emptied outside fsbroker; the new file continues its chain");
+                    chain.prev = head;
+                    Settled::Write(event("continue"))
+                }
+                None => Settled::Ready,
+            });
+        }
+        chain.carry = None;
+        if len == chain.len {
+            return Ok(Settled::Ready);
+        }
+        chain.len = len;
+        match tail(&chain.file, &self.path).map_err(other)? {
+            Tail::Empty => {
+                chain.prev = GENESIS.to_owned();
+                Ok(Settled::Ready)
+            }
+            Tail::Line { hash, rotate } => {
+                chain.prev = hash;
+                match rotate.map(|name| self.path.with_file_name(name)) {
+                    Some(kept) if rotate::same_file(&chain.file, &kept) => {
+                        Ok(Settled::Unrolled(kept))
+                    }
+                    _ => Ok(Settled::Ready),
+                }
+            }
+            Tail::Torn { complete, piece } => {
+                if complete == 0 {
+                    return Err(std::io::Error::other(
+                        "the audit log holds one incomplete line; is it an audit log?",
+                    ));
+                }
+                tracing::warn!(path = %self.path.display(), bytes = piece.len(), "the audit log ends in a torn line (a broker killed mid-write); cutting it off and recording it");
+                chain.file.set_len(complete)?;
+                chain.len = complete;
+                chain.prev = last_hash(&chain.file, &self.path).map_err(other)?;
+                let mut torn = event("torn");
+                torn.insert("bytes", Value::from(piece.len()));
+                torn.insert("sha256", Value::from(sha256_hex(&piece)));
+                let head = String::from_utf8_lossy(&piece[..piece.len().min(256)]).into_owned();
+                torn.insert("head", Value::from(head));
+                Ok(Settled::Write(torn))
+            }
         }
     }
 
@@ -500,6 +621,37 @@ impl AuditLog {
         })
     }
 
+    /// Finishes a roll-over whose broker died after writing the rotate line (the full file,
+    /// `full`, ends with it, its head `prev`; `kept` is its kept name): the new file, with its
+    /// `continue` line, is put at the path. `None` when that cannot be done now (the log goes
+    /// on in the full file, after its rotate line, which `verify` accepts).
+    fn finish_roll(
+        &self,
+        full: &File,
+        prev: &str,
+        kept: &Path,
+    ) -> std::io::Result<Option<(File, Vec<u8>, Fields)>> {
+        let mut next = event("continue");
+        let name = kept.file_name().map(|n| n.to_string_lossy().into_owned());
+        next.insert("from", Value::from(name.unwrap_or_default()));
+        let (line, fields) = chain_line(prev, next);
+        let ready = rotate::prepare(&self.path, &line).and_then(|(temp, file)| {
+            rotate::install(&temp, &self.path).inspect_err(|_| rotate::discard(&temp))?;
+            Ok(file)
+        });
+        match ready {
+            Ok(file) => {
+                rotate::finish(full, kept);
+                tracing::warn!(path = %self.path.display(), kept = %kept.display(), "finished a roll-over of the audit log that another broker began");
+                Ok(Some((file, line, fields)))
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot finish an interrupted roll-over; the log goes on in the full file");
+                Ok(None)
+            }
+        }
+    }
+
     /// Seals this run's part of the log (at a clean exit): a last line,
     /// `{"event":"seal","pid":…}`, chained like the rest, then flushed to disk. `verify`
     /// reports a run without its seal — a crash, or lines removed from the end.
@@ -516,6 +668,35 @@ impl AuditLog {
         if let Err(e) = chain.file.sync_all() {
             tracing::error!(path = %self.path.display(), error = %e, "cannot sync the audit log");
         }
+    }
+}
+
+/// The longest path logged whole (Linux's `PATH_MAX`); a longer one is cut.
+pub const MAX_LOGGED_PATH: usize = 4096;
+
+/// How many of a consent request's paths a line lists.
+pub const MAX_LOGGED_PATHS: usize = 16;
+
+/// `value` cut to at most `max` bytes, at a character boundary.
+fn cap(value: &str, max: usize) -> &str {
+    if value.len() <= max {
+        return value;
+    }
+    let mut end = max;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    &value[..end]
+}
+
+/// Puts `value` under `keys[0]`, cut to `max` bytes: a server decides how long its strings
+/// are, and a line must stay small enough to be written (and copied) whole. A cut value comes
+/// with its full length (`keys[1]`) and the sha256 of it all (`keys[2]`).
+fn put_capped(fields: &mut Fields, keys: [&'static str; 3], value: &str, max: usize) {
+    fields.insert(keys[0], Value::from(cap(value, max)));
+    if value.len() > max {
+        fields.insert(keys[1], Value::from(value.len()));
+        fields.insert(keys[2], Value::from(sha256_hex(value.as_bytes())));
     }
 }
 
@@ -583,34 +764,63 @@ fn sha256_hex(bytes: &[u8]) -> String {
     s
 }
 
-/// The `hash` of the file's last line, or [`GENESIS`] for an empty file.
-fn last_hash(mut file: &File, path: &Path) -> Result<String, AuditError> {
+/// How a log file ends.
+enum Tail {
+    /// Nothing in it.
+    Empty,
+    /// A complete last line: its hash, and whether it is a `rotate` line and which file it
+    /// names.
+    Line {
+        hash: String,
+        rotate: Option<String>,
+    },
+    /// A last line without its newline (a broker killed in the middle of its write): where the
+    /// complete lines end, and the torn piece.
+    Torn { complete: u64, piece: Vec<u8> },
+}
+
+/// Reads how the file ends, scanning back from the end once (each byte read at most twice,
+/// however long the last line).
+fn tail(mut file: &File, path: &Path) -> Result<Tail, AuditError> {
     let io = |source| AuditError::Io {
         path: path.to_owned(),
         source,
     };
     let len = file.seek(SeekFrom::End(0)).map_err(io)?;
     if len == 0 {
-        return Ok(GENESIS.to_owned());
+        return Ok(Tail::Empty);
     }
-    // Read backwards until the start of the last line is in hand.
-    let mut tail: Vec<u8> = Vec::new();
-    let mut pos = len;
-    loop {
-        let step = pos.min(64 << 10);
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::Start(len - 1)).map_err(io)?;
+    file.read_exact(&mut last).map_err(io)?;
+    let whole = last[0] == b'\n';
+    let end = if whole { len - 1 } else { len };
+    // The last line starts after the last newline before `end`.
+    let mut start = 0;
+    let mut pos = end;
+    let mut chunk = vec![0u8; 64 << 10];
+    while pos > 0 {
+        let step = pos.min(chunk.len() as u64);
         pos -= step;
-        let mut chunk = vec![0u8; step as usize];
+        let piece = &mut chunk[..step as usize];
         file.seek(SeekFrom::Start(pos)).map_err(io)?;
-        file.read_exact(&mut chunk).map_err(io)?;
-        chunk.extend_from_slice(&tail);
-        tail = chunk;
-        let body = &tail[..tail.len() - 1];
-        if body.contains(&b'\n') || pos == 0 {
+        file.read_exact(piece).map_err(io)?;
+        if let Some(i) = memchr::memrchr(b'\n', piece) {
+            start = pos + i as u64 + 1;
             break;
         }
     }
+    let mut line = vec![0u8; (end - start) as usize];
+    file.seek(SeekFrom::Start(start)).map_err(io)?;
+    file.read_exact(&mut line).map_err(io)?;
+    if !whole {
+        return Ok(Tail::Torn {
+            complete: start,
+            piece: line,
+        });
+    }
     let broken = |reason: &str| {
-        // Name the line the way `verify` counts: from 1, the torn piece included.
+        // Name the line the way `verify` counts: from 1.
         let line = count_lines(file).unwrap_or(0);
         AuditError::Broken {
             path: path.to_owned(),
@@ -618,18 +828,32 @@ fn last_hash(mut file: &File, path: &Path) -> Result<String, AuditError> {
             reason: reason.to_owned(),
         }
     };
-    if tail.last() != Some(&b'\n') {
-        return Err(broken(
-            "the last line is incomplete; run `fsbroker audit verify` and repair or move the log",
-        ));
-    }
-    let body = &tail[..tail.len() - 1];
-    let start = body.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    let last: BTreeMap<String, Value> = serde_json::from_slice(&body[start..])
-        .map_err(|_| broken("the last line is not an audit record"))?;
-    match last.get("hash").and_then(Value::as_str) {
-        Some(h) if h.len() == 64 => Ok(h.to_owned()),
-        _ => Err(broken("the last line has no hash")),
+    let last: BTreeMap<String, Value> = serde_json::from_slice(&line)
+        .map_err(|_| broken("the last line is not an audit record; is this an audit log?"))?;
+    let hash = match last.get("hash").and_then(Value::as_str) {
+        Some(h) if h.len() == 64 => h.to_owned(),
+        _ => return Err(broken("the last line has no hash; is this an audit log?")),
+    };
+    let rotate = (last.get("event").and_then(Value::as_str) == Some("rotate")).then(|| {
+        last.get("file")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    });
+    Ok(Tail::Line { hash, rotate })
+}
+
+/// The `hash` of the file's last line, or [`GENESIS`] for an empty file; an error for a torn
+/// last line.
+fn last_hash(file: &File, path: &Path) -> Result<String, AuditError> {
+    match tail(file, path)? {
+        Tail::Empty => Ok(GENESIS.to_owned()),
+        Tail::Line { hash, .. } => Ok(hash),
+        Tail::Torn { .. } => Err(AuditError::Broken {
+            path: path.to_owned(),
+            line: count_lines(file).unwrap_or(0),
+            reason: "the last line is incomplete".to_owned(),
+        }),
     }
 }
 

@@ -13,24 +13,45 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-/// Opens (or creates, owner-only) the log file at `path` for reading and appending.
+/// Opens (or creates, owner-only) the log file at `path` for reading and appending. A symlink
+/// at the path (to `/dev/null`, to another file) is refused rather than followed, so the log
+/// cannot be diverted by a link, and so is a FIFO or socket put there (a writer would block or
+/// lose its lines). A regular file, or a device the user named (`/dev/full` in tests), is used.
 pub fn open(path: &Path) -> std::io::Result<File> {
-    std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .append(true)
         .create(true)
         .mode(0o600)
-        .open(path)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !(kind.is_file() || std::os::unix::fs::FileTypeExt::is_char_device(&kind)) {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    Ok(file)
 }
 
 /// Whether `file` is no longer the file at `path`: another broker rolled the log over, or the
-/// file was removed or replaced.
+/// file was removed or replaced (by a symlink too: the path itself is looked at).
 pub fn moved_away(file: &File, path: &Path) -> std::io::Result<bool> {
     let open = file.metadata()?;
-    match std::fs::metadata(path) {
+    match std::fs::symlink_metadata(path) {
         Ok(now) => Ok((now.dev(), now.ino()) != (open.dev(), open.ino())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Err(e) => Err(e),
+    }
+}
+
+/// Whether `other` names the same file as `file` (a kept name that is still a link to the
+/// log's current file).
+pub fn same_file(file: &File, other: &Path) -> bool {
+    match (file.metadata(), std::fs::symlink_metadata(other)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
     }
 }
 
@@ -49,7 +70,8 @@ pub fn keep(path: &Path) -> std::io::Result<PathBuf> {
         let mut kept = name.to_os_string();
         kept.push(format!(".{stamp}"));
         if n > 0 {
-            kept.push(format!("-{n}"));
+            // Zero-padded, so the names still sort in order.
+            kept.push(format!("-{n:03}"));
         }
         let kept = path.with_file_name(kept);
         match std::fs::hard_link(path, &kept) {
