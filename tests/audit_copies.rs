@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::{Read, Seek};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,12 +13,10 @@ use std::time::Duration;
 use common::{Broker, bin, code, tempdir, write_policy};
 use serde_json::{Value, json};
 
-/// A datagram received, with the memfd that came along with it (the journal's way for
-/// entries too large for one datagram), read whole.
+/// A datagram received.
 #[derive(Debug, Clone)]
 struct Datagram {
     bytes: Vec<u8>,
-    memfd: Option<Vec<u8>>,
 }
 
 /// A collector: a bound Unix datagram socket drained by a thread until dropped.
@@ -66,43 +63,26 @@ impl Collector {
     }
 }
 
-/// One datagram and the descriptors passed with it, or None when none came in time.
+/// One datagram, or None when none came in time.
 fn receive(sock: &UnixDatagram) -> Option<Datagram> {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut buf = vec![0u8; 1 << 20];
-    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let msg = match rustix::net::recvmsg(
-        sock,
-        &mut [std::io::IoSliceMut::new(&mut buf)],
-        &mut control,
-        RecvFlags::CMSG_CLOEXEC,
-    ) {
-        Ok(m) => m,
-        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return None,
-        Err(e) => panic!("recvmsg: {e}"),
-    };
-    let mut memfd = None;
-    for m in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = m {
-            for fd in fds {
-                // The journal accepts only a sealed memfd: check the broker sealed it.
-                let seals = rustix::fs::fcntl_get_seals(&fd).unwrap();
-                assert!(
-                    seals.contains(rustix::fs::SealFlags::WRITE | rustix::fs::SealFlags::SEAL),
-                    "memfd not sealed: {seals:?}"
-                );
-                // The sender's offset is shared: read from the start, as journald maps it.
-                let mut file = std::fs::File::from(fd);
-                file.seek(std::io::SeekFrom::Start(0)).unwrap();
-                let mut bytes = Vec::new();
-                file.read_to_end(&mut bytes).unwrap();
-                memfd = Some(bytes);
-            }
+    match sock.recv(&mut buf) {
+        Ok(n) => {
+            buf.truncate(n);
+            Some(Datagram { bytes: buf })
         }
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock
+                    | std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::Interrupted
+            ) =>
+        {
+            None
+        }
+        Err(e) => panic!("recv: {e}"),
     }
-    buf.truncate(msg.bytes);
-    Some(Datagram { bytes: buf, memfd })
 }
 
 /// Parses the journal's native protocol into (name, value) pairs, in order.
