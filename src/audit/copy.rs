@@ -138,6 +138,11 @@ impl Copies {
         })
     }
 
+    /// Whether every copy works (none is down).
+    pub fn all_up(&self) -> bool {
+        self.sinks.iter().all(|s| s.lost.is_none())
+    }
+
     /// Whether there is any copy to send.
     pub fn is_empty(&self) -> bool {
         self.sinks.is_empty()

@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
@@ -170,11 +170,29 @@ pub struct AuditLog {
     max_bytes: Option<u64>,
     require_copies: bool,
     chain: Mutex<Chain>,
+    health: Arc<Health>,
+}
+
+/// Whether the log takes lines, shared with the operations that must not act when it does
+/// not ([`AuditLog::health`]).
+#[derive(Debug)]
+pub struct Health {
     /// False once the file could not be written.
-    healthy: AtomicBool,
-    /// True once a copy was lost while `require_copies` is set: requests are refused, but the
-    /// file still takes the broker's own lines (the loss itself, the seal).
-    copy_lost: AtomicBool,
+    file: AtomicBool,
+    /// True while a copy is down and `require_copies` is set: requests are refused, but the
+    /// file still takes the broker's own lines (the loss itself, the seal, refusals).
+    copy_down: AtomicBool,
+}
+
+impl Health {
+    /// Whether audited requests may act.
+    pub fn ok(&self) -> bool {
+        self.file.load(Ordering::Acquire) && !self.copy_down.load(Ordering::Acquire)
+    }
+
+    fn file_ok(&self) -> bool {
+        self.file.load(Ordering::Acquire)
+    }
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -222,8 +240,10 @@ impl AuditLog {
                 copies,
                 carry: None,
             }),
-            healthy: AtomicBool::new(true),
-            copy_lost: AtomicBool::new(false),
+            health: Arc::new(Health {
+                file: AtomicBool::new(true),
+                copy_down: AtomicBool::new(false),
+            }),
             path: path.clone(),
         };
         // A first line at start-up proves the log writable before any request can act (and
@@ -260,13 +280,19 @@ impl AuditLog {
     /// False once a write has failed (or, with `require_copies`, a copy was lost): every
     /// audited request is then refused.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire) && !self.copy_lost.load(Ordering::Acquire)
+        self.health.ok()
+    }
+
+    /// The log's health, for work that checks it again at its point of no return: a request
+    /// that began while the log was healthy must not act once it is not.
+    pub fn health(&self) -> Arc<Health> {
+        Arc::clone(&self.health)
     }
 
     /// Appends one line. On failure the log turns unhealthy for good and the error is logged;
     /// with `require_copies`, a lost copy also fails it (the line is in the file).
     pub fn record(&self, r: &Record<'_>) -> Result<(), AuditError> {
-        if !self.healthy.load(Ordering::Acquire) {
+        if !self.health.file_ok() {
             return Err(AuditError::Unavailable {
                 path: self.path.clone(),
             });
@@ -340,7 +366,7 @@ impl AuditLog {
     /// Chains and appends one line, and sends it to the copies. On failure the log turns
     /// unhealthy for good.
     fn append(&self, fields: Fields) -> Result<(), AuditError> {
-        if !self.healthy.load(Ordering::Acquire) {
+        if !self.health.file_ok() {
             return Err(AuditError::Unavailable {
                 path: self.path.clone(),
             });
@@ -356,7 +382,7 @@ impl AuditLog {
             let notices = match self.write(chain, fields) {
                 Ok(notices) => notices,
                 Err(source) => {
-                    self.healthy.store(false, Ordering::Release);
+                    self.health.file.store(false, Ordering::Release);
                     tracing::error!(path = %self.path.display(), error = %source, "audit log unavailable: refusing every audited request from now on");
                     return Err(AuditError::Io {
                         path: self.path.clone(),
@@ -366,8 +392,8 @@ impl AuditLog {
             };
             for notice in notices {
                 if let (true, Notice::Lost { to, socket, error }) = (self.require_copies, &notice) {
-                    self.copy_lost.store(true, Ordering::Release);
-                    tracing::error!(path = %self.path.display(), to, "an audit copy was lost and require_copies is set: refusing every audited request from now on");
+                    self.health.copy_down.store(true, Ordering::Release);
+                    tracing::error!(path = %self.path.display(), to, "an audit copy was lost and require_copies is set: refusing audited requests until it is back");
                     result = Err(AuditError::CopyLost {
                         path: self.path.clone(),
                         to,
@@ -383,6 +409,10 @@ impl AuditLog {
                     queue.push_back(f);
                 }
             }
+        }
+        if self.require_copies && chain.copies.all_up() {
+            // Every copy is back (its `copy-resumed` line is written): requests may act again.
+            self.health.copy_down.store(false, Ordering::Release);
         }
         result
     }

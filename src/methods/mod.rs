@@ -57,6 +57,7 @@ impl Ctx<'_> {
             state: Arc::clone(self.session.state()),
             deadline: Arc::default(),
             started,
+            audit: self.session.broker().audit().map(|a| a.health()),
         }
     }
 }
@@ -106,6 +107,8 @@ pub(crate) struct Op {
     pub deadline: Arc<Deadline>,
     /// When the request's blocking work was set up: `timeout_ms` counts from here.
     pub started: Instant,
+    /// The audit log's health, checked again at the commit point.
+    pub audit: Option<Arc<crate::audit::Health>>,
 }
 
 impl Op {
@@ -151,7 +154,15 @@ impl Op {
 
     /// The point of no return of a mutation: fails with `TIMEOUT` (and the caller rolls
     /// back) when the operation's deadline has passed.
+    ///
+    /// Also fails, with the answer a request gets when the audit log cannot be written, once
+    /// the log has failed since the request began: requests already in flight when the log
+    /// fails (pipelined deletes, say) must not act unrecorded. Only work past its commit point
+    /// when the log failed can still complete; it is named on stderr when its line fails.
     fn commit(&self) -> Result<()> {
+        if self.audit.as_ref().is_some_and(|h| !h.ok()) {
+            return Err(audit_unavailable());
+        }
         self.deadline.commit(self.policy.limits().timeout)
     }
 
@@ -312,6 +323,16 @@ pub(crate) async fn call(
             server: server.as_deref(),
         };
         if log.record(&record).is_err() {
+            if outcome.code == "ok" {
+                // It acted and its line is not in the log: say what it did, where it can be read.
+                tracing::error!(
+                    session = session.id(),
+                    method,
+                    path = record.path.unwrap_or(""),
+                    new_path = record.new_path.unwrap_or(""),
+                    "this request took effect but its audit line could not be written"
+                );
+            }
             return jsonrpc::error_frame(Some(id), &audit_unavailable()).into();
         }
     }
