@@ -24,7 +24,7 @@ pub struct Broker {
     policy: RwLock<Arc<Policy>>,
     overrides: Overrides,
     locks: Arc<LockTable>,
-    audit: Option<AuditLog>,
+    audit: Option<Arc<AuditLog>>,
     sessions: Mutex<Vec<Weak<SessionState>>>,
     watches: Arc<WatchHub>,
     rate: RwLock<Arc<RateLimits>>,
@@ -54,7 +54,7 @@ impl Broker {
         let first_session = first_session_id();
         let audit = policy
             .audit()
-            .map(|c| AuditLog::open_run(c, Some(first_session)))
+            .map(|c| AuditLog::open_run(c, Some(first_session)).map(Arc::new))
             .transpose()?;
         if let Some(config) = policy.audit() {
             // Now that the log exists, know it by identity too; and keep it protected across
@@ -124,7 +124,7 @@ impl Broker {
     }
 
     /// The audit log, when auditing is on.
-    pub fn audit(&self) -> Option<&AuditLog> {
+    pub fn audit(&self) -> Option<&Arc<AuditLog>> {
         self.audit.as_ref()
     }
 

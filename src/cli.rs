@@ -327,8 +327,11 @@ fn start(args: &ServeArgs) -> Result<Running, String> {
 }
 
 impl Running {
-    /// Runs `main` with SIGHUP reloading the policy; flushes the audit log afterwards.
-    fn run<T>(&self, main: impl std::future::Future<Output = T>) -> T {
+    /// Runs `main` with SIGHUP reloading the policy; seals the audit log afterwards. SIGTERM
+    /// or SIGINT (how hosts stop their servers) stops `main` cleanly: the operations running
+    /// are given a few seconds to finish and be recorded, the log is sealed, and the result is
+    /// `Err(signal number)`.
+    fn run<T>(&self, main: impl std::future::Future<Output = T>) -> Result<T, i32> {
         let result = self.runtime.block_on(async {
             let hup = Arc::clone(&self.broker);
             let hangups = tokio::spawn(async move {
@@ -342,7 +345,20 @@ impl Running {
                     let _ = tokio::task::spawn_blocking(move || b.reload_and_log()).await;
                 }
             });
-            let result = main.await;
+            let result = tokio::select! {
+                result = main => Ok(result),
+                signal = stop_signal() => {
+                    tracing::info!(signal, "stopping: letting running operations finish, then sealing the audit log");
+                    let pool = Arc::clone(self.broker.pool());
+                    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+                    while pool.running() > 0 && tokio::time::Instant::now() < until {
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                    // Their audit lines are written just after they give their slots back.
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    Err(signal)
+                }
+            };
             hangups.abort();
             result
         });
@@ -358,6 +374,21 @@ impl Running {
             max_line: args.max_line_bytes,
             max_in_flight: self.broker.policy().limits().max_in_flight,
         }
+    }
+}
+
+/// Waits for SIGTERM or SIGINT; returns its number.
+async fn stop_signal() -> i32 {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => libc::SIGTERM,
+        _ = int.recv() => libc::SIGINT,
     }
 }
 
@@ -379,11 +410,12 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
             eprintln!("fsbroker: {e}");
             ExitCode::FAILURE
         }
+        Err(signal) => ExitCode::from(128 + signal as u8),
     }
 }
 
@@ -450,10 +482,12 @@ fn proxy(args: ProxyArgs) -> ExitCode {
             };
             let session = Arc::new(running.broker.session());
             opts.max_in_flight = running.broker.policy().limits().max_in_flight;
-            let code = running.run(transport::proxy::run(
-                transport::proxy::Link::Local(session),
-                opts,
-            ));
+            let code = running
+                .run(transport::proxy::run(
+                    transport::proxy::Link::Local(session),
+                    opts,
+                ))
+                .unwrap_or_else(|signal| Ok(128 + signal));
             // See above: do not wait for a blocked read of the host's stdin.
             running.runtime.shutdown_background();
             code

@@ -393,6 +393,32 @@ fn require_copies_refuses_requests_once_a_copy_is_lost() {
     assert!(lines.last().unwrap().contains("\"seal\""), "{lines:#?}");
 }
 
+/// Rule: with `require_copies`, requests are refused while a copy is down, not for ever: once
+/// the collector takes lines again (the line of a refused request gets through, and
+/// `copy-resumed` is recorded), requests act again.
+#[test]
+fn require_copies_serves_again_once_the_copy_is_back() {
+    let (_t, dir) = tempdir();
+    let sock = dir.join("syslog.sock");
+    let (_t2, root_dir, policy, log) =
+        setup(&format!("syslog = '{}'\nrequire_copies = true", s(&sock)));
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let e = b.err("files/write", json!({"path": "r/a.txt", "content": "x"}));
+    assert_eq!(code(&e), "IO_ERROR", "{e}");
+    let collector = Collector::bind(&sock);
+    // Refused, but its line reaches the collector: the copy is back.
+    b.err("files/write", json!({"path": "r/b.txt", "content": "x"}));
+    b.ok("files/write", json!({"path": "r/c.txt", "content": "x"}));
+    b.finish();
+    collector.finish();
+    assert!(!root_dir.join("root/a.txt").exists());
+    assert!(!root_dir.join("root/b.txt").exists());
+    assert!(root_dir.join("root/c.txt").exists());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("\"copy-resumed\""), "{text}");
+    assert_eq!(verify(&[&log]).0, 0);
+}
+
 /// Rule: the `[audit]` keys are checked when the policy loads, with the key named.
 #[test]
 fn bad_audit_keys_are_refused_with_the_reason() {

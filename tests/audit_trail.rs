@@ -119,8 +119,9 @@ fn a_reformatted_line_fails_verify() {
     }
 }
 
-/// Rule: a path holding U+2028 or U+2029 is logged escaped, so the log has as many lines for
-/// JavaScript's and Python's line splitters as it has newlines, and it still verifies.
+/// Rule: a path holding U+0085, U+2028 or U+2029 is logged escaped, so the log has as many
+/// lines for JavaScript's and Python's line splitters (`splitlines` ends lines at all three)
+/// as it has newlines, and it still verifies.
 #[test]
 fn line_separators_in_paths_are_escaped() {
     let (_t, dir) = tempdir();
@@ -130,23 +131,23 @@ fn line_separators_in_paths_are_escaped() {
     let mut b = serve_audited(&root, &log);
     b.err(
         "files/read",
-        json!({"path": "root/a\u{2028}b\u{2029}c.txt"}),
+        json!({"path": "root/a\u{2028}b\u{2029}c\u{85}d.txt"}),
     );
     b.finish();
     let bytes = std::fs::read(&log).unwrap();
     let text = String::from_utf8(bytes).unwrap();
     assert!(
-        !text.contains('\u{2028}') && !text.contains('\u{2029}'),
+        !text.contains('\u{2028}') && !text.contains('\u{2029}') && !text.contains('\u{85}'),
         "raw separators in the log: {text:?}"
     );
     assert!(
-        text.contains("a\\u2028b\\u2029c.txt"),
+        text.contains("a\\u2028b\\u2029c\\u0085d.txt"),
         "not escaped: {text}"
     );
     // Every way of splitting lines agrees.
     let newlines = text.matches('\n').count();
     let split_all = text
-        .split(['\n', '\u{2028}', '\u{2029}'])
+        .split(['\n', '\u{2028}', '\u{2029}', '\u{85}'])
         .filter(|l| !l.is_empty())
         .count();
     assert_eq!(newlines, split_all);
@@ -158,7 +159,7 @@ fn line_separators_in_paths_are_escaped() {
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .find(|r| r["method"] == "files/read")
         .expect("the read's line");
-    assert_eq!(read["path"], "root/a\u{2028}b\u{2029}c.txt");
+    assert_eq!(read["path"], "root/a\u{2028}b\u{2029}c\u{85}d.txt");
 }
 
 /// Rule: a hash chain cannot see its own end, so each run seals its part. A cleanly closed log
@@ -372,4 +373,121 @@ fn requests_in_flight_when_the_log_fails_do_not_act_unrecorded() {
         logged.len()
     );
     assert!(gone.len() < 40, "every file was deleted");
+}
+
+/// Rule: a host stopping the broker with SIGTERM (or SIGINT) stops it cleanly: the log is
+/// sealed, so the run does not look like a crash, and the exit code says which signal.
+#[test]
+fn sigterm_seals_the_log() {
+    let (_t, root, log) = setup();
+    for signal in ["TERM", "INT"] {
+        let mut b = serve_audited(&root, &log);
+        b.ok("files/read", json!({"path": "root/f.txt"}));
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &b.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let status = with_deadline_wait(&mut b);
+        let want = if signal == "TERM" { 143 } else { 130 };
+        assert_eq!(status.code(), Some(want), "SIG{signal}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(last["event"], "seal", "SIG{signal}: {text}");
+        assert!(
+            last["firstSession"].is_u64(),
+            "the seal names its run: {last}"
+        );
+        let (code, out) = verify(&log);
+        assert_eq!(code, 0, "SIG{signal}: {out}");
+    }
+}
+
+/// Waits for the broker to exit (it must, within 10 s, on its own).
+fn with_deadline_wait(b: &mut Broker) -> std::process::ExitStatus {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(status) = b.try_wait() {
+            return status;
+        }
+        assert!(std::time::Instant::now() < until, "the broker did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Rule: a log that cannot be written to stderr does not cost requests or their lines. With
+/// stderr a pipe nobody reads (the host closed it), a refused probe, which the broker logs on
+/// stderr, is still answered and recorded.
+#[test]
+fn a_closed_stderr_costs_no_answer_and_no_audit_line() {
+    let (_t, root, log) = setup();
+    let mut child = Command::new(bin())
+        .args(["serve", "--root", s(&root), "--audit", s(&log)])
+        .env("RUST_LOG", "debug")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let mut stdin = child.stdin.take().unwrap();
+    let requests = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "files/read", "params": {"path": "/etc/passwd"}}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "files/read", "params": {"path": "root/f.txt"}}),
+    ];
+    for r in &requests {
+        std::io::Write::write_all(&mut stdin, format!("{r}\n").as_bytes()).unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let answers: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("/etc/passwd"),
+        "the refused probe is not in the log: {text}"
+    );
+    assert!(text.contains("\"seal\""), "{text}");
+}
+
+/// Rule: the log is never followed through a symlink: a broker refuses to start on one, and
+/// one whose log is replaced by a symlink (to /dev/null, say) while it runs refuses every
+/// audited request rather than write its lines there.
+#[test]
+fn a_log_replaced_by_a_symlink_is_not_written_through() {
+    let (_t, root, log) = setup();
+    let elsewhere = log.with_file_name("elsewhere.jsonl");
+    std::fs::write(&elsewhere, "").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &log).unwrap();
+    let out = Command::new(bin())
+        .args(["serve", "--root", s(&root), "--audit", s(&log)])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "started on a symlinked log");
+    assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "");
+
+    std::fs::remove_file(&log).unwrap();
+    let mut b = serve_audited(&root, &log);
+    b.ok("files/read", json!({"path": "root/f.txt"}));
+    std::fs::remove_file(&log).unwrap();
+    std::os::unix::fs::symlink("/dev/null", &log).unwrap();
+    // The first request finds out (its line cannot be written: it is answered IO_ERROR, and
+    // named on stderr had it acted); every later one is refused before it acts.
+    let e = b.err("files/read", json!({"path": "root/f.txt"}));
+    assert_eq!(common::code(&e), "IO_ERROR", "{e}");
+    let e = b.err(
+        "files/write",
+        json!({"path": "root/new.txt", "content": "x"}),
+    );
+    assert_eq!(common::code(&e), "IO_ERROR", "{e}");
+    assert!(
+        !root.join("new.txt").exists(),
+        "the write acted with nowhere to log it"
+    );
+    b.finish();
 }

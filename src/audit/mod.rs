@@ -171,6 +171,8 @@ pub struct AuditLog {
     require_copies: bool,
     chain: Mutex<Chain>,
     health: Arc<Health>,
+    /// The run's first session id, named by its start line and its seal.
+    first_session: Option<u64>,
 }
 
 /// Whether the log takes lines, shared with the operations that must not act when it does
@@ -240,6 +242,7 @@ impl AuditLog {
                 copies,
                 carry: None,
             }),
+            first_session,
             health: Arc::new(Health {
                 file: AtomicBool::new(true),
                 copy_down: AtomicBool::new(false),
@@ -292,11 +295,27 @@ impl AuditLog {
     /// Appends one line. On failure the log turns unhealthy for good and the error is logged;
     /// with `require_copies`, a lost copy also fails it (the line is in the file).
     pub fn record(&self, r: &Record<'_>) -> Result<(), AuditError> {
-        if !self.health.file_ok() {
-            return Err(AuditError::Unavailable {
-                path: self.path.clone(),
-            });
-        }
+        self.append(self.line(r))
+    }
+
+    /// [`AuditLog::record`] off the async threads: the line is built here, and written (which
+    /// may wait for another broker's lock on the file, or for a slow log collector) on the
+    /// blocking pool, so a stalled log holds up audited requests, not the broker.
+    pub async fn record_async(log: Arc<AuditLog>, r: &Record<'_>) -> Result<(), AuditError> {
+        let fields = log.line(r);
+        let path = log.path.clone();
+        tokio::task::spawn_blocking(move || log.append(fields))
+            .await
+            .unwrap_or_else(|e| {
+                Err(AuditError::Io {
+                    path,
+                    source: std::io::Error::other(e.to_string()),
+                })
+            })
+    }
+
+    /// The line's members for one request (before chaining).
+    fn line(&self, r: &Record<'_>) -> Fields {
         let mut fields: Fields = BTreeMap::new();
         fields.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
         fields.insert("session", Value::from(r.session));
@@ -360,7 +379,7 @@ impl AuditLog {
             "durationMs",
             Value::from((r.duration.as_secs_f64() * 1e6).round() / 1e3),
         );
-        self.append(fields)
+        fields
     }
 
     /// Chains and appends one line, and sends it to the copies. On failure the log turns
@@ -686,7 +705,11 @@ impl AuditLog {
     /// `{"event":"seal","pid":…}`, chained like the rest, then flushed to disk. `verify`
     /// reports a run without its seal — a crash, or lines removed from the end.
     pub fn seal(&self) {
-        if let Err(e) = self.append(event("seal")) {
+        let mut seal = event("seal");
+        if let Some(first) = self.first_session {
+            seal.insert("firstSession", Value::from(first));
+        }
+        if let Err(e) = self.append(seal) {
             tracing::error!(error = %e, "cannot seal the audit log");
         }
         self.sync();
@@ -708,7 +731,7 @@ pub const MAX_LOGGED_PATH: usize = 4096;
 pub const MAX_LOGGED_PATHS: usize = 16;
 
 /// `value` cut to at most `max` bytes, at a character boundary.
-fn cap(value: &str, max: usize) -> &str {
+pub fn cap(value: &str, max: usize) -> &str {
     if value.len() <= max {
         return value;
     }
@@ -748,38 +771,54 @@ fn chain_line(prev: &str, mut fields: Fields) -> (Vec<u8>, Fields) {
     (canonical(&fields), fields)
 }
 
-/// Compact JSON with keys in byte order, U+2028 and U+2029 escaped: the one form a line may
-/// have, and what the hash covers (the line without its `hash` member).
+/// Compact JSON with keys in byte order, U+0085, U+2028 and U+2029 escaped: the one form a
+/// line may have, and what the hash covers (the line without its `hash` member).
 ///
-/// JSON allows the two separators raw, but JavaScript's and Python's line splitters end a line
+/// JSON allows those characters raw, but JavaScript's and Python's line splitters end a line
 /// at them, so a log read that way would show more lines than it has. They can only occur
-/// inside strings, where `\u2028` and `\u2029` mean the same.
+/// inside strings, where their `\u` escapes mean the same.
 fn canonical<K: AsRef<str> + Ord + serde::Serialize>(fields: &BTreeMap<K, Value>) -> Vec<u8> {
     // A BTreeMap serializes its keys in order whatever serde_json's features are.
     let raw = serde_json::to_vec(fields).unwrap_or_default();
     escape_separators(raw)
 }
 
-/// Replaces the UTF-8 bytes of U+2028 and U+2029 with their JSON escapes.
+/// Characters that some line splitters end a line at, besides `\n`: U+0085 (NEL), U+2028
+/// and U+2029, with their JSON escapes. (serde_json escapes the C0 controls already.)
+const SEPARATORS: [(&str, &[u8]); 3] = [
+    ("\u{85}", b"\\u0085"),
+    ("\u{2028}", b"\\u2028"),
+    ("\u{2029}", b"\\u2029"),
+];
+
+/// Replaces the UTF-8 bytes of the [`SEPARATORS`] with their JSON escapes. Their UTF-8 forms
+/// start with 0xC2 or 0xE2, lead bytes (never inside another character in valid UTF-8), so
+/// only lines holding those are scanned closely.
 fn escape_separators(raw: Vec<u8>) -> Vec<u8> {
-    const LS: &[u8] = "\u{2028}".as_bytes();
-    const PS: &[u8] = "\u{2029}".as_bytes();
-    if !raw.windows(3).any(|w| w == LS || w == PS) {
+    let hit = |rest: &[u8]| {
+        SEPARATORS
+            .iter()
+            .find(|(c, _)| rest.starts_with(c.as_bytes()))
+    };
+    if !raw
+        .iter()
+        .enumerate()
+        .any(|(i, &b)| (b == 0xC2 || b == 0xE2) && hit(&raw[i..]).is_some())
+    {
         return raw;
     }
     let mut out = Vec::with_capacity(raw.len() + 16);
     let mut i = 0;
     while i < raw.len() {
-        let rest = &raw[i..];
-        if rest.starts_with(LS) {
-            out.extend_from_slice(b"\\u2028");
-            i += 3;
-        } else if rest.starts_with(PS) {
-            out.extend_from_slice(b"\\u2029");
-            i += 3;
-        } else {
-            out.push(raw[i]);
-            i += 1;
+        match hit(&raw[i..]) {
+            Some((c, escaped)) => {
+                out.extend_from_slice(escaped);
+                i += c.len();
+            }
+            None => {
+                out.push(raw[i]);
+                i += 1;
+            }
         }
     }
     out

@@ -1,6 +1,7 @@
 //! `fsbroker audit verify`: checks a log's chain, across the files it was rolled over into.
 
 use std::collections::BTreeMap;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -57,36 +58,36 @@ pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, 
         ..Summary::default()
     };
     // Runs still open, by pid; a pid that starts again while open was a run that never sealed.
-    let mut open: Vec<u64> = Vec::new();
+    let mut open: Vec<(u64, Option<u64>)> = Vec::new();
     let mut unsealed: Vec<u64> = Vec::new();
     let mut prev = GENESIS.to_owned();
     // Whether the line before was a `rotate` line (ending its file).
     let mut rotated = false;
     for (index, path) in paths.iter().enumerate() {
-        let text = std::fs::read(path).map_err(|source| AuditError::Io {
+        let io = |source| AuditError::Io {
             path: path.clone(),
             source,
-        })?;
+        };
         let broken = |line: usize, reason: String| AuditError::Broken {
             path: path.clone(),
             line,
             reason,
         };
-        if text.is_empty() {
-            if index > 0 {
-                return Err(broken(
-                    1,
-                    "empty, but it should continue the file before it".into(),
-                ));
+        // Line by line: a log of any size is checked in the memory of its longest line.
+        let mut reader =
+            std::io::BufReader::with_capacity(256 << 10, std::fs::File::open(path).map_err(io)?);
+        let mut raw = Vec::new();
+        let mut n = 0;
+        loop {
+            raw.clear();
+            if reader.read_until(b'\n', &mut raw).map_err(io)? == 0 {
+                break;
             }
-            continue;
-        }
-        if text.last() != Some(&b'\n') {
-            let n = text.iter().filter(|&&b| b == b'\n').count() + 1;
-            return Err(broken(n, "incomplete line (no newline at the end)".into()));
-        }
-        for (i, raw) in text[..text.len() - 1].split(|&b| b == b'\n').enumerate() {
-            let n = i + 1;
+            n += 1;
+            if raw.pop() != Some(b'\n') {
+                return Err(broken(n, "incomplete line (no newline at the end)".into()));
+            }
+            let raw = raw.as_slice();
             let mut fields: BTreeMap<String, Value> = serde_json::from_slice(raw)
                 .map_err(|e| broken(n, format!("not a JSON object: {e}")))?;
             let Some(Value::String(hash)) = fields.remove("hash") else {
@@ -98,6 +99,14 @@ pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, 
                 .map(str::to_owned);
             let line_prev = fields.get("prev").and_then(Value::as_str).unwrap_or("");
             let continues = event.as_deref() == Some("continue");
+            if n == 1 && index == 0 && !continues && event.as_deref() != Some("start") {
+                return Err(broken(
+                    n,
+                    "a log begins with a broker's start line (or, carried on from another \
+                     file, a continue line): lines before this one were removed"
+                        .into(),
+                ));
+            }
             if n == 1 && index == 0 && continues {
                 // The log was verified from a file a roll-over began: its predecessor's head
                 // is taken on trust (verify the files together to check it).
@@ -158,16 +167,23 @@ pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, 
             if summary.first.is_none() {
                 summary.first = ts.clone();
             }
+            // A run is its pid and, when its lines name it, its first session id (pids are
+            // reused, and brokers in other pid namespaces may share the log).
             let pid = fields.get("pid").and_then(Value::as_u64);
+            let run = fields.get("firstSession").and_then(Value::as_u64);
             match (event.as_deref(), pid) {
                 (Some("start"), Some(pid)) => {
-                    if open.contains(&pid) {
-                        unsealed.push(pid);
-                    } else {
-                        open.push(pid);
+                    if let Some(i) = open.iter().position(|&(p, _)| p == pid) {
+                        // The same pid started again without a seal: that run never sealed.
+                        unsealed.push(open.remove(i).0);
                     }
+                    open.push((pid, run));
                 }
-                (Some("seal"), Some(pid)) => open.retain(|&p| p != pid),
+                (Some("seal"), Some(pid)) => {
+                    open.retain(|&(p, r)| {
+                        !(p == pid && (run.is_none() || r.is_none() || r == run))
+                    });
+                }
                 _ => {}
             }
             rotated = event.as_deref() == Some("rotate");
@@ -176,11 +192,18 @@ pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, 
             summary.lines += 1;
             prev = hash;
         }
+        // An empty log is an intact (empty) chain; an empty file after another is not.
+        if n == 0 && index > 0 {
+            return Err(broken(
+                1,
+                "empty, but it should continue the file before it".into(),
+            ));
+        }
     }
     summary.continued = rotated;
     // Runs still open when the log goes on in a later file may seal there.
     if !rotated {
-        unsealed.extend(open);
+        unsealed.extend(open.iter().map(|&(pid, _)| pid));
     }
     summary.unsealed = unsealed;
     summary.head = prev;

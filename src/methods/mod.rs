@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::audit::Record;
+use crate::audit::{AuditLog, Record};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::{self, WriteResult};
 use crate::limits::{self, Deadline};
@@ -322,14 +322,21 @@ pub(crate) async fn call(
             duration: started.elapsed(),
             server: server.as_deref(),
         };
-        if log.record(&record).is_err() {
+        if AuditLog::record_async(Arc::clone(log), &record)
+            .await
+            .is_err()
+        {
             if outcome.code == "ok" {
                 // It acted and its line is not in the log: say what it did, where it can be read.
                 tracing::error!(
                     session = session.id(),
                     method,
-                    path = record.path.unwrap_or(""),
-                    new_path = record.new_path.unwrap_or(""),
+                    path =
+                        crate::audit::cap(record.path.unwrap_or(""), crate::audit::MAX_LOGGED_PATH),
+                    new_path = crate::audit::cap(
+                        record.new_path.unwrap_or(""),
+                        crate::audit::MAX_LOGGED_PATH
+                    ),
                     "this request took effect but its audit line could not be written"
                 );
             }
@@ -425,7 +432,8 @@ fn respond<R: WriteResult + ReplyInfo>(
                 tracing::warn!(
                     session = ctx.session.id(),
                     method,
-                    path = e.path().unwrap_or(""),
+                    // A server chooses its paths' length; stderr gets at most PATH_MAX of one.
+                    path = crate::audit::cap(e.path().unwrap_or(""), crate::audit::MAX_LOGGED_PATH),
                     reason = e.reason(),
                     "refused"
                 );

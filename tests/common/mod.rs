@@ -226,6 +226,11 @@ impl Broker {
         self.child.id()
     }
 
+    /// The child's exit status, if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("wait")
+    }
+
     /// Sends SIGKILL (no chance to clean up) and reaps the process.
     pub fn kill_now(&mut self) -> ExitStatus {
         self.child.kill().expect("SIGKILL fsbroker");
@@ -439,6 +444,11 @@ impl LiveBroker {
     /// The child's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The child's exit status, if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("wait")
     }
 
     /// Whether the process is still running.
