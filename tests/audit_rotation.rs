@@ -321,3 +321,53 @@ fn a_log_moved_removed_or_emptied_outside_the_broker_stays_linked() {
     let (code, text) = verify(&[files[0].clone(), files[2].clone()]);
     assert_eq!(code, 1, "{text}");
 }
+
+/// Rule: a roll-over a broker did not finish (killed between its `rotate` line and putting the
+/// new file in place) is finished by the next broker to write: the kept name gets the full
+/// file (read-only), and the log goes on in a new file that continues it.
+#[test]
+fn an_interrupted_roll_over_is_finished_by_the_next_broker() {
+    let (_t, dir, policy, log) = setup(1 << 20);
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    b.ok("files/read", json!({"path": "r/f.txt"}));
+    b.finish();
+    // What a broker killed mid-roll leaves: the kept name linked, the rotate line written.
+    let kept_name = "audit.jsonl.20990101T000000.000Z";
+    let kept = dir.join(kept_name);
+    std::fs::hard_link(&log, &kept).unwrap();
+    let head = lines_of(std::slice::from_ref(&log)).last().unwrap()["hash"].clone();
+    let mut rotate: std::collections::BTreeMap<&str, Value> = std::collections::BTreeMap::new();
+    rotate.insert("event", json!("rotate"));
+    rotate.insert("file", json!(kept_name));
+    rotate.insert("pid", json!(1));
+    rotate.insert("prev", head);
+    rotate.insert("ts", json!("2099-01-01T00:00:00.000Z"));
+    let hash: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(serde_json::to_vec(&rotate).unwrap())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    rotate.insert("hash", json!(hash));
+    let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    std::io::Write::write_all(
+        &mut file,
+        format!("{}\n", serde_json::to_string(&rotate).unwrap()).as_bytes(),
+    )
+    .unwrap();
+    drop(file);
+
+    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    b.ok("files/read", json!({"path": "r/f.txt"}));
+    let (status, stderr) = b.finish();
+    assert!(status.success(), "{stderr}");
+    let now = lines_of(std::slice::from_ref(&log));
+    assert_eq!(now[0]["event"], "continue", "{now:#?}");
+    assert_eq!(now[0]["from"], kept_name);
+    assert_eq!(now[0]["prev"], json!(hash));
+    let mode = std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o400);
+    let (code, text) = verify(&[kept.clone(), log.clone()]);
+    assert_eq!(code, 0, "{text}");
+}
