@@ -330,7 +330,8 @@ impl Running {
     /// Runs `main` with SIGHUP reloading the policy; seals the audit log afterwards. SIGTERM
     /// or SIGINT (how hosts stop their servers) stops `main` cleanly: the operations running
     /// are given a few seconds to finish and be recorded, the log is sealed, and the result is
-    /// `Err(signal number)`.
+    /// `Err(signal number)` (`serve` then exits 0; the proxy, whose server is stopped with it,
+    /// 128 + the signal, as a shell reports a child ended by one).
     fn run<T>(&self, main: impl std::future::Future<Output = T>) -> Result<T, i32> {
         let result = self.runtime.block_on(async {
             let hup = Arc::clone(&self.broker);
@@ -415,7 +416,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             eprintln!("fsbroker: {e}");
             ExitCode::FAILURE
         }
-        Err(signal) => ExitCode::from(128 + signal as u8),
+        // Stopped by SIGTERM or SIGINT: a clean end, as `serve --listen` has always had.
+        Err(_) => ExitCode::SUCCESS,
     }
 }
 

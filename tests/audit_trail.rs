@@ -376,7 +376,7 @@ fn requests_in_flight_when_the_log_fails_do_not_act_unrecorded() {
 }
 
 /// Rule: a host stopping the broker with SIGTERM (or SIGINT) stops it cleanly: the log is
-/// sealed, so the run does not look like a crash, and the exit code says which signal.
+/// sealed, so the run does not look like a crash, and it exits 0.
 #[test]
 fn sigterm_seals_the_log() {
     let (_t, root, log) = setup();
@@ -389,8 +389,7 @@ fn sigterm_seals_the_log() {
             .unwrap();
         assert!(status.success());
         let status = with_deadline_wait(&mut b);
-        let want = if signal == "TERM" { 143 } else { 130 };
-        assert_eq!(status.code(), Some(want), "SIG{signal}");
+        assert_eq!(status.code(), Some(0), "SIG{signal}");
         let text = std::fs::read_to_string(&log).unwrap();
         let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
         assert_eq!(last["event"], "seal", "SIG{signal}: {text}");
