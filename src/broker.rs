@@ -25,6 +25,9 @@ pub struct Broker {
     overrides: Overrides,
     locks: Arc<LockTable>,
     audit: Option<Arc<AuditLog>>,
+    /// Set when the broker is asked to stop (SIGTERM, SIGINT): transports stop taking
+    /// requests and let the running ones finish.
+    stop: tokio::sync::watch::Sender<bool>,
     sessions: Mutex<Vec<Weak<SessionState>>>,
     watches: Arc<WatchHub>,
     rate: RwLock<Arc<RateLimits>>,
@@ -69,6 +72,7 @@ impl Broker {
             overrides,
             locks: Arc::default(),
             audit,
+            stop: tokio::sync::watch::Sender::new(false),
             sessions: Mutex::new(Vec::new()),
             watches: WatchHub::start(me.clone()),
             next_session: AtomicU64::new(first_session),
@@ -121,6 +125,20 @@ impl Broker {
     /// The watch hub every session's `files/watch` goes through.
     pub fn watches(&self) -> &Arc<WatchHub> {
         &self.watches
+    }
+
+    /// Asks every transport to stop taking requests; the requests already taken finish (and
+    /// are recorded), then the transports end.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Resolves once [`Broker::stop`] was called.
+    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
     }
 
     /// The audit log, when auditing is on.

@@ -327,11 +327,13 @@ fn start(args: &ServeArgs) -> Result<Running, String> {
 }
 
 impl Running {
-    /// Runs `main` with SIGHUP reloading the policy; seals the audit log afterwards. SIGTERM
-    /// or SIGINT (how hosts stop their servers) stops `main` cleanly: the operations running
-    /// are given a few seconds to finish and be recorded, the log is sealed, and the result is
-    /// `Err(signal number)` (`serve` then exits 0; the proxy, whose server is stopped with it,
-    /// 128 + the signal, as a shell reports a child ended by one).
+    /// Runs `main` with SIGHUP reloading the policy; seals the audit log afterwards.
+    ///
+    /// SIGTERM or SIGINT (how hosts stop their servers) stops `main` cleanly: the transports
+    /// take no more requests and let the ones they took finish and be recorded ([`Broker::stop`]),
+    /// then the log is sealed. Work still running [`STOP_GRACE`] after the signal is not waited
+    /// for: the result is then `Err(signal number)` and the log is left unsealed, which is
+    /// what it is (`audit verify` reports the run, exit 3).
     fn run<T>(&self, main: impl std::future::Future<Output = T>) -> Result<T, i32> {
         let result = self.runtime.block_on(async {
             let hup = Arc::clone(&self.broker);
@@ -346,25 +348,26 @@ impl Running {
                     let _ = tokio::task::spawn_blocking(move || b.reload_and_log()).await;
                 }
             });
+            tokio::pin!(main);
             let result = tokio::select! {
-                result = main => Ok(result),
+                result = &mut main => Ok(result),
                 signal = stop_signal() => {
-                    tracing::info!(signal, "stopping: letting running operations finish, then sealing the audit log");
-                    let pool = Arc::clone(self.broker.pool());
-                    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-                    while pool.running() > 0 && tokio::time::Instant::now() < until {
-                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    tracing::info!(signal, "stopping: no new requests; the running ones finish first");
+                    self.broker.stop();
+                    match tokio::time::timeout(STOP_GRACE, &mut main).await {
+                        Ok(result) => Ok(result),
+                        Err(_) => {
+                            tracing::warn!("operations still running {STOP_GRACE:?} after the signal; stopping without sealing the audit log");
+                            Err(signal)
+                        }
                     }
-                    // Their audit lines are written just after they give their slots back.
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    Err(signal)
                 }
             };
             hangups.abort();
             result
         });
         // A clean end: the run's part of the log is sealed (a crash leaves it unsealed).
-        if let Some(log) = self.broker.audit() {
+        if let (Ok(_), Some(log)) = (&result, self.broker.audit()) {
             log.seal();
         }
         result
@@ -377,6 +380,9 @@ impl Running {
         }
     }
 }
+
+/// How long a stopping broker waits for the requests it took to finish.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Waits for SIGTERM or SIGINT; returns its number.
 async fn stop_signal() -> i32 {
@@ -416,8 +422,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             eprintln!("fsbroker: {e}");
             ExitCode::FAILURE
         }
-        // Stopped by SIGTERM or SIGINT: a clean end, as `serve --listen` has always had.
-        Err(_) => ExitCode::SUCCESS,
+        // Stopped by a signal with work still running: not a clean end.
+        Err(signal) => ExitCode::from(128 + signal as u8),
     }
 }
 

@@ -74,11 +74,6 @@ impl FairPool {
         })
     }
 
-    /// Slots held now: operations running (or finishing past their deadline).
-    pub fn running(&self) -> usize {
-        self.inner().running
-    }
-
     /// The most slots one session may hold at once.
     pub fn per_session(&self) -> usize {
         self.per_session

@@ -490,3 +490,151 @@ fn a_log_replaced_by_a_symlink_is_not_written_through() {
     );
     b.finish();
 }
+
+/// Rule: SIGTERM never leaves a sealed log that misses a change. A recursive delete of 20,000
+/// files is running when the broker is told to stop: the broker takes no more requests, lets
+/// the delete finish and be recorded, then seals. (Before, the request's task was dropped: the
+/// files went, no line was written, and the log verified sealed.)
+#[test]
+fn sigterm_lets_running_work_finish_and_be_recorded_before_the_seal() {
+    let (_t, root, log) = setup();
+    let big = root.join("big");
+    std::fs::create_dir(&big).unwrap();
+    for i in 0..20_000 {
+        std::fs::write(big.join(format!("{i}")), "").unwrap();
+    }
+    let mut b = serve_audited(&root, &log);
+    b.send(
+        "files/delete",
+        json!({"path": "root/big", "recursive": true}),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    Command::new("kill")
+        .args(["-TERM", &b.pid().to_string()])
+        .status()
+        .unwrap();
+    let status = with_deadline_wait(&mut b);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let (code, out) = verify(&log);
+    let recorded = text.contains("\"files/delete\"");
+    let touched = !big.exists() || std::fs::read_dir(&big).unwrap().count() < 20_000;
+    if code == 0 {
+        assert!(status.success(), "{status}");
+        assert!(
+            !touched || recorded,
+            "the log is sealed and intact, yet the delete acted without a line: {text}"
+        );
+    } else {
+        // Not finished within the grace period: the run is reported, not hidden.
+        assert_eq!(code, 3, "{out}");
+    }
+    assert!(
+        touched,
+        "the delete never ran: the test did not test anything"
+    );
+}
+
+/// Rule: a shared broker (`serve --listen`) told to stop takes no more requests on any
+/// connection and finishes those it took before it seals: every file written is in the log,
+/// and nothing follows the seal.
+#[test]
+fn a_shared_broker_stopping_records_everything_before_its_seal() {
+    let (_t, root, log) = setup();
+    let sock = log.with_file_name("broker.sock");
+    let mut b = Broker::spawn(&[
+        "serve",
+        "--root",
+        s(&root),
+        "--read-write",
+        "--audit",
+        s(&log),
+        "--listen",
+        s(&sock),
+    ]);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !sock.exists() {
+        assert!(std::time::Instant::now() < until, "no socket");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let writers: Vec<_> = (0..4)
+        .map(|c| {
+            let sock = sock.clone();
+            std::thread::spawn(move || {
+                let Ok(mut conn) = std::os::unix::net::UnixStream::connect(&sock) else {
+                    return;
+                };
+                for i in 0..200 {
+                    let line = json!({"jsonrpc": "2.0", "id": i, "method": "files/write",
+                        "params": {"path": format!("root/c{c}-{i}.txt"), "content": "x"}});
+                    if std::io::Write::write_all(&mut conn, format!("{line}\n").as_bytes()).is_err()
+                    {
+                        return;
+                    }
+                }
+                let mut sink = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut conn, &mut sink);
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    Command::new("kill")
+        .args(["-TERM", &b.pid().to_string()])
+        .status()
+        .unwrap();
+    let status = with_deadline_wait(&mut b);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (code, out) = verify(&log);
+    assert_eq!(code, 0, "{out}");
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        lines.last().unwrap()["event"],
+        "seal",
+        "lines after the seal"
+    );
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.starts_with('c') {
+            let path = format!("root/{name}");
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l["path"] == path.as_str() && l["outcome"] == "ok"),
+                "{path} was written but is not in the log"
+            );
+        }
+    }
+}
+
+/// Rule: only a log is mended. A file named as the log by mistake — a text file whose last
+/// line has no newline, a file that starts with an empty line, one long line — is refused and
+/// left exactly as it was.
+#[test]
+fn a_file_that_is_not_a_log_is_refused_untouched() {
+    let (_t, root, log) = setup();
+    for (what, text) in [
+        ("notes", "first note\nsecond note\nthird, unfinished".to_owned()),
+        ("blank first line", "\n{\"hash\":".to_owned()),
+        ("one long line", "x".repeat(3 << 20)),
+    ] {
+        std::fs::write(&log, &text).unwrap();
+        let out = Command::new(bin())
+            .args(["serve", "--root", s(&root), "--audit", s(&log)])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{what}: started");
+        assert!(
+            std::fs::read_to_string(&log).unwrap() == text,
+            "{what}: the file was changed"
+        );
+        let (code, _) = verify(&log);
+        assert_eq!(code, 1, "{what}");
+    }
+}

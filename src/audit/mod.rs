@@ -258,12 +258,21 @@ impl AuditLog {
             // start line's append: see `AuditLog::settle`.)
             let chain = log.chain.lock().unwrap_or_else(|e| e.into_inner());
             let _lock = FileLock::take(&chain.file).map_err(io)?;
-            if let Tail::Torn { complete: 0, .. } = tail(&chain.file, &log.path)? {
-                return Err(AuditError::Broken {
-                    path: log.path.clone(),
-                    line: 1,
-                    reason: "the file holds one incomplete line; is this an audit log?".into(),
-                });
+            if let Tail::Torn { complete, .. } = tail(&chain.file, &log.path)? {
+                let mendable = complete > 0
+                    && matches!(
+                        tail_until(&chain.file, &log.path, complete),
+                        Ok(Tail::Line { .. })
+                    );
+                if !mendable {
+                    return Err(AuditError::Broken {
+                        path: log.path.clone(),
+                        line: count_lines(&chain.file).unwrap_or(0),
+                        reason: "the file ends in an incomplete line after no audit record; \
+                                 is this an audit log?"
+                            .into(),
+                    });
+                }
             }
         }
         let mut start = event("start");
@@ -492,7 +501,7 @@ impl AuditLog {
             // One roll-over per line: a line longer than max_bytes still goes in the new file.
             if full && !rolled {
                 rolled = true;
-                let rolled_over = self.roll(&chain.file, &chain.prev)?;
+                let rolled_over = self.roll(&chain.file, chain.len, &chain.prev)?;
                 for (line, fields) in &rolled_over.lines {
                     notices.extend(chain.copies.send(line, fields));
                 }
@@ -583,9 +592,15 @@ impl AuditLog {
                 }
             }
             Tail::Torn { complete, piece } => {
-                if complete == 0 {
+                // Only a log is mended: what stays must end in a broker's line. Anything else
+                // (one incomplete line, a text file named by mistake) is left as it is.
+                if !matches!(
+                    tail_until(&chain.file, &self.path, complete),
+                    Ok(Tail::Line { .. })
+                ) {
                     return Err(std::io::Error::other(
-                        "the audit log holds one incomplete line; is it an audit log?",
+                        "the file ends in an incomplete line after no audit record: is it an \
+                         audit log?",
                     ));
                 }
                 tracing::warn!(path = %self.path.display(), bytes = piece.len(), "the audit log ends in a torn line (a broker killed mid-write); cutting it off and recording it");
@@ -613,7 +628,7 @@ impl AuditLog {
     /// prepared (no hard links on this file system, no room for the new file) nothing is
     /// written and the log carries on in the full file (`Rolled::file` is `None`). An error
     /// is a failed write to the log itself.
-    fn roll(&self, full: &File, prev: &str) -> std::io::Result<Rolled> {
+    fn roll(&self, full: &File, len: u64, prev: &str) -> std::io::Result<Rolled> {
         let cannot = |e: std::io::Error| {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot roll the audit log over; it keeps growing");
         };
@@ -647,6 +662,10 @@ impl AuditLog {
         bytes.push(b'\n');
         let ended = (&*full).write_all(&bytes).and_then(|()| full.sync_data());
         if let Err(e) = ended {
+            // As for any line: a rotate line written in part is cut back off.
+            if let Err(cut) = full.set_len(len) {
+                tracing::error!(path = %self.path.display(), error = %cut, "cannot remove a partly written audit line");
+            }
             rotate::unkeep(&kept);
             rotate::discard(&temp);
             return Err(e);
@@ -851,11 +870,33 @@ enum Tail {
 /// Reads how the file ends, scanning back from the end once (each byte read at most twice,
 /// however long the last line).
 fn tail(mut file: &File, path: &Path) -> Result<Tail, AuditError> {
+    let len = file
+        .seek(SeekFrom::End(0))
+        .map_err(|source| AuditError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+    tail_until(file, path, len)
+}
+
+/// The longest line [`tail`] and `verify` read: far above any line a broker writes (its strings
+/// are capped), far below what a file that is not a log can make them hold in memory.
+pub const MAX_LINE: u64 = 1 << 20;
+
+/// [`tail`] of the file's first `len` bytes.
+fn tail_until(mut file: &File, path: &Path, len: u64) -> Result<Tail, AuditError> {
     let io = |source| AuditError::Io {
         path: path.to_owned(),
         source,
     };
-    let len = file.seek(SeekFrom::End(0)).map_err(io)?;
+    let too_long = || AuditError::Broken {
+        path: path.to_owned(),
+        line: count_lines(file).unwrap_or(0),
+        reason: format!(
+            "its last line is longer than {MAX_LINE} bytes, which no line fsbroker writes is; \
+             is this an audit log?"
+        ),
+    };
     if len == 0 {
         return Ok(Tail::Empty);
     }
@@ -878,6 +919,12 @@ fn tail(mut file: &File, path: &Path) -> Result<Tail, AuditError> {
             start = pos + i as u64 + 1;
             break;
         }
+        if end - pos > MAX_LINE {
+            return Err(too_long());
+        }
+    }
+    if end - start > MAX_LINE {
+        return Err(too_long());
     }
     let mut line = vec![0u8; (end - start) as usize];
     file.seek(SeekFrom::Start(start)).map_err(io)?;
@@ -926,13 +973,23 @@ fn last_hash(file: &File, path: &Path) -> Result<String, AuditError> {
     }
 }
 
-/// How many lines the file has, a last line without its newline included.
-fn count_lines(mut file: &File) -> std::io::Result<usize> {
+/// How many lines the file has, a last line without its newline included (read in pieces,
+/// for an error message).
+fn count_lines(file: &File) -> std::io::Result<usize> {
+    let mut file = file.try_clone()?;
     file.seek(SeekFrom::Start(0))?;
-    let mut text = Vec::new();
-    file.read_to_end(&mut text)?;
-    let newlines = text.iter().filter(|&&b| b == b'\n').count();
-    Ok(newlines + usize::from(text.last().is_some_and(|&b| b != b'\n')))
+    let mut newlines = 0;
+    let mut last = b'\n';
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        newlines += memchr::memchr_iter(b'\n', &buf[..n]).count();
+        last = buf[n - 1];
+    }
+    Ok(newlines + usize::from(last != b'\n'))
 }
 
 #[cfg(test)]

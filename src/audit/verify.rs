@@ -80,10 +80,22 @@ pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, 
         let mut n = 0;
         loop {
             raw.clear();
-            if reader.read_until(b'\n', &mut raw).map_err(io)? == 0 {
+            let read = std::io::Read::take(&mut reader, super::MAX_LINE + 1)
+                .read_until(b'\n', &mut raw)
+                .map_err(io)?;
+            if read == 0 {
                 break;
             }
             n += 1;
+            if raw.last() != Some(&b'\n') && raw.len() as u64 > super::MAX_LINE {
+                return Err(broken(
+                    n,
+                    format!(
+                        "longer than {} bytes, which no line fsbroker writes is",
+                        super::MAX_LINE
+                    ),
+                ));
+            }
             if raw.pop() != Some(b'\n') {
                 return Err(broken(n, "incomplete line (no newline at the end)".into()));
             }

@@ -217,7 +217,8 @@ impl Op {
             return Ok(None);
         }
         // A kept lock outlives the request: an answer of TIMEOUT must not leave one behind.
-        self.commit()?;
+        // (The deadline only: this runs after the change, which the audit check guards.)
+        self.deadline.commit(self.policy.limits().timeout)?;
         let limits = self.policy.limits();
         self.locks
             .keep(guard, limits.lock_timeout, self.max_kept(), raw)

@@ -30,17 +30,24 @@ pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io:
     let listener = bind_private(path)?;
     tracing::info!(path = %path.display(), "listening");
     let _cleanup = RemoveOnDrop(path.to_path_buf());
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    // Stopping (SIGTERM, SIGINT: see `cli`) ends accepting; each connection then stops
+    // taking requests, finishes those it took, and the socket file is removed.
+    let stop = broker.stopped();
+    tokio::pin!(stop);
+    let mut connections = tokio::task::JoinSet::new();
     let active = Arc::new(AtomicUsize::new(0));
     let mut reserve = Reserve::open();
     let mut starved = false;
     loop {
-        // SIGTERM and SIGINT end the broker cleanly: the socket file is removed.
+        // Finished connections are let go as new ones come.
+        while connections.try_join_next().is_some() {}
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
+            () = &mut stop => {
+                drop(listener);
+                while connections.join_next().await.is_some() {}
+                return Ok(());
+            }
         };
         let stream = match accepted {
             Ok((stream, _)) => {
@@ -94,7 +101,7 @@ pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io:
         let counted = Counted::new(&active);
         let session = Arc::new(broker.session());
         let opts = opts.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _counted = counted;
             let id = session.id();
             let result = async {

@@ -138,6 +138,12 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
     let stdout = BlockingWriter(io::stdout().as_fd().try_clone_to_owned()?);
     let host_writer = spawn_writer("fsbroker-host-writer", host_rx, stdout)?;
 
+    // A local broker asked to stop (SIGTERM, SIGINT) stops reading the host, as at the host's
+    // EOF: the server's stdin is closed and the proxy ends when the server does.
+    let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
+        Link::Local(session) => Box::pin(session.broker().stopped()),
+        Link::Remote(_) => Box::pin(std::future::pending()),
+    };
     let mut broker = BrokerSide::start(link, to_server.clone(), &opts).await?;
     let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
 
@@ -147,7 +153,10 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
         let init_id = Arc::clone(&init_id);
         let max = opts.max_line;
         tokio::spawn(async move {
-            relay_host(tokio::io::stdin(), to_server.clone(), to_host, init_id, max).await;
+            tokio::select! {
+                () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init_id, max) => {}
+                () = stop => {}
+            }
             let _ = to_server.send(ToServer::Close).await;
         })
     };

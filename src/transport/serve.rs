@@ -99,10 +99,17 @@ where
         .limits()
         .timeout
         .min(MAX_INPUT_WAIT);
+    let stop = session.broker().stopped();
+    tokio::pin!(stop);
     let mut driver = Driver::new(session, opts.max_in_flight, tx);
     let mut reader = LineReader::new(input, opts.max_line).with_budget(budget, wait);
     loop {
-        let frame = match reader.next_frame().await {
+        // A broker asked to stop takes no more requests; those taken finish below.
+        let next = tokio::select! {
+            next = reader.next_frame() => next,
+            () = &mut stop => break,
+        };
+        let frame = match next {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(e) => {
