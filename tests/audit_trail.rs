@@ -619,7 +619,10 @@ fn a_shared_broker_stopping_records_everything_before_its_seal() {
 fn a_file_that_is_not_a_log_is_refused_untouched() {
     let (_t, root, log) = setup();
     for (what, text) in [
-        ("notes", "first note\nsecond note\nthird, unfinished".to_owned()),
+        (
+            "notes",
+            "first note\nsecond note\nthird, unfinished".to_owned(),
+        ),
         ("blank first line", "\n{\"hash\":".to_owned()),
         ("one long line", "x".repeat(3 << 20)),
     ] {
