@@ -186,36 +186,59 @@ impl<T: Serialize> WriteResult for Json<T> {
 /// A complete response frame (newline included) for a successful request.
 pub fn result_frame(id: &RawValue, result: &dyn WriteResult, size_hint: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(48 + id.get().len() + size_hint);
-    write_result_frame(&mut out, id, result);
+    write_result_frame(&mut out, id, result, false);
     out
 }
 
 /// A response frame whose body (if any) stays in its own pages, placed where the result
-/// says ([`WriteResult::body_at`]).
+/// says ([`WriteResult::body_at`]). `modern` (MCP 2026-07-28) adds `"resultType":"complete"`
+/// to the result.
 pub(crate) fn result_frame_with(
     id: &RawValue,
     result: &dyn WriteResult,
     size_hint: usize,
     body: Option<Body>,
+    modern: bool,
 ) -> Outgoing {
+    let mut out =
+        Vec::with_capacity(48 + id.get().len() + body.as_ref().map_or(size_hint, |_| 256));
+    let (start, added) = write_result_frame(&mut out, id, result, modern);
     let Some(body) = body else {
-        return result_frame(id, result, size_hint).into();
+        return out.into();
     };
-    let mut out = Vec::with_capacity(48 + id.get().len() + 256);
-    let start = write_result_frame(&mut out, id, result);
-    let at = start + result.body_at().unwrap_or(0);
+    let at = start + added + result.body_at().unwrap_or(0);
     Outgoing::with_body(out, at, body)
 }
 
-/// Writes a response frame; returns where the result starts.
-fn write_result_frame(out: &mut Vec<u8>, id: &RawValue, result: &dyn WriteResult) -> usize {
+/// The member MCP 2026-07-28 requires in every result.
+const COMPLETE: &[u8] = b"\"resultType\":\"complete\"";
+
+/// Writes a response frame; returns where the result starts, and how many bytes `modern`
+/// added at its front.
+fn write_result_frame(
+    out: &mut Vec<u8>,
+    id: &RawValue,
+    result: &dyn WriteResult,
+    modern: bool,
+) -> (usize, usize) {
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     out.extend_from_slice(id.get().as_bytes());
     out.extend_from_slice(b",\"result\":");
     let start = out.len();
     result.write_result(out);
+    let mut added = 0;
+    // Every result is a JSON object: the member goes first, before whatever it holds.
+    if modern && out.get(start) == Some(&b'{') {
+        let empty = out.get(start + 1) == Some(&b'}');
+        let mut member = COMPLETE.to_vec();
+        if !empty {
+            member.push(b',');
+        }
+        added = member.len();
+        out.splice(start + 1..start + 1, member);
+    }
     out.extend_from_slice(b"}\n");
-    start
+    (start, added)
 }
 
 #[derive(Serialize)]

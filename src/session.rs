@@ -95,6 +95,8 @@ pub(crate) struct SessionState {
     roots_changed: std::sync::atomic::AtomicBool,
     wake: Arc<tokio::sync::Notify>,
     peer: Mutex<Option<String>>,
+    /// Whether the peer speaks MCP 2026-07-28 (results then carry `resultType`).
+    modern: std::sync::atomic::AtomicBool,
     /// Whether the session's `prompt` roots were offered to the person (on its first
     /// `roots/list`).
     pub(crate) roots_offered: std::sync::atomic::AtomicBool,
@@ -186,6 +188,11 @@ impl SessionState {
     pub(crate) fn peer_name(&self) -> Option<String> {
         self.peer.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+
+    /// Whether the peer speaks MCP 2026-07-28 ([`Session::set_modern`]).
+    pub(crate) fn is_modern(&self) -> bool {
+        self.modern.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 impl Session {
@@ -201,6 +208,7 @@ impl Session {
             roots_changed: std::sync::atomic::AtomicBool::new(false),
             wake: Arc::clone(&wake),
             peer: Mutex::new(None),
+            modern: std::sync::atomic::AtomicBool::new(false),
             roots_offered: Default::default(),
             in_flight: Mutex::default(),
             next_arrival: Default::default(),
@@ -266,20 +274,36 @@ impl Session {
         *self.state.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(name);
     }
 
-    /// Takes the name a proxy reported ([`PEER_NOTIFICATION`]); the first one stands, so the
-    /// name a person saw in one prompt is the name they see in the next.
+    /// Marks the peer as speaking MCP 2026-07-28 (or not): every result the session sends it
+    /// then carries `"resultType":"complete"`, which that revision requires and earlier ones
+    /// do not expect.
+    pub fn set_modern(&self, modern: bool) {
+        self.state
+            .modern
+            .store(modern, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Takes what a proxy reported ([`PEER_NOTIFICATION`]): the server's name (the first one
+    /// stands, so the name a person saw in one prompt is the name they see in the next), and
+    /// the revision its connection speaks (`protocolVersion`).
     fn learn_peer(&self, params: Option<&serde_json::value::RawValue>) {
         #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
         struct Peer {
-            name: String,
+            name: Option<String>,
+            protocol_version: Option<String>,
         }
         let Some(peer) = params.and_then(|p| serde_json::from_str::<Peer>(p.get()).ok()) else {
             tracing::debug!(session = self.id(), "a peer notification without a name");
             return;
         };
+        if let Some(version) = &peer.protocol_version {
+            self.set_modern(crate::transport::modern::is_modern(version));
+        }
+        let Some(name) = peer.name else { return };
         if self.state.peer_name().is_none() {
-            tracing::info!(session = self.id(), server = %peer.name, "server named by its proxy");
-            self.set_peer_name(peer.name);
+            tracing::info!(session = self.id(), server = %name, "server named by its proxy");
+            self.set_peer_name(name);
         }
     }
 

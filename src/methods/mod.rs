@@ -233,6 +233,21 @@ impl Op {
     }
 }
 
+/// The `files/*` methods the broker answers (declared by the proxy in the MCP 2026-07-28
+/// extension it advertises).
+pub const FILES_METHODS: [&str; 10] = [
+    "files/read",
+    "files/list",
+    "files/write",
+    "files/create",
+    "files/delete",
+    "files/rename",
+    "files/unlock",
+    "files/consent",
+    "files/watch",
+    "files/unwatch",
+];
+
 /// The methods the broker answers, as a closed set.
 enum Method {
     Ping,
@@ -423,7 +438,9 @@ fn respond<R: WriteResult + ReplyInfo>(
         Ok(mut r) => {
             let body = r.take_body();
             let budget = r.take_budget();
-            let frame = jsonrpc::result_frame_with(id, &r, r.size_hint(), body).hold(budget);
+            let modern = ctx.session.state().is_modern();
+            let frame =
+                jsonrpc::result_frame_with(id, &r, r.size_hint(), body, modern).hold(budget);
             let bytes = r.bytes();
             (frame, Outcome { code: "ok", bytes })
         }

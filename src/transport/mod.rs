@@ -4,6 +4,7 @@
 pub(crate) mod driver;
 pub mod framing;
 pub mod listen;
+pub mod modern;
 pub mod pipe;
 pub mod proxy;
 pub mod serve;
