@@ -173,6 +173,8 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
     // The server closed its stdout: it is exiting. Stop reading the host, let the host see
     // everything the server said, and return the server's exit code.
     host_reader.abort();
+    // The relay's senders go too: the host's writer ends once every sender is gone.
+    drop(relay);
     drop(to_server);
     broker.stop();
     let status = child.wait().await?;
@@ -439,6 +441,8 @@ impl BrokerSide {
                             }
                         }
                         alive.store(false, std::sync::atomic::Ordering::Release);
+                        // Questions still waiting get no answer: let them know.
+                        waiting.lock().unwrap_or_else(|e| e.into_inner()).clear();
                         tracing::error!(
                             "the shared broker closed the connection; file requests will fail"
                         );
