@@ -276,7 +276,7 @@ fn timeouts_answer_timeout_and_never_leave_a_torn_file() {
     let (_p, mut b) = serve_policy(
         &root,
         "mode = \"read-write\"",
-        "timeout_ms = 1\nrequests_per_second = 0",
+        "timeout_ms = 1\nrequests_per_second = 0\nmax_chunk_size = 8388608",
     );
     assert_eq!(b.ok("ping", json!({})), json!({}));
 

@@ -1608,7 +1608,8 @@ fn readers_never_see_a_torn_file_during_8_mib_rewrites() {
     let (_t, root) = fixture();
     let target = root.join("big.txt");
     std::fs::write(&target, vec![b'A'; EIGHT_MIB]).unwrap();
-    let (_p, mut b) = rw(&root);
+    // 8 MiB writes: above the default max_chunk_size (7 MiB), so allowed here.
+    let (_p, mut b) = serve_policy(&root, RW, "max_chunk_size = 8388608");
 
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicU64::new(0));

@@ -119,13 +119,19 @@ pub struct RootEntry {
     pub deny: Vec<String>,
 }
 
+/// The default `max_chunk_size`: 7 MiB, whose base64 (9.8 MB) and the JSON around it stay
+/// under the 10 MiB the TypeScript SDK's stdio transports take in one line (a longer line
+/// closes their connection). 8 MiB of base64 is 11.2 MB.
+pub const DEFAULT_MAX_CHUNK: u64 = 7 << 20;
+
 /// The `[limits]` table. Sizes are bytes, times milliseconds.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsFile {
     /// Default read length.
     pub chunk_size: u64,
-    /// Largest read or write payload (decoded).
+    /// Largest read or write payload (decoded). The default, 7 MiB, keeps a base64 chunk's
+    /// line under the 10 MiB that TypeScript SDK peers accept.
     pub max_chunk_size: u64,
     /// Largest file a write may produce.
     pub max_file_size: u64,
@@ -161,7 +167,7 @@ impl Default for LimitsFile {
     fn default() -> Self {
         LimitsFile {
             chunk_size: 1 << 20,
-            max_chunk_size: 8 << 20,
+            max_chunk_size: DEFAULT_MAX_CHUNK,
             max_file_size: 1 << 30,
             timeout_ms: 60_000,
             requests_per_second: 200,

@@ -3,7 +3,8 @@
 // `fsbroker proxy --policy P`. Checks that the server sees the broker's roots and never the
 // host's (the host's roots handler is never called), that a policy reload changes the next
 // answer, that a confirmation asked together with roots reaches the host alone, and (TS
-// server) that a 50 MiB file read through `files/read` chunks arrives whole.
+// server) that a 50 MiB file read through `files/read` chunks arrives whole, in 1 MiB chunks
+// and in the largest the default policy allows.
 //
 // Env: FSBROKER_BIN, PEERS_TMPDIR (from tests/common/peers.rs), MODERN_SERVER = ts | py,
 // PEERS_PYTHON (the venv's python, for the py server).
@@ -91,6 +92,9 @@ if (which === 'ts') {
   const want = createHash('sha256').update(data).digest('hex');
   big = await call('read_file_chunks', { path: 'beta/big.bin', chunk: 1 << 20 });
   if (big.sha256 !== want || big.bytes !== data.length) fail(`read_file_chunks: ${JSON.stringify(big)}, want ${want}`);
+  // The largest chunk the default policy allows (7 MiB) still fits the SDK's 10 MiB line.
+  const largest = await call('read_file_chunks', { path: 'beta/big.bin', chunk: 7 << 20 });
+  if (largest.sha256 !== want || largest.chunks !== 8) fail(`read_file_chunks at 7 MiB: ${JSON.stringify(largest)}`);
 }
 if (hostRootsCalls !== 0) fail(`the host's own roots handler was called ${hostRootsCalls} times`);
 await client.close();
