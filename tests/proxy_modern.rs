@@ -167,7 +167,6 @@ fn input_required_is_answered_by_the_broker_on_the_wire() {
     assert_eq!(answer["result"]["resultType"], "complete", "{r}");
     assert_eq!(answer["result"]["content"], "hello from the broker\n");
 
-    drop(ask);
     drop(stdin);
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
