@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(p.root[0].mode, Mode::ReadOnly);
         assert_eq!(p.root[0].consent, ConsentMode::Prompt);
         assert_eq!(p.limits, LimitsFile::default());
-        assert_eq!(p.limits.max_chunk_size, 8_388_608);
+        assert_eq!(p.limits.max_chunk_size, 7_340_032); // docs/protocol.md, "Policy": not the 8 MiB first written
     }
 
     #[test]

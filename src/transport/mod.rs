@@ -2,6 +2,7 @@
 //! by many servers) and the proxy that puts the broker in front of any stdio MCP server.
 
 pub(crate) mod driver;
+mod eras;
 pub mod framing;
 pub mod listen;
 pub mod modern;

@@ -37,9 +37,19 @@ pub const MAX_ROUNDS: u32 = 10;
 /// The revision of the new era the proxy knows (the first).
 pub const MODERN_VERSION: &str = "2026-07-28";
 
-/// Whether `version` is a revision of the new era (2026-07-28 or later: revisions are dates).
+/// Whether `version` is a revision of the new era: a date (`YYYY-MM-DD`, as revisions are
+/// named) of 2026-07-28 or later. Anything else ("9999", "2026-13") is no revision at all.
 pub fn is_modern(version: &str) -> bool {
-    version >= "2026-07-28"
+    let b = version.as_bytes();
+    let shaped = b.len() == 10
+        && b.iter().enumerate().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        });
+    shaped && version >= MODERN_VERSION
 }
 
 type Members = BTreeMap<String, Box<RawValue>>;
@@ -105,8 +115,14 @@ pub fn is_broker_method(method: &str) -> bool {
 /// A result asking for input.
 #[derive(Debug)]
 pub struct InputRequired {
+    /// The response's id as the server wrote it.
+    pub id: Option<Box<RawValue>>,
+    /// [`id_key`] of that id.
+    pub key: Option<String>,
     /// The input requests, by key, as the server wrote them.
     pub requests: BTreeMap<String, Box<RawValue>>,
+    /// The method of each input request that names one (decoded).
+    pub methods: BTreeMap<String, String>,
     /// The state to echo, as the server wrote it.
     pub state: Option<Box<RawValue>>,
     /// The whole result's members, for passing on a part of it.
@@ -115,36 +131,193 @@ pub struct InputRequired {
 
 impl InputRequired {
     /// The method of the input request under `key`.
-    pub fn method(&self, key: &str) -> Option<String> {
-        #[derive(serde::Deserialize)]
-        struct Req {
-            method: String,
-        }
-        let req: Req = serde_json::from_str(self.requests.get(key)?.get()).ok()?;
-        Some(req.method)
+    pub fn method(&self, key: &str) -> Option<&str> {
+        self.methods.get(key).map(String::as_str)
+    }
+
+    /// The keys of the input requests the broker answers (`roots/list`, `files/*`).
+    pub fn broker_keys(&self) -> Vec<String> {
+        self.requests
+            .keys()
+            .filter(|k| self.method(k).is_some_and(is_broker_method))
+            .cloned()
+            .collect()
+    }
+
+    /// The keys of every other input request (the host's: elicitation, sampling, …).
+    pub fn host_keys(&self) -> Vec<String> {
+        self.requests
+            .keys()
+            .filter(|k| !self.method(k).is_some_and(is_broker_method))
+            .cloned()
+            .collect()
     }
 }
 
-/// The `input_required` result of a response, if it is one. Only responses that mention it
-/// are parsed: most are passed on without a look inside.
-pub fn input_required(line: &[u8]) -> Option<InputRequired> {
-    memchr::memmem::find(line, b"input_required")?;
-    let msg: Members = serde_json::from_slice(line).ok()?;
-    let result = members(msg.get("result")?)?;
-    let kind: String = serde_json::from_str(result.get("resultType")?.get()).ok()?;
-    if kind != "input_required" {
-        return None;
+/// What a message from a 2026-07-28 server is, to the proxy.
+#[derive(Debug)]
+pub enum Checked {
+    /// Anything but an `input_required` result: it may go to the host as written. Carries the
+    /// [`id_key`] of its id, if it has one.
+    Plain(Option<String>),
+    /// Not JSON that reads one way only (a duplicated member, a lone surrogate, not an
+    /// object, a result that is also a request): the host could read into it what the proxy
+    /// did not, so it must not reach the host as written.
+    Unreadable,
+    /// An `input_required` result.
+    Input(InputRequired),
+}
+
+/// Reads a message from the server for what matters to the host: whether it asks for input.
+///
+/// Every message is read in full, by the same rules the peers' parsers apply: escapes are
+/// decoded (`"input_\u0072equired"` is `input_required`), ids are compared by value ([`id_key`])
+/// and a member written twice makes the whole message unreadable (JavaScript and Python keep
+/// the last, other parsers the first; the proxy cannot know which the host uses). No byte
+/// pattern decides anything.
+pub fn check_response(line: &[u8]) -> Checked {
+    let Some(Value::Object(msg)) = strict(line) else {
+        return Checked::Unreadable;
+    };
+    // A request of the broker's would have been handed to it, had its envelope been sound.
+    if msg
+        .get("method")
+        .and_then(Value::as_str)
+        .is_some_and(is_broker_method)
+    {
+        return Checked::Unreadable;
     }
-    let requests = result
-        .get("inputRequests")
-        .and_then(|r| serde_json::from_str(r.get()).ok())
+    let key = msg.get("id").and_then(id_key);
+    let asks = msg
+        .get("result")
+        .and_then(|r| r.get("resultType"))
+        .and_then(Value::as_str)
+        == Some("input_required");
+    if !asks {
+        return Checked::Plain(key);
+    }
+    if msg.contains_key("method") || msg.contains_key("error") {
+        return Checked::Unreadable;
+    }
+    let methods = msg
+        .get("result")
+        .and_then(|r| r.get("inputRequests"))
+        .and_then(Value::as_object)
+        .map(|reqs| {
+            reqs.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.get("method")?.as_str()?.to_owned())))
+                .collect()
+        })
         .unwrap_or_default();
-    let state = result.get("requestState").map(|s| s.to_owned());
-    Some(InputRequired {
+    // The same line, its members kept as written: with no member written twice, they say what
+    // the value above says.
+    let Ok(raw_msg) = serde_json::from_slice::<Members>(line) else {
+        return Checked::Unreadable;
+    };
+    let Some(result) = raw_msg.get("result").and_then(|r| members(r)) else {
+        return Checked::Unreadable;
+    };
+    let requests = match result.get("inputRequests") {
+        Some(r) => match serde_json::from_str(r.get()) {
+            Ok(requests) => requests,
+            Err(_) => return Checked::Unreadable,
+        },
+        None => BTreeMap::new(),
+    };
+    Checked::Input(InputRequired {
+        id: raw_msg.get("id").cloned(),
+        key,
         requests,
-        state,
+        methods,
+        state: result.get("requestState").cloned(),
         result,
     })
+}
+
+/// `line` as a JSON value, or `None` when it is not JSON or some object in it has a member
+/// written twice.
+pub fn strict(line: &[u8]) -> Option<Value> {
+    serde_json::from_slice::<Strict>(line).ok().map(|s| s.0)
+}
+
+/// A JSON value read with no duplicated members allowed anywhere in it.
+struct Strict(Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Strict, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON with no member written twice")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut members = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let Strict(value) = map.next_value()?;
+            if members.insert(key, value).is_some() {
+                return Err(serde::de::Error::custom("a member is written twice"));
+            }
+        }
+        Ok(Value::Object(members))
+    }
+}
+
+/// What identifies a JSON-RPC id the way the peers compare ids: strings by their decoded
+/// text, numbers by value (`3`, `3.0` and `3e0` are one id to JavaScript and to Python).
+/// `None` for anything that is not an id.
+pub fn id_key(id: &Value) -> Option<String> {
+    match id {
+        Value::String(s) => Some(format!("s{s}")),
+        Value::Number(n) => {
+            let f = n.as_f64()?;
+            if f.fract() == 0.0 && f.abs() < 1e18 {
+                Some(format!("n{}", f as i64))
+            } else {
+                Some(format!("n{f:?}"))
+            }
+        }
+        _ => None,
+    }
+}
+
+/// [`id_key`] of an id as written.
+pub fn raw_id_key(id: &RawValue) -> Option<String> {
+    id_key(&serde_json::from_str(id.get()).ok()?)
 }
 
 /// The request `line` sent again under `id`, with `responses` added to its
@@ -164,8 +337,9 @@ pub fn retry(
         .get("inputResponses")
         .and_then(|r| members(r))
         .unwrap_or_default();
+    // The broker's answers win over any the request already carried under the same key.
     for (k, v) in responses {
-        given.entry(k.clone()).or_insert_with(|| v.clone());
+        given.insert(k.clone(), v.clone());
     }
     params.insert("inputResponses".to_owned(), raw(&given)?);
     match state {
@@ -182,7 +356,8 @@ pub fn retry(
 }
 
 /// The host's retry `line` with the broker's `answers` added to its `inputResponses` (the
-/// host's own answers kept).
+/// host's answers to its own input requests kept; an answer of the host's under one of the
+/// broker's keys is replaced).
 pub fn merge_responses(line: &[u8], answers: &BTreeMap<String, Box<RawValue>>) -> Option<Vec<u8>> {
     let mut msg: Members = serde_json::from_slice(line).ok()?;
     let mut params = members(msg.get("params")?)?;
@@ -191,7 +366,7 @@ pub fn merge_responses(line: &[u8], answers: &BTreeMap<String, Box<RawValue>>) -
         .and_then(|r| members(r))
         .unwrap_or_default();
     for (k, v) in answers {
-        given.entry(k.clone()).or_insert_with(|| v.clone());
+        given.insert(k.clone(), v.clone());
     }
     params.insert("inputResponses".to_owned(), raw(&given)?);
     msg.insert("params".to_owned(), raw(&params)?);
@@ -234,7 +409,7 @@ pub fn retry_key(line: &[u8]) -> Option<String> {
         .and_then(|p| members(p))
         .unwrap_or_default();
     if let Some(state) = params.get("requestState") {
-        return Some(format!("state:{}", state.get()));
+        return state_key(state);
     }
     params.remove("inputResponses");
     params.remove("_meta");
@@ -251,9 +426,15 @@ pub fn retry_key(line: &[u8]) -> Option<String> {
 /// [`retry_key`] for the request that got `ir`, as its retry will carry it.
 pub fn retry_key_for(request: &[u8], ir: &InputRequired) -> Option<String> {
     match &ir.state {
-        Some(state) => Some(format!("state:{}", state.get())),
+        Some(state) => state_key(state),
         None => retry_key(request),
     }
+}
+
+/// A `requestState` by value, however either side spelled it.
+fn state_key(state: &RawValue) -> Option<String> {
+    let value: Value = serde_json::from_str(state.get()).ok()?;
+    Some(format!("state:{value}"))
 }
 
 /// Whether a host request carries `inputResponses` (a retry).

@@ -18,7 +18,7 @@
 //! Either side closing ends the proxy: host EOF closes the server's stdin; the server's exit
 //! ends the relay. The proxy exits with the server's exit code.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::AsFd;
@@ -32,9 +32,9 @@ use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc};
 
 use super::driver::{Driver, OUTPUT_QUEUE};
+use super::eras::{self, Asker, Eras, Outputs, Waiting};
 use super::framing::{Frame, LineReader};
 use super::listen::BlockingWriter;
-use super::modern;
 use super::serve::{QueueItem, spawn_writer, too_long, write_frames};
 use crate::jsonrpc::{self, Incoming};
 use crate::outgoing::Outgoing;
@@ -65,7 +65,7 @@ pub struct ProxyOptions {
 }
 
 /// Messages for the server's stdin.
-enum ToServer {
+pub(super) enum ToServer {
     Frame(Outgoing),
     /// The host is gone: close the server's stdin.
     Close,
@@ -145,9 +145,11 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
         Link::Local(session) => Box::pin(session.broker().stopped()),
         Link::Remote(_) => Box::pin(std::future::pending()),
     };
-    let (mut broker, asker) = BrokerSide::start(link, to_server.clone(), &opts).await?;
+    // Makes the proxy's own ids (its questions to the broker, its retries) its own.
+    let nonce = crate::locks::random_hex(8);
+    let (mut broker, asker) = BrokerSide::start(link, to_server.clone(), &opts, &nonce).await?;
     let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
-    let eras = Arc::new(Eras::new(asker));
+    let eras = Arc::new(Eras::new(asker, nonce));
 
     let host_reader = {
         let to_server = to_server.clone();
@@ -164,8 +166,10 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
         })
     };
     let relay = Relay {
-        to_host: to_host.clone(),
-        to_server: to_server.clone(),
+        out: Outputs {
+            to_host: to_host.clone(),
+            to_server: to_server.clone(),
+        },
         eras,
     };
     relay_server(server_out, &relay, &mut broker, &init_id, opts.max_line).await;
@@ -224,8 +228,11 @@ async fn relay_host<R: AsyncRead + Unpin>(
                 declare_brokering(&line).unwrap_or(line)
             }
             Incoming::Request { id, method, .. } => {
-                let id = id.get().to_owned();
+                let id = id.to_owned();
                 eras.host_request(line, &id, &method).await
+            }
+            Incoming::Notification { method, .. } if method == "notifications/cancelled" => {
+                eras.cancelled(line)
             }
             _ => line,
         };
@@ -272,13 +279,13 @@ fn declare_brokering(line: &[u8]) -> Option<Vec<u8>> {
 
 /// Where the server's messages go, and what the relay knows of the eras.
 struct Relay {
-    to_host: mpsc::Sender<Outgoing>,
-    to_server: mpsc::Sender<ToServer>,
+    out: Outputs,
     eras: Arc<Eras>,
 }
 
-/// Server → host: verbatim, except the requests the broker answers, and (2026-07-28 era) the
-/// `input_required` results whose input requests are the broker's ([`Eras::server_response`]).
+/// Server → host: verbatim, except the requests the broker answers, the lines the proxy cannot
+/// classify (the host could read a `roots/list` request into them: they are answered with an
+/// error, or dropped), and (2026-07-28 era) what [`Eras::server_message`] takes over.
 async fn relay_server<R: AsyncRead + Unpin>(
     output: R,
     relay: &Relay,
@@ -286,7 +293,7 @@ async fn relay_server<R: AsyncRead + Unpin>(
     init_id: &Mutex<Option<Box<RawValue>>>,
     max: usize,
 ) {
-    let to_host = &relay.to_host;
+    let to_host = &relay.out.to_host;
     let budget = Budget::new();
     let mut reader = LineReader::new(output, max);
     while let Ok(Some(frame)) = reader.next_frame().await {
@@ -306,14 +313,26 @@ async fn relay_server<R: AsyncRead + Unpin>(
                 broker.request(line).await;
                 continue;
             }
-            Incoming::Response => {
-                learn_server_name(&line, init_id, broker);
-                match relay.eras.server_response(line, relay) {
-                    Some(passed) => line = passed,
-                    None => continue,
+            // On a 2026-07-28 connection every line is checked in full below.
+            Incoming::Invalid { .. } if relay.eras.seen_modern() => {}
+            Incoming::Invalid { id, error } if names_broker_method(&line) => {
+                // A line JSON-RPC readers may disagree on (a member written twice, an id of
+                // 1.0, a batch, bytes that are not UTF-8) that names a broker method could be
+                // a `roots/list` request to the host's reader: it never goes there.
+                tracing::warn!(%error, "a malformed line from the server naming a broker method was not relayed");
+                if let Some(id) = id {
+                    broker
+                        .answer(jsonrpc::error_frame(Some(id), &error).into())
+                        .await;
                 }
+                continue;
             }
+            Incoming::Response => learn_server_name(&line, init_id, broker),
             _ => {}
+        }
+        match relay.eras.server_message(line, &relay.out).await {
+            Some(passed) => line = passed,
+            None => continue,
         }
         line.push(b'\n');
         let Some(frame) = budget.frame(line).await else {
@@ -323,6 +342,91 @@ async fn relay_server<R: AsyncRead + Unpin>(
             break;
         }
     }
+}
+
+/// Whether any string in `line`, decoded the way the most lenient reader would (bytes that
+/// are not UTF-8 and lone surrogates become U+FFFD, every escape resolved), is a method the
+/// broker answers (`roots/list`, `files/…`). For lines the proxy cannot read as one
+/// JSON-RPC message: a host's reader might still read one into them.
+pub(super) fn names_broker_method(line: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(line);
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '"' && super::modern::is_broker_method(&json_string(&mut chars)) {
+            return true;
+        }
+    }
+    false
+}
+
+/// The rest of a JSON string literal whose opening quote was just read, decoded; stops after
+/// the closing quote or at the end of the text.
+fn json_string(chars: &mut std::str::Chars) -> String {
+    let mut out = String::new();
+    let mut high: Option<u32> = None;
+    while let Some(c) = chars.next() {
+        let unit = match c {
+            '"' => break,
+            '\\' => match chars.next() {
+                Some('u') => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    match u32::from_str_radix(&hex, 16) {
+                        Ok(u) => Some(u),
+                        Err(_) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            continue;
+                        }
+                    }
+                }
+                Some(e) => {
+                    let c = match e {
+                        'b' => '\u{8}',
+                        'f' => '\u{c}',
+                        'n' => '\n',
+                        'r' => '\r',
+                        't' => '\t',
+                        other => other,
+                    };
+                    if high.take().is_some() {
+                        out.push(char::REPLACEMENT_CHARACTER);
+                    }
+                    out.push(c);
+                    continue;
+                }
+                None => break,
+            },
+            c => {
+                if high.take().is_some() {
+                    out.push(char::REPLACEMENT_CHARACTER);
+                }
+                out.push(c);
+                continue;
+            }
+        };
+        let Some(u) = unit else { continue };
+        match (high.take(), u) {
+            (Some(h), 0xDC00..=0xDFFF) => {
+                let c = 0x10000 + ((h - 0xD800) << 10) + (u - 0xDC00);
+                out.push(char::from_u32(c).unwrap_or(char::REPLACEMENT_CHARACTER));
+            }
+            (h, 0xD800..=0xDBFF) => {
+                if h.is_some() {
+                    out.push(char::REPLACEMENT_CHARACTER);
+                }
+                high = Some(u);
+            }
+            (h, u) => {
+                if h.is_some() {
+                    out.push(char::REPLACEMENT_CHARACTER);
+                }
+                out.push(char::from_u32(u).unwrap_or(char::REPLACEMENT_CHARACTER));
+            }
+        }
+    }
+    if high.is_some() {
+        out.push(char::REPLACEMENT_CHARACTER);
+    }
+    out
 }
 
 /// The `initialize` result names the server; consent prompts show it.
@@ -374,6 +478,7 @@ impl BrokerSide {
         link: Link,
         to_server: mpsc::Sender<ToServer>,
         opts: &ProxyOptions,
+        nonce: &str,
     ) -> io::Result<(BrokerSide, Asker)> {
         match link {
             Link::Local(session) => {
@@ -417,6 +522,7 @@ impl BrokerSide {
                 // are: the broker echoes the server's own ids.
                 let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
                 let waiting: Waiting = Arc::default();
+                let ask_prefix = eras::ask_prefix(nonce);
                 let reader = {
                     let to_server = to_server.clone();
                     let alive = Arc::clone(&alive);
@@ -428,8 +534,8 @@ impl BrokerSide {
                         while let Ok(Some(Frame::Line(mut line))) = lines.next_frame().await {
                             // The answers to the proxy's own questions (`Asker`) are the
                             // proxy's; the broker writes every response with this prefix.
-                            if line.starts_with(ASK_PREFIX.as_bytes()) {
-                                answer_ask(&waiting, line);
+                            if line.starts_with(ask_prefix.as_bytes()) {
+                                eras::answer_ask(&waiting, line);
                                 continue;
                             }
                             line.push(b'\n');
@@ -548,304 +654,6 @@ impl BrokerSide {
         match self {
             BrokerSide::Local { notes, .. } => notes.abort(),
             BrokerSide::Remote { tasks, .. } => tasks.iter().for_each(|t| t.abort()),
-        }
-    }
-}
-
-/// The start of the broker's answer to a question of the proxy's own ([`Asker`]): every
-/// response the broker writes begins `{"jsonrpc":"2.0","id":`, and the proxy's ids begin
-/// `fsbroker-ask-`.
-const ASK_PREFIX: &str = "{\"jsonrpc\":\"2.0\",\"id\":\"fsbroker-ask-";
-
-/// Questions to a shared broker waiting for their answers, by id.
-type Waiting = Arc<Mutex<HashMap<String, tokio::sync::oneshot::Sender<Vec<u8>>>>>;
-
-fn answer_ask(waiting: &Waiting, line: Vec<u8>) {
-    let Some(id) = response_id(&line) else { return };
-    let id: String = serde_json::from_str(&id).unwrap_or_default();
-    if let Some(tx) = waiting
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&id)
-    {
-        let _ = tx.send(line);
-    }
-}
-
-/// A response's `id`, as written.
-fn response_id(line: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Reply<'a> {
-        #[serde(borrow)]
-        id: &'a RawValue,
-    }
-    serde_json::from_slice::<Reply>(line)
-        .ok()
-        .map(|r| r.id.get().to_owned())
-}
-
-/// The proxy asking the broker itself (the input requests of `input_required` results), and
-/// telling it which era the connection speaks.
-#[derive(Clone)]
-enum Asker {
-    Local(Arc<Session>),
-    Remote {
-        to_broker: mpsc::Sender<Outgoing>,
-        waiting: Waiting,
-    },
-}
-
-impl Asker {
-    /// Sends `{"method": method, "params": params}` to the broker; returns its answer frame.
-    async fn ask(&self, id: &str, method: &str, params: Option<&RawValue>) -> Option<Vec<u8>> {
-        let mut request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method});
-        if let Some(p) = params.and_then(|p| serde_json::from_str::<Value>(p.get()).ok()) {
-            request["params"] = p;
-        }
-        let line = request.to_string().into_bytes();
-        match self {
-            Asker::Local(session) => session.handle(&line).await,
-            Asker::Remote { to_broker, waiting } => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                waiting
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(id.to_owned(), tx);
-                let mut framed = line;
-                framed.push(b'\n');
-                to_broker.send(framed.into()).await.ok()?;
-                rx.await.ok()
-            }
-        }
-    }
-
-    /// Tells the broker whether the server speaks MCP 2026-07-28 (its results then carry
-    /// `resultType`).
-    async fn set_modern(&self, modern: bool) {
-        match self {
-            Asker::Local(session) => session.set_modern(modern),
-            Asker::Remote { to_broker, .. } => {
-                let version = if modern {
-                    super::modern::MODERN_VERSION
-                } else {
-                    "2025-11-25"
-                };
-                let note = serde_json::json!({
-                    "jsonrpc": "2.0",
-                    "method": PEER_NOTIFICATION,
-                    "params": { "protocolVersion": version },
-                });
-                let mut line = note.to_string().into_bytes();
-                line.push(b'\n');
-                let _ = to_broker.send(line.into()).await;
-            }
-        }
-    }
-}
-
-/// A retry the proxy sent the server on the host's behalf.
-struct Retry {
-    /// The host's id for the request.
-    host_id: Box<RawValue>,
-    /// The request as first sent, which each round sends again.
-    request: Vec<u8>,
-    rounds: u32,
-}
-
-#[derive(Default)]
-struct EraState {
-    /// Whether the host's requests are of the 2026-07-28 era (the last one decides).
-    modern: bool,
-    /// Host requests that may be answered `input_required`, by id (as written): the request
-    /// as sent to the server.
-    pending: HashMap<String, Vec<u8>>,
-    /// The proxy's retries, by id.
-    retries: HashMap<String, Retry>,
-    /// The broker's input responses waiting for the host's retry, by [`modern::retry_key`].
-    stash: HashMap<String, BTreeMap<String, Box<RawValue>>>,
-}
-
-/// The 2026-07-28 side of one proxy connection: the era of the host's requests, the requests
-/// that may come back `input_required`, the proxy's retries and the broker's answers waiting
-/// to be merged into the host's.
-struct Eras {
-    state: Mutex<EraState>,
-    asker: Asker,
-    next: std::sync::atomic::AtomicU64,
-}
-
-/// The longest host request kept for a retry: `tools/call` and its kin are small; a request
-/// beyond this is passed on but not retried by the proxy (the host sees its `input_required`).
-const MAX_KEPT_REQUEST: usize = 1 << 20;
-
-impl Eras {
-    fn new(asker: Asker) -> Eras {
-        Eras {
-            state: Mutex::default(),
-            asker,
-            next: std::sync::atomic::AtomicU64::new(1),
-        }
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, EraState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn fresh_id(&self, kind: &str) -> String {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("fsbroker-{kind}-{n}")
-    }
-
-    async fn set_modern(&self, modern: bool) {
-        let changed = {
-            let mut state = self.state();
-            std::mem::replace(&mut state.modern, modern) != modern
-        };
-        if changed {
-            self.asker.set_modern(modern).await;
-        }
-    }
-
-    /// A host request (2026-07-28 era when it declares that revision): `roots` and the
-    /// brokering extension declared in its capabilities; the broker's answers merged in when
-    /// it is the host's retry of a request whose input requests were partly the broker's; and
-    /// kept, when it may be answered `input_required`.
-    async fn host_request(&self, line: Vec<u8>, id: &str, method: &str) -> Vec<u8> {
-        let Some(version) = modern::declared_version(&line) else {
-            return line;
-        };
-        if !modern::is_modern(&version) {
-            return line;
-        }
-        self.set_modern(true).await;
-        let mut line = modern::declare_roots(&line).unwrap_or(line);
-        if modern::has_input_responses(&line) {
-            let stashed = modern::retry_key(&line).and_then(|k| self.state().stash.remove(&k));
-            if let Some(answers) = stashed {
-                line = modern::merge_responses(&line, &answers).unwrap_or(line);
-            }
-        }
-        if modern::INPUT_METHODS.contains(&method) && line.len() <= MAX_KEPT_REQUEST {
-            self.state().pending.insert(id.to_owned(), line.clone());
-        }
-        line
-    }
-
-    /// A response from the server: `Some(line)` to pass on to the host (its id put back to the
-    /// host's when it answers a retry of the proxy's), `None` when the proxy took it over (an
-    /// `input_required` result with input requests for the broker, handled on a task of its
-    /// own).
-    fn server_response(self: &Arc<Self>, line: Vec<u8>, relay: &Relay) -> Option<Vec<u8>> {
-        let (retry, request) = {
-            let mut state = self.state();
-            if state.pending.is_empty() && state.retries.is_empty() {
-                return Some(line);
-            }
-            let id = response_id(&line)?;
-            match state.retries.remove(&id) {
-                Some(retry) => (Some(retry), None),
-                None => (None, state.pending.remove(&id).map(|r| (id, r))),
-            }
-        };
-        let (host_id, request, rounds) = match (retry, request) {
-            (Some(r), _) => (r.host_id, r.request, r.rounds),
-            (None, Some((id, request))) => (RawValue::from_string(id).ok()?, request, 0),
-            (None, None) => return Some(line),
-        };
-        let ir = match modern::input_required(&line) {
-            Some(ir)
-                if rounds < modern::MAX_ROUNDS
-                    && ir
-                        .requests
-                        .keys()
-                        .any(|k| ir.method(k).is_some_and(|m| modern::is_broker_method(&m))) =>
-            {
-                ir
-            }
-            _ if rounds > 0 => return modern::with_id(&line, &host_id).or(Some(line)),
-            _ => return Some(line),
-        };
-        let me = Arc::clone(self);
-        let (to_host, to_server) = (relay.to_host.clone(), relay.to_server.clone());
-        tokio::spawn(async move {
-            me.answer_inputs(ir, host_id, request, rounds, to_host, to_server)
-                .await;
-        });
-        None
-    }
-
-    /// Answers the broker's input requests of `ir`; then retries the request itself when
-    /// every input request was the broker's, or else shows the host the rest and keeps the
-    /// broker's answers for the host's retry.
-    async fn answer_inputs(
-        &self,
-        ir: modern::InputRequired,
-        host_id: Box<RawValue>,
-        request: Vec<u8>,
-        rounds: u32,
-        to_host: mpsc::Sender<Outgoing>,
-        to_server: mpsc::Sender<ToServer>,
-    ) {
-        let mut answers: BTreeMap<String, Box<RawValue>> = BTreeMap::new();
-        let mut hosts: Vec<String> = Vec::new();
-        for (key, req) in &ir.requests {
-            #[derive(serde::Deserialize)]
-            struct Req<'a> {
-                method: String,
-                #[serde(borrow)]
-                params: Option<&'a RawValue>,
-            }
-            let Ok(req) = serde_json::from_str::<Req>(req.get()) else {
-                hosts.push(key.clone());
-                continue;
-            };
-            if !modern::is_broker_method(&req.method) {
-                hosts.push(key.clone());
-                continue;
-            }
-            let id = self.fresh_id("ask");
-            let answer = self
-                .asker
-                .ask(&id, &req.method, req.params)
-                .await
-                .and_then(|frame| modern::input_response(&frame));
-            match answer {
-                Some(answer) => {
-                    answers.insert(key.clone(), answer);
-                }
-                None => {
-                    tracing::warn!(method = %req.method, "the broker did not answer an input request")
-                }
-            }
-        }
-        if hosts.is_empty() {
-            let id = self.fresh_id("retry");
-            let Some(line) = modern::retry(&request, &id, &answers, ir.state.as_deref()) else {
-                return;
-            };
-            // Keyed as responses write it (a JSON string).
-            self.state().retries.insert(
-                serde_json::to_string(&id).unwrap_or_default(),
-                Retry {
-                    host_id,
-                    request,
-                    rounds: rounds + 1,
-                },
-            );
-            let mut framed = line;
-            framed.push(b'\n');
-            let _ = to_server.send(ToServer::Frame(framed.into())).await;
-            return;
-        }
-        // The host answers its part and retries; the broker's answers wait to be merged in.
-        if !answers.is_empty() {
-            if let Some(key) = modern::retry_key_for(&request, &ir) {
-                self.state().stash.insert(key, answers);
-            }
-        }
-        if let Some(mut line) = modern::only_requests(&ir, &hosts, &host_id) {
-            line.push(b'\n');
-            let _ = to_host.send(line.into()).await;
         }
     }
 }

@@ -1,0 +1,581 @@
+//! The proxy's side of MCP 2026-07-28 on one connection: which era the host speaks, the host
+//! requests that may come back `input_required`, the broker's answers to the input requests
+//! that are its own (`roots/list`, `files/*`), the retries the proxy sends for the host, and
+//! the answers waiting to be merged into the host's retry (docs/protocol.md, "Two eras").
+//!
+//! The server is the party the proxy does not trust. Whatever it writes, an input request of
+//! the broker's never reaches the host (the host would answer it with its own roots): once the
+//! host speaks the new era, every message from the server is read in full before it is passed
+//! on ([`modern::check_response`]), one the proxy cannot read one way only and that names a
+//! broker method is not passed on, and the broker's input requests are answered by the broker or taken out. Everything the
+//! server can make the proxy hold is bounded: the requests kept for a retry, the input
+//! requests answered per round, the bytes of their answers, the rounds at once and the
+//! answers waiting for the host.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+use tokio::sync::{Semaphore, mpsc};
+
+use super::modern::{self, Checked};
+use super::proxy::ToServer;
+use crate::error::{Error, ErrorKind};
+use crate::jsonrpc;
+use crate::outgoing::Outgoing;
+use crate::session::{PEER_NOTIFICATION, Session};
+
+/// Host requests kept for a retry at once (each answered or cancelled lets go of its own).
+pub const MAX_KEPT: usize = 1024;
+
+/// Bytes of host requests kept for a retry at once.
+pub const MAX_KEPT_BYTES: usize = 64 << 20;
+
+/// The longest host request kept for a retry: `tools/call` and its kin are small; the
+/// `input_required` answer to a longer one has the broker's input requests taken out.
+pub const MAX_KEPT_REQUEST: usize = 1 << 20;
+
+/// The broker answers at most this many input requests of one `input_required` result; the
+/// rest get a `QuotaExceeded` error as their answer.
+pub const MAX_BROKER_INPUTS: usize = 16;
+
+/// Bytes of the broker's answers in one round (a retry line carries them all); past this, the
+/// rest get a `QuotaExceeded` error as their answer.
+pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// Rounds of input requests the broker answers at once on one connection; past this, the
+/// proxy stops reading the server until one is done.
+pub const ROUNDS_AT_ONCE: usize = 2;
+
+/// The broker's answers waiting for the host's retry; past this, the oldest are let go (the
+/// server then asks again).
+pub const MAX_STASHED: usize = 256;
+
+/// The proxy asking the broker itself (the input requests of `input_required` results), and
+/// telling it which era the connection speaks.
+#[derive(Clone)]
+pub(super) enum Asker {
+    Local(Arc<Session>),
+    Remote {
+        to_broker: mpsc::Sender<Outgoing>,
+        waiting: Waiting,
+    },
+}
+
+/// Questions to a shared broker waiting for their answers, by id.
+pub(super) type Waiting = Arc<Mutex<HashMap<String, tokio::sync::oneshot::Sender<Vec<u8>>>>>;
+
+/// The start of every answer to a question of the proxy's own: the broker writes every
+/// response beginning `{"jsonrpc":"2.0","id":`, and the proxy's ids begin `fsbroker-ask-`
+/// and a random nonce (so no id of the server's can take an answer meant for the proxy).
+pub(super) fn ask_prefix(nonce: &str) -> String {
+    format!("{{\"jsonrpc\":\"2.0\",\"id\":\"fsbroker-ask-{nonce}-")
+}
+
+/// Hands a shared broker's answer to the question waiting for it.
+pub(super) fn answer_ask(waiting: &Waiting, line: Vec<u8>) {
+    let Some(id) = response_id(&line) else { return };
+    let id: String = serde_json::from_str(&id).unwrap_or_default();
+    if let Some(tx) = waiting
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id)
+    {
+        let _ = tx.send(line);
+    }
+}
+
+/// A message's `id` as written, and whether it has a `method` (is a request, or may be read
+/// as one): `(None, true)` when even that cannot be read one way.
+fn envelope_of(line: &[u8]) -> (Option<String>, bool) {
+    #[derive(serde::Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        id: Option<&'a RawValue>,
+        method: Option<serde::de::IgnoredAny>,
+    }
+    match serde_json::from_slice::<Envelope>(line) {
+        Ok(env) => (env.id.map(|id| id.get().to_owned()), env.method.is_some()),
+        Err(_) => (None, true),
+    }
+}
+
+/// A response's `id`, as written.
+pub(super) fn response_id(line: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Reply<'a> {
+        #[serde(borrow)]
+        id: &'a RawValue,
+    }
+    serde_json::from_slice::<Reply>(line)
+        .ok()
+        .map(|r| r.id.get().to_owned())
+}
+
+impl Asker {
+    /// Sends `{"method": method, "params": params}` to the broker; returns its answer frame.
+    async fn ask(&self, id: &str, method: &str, params: Option<&RawValue>) -> Option<Vec<u8>> {
+        let mut request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method});
+        if let Some(p) = params.and_then(|p| serde_json::from_str::<Value>(p.get()).ok()) {
+            request["params"] = p;
+        }
+        let line = request.to_string().into_bytes();
+        match self {
+            Asker::Local(session) => session.handle(&line).await,
+            Asker::Remote { to_broker, waiting } => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                waiting
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.to_owned(), tx);
+                let mut framed = line;
+                framed.push(b'\n');
+                to_broker.send(framed.into()).await.ok()?;
+                rx.await.ok()
+            }
+        }
+    }
+
+    /// Tells the broker whether the server speaks MCP 2026-07-28 (its results then carry
+    /// `resultType`).
+    async fn set_modern(&self, modern: bool) {
+        match self {
+            Asker::Local(session) => session.set_modern(modern),
+            Asker::Remote { to_broker, .. } => {
+                let version = if modern {
+                    modern::MODERN_VERSION
+                } else {
+                    "2025-11-25"
+                };
+                let note = serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "method": PEER_NOTIFICATION,
+                    "params": { "protocolVersion": version },
+                });
+                let mut line = note.to_string().into_bytes();
+                line.push(b'\n');
+                let _ = to_broker.send(line.into()).await;
+            }
+        }
+    }
+}
+
+/// A host request the proxy may have to send again.
+struct Kept {
+    /// The host's id for it, as the host wrote it.
+    host_id: Box<RawValue>,
+    /// [`modern::id_key`] of the host's id.
+    host_key: String,
+    /// The request as first sent, which each round sends again.
+    request: Vec<u8>,
+    /// Rounds of input requests the broker has answered for it.
+    rounds: u32,
+}
+
+#[derive(Default)]
+struct EraState {
+    /// Whether the host's requests are of the 2026-07-28 era (the last one decides).
+    modern: bool,
+    /// Whether any host request has been: from then on the server's messages are checked.
+    seen_modern: bool,
+    /// Kept host requests by the [`modern::id_key`] the server answers under: the host's own
+    /// id, or the proxy's retry id.
+    kept: HashMap<String, Kept>,
+    /// Bytes of the requests in `kept`.
+    kept_bytes: usize,
+    /// The broker's input responses waiting for the host's retry, by [`modern::retry_key`].
+    stash: HashMap<String, BTreeMap<String, Box<RawValue>>>,
+    /// The keys of `stash`, oldest first.
+    stash_order: VecDeque<String>,
+}
+
+impl EraState {
+    fn keep(&mut self, key: String, kept: Kept) -> bool {
+        if self.kept.len() >= MAX_KEPT || self.kept_bytes + kept.request.len() > MAX_KEPT_BYTES {
+            tracing::warn!(
+                kept = self.kept.len(),
+                "too many host requests waiting; this one's input requests will not be answered by the broker"
+            );
+            return false;
+        }
+        self.kept_bytes += kept.request.len();
+        if let Some(old) = self.kept.insert(key, kept) {
+            self.kept_bytes -= old.request.len();
+        }
+        true
+    }
+
+    fn take(&mut self, key: &str) -> Option<Kept> {
+        let kept = self.kept.remove(key)?;
+        self.kept_bytes -= kept.request.len();
+        Some(kept)
+    }
+
+    fn stash(&mut self, key: String, answers: BTreeMap<String, Box<RawValue>>) {
+        if self.stash.insert(key.clone(), answers).is_none() {
+            self.stash_order.push_back(key);
+        }
+        while self.stash.len() > MAX_STASHED {
+            match self.stash_order.pop_front() {
+                Some(old) => {
+                    self.stash.remove(&old);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn unstash(&mut self, key: &str) -> Option<BTreeMap<String, Box<RawValue>>> {
+        let answers = self.stash.remove(key)?;
+        self.stash_order.retain(|k| k != key);
+        Some(answers)
+    }
+}
+
+/// The 2026-07-28 side of one proxy connection.
+pub(super) struct Eras {
+    state: Mutex<EraState>,
+    asker: Asker,
+    /// Makes the proxy's ids its own: a server cannot guess them to collide with.
+    nonce: String,
+    next: std::sync::atomic::AtomicU64,
+    rounds: Arc<Semaphore>,
+}
+
+/// Where the answers of a round go.
+pub(super) struct Outputs {
+    pub(super) to_host: mpsc::Sender<Outgoing>,
+    pub(super) to_server: mpsc::Sender<ToServer>,
+}
+
+impl Eras {
+    pub(super) fn new(asker: Asker, nonce: String) -> Eras {
+        Eras {
+            state: Mutex::default(),
+            asker,
+            nonce,
+            next: std::sync::atomic::AtomicU64::new(1),
+            rounds: Arc::new(Semaphore::new(ROUNDS_AT_ONCE)),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, EraState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fresh_id(&self, kind: &str) -> String {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("fsbroker-{kind}-{}-{n}", self.nonce)
+    }
+
+    /// Whether the host has spoken the 2026-07-28 era on this connection.
+    pub(super) fn seen_modern(&self) -> bool {
+        self.state().seen_modern
+    }
+
+    /// Tells the broker the connection's era when it changes.
+    pub(super) async fn set_modern(&self, modern: bool) {
+        let changed = {
+            let mut state = self.state();
+            state.seen_modern |= modern;
+            std::mem::replace(&mut state.modern, modern) != modern
+        };
+        if changed {
+            self.asker.set_modern(modern).await;
+        }
+    }
+
+    /// A host request (2026-07-28 era when it declares that revision): `roots` and the
+    /// brokering extension declared in its capabilities; the broker's answers merged in when
+    /// it is the host's retry of a request whose input requests were partly the broker's; and
+    /// kept, when it may be answered `input_required`.
+    pub(super) async fn host_request(&self, line: Vec<u8>, id: &RawValue, method: &str) -> Vec<u8> {
+        let Some(version) = modern::declared_version(&line) else {
+            return line;
+        };
+        if !modern::is_modern(&version) {
+            return line;
+        }
+        self.set_modern(true).await;
+        let mut line = modern::declare_roots(&line).unwrap_or(line);
+        if modern::has_input_responses(&line) {
+            let stashed = modern::retry_key(&line).and_then(|k| self.state().unstash(&k));
+            if let Some(answers) = stashed {
+                line = modern::merge_responses(&line, &answers).unwrap_or(line);
+            }
+        }
+        let key = modern::raw_id_key(id);
+        if let Some(key) = key
+            .filter(|_| modern::INPUT_METHODS.contains(&method) && line.len() <= MAX_KEPT_REQUEST)
+        {
+            let kept = Kept {
+                host_id: id.to_owned(),
+                host_key: key.clone(),
+                request: line.clone(),
+                rounds: 0,
+            };
+            self.state().keep(key, kept);
+        }
+        line
+    }
+
+    /// The host's `notifications/cancelled`: the request is let go, and when the proxy has
+    /// retried it, the server is told the id it knows it by.
+    pub(super) fn cancelled(&self, line: Vec<u8>) -> Vec<u8> {
+        let Some(Value::Object(mut msg)) = modern::strict(&line) else {
+            return line;
+        };
+        let Some(key) = msg
+            .get("params")
+            .and_then(|p| p.get("requestId"))
+            .and_then(modern::id_key)
+        else {
+            return line;
+        };
+        let mut state = self.state();
+        state.take(&key);
+        let retried: Vec<String> = state
+            .kept
+            .iter()
+            .filter(|(_, k)| k.host_key == key)
+            .map(|(retry, _)| retry.clone())
+            .collect();
+        let mut retry_id = None;
+        for retry in retried {
+            if let Some(kept) = state.take(&retry) {
+                retry_id = Some(retry);
+                drop(kept);
+            }
+        }
+        drop(state);
+        let Some(retry_id) = retry_id.and_then(|k| k.strip_prefix('s').map(str::to_owned)) else {
+            return line;
+        };
+        if let Some(params) = msg.get_mut("params").and_then(Value::as_object_mut) {
+            params.insert("requestId".into(), Value::String(retry_id));
+        }
+        serde_json::to_vec(&Value::Object(msg)).unwrap_or(line)
+    }
+
+    /// A message from the server that is not a request for the broker: `Some(line)` to pass
+    /// on to the host, `None` when the proxy took it over or let it go.
+    ///
+    /// Until the host speaks the 2026-07-28 era, every message passes as written. From then
+    /// on each is checked ([`modern::check_response`]): one the proxy cannot read one way only
+    /// and that names a broker method is not passed on (the host gets an error for it); an answer to a retry of the
+    /// proxy's goes to the host under the host's id; an `input_required` result with input
+    /// requests of the broker's is answered here (on a task, at most [`ROUNDS_AT_ONCE`] at a
+    /// time: past that, this waits, and the proxy stops reading the server).
+    pub(super) async fn server_message(
+        self: &Arc<Self>,
+        line: Vec<u8>,
+        out: &Outputs,
+    ) -> Option<Vec<u8>> {
+        if !self.state().seen_modern {
+            return Some(line);
+        }
+        let ir = match modern::check_response(&line) {
+            Checked::Plain(None) => return Some(line),
+            Checked::Plain(Some(key)) => {
+                let kept = self.state().take(&key);
+                return match kept {
+                    Some(kept) if kept.rounds > 0 => {
+                        modern::with_id(&line, &kept.host_id).or(Some(line))
+                    }
+                    _ => Some(line),
+                };
+            }
+            // Nothing a host could read into it is the broker's: as written.
+            Checked::Unreadable if !super::proxy::names_broker_method(&line) => return Some(line),
+            Checked::Unreadable => {
+                tracing::warn!(
+                    len = line.len(),
+                    "a message from the server that reads more than one way and names a broker method was not passed on"
+                );
+                let (id, request) = envelope_of(&line);
+                let id = RawValue::from_string(id?).ok()?;
+                let err = Error::new(
+                    ErrorKind::InvalidRequest,
+                    "fsbroker: a message that is not valid JSON-RPC read one way only, naming a method the broker answers",
+                );
+                if request {
+                    // The server's own (malformed) request: the error is the server's.
+                    let frame = jsonrpc::error_frame(Some(&id), &err);
+                    let _ = out.to_server.send(ToServer::Frame(frame.into())).await;
+                    return None;
+                }
+                let kept = modern::raw_id_key(&id).and_then(|k| self.state().take(&k));
+                let id = kept.map(|k| k.host_id).unwrap_or(id);
+                let mut frame = jsonrpc::error_frame(Some(&id), &err);
+                frame.truncate(frame.trim_ascii_end().len());
+                return Some(frame);
+            }
+            Checked::Input(ir) => ir,
+        };
+        let kept = ir.key.as_deref().and_then(|k| self.state().take(k));
+        if ir.broker_keys().is_empty() {
+            // Only the host's input requests: the host answers them and retries itself.
+            return match kept {
+                Some(kept) if kept.rounds > 0 => {
+                    modern::with_id(&line, &kept.host_id).or(Some(line))
+                }
+                _ => Some(line),
+            };
+        }
+        let kept = match kept {
+            Some(kept) if kept.rounds < modern::MAX_ROUNDS => kept,
+            kept => return self.strip(&ir, kept),
+        };
+        let Ok(permit) = Arc::clone(&self.rounds).acquire_owned().await else {
+            return None;
+        };
+        let me = Arc::clone(self);
+        let (to_host, to_server) = (out.to_host.clone(), out.to_server.clone());
+        tokio::spawn(async move {
+            me.answer_inputs(ir, kept, to_host, to_server).await;
+            drop(permit);
+        });
+        None
+    }
+
+    /// The host's view of an `input_required` result whose broker input requests the proxy
+    /// will not answer (the request was not kept, or the server kept asking past
+    /// [`modern::MAX_ROUNDS`]): the host's own input requests only, or an error when there
+    /// are none.
+    fn strip(&self, ir: &modern::InputRequired, kept: Option<Kept>) -> Option<Vec<u8>> {
+        let exhausted = kept.is_some();
+        let id = match kept {
+            Some(kept) => kept.host_id,
+            None => ir.id.clone()?,
+        };
+        let hosts = ir.host_keys();
+        tracing::warn!(
+            exhausted,
+            "the server asked for roots or files input the proxy will not answer; the host sees only its own input requests"
+        );
+        if !hosts.is_empty() {
+            return modern::only_requests(ir, &hosts, &id);
+        }
+        let reason = if exhausted {
+            format!(
+                "fsbroker: the server asked for roots or files input more than {} times",
+                modern::MAX_ROUNDS
+            )
+        } else {
+            "fsbroker: the server asked for roots or files input on a request the proxy could not keep".to_owned()
+        };
+        let err = Error::new(ErrorKind::Internal, reason);
+        let mut frame = jsonrpc::error_frame(Some(&id), &err);
+        frame.truncate(frame.trim_ascii_end().len());
+        Some(frame)
+    }
+
+    /// Answers the broker's input requests of `ir`; then retries the request itself when
+    /// every input request was the broker's, or else shows the host the rest and keeps the
+    /// broker's answers for the host's retry.
+    async fn answer_inputs(
+        &self,
+        ir: modern::InputRequired,
+        kept: Kept,
+        to_host: mpsc::Sender<Outgoing>,
+        to_server: mpsc::Sender<ToServer>,
+    ) {
+        let answers = self.answer_broker_inputs(&ir).await;
+        let hosts = ir.host_keys();
+        if hosts.is_empty() {
+            let id = self.fresh_id("retry");
+            let Some(line) = modern::retry(&kept.request, &id, &answers, ir.state.as_deref())
+            else {
+                return;
+            };
+            let key = modern::id_key(&Value::String(id)).unwrap_or_default();
+            let retry = Kept {
+                rounds: kept.rounds + 1,
+                ..kept
+            };
+            if !self.state().keep(key, retry) {
+                return;
+            }
+            let mut framed = line;
+            framed.push(b'\n');
+            let _ = to_server.send(ToServer::Frame(framed.into())).await;
+            return;
+        }
+        // The host answers its part and retries; the broker's answers wait to be merged in.
+        if !answers.is_empty() {
+            if let Some(key) = modern::retry_key_for(&kept.request, &ir) {
+                self.state().stash(key, answers);
+            }
+        }
+        if let Some(mut line) = modern::only_requests(&ir, &hosts, &kept.host_id) {
+            line.push(b'\n');
+            let _ = to_host.send(line.into()).await;
+        }
+    }
+
+    /// The broker's answer to each of `ir`'s input requests that are its own, by key: at most
+    /// [`MAX_BROKER_INPUTS`] are asked and at most [`MAX_ANSWER_BYTES`] of answers kept; the
+    /// others are answered with a `QuotaExceeded` error.
+    async fn answer_broker_inputs(
+        &self,
+        ir: &modern::InputRequired,
+    ) -> BTreeMap<String, Box<RawValue>> {
+        #[derive(serde::Deserialize)]
+        struct Req<'a> {
+            #[serde(borrow)]
+            params: Option<&'a RawValue>,
+        }
+        let mut answers = BTreeMap::new();
+        let mut bytes = 0usize;
+        for (n, key) in ir.broker_keys().into_iter().enumerate() {
+            let method = ir.method(&key).unwrap_or_default().to_owned();
+            let id = self.fresh_id("ask");
+            let refuse = |why: String| {
+                let err = Error::new(ErrorKind::QuotaExceeded, why);
+                let id = RawValue::from_string(serde_json::to_string(&id).unwrap_or_default());
+                modern::input_response(&jsonrpc::error_frame(id.ok().as_deref(), &err))
+            };
+            let answer = if n >= MAX_BROKER_INPUTS {
+                refuse(format!(
+                    "fsbroker answers at most {MAX_BROKER_INPUTS} input requests at a time"
+                ))
+            } else if bytes > MAX_ANSWER_BYTES {
+                refuse(format!(
+                    "fsbroker's answers in one round are limited to {MAX_ANSWER_BYTES} bytes"
+                ))
+            } else {
+                let params = ir
+                    .requests
+                    .get(&key)
+                    .and_then(|r| serde_json::from_str::<Req>(r.get()).ok())
+                    .and_then(|r| r.params);
+                let answer = self
+                    .asker
+                    .ask(&id, &method, params)
+                    .await
+                    .and_then(|frame| modern::input_response(&frame));
+                match answer {
+                    Some(answer) if bytes + answer.get().len() > MAX_ANSWER_BYTES => {
+                        bytes = MAX_ANSWER_BYTES + 1;
+                        refuse(format!(
+                            "fsbroker's answers in one round are limited to {MAX_ANSWER_BYTES} bytes"
+                        ))
+                    }
+                    Some(answer) => {
+                        bytes += answer.get().len();
+                        Some(answer)
+                    }
+                    None => {
+                        tracing::warn!(%method, "the broker did not answer an input request");
+                        None
+                    }
+                }
+            };
+            if let Some(answer) = answer {
+                answers.insert(key, answer);
+            }
+        }
+        answers
+    }
+}
