@@ -191,19 +191,20 @@ struct EraState {
 }
 
 impl EraState {
-    fn keep(&mut self, key: String, kept: Kept) -> bool {
+    /// Keeps `kept` under `key`; gives it back when the bounds are reached.
+    fn keep(&mut self, key: String, kept: Kept) -> Result<(), Kept> {
         if self.kept.len() >= MAX_KEPT || self.kept_bytes + kept.request.len() > MAX_KEPT_BYTES {
             tracing::warn!(
                 kept = self.kept.len(),
                 "too many host requests waiting; this one's input requests will not be answered by the broker"
             );
-            return false;
+            return Err(kept);
         }
         self.kept_bytes += kept.request.len();
         if let Some(old) = self.kept.insert(key, kept) {
             self.kept_bytes -= old.request.len();
         }
-        true
+        Ok(())
     }
 
     fn take(&mut self, key: &str) -> Option<Kept> {
@@ -315,7 +316,7 @@ impl Eras {
                 request: line.clone(),
                 rounds: 0,
             };
-            self.state().keep(key, kept);
+            let _ = self.state().keep(key, kept);
         }
         line
     }
@@ -483,10 +484,18 @@ impl Eras {
     ) {
         let answers = self.answer_broker_inputs(&ir).await;
         let hosts = ir.host_keys();
+        let host_id = kept.host_id.clone();
+        let failed = |why: &str| {
+            let err = Error::new(ErrorKind::Internal, format!("fsbroker: {why}"));
+            Outgoing::from(jsonrpc::error_frame(Some(&host_id), &err))
+        };
         if hosts.is_empty() {
             let id = self.fresh_id("retry");
             let Some(line) = modern::retry(&kept.request, &id, &answers, ir.state.as_deref())
             else {
+                let _ = to_host
+                    .send(failed("the request could not be sent again"))
+                    .await;
                 return;
             };
             let key = modern::id_key(&Value::String(id)).unwrap_or_default();
@@ -494,7 +503,10 @@ impl Eras {
                 rounds: kept.rounds + 1,
                 ..kept
             };
-            if !self.state().keep(key, retry) {
+            if self.state().keep(key, retry).is_err() {
+                let _ = to_host
+                    .send(failed("too many requests are waiting to be sent again"))
+                    .await;
                 return;
             }
             let mut framed = line;
@@ -508,10 +520,14 @@ impl Eras {
                 self.state().stash(key, answers);
             }
         }
-        if let Some(mut line) = modern::only_requests(&ir, &hosts, &kept.host_id) {
-            line.push(b'\n');
-            let _ = to_host.send(line.into()).await;
-        }
+        let frame = match modern::only_requests(&ir, &hosts, &kept.host_id) {
+            Some(mut line) => {
+                line.push(b'\n');
+                Outgoing::from(line)
+            }
+            None => failed("the server's input requests could not be passed on"),
+        };
+        let _ = to_host.send(frame).await;
     }
 
     /// The broker's answer to each of `ir`'s input requests that are its own, by key: at most
