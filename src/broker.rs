@@ -28,6 +28,8 @@ pub struct Broker {
     /// Set when the broker is asked to stop (SIGTERM, SIGINT): transports stop taking
     /// requests and let the running ones finish.
     stop: tokio::sync::watch::Sender<bool>,
+    /// Counts the policies put in force ([`Broker::apply`]), for those that must follow them.
+    applied: tokio::sync::watch::Sender<u64>,
     sessions: Mutex<Vec<Weak<SessionState>>>,
     watches: Arc<WatchHub>,
     rate: RwLock<Arc<RateLimits>>,
@@ -73,6 +75,7 @@ impl Broker {
             locks: Arc::default(),
             audit,
             stop: tokio::sync::watch::Sender::new(false),
+            applied: tokio::sync::watch::Sender::new(0),
             sessions: Mutex::new(Vec::new()),
             watches: WatchHub::start(me.clone()),
             next_session: AtomicU64::new(first_session),
@@ -226,10 +229,17 @@ impl Broker {
         if !revoked.is_empty() || roots_changed {
             tracing::info!(revoked = ?revoked, roots_changed, sessions = sessions.len(), "policy reloaded");
         }
+        self.applied.send_modify(|n| *n += 1);
         ReloadReport {
             revoked,
             roots_changed,
         }
+    }
+
+    /// Changes each time a policy is put in force (a reload, a root retired): what a
+    /// confined server's proxy watches, to end the server when access it holds is revoked.
+    pub fn policy_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied.subscribe()
     }
 
     /// Takes a root out of service because its directory is gone (deleted, moved away or

@@ -1,5 +1,6 @@
 //! The command line: raw flags become a validated policy before anything runs.
 
+use std::io;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -47,6 +48,9 @@ enum Command {
     /// Work with audit logs.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// The kernel sandbox of `proxy --confine` (Linux Landlock).
+    #[command(subcommand)]
+    Confine(ConfineCommand),
     /// Measure a broker over real pipes: chunked reads, a chunked upload, small operations.
     ///
     /// Starts `fsbroker serve` (this executable, or --broker-cmd) with a policy of its own (no
@@ -173,9 +177,61 @@ struct ProxyArgs {
     /// instead of a broker of this process; the other broker options are then ignored.
     #[arg(long, value_name = "PATH")]
     connect: Option<PathBuf>,
+    /// Start the server in a Landlock sandbox built from the policy: its roots (read-write or
+    /// read-only as the policy says; nothing of `deny` and unapproved `prompt` roots), what it
+    /// needs to run, a private TMPDIR, no TCP unless `[confine] net`. `--confine` enforces
+    /// what the kernel can and names the rest on stderr; `--confine=strict` refuses to start
+    /// unless every rule is enforced; `--confine=off` overrides the policy's `[confine] mode`.
+    /// See `fsbroker confine check`.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "best-effort"
+    )]
+    confine: Option<ConfineArg>,
     /// The MCP server to run, after `--`.
     #[arg(last = true, required = true, value_name = "SERVER")]
     command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ConfineArg {
+    /// No sandbox.
+    Off,
+    /// Enforce what the kernel can; name the rest on stderr.
+    BestEffort,
+    /// Refuse to start unless every rule is enforced.
+    Strict,
+}
+
+impl From<ConfineArg> for crate::policy::ConfineMode {
+    fn from(c: ConfineArg) -> Self {
+        match c {
+            ConfineArg::Off => crate::policy::ConfineMode::Off,
+            ConfineArg::BestEffort => crate::policy::ConfineMode::BestEffort,
+            ConfineArg::Strict => crate::policy::ConfineMode::Strict,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfineCommand {
+    /// Print what the kernel supports and what `proxy --confine` would allow the server and
+    /// enforce: each allowed path and why, the roots withheld, and every rule that would not
+    /// be enforced (exit 0; exit 2 when `--confine=strict` would refuse to start).
+    ///
+    /// Example: fsbroker confine check --policy policy.toml -- npx @modelcontextprotocol/server-filesystem /
+    Check {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// The server's command line, after `--` (its program and scripts decide what it
+        /// needs to run). Without it, only the roots and the kernel are shown.
+        #[arg(last = true, value_name = "SERVER")]
+        command: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -251,6 +307,9 @@ pub fn main() -> ExitCode {
         }
         Command::Audit(AuditCommand::Head { files }) => audit_head(&files),
         Command::Bench(args) => crate::bench::main(args.options()),
+        Command::Confine(ConfineCommand::Check { serve, command }) => {
+            confine_check(&serve, &command)
+        }
         Command::Policy(PolicyCommand::Schema) => {
             print(&format!("{:#}\n", PolicyFile::json_schema()))
         }
@@ -293,15 +352,24 @@ struct Running {
     _watcher: Option<crate::broker::PolicyWatcher>,
 }
 
-fn start(args: &ServeArgs) -> Result<Running, String> {
-    let overrides = Overrides {
+fn overrides(args: &ServeArgs) -> Overrides {
+    Overrides {
         roots: args.roots.clone(),
         read_write: args.read_write,
         consent: args.consent.map(Into::into),
         audit: args.audit.clone(),
         listen: args.listen.clone(),
         audit_in_use: None,
-    };
+    }
+}
+
+/// The policy the options name (file and command-line roots), without starting a broker.
+fn load_policy(args: &ServeArgs) -> Result<Policy, String> {
+    Policy::load(args.policy.as_deref(), &overrides(args)).map_err(|e| e.to_string())
+}
+
+fn start(args: &ServeArgs) -> Result<Running, String> {
+    let overrides = overrides(args);
     let policy = Policy::load(args.policy.as_deref(), &overrides).map_err(|e| e.to_string())?;
     for warning in policy.warnings() {
         tracing::warn!("{warning}");
@@ -463,14 +531,28 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 fn proxy(args: ProxyArgs) -> ExitCode {
+    let flag = args.confine.map(crate::policy::ConfineMode::from);
     let mut opts = transport::proxy::ProxyOptions {
         command: args.command,
         max_line: args.serve.max_line_bytes,
         max_in_flight: crate::policy::Limits::default().max_in_flight,
+        confine: None,
+        end_server: None,
     };
     let result = match &args.connect {
-        // A shared broker answers; this process only relays.
+        // A shared broker answers; this process only relays. Its confinement comes from the
+        // policy and roots given to this proxy, which should be the shared broker's.
         Some(path) => runtime().and_then(|rt| {
+            if flag.is_some() {
+                let policy = match load_policy(&args.serve) {
+                    Ok(p) => p,
+                    Err(e) => return Err(io::Error::other(e)),
+                };
+                match confine_server(&policy, flag, &opts.command, None) {
+                    Ok(c) => opts.confine = c,
+                    Err(e) => return Err(io::Error::other(e)),
+                }
+            }
             let code = rt.block_on(transport::proxy::run(
                 transport::proxy::Link::Remote(path.clone()),
                 opts,
@@ -490,6 +572,22 @@ fn proxy(args: ProxyArgs) -> ExitCode {
             };
             let session = Arc::new(running.broker.session());
             opts.max_in_flight = running.broker.policy().limits().max_in_flight;
+            match confine_server(
+                &running.broker.policy(),
+                flag,
+                &opts.command,
+                Some(&running.broker),
+            ) {
+                Ok(Some(c)) => {
+                    opts.end_server = revocations(&running.broker, &c);
+                    opts.confine = Some(c);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("fsbroker: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
             let code = running
                 .run(transport::proxy::run(
                     transport::proxy::Link::Local(session),
@@ -507,6 +605,164 @@ fn proxy(args: ProxyArgs) -> ExitCode {
             eprintln!("fsbroker: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The confinement of the proxy's server, when asked for (`--confine`, or the policy's
+/// `[confine] mode`): planned, checked (strict refuses here), reported on stderr and recorded
+/// in `broker`'s audit log.
+fn confine_server(
+    policy: &Policy,
+    flag: Option<crate::policy::ConfineMode>,
+    command: &[std::ffi::OsString],
+    broker: Option<&Arc<Broker>>,
+) -> Result<Option<crate::confine::Confinement>, String> {
+    let mode = crate::confine::mode(flag, policy);
+    if mode == crate::policy::ConfineMode::Off {
+        return Ok(None);
+    }
+    let confinement =
+        crate::confine::Confinement::prepare(policy, mode, command).map_err(|e| e.to_string())?;
+    let summary = confinement.summary();
+    if let Some((first, rest)) = summary.split_first() {
+        tracing::info!("{first}");
+        for line in rest {
+            tracing::warn!("{line}");
+        }
+    }
+    if let Some(log) = broker.and_then(|b| b.audit()) {
+        log.confinement(confinement.audit_record())
+            .map_err(|e| format!("cannot record the confinement in the audit log: {e}"))?;
+    }
+    Ok(Some(confinement))
+}
+
+/// A future that resolves, with the reason, when a reload takes away access the confined
+/// server was started with and `[confine] on_revoke` is `end`; with `keep`, it warns instead.
+fn revocations(
+    broker: &Arc<Broker>,
+    confinement: &crate::confine::Confinement,
+) -> Option<transport::proxy::EndServer> {
+    let broker = Arc::downgrade(broker);
+    let plan = confinement.plan.clone();
+    let end = confinement.on_revoke == crate::policy::OnRevoke::End;
+    let mut changes = broker.upgrade()?.policy_changes();
+    Some(Box::pin(async move {
+        loop {
+            if changes.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let Some(broker) = broker.upgrade() else {
+                return std::future::pending().await;
+            };
+            let lost = plan.lost(&broker.policy());
+            if lost.is_empty() {
+                continue;
+            }
+            let lost = lost.join("; ");
+            if end {
+                return format!("revoked: {lost}");
+            }
+            tracing::warn!(
+                revoked = %lost,
+                "the confined server keeps the access it was started with until it restarts ([confine] on_revoke = \"keep\")"
+            );
+        }
+    }))
+}
+
+fn confine_check(args: &ServeArgs, command: &[std::ffi::OsString]) -> ExitCode {
+    use crate::confine::{Access, kernel};
+    let policy = match load_policy(args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let path = std::env::var_os("PATH");
+    let tmp = std::env::temp_dir().join("fsbroker-server-XXXXXX");
+    let plan = match crate::confine::plan(&policy, command, &cwd, path.as_deref(), Some(&tmp)) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (kernel_abi, abi) = (kernel::kernel_abi(), kernel::abi());
+    let mut out = String::new();
+    let lowered = if abi < kernel_abi {
+        format!(" (used as {abi}: {} is set)", kernel::ABI_ENV)
+    } else {
+        String::new()
+    };
+    out.push_str(&format!("Landlock: kernel ABI {kernel_abi}{lowered}\n"));
+    for f in kernel::Feature::ALL {
+        let mark = if abi >= f.abi() { "yes" } else { "no " };
+        out.push_str(&format!("  [{mark}] ABI {}: {}\n", f.abi(), f.describe()));
+    }
+    out.push_str(&format!(
+        "\nThe server would be allowed ({}):\n",
+        if command.is_empty() {
+            "roots only: give the server's command after -- to see what it needs to run"
+        } else {
+            "its roots, what it needs to run, its TMPDIR"
+        }
+    ));
+    for r in &plan.rules {
+        let access = match r.access {
+            Access::Read => "read",
+            Access::ReadExec => "read+exec",
+            Access::ReadWrite => "read-write",
+            Access::Device => "device",
+        };
+        out.push_str(&format!(
+            "  {access:<10}  {}  ({})\n",
+            r.path.display(),
+            r.why
+        ));
+    }
+    if !plan.withheld.is_empty() {
+        out.push_str("\nWithheld (nothing allowed):\n");
+        for w in &plan.withheld {
+            out.push_str(&format!("  {}  ({})\n", w.path.display(), w.why));
+        }
+    }
+    out.push_str(&format!(
+        "\nTCP: {}\n",
+        if plan.net {
+            "allowed ([confine] net = true)"
+        } else {
+            "refused"
+        }
+    ));
+    let gaps = plan.gaps(abi);
+    if gaps.rules.is_empty() {
+        out.push_str("\nEvery rule is enforced: --confine=strict would start the server.\n");
+    } else {
+        out.push_str("\nNot enforced (--confine=strict would refuse to start):\n");
+        for g in &gaps.rules {
+            out.push_str(&format!("  - {g}\n"));
+        }
+    }
+    if !gaps.hardening.is_empty() {
+        out.push_str("\nHardening this kernel lacks (never refused for):\n");
+        for g in &gaps.hardening {
+            out.push_str(&format!("  - {g}\n"));
+        }
+    }
+    let mode = match policy.confine().mode {
+        crate::policy::ConfineMode::Off => "off (proxy --confine turns it on)",
+        crate::policy::ConfineMode::BestEffort => "best-effort",
+        crate::policy::ConfineMode::Strict => "strict",
+    };
+    out.push_str(&format!("\nThe policy's [confine] mode: {mode}\n"));
+    print(&out);
+    if gaps.rules.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
     }
 }
 

@@ -70,6 +70,7 @@ pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod codec;
+pub mod confine;
 pub mod consent;
 pub mod error;
 pub mod fair;

@@ -720,6 +720,14 @@ impl AuditLog {
         }
     }
 
+    /// Records the kernel sandbox a server was started in (`fsbroker proxy --confine`): an
+    /// `{"event":"confine","confinement":{…}}` line, chained like the rest.
+    pub fn confinement(&self, details: Value) -> Result<(), AuditError> {
+        let mut line = event("confine");
+        line.insert("confinement", details);
+        self.append(line)
+    }
+
     /// Seals this run's part of the log (at a clean exit): a last line,
     /// `{"event":"seal","pid":…}`, chained like the rest, then flushed to disk. `verify`
     /// reports a run without its seal — a crash, or lines removed from the end.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{AuditFile, CopyTarget, LimitsFile, PolicyError, PolicyFile};
+use super::{AuditFile, ConfineMode, CopyTarget, LimitsFile, OnRevoke, PolicyError, PolicyFile};
 use crate::sandbox::protected::{self, Protected, ProtectedSpec};
 use crate::sandbox::{ConsentMode, Mode, Root, RootSpec};
 
@@ -45,6 +45,21 @@ impl AuditConfig {
             require_copies: false,
         }
     }
+}
+
+/// How `fsbroker proxy` confines its server (the `[confine]` table, paths made absolute).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConfineConfig {
+    /// Off, best effort or strict.
+    pub mode: ConfineMode,
+    /// More paths the server may read and run programs from.
+    pub read: Vec<PathBuf>,
+    /// More paths the server may read and write.
+    pub write: Vec<PathBuf>,
+    /// Whether TCP is allowed.
+    pub net: bool,
+    /// What a reload that takes access away does to the server.
+    pub on_revoke: OnRevoke,
 }
 
 /// One copy of the audit log, off the file: where it goes and how it is framed.
@@ -228,6 +243,7 @@ pub struct Policy {
     limits: Limits,
     consent: ConsentConfig,
     audit: Option<AuditConfig>,
+    confine: ConfineConfig,
     source: Option<PathBuf>,
     protected: Arc<Protected>,
 }
@@ -353,11 +369,19 @@ impl Policy {
         }));
         crate::sandbox::link(&mut roots, &protected);
         refuse_writable_command(&roots, &command)?;
+        let confine = ConfineConfig {
+            mode: file.confine.mode,
+            read: file.confine.read.iter().map(|p| expand(p, base)).collect(),
+            write: file.confine.write.iter().map(|p| expand(p, base)).collect(),
+            net: file.confine.net,
+            on_revoke: file.confine.on_revoke,
+        };
         Ok(Policy {
             roots: roots.into_iter().map(Arc::new).collect(),
             limits,
             consent,
             audit,
+            confine,
             source: source.map(Path::to_path_buf),
             protected,
         })
@@ -442,6 +466,7 @@ impl Policy {
             limits: self.limits.clone(),
             consent: self.consent.clone(),
             audit: self.audit.clone(),
+            confine: self.confine.clone(),
             source: self.source.clone(),
             protected: Arc::clone(&self.protected),
         }
@@ -465,6 +490,11 @@ impl Policy {
     /// The audit log's configuration, if auditing is on.
     pub fn audit(&self) -> Option<&AuditConfig> {
         self.audit.as_ref()
+    }
+
+    /// How `fsbroker proxy` confines its server.
+    pub fn confine(&self) -> &ConfineConfig {
+        &self.confine
     }
 
     /// The policy file this was loaded from, if any.

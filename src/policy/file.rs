@@ -25,6 +25,57 @@ pub struct PolicyFile {
     /// The hash-chained audit log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<AuditFile>,
+    /// How `fsbroker proxy` confines the server it starts (Landlock).
+    #[serde(default)]
+    pub confine: ConfineFile,
+}
+
+/// The `[confine]` table: the kernel sandbox `fsbroker proxy` puts its server in.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConfineFile {
+    /// `off` (default), `best-effort` (what the kernel can enforce; the rest is named on
+    /// stderr) or `strict` (refuse to start unless every rule is enforced). `--confine` and
+    /// `--confine=strict` override it.
+    pub mode: ConfineMode,
+    /// More paths the server may read (and run programs from), beyond its roots and what it
+    /// needs to run. Relative to the policy file.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub read: Vec<PathBuf>,
+    /// More paths the server may read and write. Relative to the policy file.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub write: Vec<PathBuf>,
+    /// Let the server open TCP connections and listen on TCP ports (default: refused, where
+    /// the kernel can refuse them).
+    pub net: bool,
+    /// What happens to a confined server when a policy reload takes away access it was
+    /// started with: `end` (default: it is stopped, and the host sees it exit) or `keep`
+    /// (it keeps its access until it restarts; a warning says so).
+    pub on_revoke: OnRevoke,
+}
+
+/// `[confine] mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConfineMode {
+    /// No kernel sandbox.
+    #[default]
+    Off,
+    /// Enforce what the kernel can; name the rest on stderr.
+    BestEffort,
+    /// Refuse to start unless the kernel enforces every rule.
+    Strict,
+}
+
+/// `[confine] on_revoke`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnRevoke {
+    /// Stop the server.
+    #[default]
+    End,
+    /// Let it run with the access it started with.
+    Keep,
 }
 
 /// The `[consent]` table: how a `prompt` root asks.

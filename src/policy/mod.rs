@@ -11,9 +11,13 @@ mod file;
 use std::path::PathBuf;
 
 pub use compiled::{
-    AuditConfig, ConsentConfig, CopyConfig, Limits, MIN_AUDIT_BYTES, Overrides, Policy,
+    AuditConfig, ConfineConfig, ConsentConfig, CopyConfig, Limits, MIN_AUDIT_BYTES, Overrides,
+    Policy,
 };
-pub use file::{AuditFile, ConsentFile, CopyTarget, LimitsFile, PolicyFile, RootEntry};
+pub use file::{
+    AuditFile, ConfineFile, ConfineMode, ConsentFile, CopyTarget, LimitsFile, OnRevoke, PolicyFile,
+    RootEntry,
+};
 
 /// Why a policy could not be loaded.
 #[derive(Debug, thiserror::Error)]

@@ -53,8 +53,10 @@ pub enum Link {
     Remote(PathBuf),
 }
 
+/// A future that resolves, with the reason, when the server must be ended.
+pub type EndServer = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
+
 /// What to run and how.
-#[derive(Debug)]
 pub struct ProxyOptions {
     /// The server's command line.
     pub command: Vec<OsString>,
@@ -62,7 +64,15 @@ pub struct ProxyOptions {
     pub max_line: usize,
     /// Server requests the local broker handles at once (`max_in_flight`).
     pub max_in_flight: usize,
+    /// The kernel sandbox to start the server in (`--confine`).
+    pub confine: Option<crate::confine::Confinement>,
+    /// Resolves, with the reason, when the server must be ended (a reload took away access a
+    /// confined server holds): it is sent SIGTERM, then SIGKILL after [`END_GRACE`].
+    pub end_server: Option<EndServer>,
 }
+
+/// How long a server told to end (SIGTERM) has before it is killed.
+pub const END_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Messages for the server's stdin.
 pub(super) enum ToServer {
@@ -104,19 +114,27 @@ impl Budget {
 }
 
 /// Runs the proxy until the server exits; returns its exit code.
-pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
+pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     let (program, args) = opts
         .command
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no server command given"))?;
-    let mut child = tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    if let Some(confine) = &opts.confine {
+        confine.apply(&mut command);
+    }
+    let mut child = command
         .spawn()
         .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))?;
+    if let (Some(end), Some(pid)) = (opts.end_server.take(), child.id()) {
+        tokio::spawn(end_server(end, pid));
+    }
     let server_in = child
         .stdin
         .take()
@@ -187,6 +205,30 @@ pub async fn run(link: Link, opts: ProxyOptions) -> io::Result<i32> {
         tracing::debug!(error = %e, "host output");
     }
     Ok(exit_code(status))
+}
+
+/// Ends the server (`pid`) once `end` resolves: SIGTERM, then SIGKILL after [`END_GRACE`].
+/// Signals go through a pidfd opened now, while the server cannot have been reaped, so they
+/// never reach another process that took its number.
+async fn end_server(end: EndServer, pid: u32) {
+    use rustix::process::{PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return;
+    };
+    let Ok(pidfd) = pidfd_open(pid, PidfdFlags::empty()) else {
+        tracing::warn!(
+            "cannot watch the confined server (pidfd_open); it will not be ended on revocation"
+        );
+        return;
+    };
+    let reason = end.await;
+    tracing::warn!(%reason, "ending the confined server: access it was started with was revoked");
+    let _ = pidfd_send_signal(&pidfd, Signal::TERM);
+    tokio::time::sleep(END_GRACE).await;
+    let _ = pidfd_send_signal(&pidfd, Signal::KILL);
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {

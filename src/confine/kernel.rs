@@ -1,0 +1,229 @@
+//! Landlock, the kernel side of `--confine`: which ABI the kernel offers, what each ABI can
+//! enforce, the ruleset built from a [`Plan`](super::Plan), and the two system calls the
+//! server's process makes on itself before it runs the server.
+//!
+//! The ruleset is built in the proxy, before the fork: opening paths and adding rules
+//! allocate, which a child forked from a many-threaded process must not do. The child only
+//! calls `prctl(PR_SET_NO_NEW_PRIVS)` and `landlock_restrict_self(2)` on the ruleset's file
+//! descriptor ([`restrict_self`]); the domain then holds for the server and everything it
+//! starts, and cannot be lifted.
+
+use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+
+use landlock::{
+    ABI, Access as _, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
+};
+
+use super::{Access, ConfineError, Plan};
+
+/// Set to a number to make fsbroker act as if the kernel's Landlock ABI were at most that
+/// (`0`: no Landlock). For tests, and for seeing what an older kernel would enforce.
+pub const ABI_ENV: &str = "FSBROKER_LANDLOCK_ABI";
+
+/// The Landlock ABI fsbroker uses: the kernel's, lowered by [`ABI_ENV`]. 0 when the kernel
+/// has no Landlock (not built in, or not enabled at boot).
+pub fn abi() -> i32 {
+    let kernel = kernel_abi();
+    match std::env::var(ABI_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+    {
+        Some(limit) => kernel.min(limit.max(0)),
+        None => kernel,
+    }
+}
+
+/// The kernel's own Landlock ABI version, 0 without Landlock.
+pub fn kernel_abi() -> i32 {
+    // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) reads no
+    // memory and creates no descriptor: it only returns the ABI version (or -1 and errno).
+    #[allow(unsafe_code)]
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32,
+        )
+    };
+    i32::try_from(version).unwrap_or(0).max(0)
+}
+
+/// What a Landlock ABI can enforce, each with the ABI that brought it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// Reading, writing, creating and removing files beneath allowed directories only.
+    Files,
+    /// Renaming and linking across directories (ABI 2).
+    Refer,
+    /// Truncating files (ABI 3): without it, `truncate(2)` works on any file.
+    Truncate,
+    /// TCP connect and bind (ABI 4).
+    Tcp,
+    /// ioctl on device files (ABI 5).
+    IoctlDev,
+    /// Signals to, and abstract Unix sockets of, processes outside the sandbox (ABI 6).
+    Scopes,
+    /// Connecting to Unix sockets by path (ABI 9).
+    UnixPaths,
+}
+
+impl Feature {
+    /// Every feature, oldest first.
+    pub const ALL: [Feature; 7] = [
+        Feature::Files,
+        Feature::Refer,
+        Feature::Truncate,
+        Feature::Tcp,
+        Feature::IoctlDev,
+        Feature::Scopes,
+        Feature::UnixPaths,
+    ];
+
+    /// The ABI that brought it.
+    pub fn abi(self) -> i32 {
+        match self {
+            Feature::Files => 1,
+            Feature::Refer => 2,
+            Feature::Truncate => 3,
+            Feature::Tcp => 4,
+            Feature::IoctlDev => 5,
+            Feature::Scopes => 6,
+            Feature::UnixPaths => 9,
+        }
+    }
+
+    /// What it stops a confined server doing.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Feature::Files => {
+                "files outside the allowed paths: no reading, writing, creating or removing"
+            }
+            Feature::Refer => {
+                "no renaming or linking files across directories beyond the allowed paths"
+            }
+            Feature::Truncate => "no truncating files outside the read-write paths",
+            Feature::Tcp => "no TCP connections or listening ports (unless [confine] net = true)",
+            Feature::IoctlDev => "no ioctl on device files",
+            Feature::Scopes => {
+                "no signals to processes outside the sandbox (the proxy, the host), no abstract Unix sockets outside it"
+            }
+            Feature::UnixPaths => "no connecting to Unix sockets by path outside the allowed paths",
+        }
+    }
+}
+
+/// The access rights of one rule at `abi`, for a directory or (when `dir` is false) a file.
+fn rights(access: Access, abi: ABI, dir: bool) -> BitFlags<AccessFs> {
+    let read = AccessFs::ReadFile | AccessFs::ReadDir;
+    let all = AccessFs::from_all(abi);
+    let wanted = match access {
+        Access::Read => read,
+        Access::ReadExec => read | AccessFs::Execute,
+        Access::ReadWrite => {
+            read | AccessFs::WriteFile
+                | AccessFs::RemoveDir
+                | AccessFs::RemoveFile
+                | AccessFs::MakeDir
+                | AccessFs::MakeReg
+                | AccessFs::MakeSym
+                | AccessFs::Refer
+                | AccessFs::Truncate
+        }
+        Access::Device => AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate,
+    };
+    let file_rights = AccessFs::ReadFile
+        | AccessFs::WriteFile
+        | AccessFs::Execute
+        | AccessFs::Truncate
+        | AccessFs::IoctlDev;
+    let wanted = wanted & all;
+    if dir { wanted } else { wanted & file_rights }
+}
+
+/// A ruleset ready for [`restrict_self`]: built, its rules added. `None` inside when the
+/// kernel (or [`ABI_ENV`]) has no Landlock.
+#[derive(Debug)]
+pub struct Prepared {
+    fd: Option<OwnedFd>,
+    /// Paths of the plan that do not exist here (left out of the ruleset).
+    pub absent: Vec<std::path::PathBuf>,
+}
+
+impl Prepared {
+    /// The ruleset's descriptor, for [`restrict_self`] in the child.
+    pub fn raw_fd(&self) -> Option<RawFd> {
+        use std::os::fd::AsRawFd;
+        self.fd.as_ref().map(AsRawFd::as_raw_fd)
+    }
+}
+
+/// Builds the ruleset of `plan` for the ABI `abi` (from [`abi`]).
+pub fn prepare(plan: &Plan, abi: i32) -> Result<Prepared, ConfineError> {
+    if abi < 1 {
+        return Ok(Prepared {
+            fd: None,
+            absent: Vec::new(),
+        });
+    }
+    let level = ABI::from(abi);
+    let fail = |e: landlock::RulesetError| ConfineError::Kernel(e.to_string());
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(level))
+        .map_err(fail)?;
+    if !plan.net && abi >= Feature::Tcp.abi() {
+        ruleset = ruleset
+            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+            .map_err(fail)?;
+    }
+    if abi >= Feature::Scopes.abi() {
+        ruleset = ruleset
+            .scope(Scope::AbstractUnixSocket | Scope::Signal)
+            .map_err(fail)?;
+    }
+    let mut created = ruleset.create().map_err(fail)?;
+    let mut absent = Vec::new();
+    for rule in &plan.rules {
+        let Ok(meta) = std::fs::metadata(&rule.path) else {
+            absent.push(rule.path.clone());
+            continue;
+        };
+        let fd = PathFd::new(&rule.path).map_err(|e| ConfineError::Path {
+            path: rule.path.clone(),
+            reason: e.to_string(),
+        })?;
+        let rights = rights(rule.access, level, meta.is_dir());
+        if rights.is_empty() {
+            continue;
+        }
+        created = created
+            .add_rule(PathBeneath::new(fd, rights))
+            .map_err(|e| ConfineError::Path {
+                path: rule.path.clone(),
+                reason: e.to_string(),
+            })?;
+    }
+    let fd: Option<OwnedFd> = created.into();
+    Ok(Prepared { fd, absent })
+}
+
+/// Puts the calling process under the ruleset `fd`: `PR_SET_NO_NEW_PRIVS` (which Landlock
+/// requires of a process without `CAP_SYS_ADMIN`, and which keeps set-uid programs from
+/// gaining privileges inside), then `landlock_restrict_self(2)`.
+///
+/// Meant for the child between `fork` and `exec`: it makes two system calls, allocates
+/// nothing and takes no lock, so it is async-signal-safe.
+pub fn restrict_self(fd: RawFd) -> io::Result<()> {
+    rustix::thread::set_no_new_privs(true)?;
+    // SAFETY: landlock_restrict_self(fd, 0) takes a descriptor and flags, both integers, and
+    // touches no memory of ours; `fd` is the ruleset's, kept open by the caller past the fork.
+    #[allow(unsafe_code)]
+    let done = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) };
+    if done != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

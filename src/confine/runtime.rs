@@ -1,0 +1,301 @@
+//! What a server needs to run, found from its command line: the program (looked up in `PATH`
+//! as `exec` would), the interpreter of a script (`#!`, through `env`), the installation each
+//! lives in, the script and the code it loads, and the system files every runtime reads.
+//! All of it read-only; nothing here is a root.
+//!
+//! The rules are the ones a packager would write by hand, so `fsbroker confine check` can
+//! show them and `[confine] read` can add what a server needs beyond them:
+//! - a program in `PREFIX/bin` (or `sbin`) brings `PREFIX` (`/usr/bin/node` → `/usr`, a
+//!   virtualenv's `bin/python` → the virtualenv, and the Python it links to → its prefix);
+//!   a version manager's `shims/` directory brings the manager's whole tree (pyenv, rbenv,
+//!   asdf); any other program brings its own directory;
+//! - a `#!` line brings its interpreter the same way (`#!/usr/bin/env node` looks `node` up
+//!   in `PATH`);
+//! - an argument naming an existing file (the script) brings the code around it: its
+//!   outermost `node_modules` when it lies in one, else its directory. Arguments naming
+//!   directories bring nothing: those are the server's data, which only roots grant;
+//! - for Node's `npx`/`npm exec`, the `node_modules` (and `package.json`) of the working
+//!   directory and its parents, where a locally installed server is found;
+//! - the system: `/usr`, `/lib*`, `/bin`, `/sbin`, `/opt` (programs and libraries); the few
+//!   files of `/etc` a runtime reads (the loader's cache, time zone, users and names, TLS
+//!   roots); a handful of `/proc` files about the machine (never another process's); and
+//!   `/dev/null`, `/dev/zero`, `/dev/full`, `/dev/random`, `/dev/urandom`.
+
+use std::ffi::{OsStr, OsString};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::{Access, ConfineError, Rule};
+
+/// System directories a runtime reads and runs programs from.
+const SYSTEM_DIRS: [&str; 7] = ["/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/opt"];
+
+/// Files of `/etc` (and directories of certificates) a runtime reads at start or in normal
+/// work; nothing that holds a secret.
+const SYSTEM_FILES: [&str; 17] = [
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/ld.so.preload",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/resolv.conf",
+    "/etc/os-release",
+    "/etc/mime.types",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/pki",
+];
+
+/// Machine-wide `/proc` files runtimes read (CPU count, memory); no process's own files.
+const PROC_FILES: [&str; 6] = [
+    "/proc/cpuinfo",
+    "/proc/meminfo",
+    "/proc/stat",
+    "/proc/loadavg",
+    "/proc/version",
+    "/proc/filesystems",
+];
+
+/// Devices every runtime may open, read and write.
+const DEVICES: [&str; 5] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
+/// How many `#!` interpreters deep the search goes (a script run by a script …).
+const MAX_INTERPRETERS: usize = 4;
+
+/// The rules a server with this command line needs to run, `cwd` its working directory and
+/// `path` its `PATH`.
+pub fn needs(
+    command: &[OsString],
+    cwd: &Path,
+    path: Option<&OsStr>,
+) -> Result<Vec<Rule>, ConfineError> {
+    let mut rules = Vec::new();
+    let mut add = |path: PathBuf, access: Access, why: String| {
+        if !rules.iter().any(|r: &Rule| r.path == path) {
+            rules.push(Rule { path, access, why });
+        }
+    };
+    for dir in SYSTEM_DIRS {
+        add(
+            dir.into(),
+            Access::ReadExec,
+            "system programs and libraries".into(),
+        );
+    }
+    for file in SYSTEM_FILES {
+        add(
+            file.into(),
+            Access::Read,
+            "system configuration a runtime reads".into(),
+        );
+    }
+    for file in PROC_FILES {
+        add(
+            file.into(),
+            Access::Read,
+            "machine information a runtime reads".into(),
+        );
+    }
+    for dev in DEVICES {
+        add(dev.into(), Access::Device, "standard device".into());
+    }
+
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| ConfineError::Command("no server command given".into()))?;
+    let mut next = Some(find_program(program, cwd, path).ok_or_else(|| {
+        ConfineError::Command(format!(
+            "cannot find the server's program {:?} in PATH",
+            Path::new(program)
+        ))
+    })?);
+    let mut node = false;
+    for _ in 0..MAX_INTERPRETERS {
+        let Some(exe) = next.take() else { break };
+        let name = exe.file_name().map(|n| n.to_string_lossy().into_owned());
+        node |= matches!(name.as_deref(), Some("node" | "npx" | "npm"));
+        for dir in installation(&exe) {
+            add(
+                dir,
+                Access::ReadExec,
+                format!("the installation of {}", exe.display()),
+            );
+        }
+        if let Ok(real) = exe.canonicalize() {
+            node |= real.to_string_lossy().contains("/node_modules/npm/");
+            for dir in installation(&real) {
+                add(
+                    dir,
+                    Access::ReadExec,
+                    format!("the installation of {}", real.display()),
+                );
+            }
+        }
+        next = interpreter(&exe, cwd, path);
+        if let Some(interp) = &next {
+            node |= interp.file_name().is_some_and(|n| n == "node");
+        }
+    }
+    for arg in args {
+        let p = Path::new(arg);
+        let p = if p.is_relative() {
+            cwd.join(p)
+        } else {
+            p.to_path_buf()
+        };
+        if !p.is_file() {
+            continue;
+        }
+        let p = p.canonicalize().unwrap_or(p);
+        // Packages run their own programs (`node_modules/.bin`, native helpers).
+        add(
+            code_around(&p),
+            Access::ReadExec,
+            format!("the code of the script {}", p.display()),
+        );
+        node |= p
+            .extension()
+            .is_some_and(|e| e == "js" || e == "mjs" || e == "cjs");
+    }
+    if node {
+        for dir in cwd.ancestors() {
+            for name in ["node_modules", "package.json"] {
+                let p = dir.join(name);
+                if p.exists() {
+                    add(
+                        p,
+                        Access::ReadExec,
+                        "where npx finds a locally installed package".into(),
+                    );
+                }
+            }
+        }
+    }
+    Ok(rules)
+}
+
+/// `program` as `execvp` would find it.
+pub fn find_program(program: &OsStr, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
+    let p = Path::new(program);
+    if p.as_os_str().to_string_lossy().contains('/') {
+        let p = if p.is_relative() {
+            cwd.join(p)
+        } else {
+            p.to_path_buf()
+        };
+        return p.is_file().then_some(p);
+    }
+    let path = path
+        .map(OsStr::to_os_string)
+        .unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| if d.is_relative() { cwd.join(d) } else { d })
+        .map(|d| d.join(p))
+        .find(|c| is_executable(c))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The directories a program's installation occupies (see the module's rules).
+fn installation(exe: &Path) -> Vec<PathBuf> {
+    let Some(dir) = exe.parent() else {
+        return Vec::new();
+    };
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+    match name.as_deref() {
+        Some("bin" | "sbin" | "shims") => {
+            let prefix = dir.parent().unwrap_or(dir);
+            if prefix == Path::new("/") {
+                vec![dir.to_path_buf()]
+            } else {
+                vec![prefix.to_path_buf()]
+            }
+        }
+        _ => vec![dir.to_path_buf()],
+    }
+}
+
+/// The interpreter a `#!` line names, looked up as the kernel (and `env`) would.
+fn interpreter(exe: &Path, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(exe).ok()?.read(&mut head).ok()?;
+    let head = &head[..n];
+    let line = head.strip_prefix(b"#!")?;
+    let line = &line[..line.iter().position(|&b| b == b'\n').unwrap_or(line.len())];
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    let first = PathBuf::from(words.next()?);
+    if first.file_name().is_some_and(|n| n == "env") {
+        // `env [-S] [VAR=value …] PROGRAM`: the first word that is neither.
+        let program = words.find(|w| !w.starts_with('-') && !w.contains('='))?;
+        return find_program(OsStr::new(program), cwd, path);
+    }
+    Some(first)
+}
+
+/// The code a script loads: everything under its outermost `node_modules`, or else its
+/// directory.
+fn code_around(script: &Path) -> PathBuf {
+    let outermost = script
+        .ancestors()
+        .filter(|a| a.file_name().is_some_and(|n| n == "node_modules"))
+        .last();
+    match outermost {
+        Some(dir) => dir.to_path_buf(),
+        None => script.parent().unwrap_or(script).to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn installations_follow_the_usual_layouts() {
+        assert_eq!(
+            installation(Path::new("/usr/bin/node")),
+            vec![PathBuf::from("/usr")]
+        );
+        assert_eq!(
+            installation(Path::new("/home/u/.pyenv/shims/python3")),
+            vec![PathBuf::from("/home/u/.pyenv")]
+        );
+        assert_eq!(
+            installation(Path::new("/bin/sh")),
+            vec![PathBuf::from("/bin")]
+        );
+        assert_eq!(
+            installation(Path::new("/srv/tools/server")),
+            vec![PathBuf::from("/srv/tools")]
+        );
+    }
+
+    #[test]
+    fn scripts_bring_their_outermost_node_modules() {
+        assert_eq!(
+            code_around(Path::new(
+                "/p/node_modules/@m/server/node_modules/x/dist/index.js"
+            )),
+            PathBuf::from("/p/node_modules")
+        );
+        assert_eq!(
+            code_around(Path::new("/p/srv/server.py")),
+            PathBuf::from("/p/srv")
+        );
+    }
+}
