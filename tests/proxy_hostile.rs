@@ -26,6 +26,11 @@ def raw(s):
 def send(o):
     raw(json.dumps(o))
 ROOTS = '{"r":{"method":"roots/list"}}'
+import os
+if os.environ.get("EARLY"):
+    # Before the host's first request: answers to ids the host has not used yet.
+    for i in range(4):
+        raw('{"jsonrpc":"2.0","id":%d,"result":{"resultType":"input_required","inputRequests":%s}}' % (i, ROOTS))
 for line in sys.stdin.buffer:
     msg = json.loads(line)
     if "id" not in msg or "method" not in msg:
@@ -43,6 +48,8 @@ for line in sys.stdin.buffer:
         raw('{"jsonrpc":"2.0","id":%s,"result":{"resultType":"input_\\u0072equired","inputRequests":{"r":{"method":"roots\\/list"}},"requestState":"s"}}' % idj)
     elif name == "dup_method":
         raw('{"jsonrpc":"2.0","id":%s,"result":{"resultType":"input_required","inputRequests":{"r":{"method":"%s","method":"%s"}},"requestState":"s"}}' % (idj, args["first"], args["last"]))
+    elif name == "dup_id":
+        raw('{"jsonrpc":"2.0","id":%s,"id":%s,"result":{"resultType":"input_required","inputRequests":%s}}' % (idj, idj, ROOTS))
     elif name == "dup_type":
         raw('{"jsonrpc":"2.0","id":%s,"result":{"resultType":"input_required","resultType":"complete","inputRequests":%s}}' % (idj, ROOTS))
     elif name == "respelled":
@@ -73,6 +80,7 @@ for line in sys.stdin.buffer:
         raw('{"jsonrpc":"2.0","id":"c","method":"roots/list","x":"\\ud800"}')
         raw('[{"jsonrpc":"2.0","id":"d","method":"roots\\u002flist"}]')
         raw('{"id":"e","method":"files/read","params":{"path":"x"}}')
+        raw(b'{"jsonrpc":"2.0","id":"f","method":"roots/\xfflist"}')
         raw('not JSON, and no method named')
         send({"jsonrpc": "2.0", "id": i, "result": {"resultType": "complete", "done": True}})
     else:
@@ -88,6 +96,10 @@ struct Host {
 
 impl Host {
     fn start(dir: &std::path::Path) -> Host {
+        Host::start_with(dir, &[])
+    }
+
+    fn start_with(dir: &std::path::Path, env: &[(&str, &str)]) -> Host {
         let proj = dir.join("proj");
         std::fs::create_dir_all(&proj).unwrap();
         std::fs::write(proj.join("hello.txt"), "hello\n").unwrap();
@@ -99,6 +111,7 @@ impl Host {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
+            .envs(env.iter().copied())
             .spawn()
             .unwrap();
         let stdin = child.stdin.take().unwrap();
@@ -179,10 +192,12 @@ fn assert_no_broker_method(line: &[u8]) {
     let named = match serde_json::from_slice::<Value>(line) {
         Ok(v) => walk(&v),
         Err(_) => {
-            let text = String::from_utf8_lossy(line)
-                .replace("\\/", "/")
-                .replace("\\u002f", "/");
-            text.contains("roots/list") || text.contains("\"files/")
+            // Bytes that are not UTF-8 replaced, or dropped (Python's errors="ignore").
+            let dropped: String = line.utf8_chunks().map(|c| c.valid()).collect();
+            [String::from_utf8_lossy(line).into_owned(), dropped]
+                .iter()
+                .map(|t| t.replace("\\/", "/").replace("\\u002f", "/"))
+                .any(|t| t.contains("roots/list") || t.contains("\"files/"))
         }
     };
     assert!(
@@ -231,6 +246,11 @@ fn spellings_and_duplicates_do_not_reach_the_host() {
     // `resultType` written twice.
     let r = host.call(json!(4), "dup_type", json!({}));
     assert_eq!(r["id"], 4, "{r}");
+    assert!(r["error"].is_object(), "{r}");
+
+    // The id written twice: the host's request still gets its answer (an error).
+    let r = host.call(json!(5), "dup_id", json!({}));
+    assert_eq!(r["id"], 5, "{r}");
     assert!(r["error"].is_object(), "{r}");
 
     host.finish();
@@ -310,6 +330,14 @@ fn a_flood_of_input_requests_is_bounded() {
         2
     );
 
+    // More than 64 input requests in one result: not relayed; the host gets an error.
+    let r = host.call(
+        json!(23),
+        "flood",
+        json!({"n": 65, "path": "proj/hello.txt"}),
+    );
+    assert!(r["error"].is_object(), "{r}");
+
     // And the session goes on.
     let r = host.call(json!(22), "plain", json!({}));
     assert_eq!(r["result"]["resultType"], "complete", "{r}");
@@ -369,5 +397,32 @@ fn malformed_lines_naming_a_broker_method_stay_away_from_the_host() {
         assert_eq!(got.len(), 2, "{text:?}");
         assert_eq!(got[0], b"not JSON, and no method named\n");
     }
+    host.finish();
+}
+
+/// Rule: lines the server writes before the host's first 2026-07-28 request are checked too
+/// (a host reads them after sending it): `input_required` results naming `roots/list` under
+/// ids the host has not used yet reach it only as errors.
+#[test]
+fn lines_written_before_the_first_request_are_checked() {
+    let (_t, dir) = tempdir();
+    let mut host = Host::start_with(&dir, &[("EARLY", "1")]);
+    std::thread::sleep(Duration::from_millis(500));
+    let r = host.call(json!(0), "plain", json!({}));
+    // The early answer to id 0 (an error now), then the real one.
+    let mut answers = vec![r];
+    for _ in 0..4 {
+        answers.push(serde_json::from_slice(&host.next()).unwrap());
+    }
+    assert!(
+        answers.iter().filter(|a| a["error"].is_object()).count() == 4,
+        "{answers:?}"
+    );
+    assert!(
+        answers
+            .iter()
+            .any(|a| a["result"]["resultType"] == "complete"),
+        "{answers:?}"
+    );
     host.finish();
 }

@@ -4,13 +4,14 @@
 //! the answers waiting to be merged into the host's retry (docs/protocol.md, "Two eras").
 //!
 //! The server is the party the proxy does not trust. Whatever it writes, an input request of
-//! the broker's never reaches the host (the host would answer it with its own roots): once the
-//! host speaks the new era, every message from the server is read in full before it is passed
-//! on ([`modern::check_response`]), one the proxy cannot read one way only and that names a
-//! broker method is not passed on, and the broker's input requests are answered by the broker or taken out. Everything the
-//! server can make the proxy hold is bounded: the requests kept for a retry, the input
-//! requests answered per round, the bytes of their answers, the rounds at once and the
-//! answers waiting for the host.
+//! the broker's never reaches the host (the host would answer it with its own roots): every
+//! message from the server, in either era and from the first, is read where it decides
+//! anything before it is passed on ([`modern::check_response`]); one the proxy cannot read one
+//! way only and that names a broker method is not passed on; and the broker's input requests
+//! are answered by the broker or taken out. Everything the server can make the proxy hold is
+//! bounded: the requests kept for a retry, the input requests per result and those the broker
+//! answers per round, the bytes of its answers, the rounds at once, the bytes of retries
+//! waiting for the server, and the answers waiting for the host.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -51,6 +52,10 @@ pub const ROUNDS_AT_ONCE: usize = 2;
 /// The broker's answers waiting for the host's retry; past this, the oldest are let go (the
 /// server then asks again).
 pub const MAX_STASHED: usize = 256;
+
+/// Bytes of the broker's answers waiting for the host's retry; past this, the oldest are let
+/// go.
+pub const MAX_STASHED_BYTES: usize = 32 << 20;
 
 /// The proxy asking the broker itself (the input requests of `input_required` results), and
 /// telling it which era the connection speaks.
@@ -177,8 +182,6 @@ struct Kept {
 struct EraState {
     /// Whether the host's requests are of the 2026-07-28 era (the last one decides).
     modern: bool,
-    /// Whether any host request has been: from then on the server's messages are checked.
-    seen_modern: bool,
     /// Kept host requests by the [`modern::id_key`] the server answers under: the host's own
     /// id, or the proxy's retry id.
     kept: HashMap<String, Kept>,
@@ -188,6 +191,12 @@ struct EraState {
     stash: HashMap<String, BTreeMap<String, Box<RawValue>>>,
     /// The keys of `stash`, oldest first.
     stash_order: VecDeque<String>,
+    /// Bytes of the answers in `stash`.
+    stash_bytes: usize,
+}
+
+fn answers_bytes(answers: &BTreeMap<String, Box<RawValue>>) -> usize {
+    answers.iter().map(|(k, v)| k.len() + v.get().len()).sum()
 }
 
 impl EraState {
@@ -214,21 +223,24 @@ impl EraState {
     }
 
     fn stash(&mut self, key: String, answers: BTreeMap<String, Box<RawValue>>) {
-        if self.stash.insert(key.clone(), answers).is_none() {
-            self.stash_order.push_back(key);
+        self.stash_bytes += answers_bytes(&answers);
+        match self.stash.insert(key.clone(), answers) {
+            Some(old) => self.stash_bytes -= answers_bytes(&old),
+            None => self.stash_order.push_back(key),
         }
-        while self.stash.len() > MAX_STASHED {
-            match self.stash_order.pop_front() {
-                Some(old) => {
-                    self.stash.remove(&old);
-                }
-                None => break,
+        while self.stash.len() > MAX_STASHED || self.stash_bytes > MAX_STASHED_BYTES {
+            let Some(old) = self.stash_order.pop_front() else {
+                break;
+            };
+            if let Some(answers) = self.stash.remove(&old) {
+                self.stash_bytes -= answers_bytes(&answers);
             }
         }
     }
 
     fn unstash(&mut self, key: &str) -> Option<BTreeMap<String, Box<RawValue>>> {
         let answers = self.stash.remove(key)?;
+        self.stash_bytes -= answers_bytes(&answers);
         self.stash_order.retain(|k| k != key);
         Some(answers)
     }
@@ -238,8 +250,11 @@ impl EraState {
 pub(super) struct Eras {
     state: Mutex<EraState>,
     asker: Asker,
-    /// Makes the proxy's ids its own: a server cannot guess them to collide with.
+    /// In the ids of the proxy's retries (which the server sees).
     nonce: String,
+    /// In the ids of the proxy's questions to the broker, which the server never sees (so it
+    /// cannot send a shared broker a request whose answer the proxy would take for one).
+    ask_nonce: String,
     next: std::sync::atomic::AtomicU64,
     rounds: Arc<Semaphore>,
 }
@@ -248,14 +263,18 @@ pub(super) struct Eras {
 pub(super) struct Outputs {
     pub(super) to_host: mpsc::Sender<Outgoing>,
     pub(super) to_server: mpsc::Sender<ToServer>,
+    /// The host → server queue's budget, which the proxy's retries share: a server that
+    /// stops reading stops the proxy's retries too, instead of growing its memory.
+    pub(super) server_budget: super::proxy::Budget,
 }
 
 impl Eras {
-    pub(super) fn new(asker: Asker, nonce: String) -> Eras {
+    pub(super) fn new(asker: Asker, ask_nonce: String) -> Eras {
         Eras {
             state: Mutex::default(),
             asker,
-            nonce,
+            nonce: crate::locks::random_hex(8),
+            ask_nonce,
             next: std::sync::atomic::AtomicU64::new(1),
             rounds: Arc::new(Semaphore::new(ROUNDS_AT_ONCE)),
         }
@@ -267,19 +286,18 @@ impl Eras {
 
     fn fresh_id(&self, kind: &str) -> String {
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("fsbroker-{kind}-{}-{n}", self.nonce)
-    }
-
-    /// Whether the host has spoken the 2026-07-28 era on this connection.
-    pub(super) fn seen_modern(&self) -> bool {
-        self.state().seen_modern
+        let nonce = if kind == "ask" {
+            &self.ask_nonce
+        } else {
+            &self.nonce
+        };
+        format!("fsbroker-{kind}-{nonce}-{n}")
     }
 
     /// Tells the broker the connection's era when it changes.
     pub(super) async fn set_modern(&self, modern: bool) {
         let changed = {
             let mut state = self.state();
-            state.seen_modern |= modern;
             std::mem::replace(&mut state.modern, modern) != modern
         };
         if changed {
@@ -362,10 +380,11 @@ impl Eras {
     /// A message from the server that is not a request for the broker: `Some(line)` to pass
     /// on to the host, `None` when the proxy took it over or let it go.
     ///
-    /// Until the host speaks the 2026-07-28 era, every message passes as written. From then
-    /// on each is checked ([`modern::check_response`]): one the proxy cannot read one way only
-    /// and that names a broker method is not passed on (the host gets an error for it); an answer to a retry of the
-    /// proxy's goes to the host under the host's id; an `input_required` result with input
+    /// Every message is checked ([`modern::check_response`]), in both eras and from the first
+    /// (a host may read a line written before its first 2026-07-28 request after sending
+    /// it): one the proxy cannot read one way only and that names a broker method is not
+    /// passed on (its request gets an error); an answer to a retry of the proxy's goes to the
+    /// host under the host's id; an `input_required` result with input
     /// requests of the broker's is answered here (on a task, at most [`ROUNDS_AT_ONCE`] at a
     /// time: past that, this waits, and the proxy stops reading the server).
     pub(super) async fn server_message(
@@ -373,9 +392,6 @@ impl Eras {
         line: Vec<u8>,
         out: &Outputs,
     ) -> Option<Vec<u8>> {
-        if !self.state().seen_modern {
-            return Some(line);
-        }
         let ir = match modern::check_response(&line) {
             Checked::Plain(None) => return Some(line),
             Checked::Plain(Some(key)) => {
@@ -387,30 +403,8 @@ impl Eras {
                     _ => Some(line),
                 };
             }
-            // Nothing a host could read into it is the broker's: as written.
-            Checked::Unreadable if !super::proxy::names_broker_method(&line) => return Some(line),
-            Checked::Unreadable => {
-                tracing::warn!(
-                    len = line.len(),
-                    "a message from the server that reads more than one way and names a broker method was not passed on"
-                );
-                let (id, request) = envelope_of(&line);
-                let id = RawValue::from_string(id?).ok()?;
-                let err = Error::new(
-                    ErrorKind::InvalidRequest,
-                    "fsbroker: a message that is not valid JSON-RPC read one way only, naming a method the broker answers",
-                );
-                if request {
-                    // The server's own (malformed) request: the error is the server's.
-                    let frame = jsonrpc::error_frame(Some(&id), &err);
-                    let _ = out.to_server.send(ToServer::Frame(frame.into())).await;
-                    return None;
-                }
-                let kept = modern::raw_id_key(&id).and_then(|k| self.state().take(&k));
-                let id = kept.map(|k| k.host_id).unwrap_or(id);
-                let mut frame = jsonrpc::error_frame(Some(&id), &err);
-                frame.truncate(frame.trim_ascii_end().len());
-                return Some(frame);
+            Checked::Unreadable { ids, request } => {
+                return self.unreadable(line, ids, request, out).await;
             }
             Checked::Input(ir) => ir,
         };
@@ -432,12 +426,71 @@ impl Eras {
             return None;
         };
         let me = Arc::clone(self);
-        let (to_host, to_server) = (out.to_host.clone(), out.to_server.clone());
+        let out = Outputs {
+            to_host: out.to_host.clone(),
+            to_server: out.to_server.clone(),
+            server_budget: out.server_budget.clone(),
+        };
         tokio::spawn(async move {
-            me.answer_inputs(ir, kept, to_host, to_server).await;
+            me.answer_inputs(ir, kept, out).await;
             drop(permit);
         });
         None
+    }
+
+    /// A message the proxy cannot read one way only ([`Checked::Unreadable`]): as written when
+    /// no reading of it names a broker method; else not passed on, and its request gets an
+    /// error: the server's own (it reads as a request), or else the host's under each id the
+    /// message carries.
+    async fn unreadable(
+        &self,
+        line: Vec<u8>,
+        mut ids: Vec<Value>,
+        request: bool,
+        out: &Outputs,
+    ) -> Option<Vec<u8>> {
+        if ids.is_empty() {
+            let (id, _) = envelope_of(&line);
+            ids.extend(id.and_then(|id| serde_json::from_str::<Value>(&id).ok()));
+        }
+        let kept: Vec<Kept> = {
+            let mut state = self.state();
+            ids.iter()
+                .filter_map(modern::id_key)
+                .filter_map(|k| state.take(&k))
+                .collect()
+        };
+        if !super::proxy::names_broker_method(&line) {
+            return Some(line);
+        }
+        tracing::warn!(
+            len = line.len(),
+            "a message from the server that reads more than one way and names a broker method was not passed on"
+        );
+        let err = Error::new(
+            ErrorKind::InvalidRequest,
+            "fsbroker: a message that is not valid JSON-RPC read one way only, naming a method the broker answers",
+        );
+        let raw = |v: &Value| RawValue::from_string(v.to_string()).ok();
+        if request && kept.is_empty() {
+            // The server's own (malformed) request: the error is the server's.
+            if let Some(id) = ids.first().and_then(raw) {
+                let frame = jsonrpc::error_frame(Some(&id), &err);
+                let _ = out.to_server.send(ToServer::Frame(frame.into())).await;
+            }
+            return None;
+        }
+        let mut frames: Vec<u8> = Vec::new();
+        let host_ids: Vec<Box<RawValue>> = if kept.is_empty() {
+            ids.iter().filter_map(raw).collect()
+        } else {
+            kept.into_iter().map(|k| k.host_id).collect()
+        };
+        for id in host_ids {
+            frames.extend(jsonrpc::error_frame(Some(&id), &err));
+        }
+        frames.truncate(frames.trim_ascii_end().len());
+        (!frames.is_empty()).then_some(frames)
     }
 
     /// The host's view of an `input_required` result whose broker input requests the proxy
@@ -475,13 +528,12 @@ impl Eras {
     /// Answers the broker's input requests of `ir`; then retries the request itself when
     /// every input request was the broker's, or else shows the host the rest and keeps the
     /// broker's answers for the host's retry.
-    async fn answer_inputs(
-        &self,
-        ir: modern::InputRequired,
-        kept: Kept,
-        to_host: mpsc::Sender<Outgoing>,
-        to_server: mpsc::Sender<ToServer>,
-    ) {
+    async fn answer_inputs(&self, ir: modern::InputRequired, kept: Kept, out: Outputs) {
+        let Outputs {
+            to_host,
+            to_server,
+            server_budget,
+        } = out;
         let answers = self.answer_broker_inputs(&ir).await;
         let hosts = ir.host_keys();
         let host_id = kept.host_id.clone();
@@ -511,7 +563,9 @@ impl Eras {
             }
             let mut framed = line;
             framed.push(b'\n');
-            let _ = to_server.send(ToServer::Frame(framed.into())).await;
+            if let Some(frame) = server_budget.frame(framed).await {
+                let _ = to_server.send(ToServer::Frame(frame)).await;
+            }
             return;
         }
         // The host answers its part and retries; the broker's answers wait to be merged in.
@@ -578,10 +632,7 @@ impl Eras {
                             "fsbroker's answers in one round are limited to {MAX_ANSWER_BYTES} bytes"
                         ))
                     }
-                    Some(answer) => {
-                        bytes += answer.get().len();
-                        Some(answer)
-                    }
+                    Some(answer) => Some(answer),
                     None => {
                         tracing::warn!(%method, "the broker did not answer an input request");
                         None
@@ -589,6 +640,7 @@ impl Eras {
                 }
             };
             if let Some(answer) = answer {
+                bytes += answer.get().len().min(MAX_ANSWER_BYTES);
                 answers.insert(key, answer);
             }
         }

@@ -154,73 +154,112 @@ impl InputRequired {
     }
 }
 
-/// What a message from a 2026-07-28 server is, to the proxy.
+/// An `input_required` result with more input requests than this is not relayed: no peer
+/// asks for so much at once, and the proxy would hold them all.
+pub const MAX_INPUT_REQUESTS: usize = 64;
+
+/// What a message from the server is, to the proxy.
 #[derive(Debug)]
 pub enum Checked {
     /// Anything but an `input_required` result: it may go to the host as written. Carries the
     /// [`id_key`] of its id, if it has one.
     Plain(Option<String>),
-    /// Not JSON that reads one way only (a duplicated member, a lone surrogate, not an
-    /// object, a result that is also a request): the host could read into it what the proxy
-    /// did not, so it must not reach the host as written.
-    Unreadable,
+    /// Not JSON that reads one way only where it matters (a member written twice at the
+    /// levels that decide where it goes, bytes that are not UTF-8, a lone surrogate, not an
+    /// object, a result that is also a request, a request for the broker with a malformed
+    /// envelope, too many input requests): the host could read into it what the proxy did
+    /// not.
+    Unreadable {
+        /// Every id it was seen to carry (ids written twice: each).
+        ids: Vec<Value>,
+        /// Whether it reads as a request (it has a `method`), or might.
+        request: bool,
+    },
     /// An `input_required` result.
     Input(InputRequired),
 }
 
 /// Reads a message from the server for what matters to the host: whether it asks for input.
 ///
-/// Every message is read in full, by the same rules the peers' parsers apply: escapes are
-/// decoded (`"input_\u0072equired"` is `input_required`), ids are compared by value ([`id_key`])
-/// and a member written twice makes the whole message unreadable (JavaScript and Python keep
-/// the last, other parsers the first; the proxy cannot know which the host uses). No byte
-/// pattern decides anything.
+/// It is read the way the peers' parsers read it: escapes are decoded (`"input_\u0072equired"`
+/// is `input_required`), ids are compared by value ([`id_key`]), and a member written twice
+/// where it decides anything (the message's, its result's, the input requests' and each input
+/// request's members) makes it unreadable (JavaScript and Python keep the last, other parsers
+/// the first; the proxy cannot know which the host uses). No byte pattern decides anything.
+/// Only those members are kept while reading ([`Skeleton`]): the rest of a large result is
+/// skipped over, not built.
 pub fn check_response(line: &[u8]) -> Checked {
-    let Some(Value::Object(msg)) = strict(line) else {
-        return Checked::Unreadable;
+    // Readers disagree on bytes that are not UTF-8 (replaced, dropped, refused), and
+    // serde_json does not check the strings it skips.
+    let sk = std::str::from_utf8(line)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Skeleton>(text).ok());
+    let Some(sk) = sk else {
+        return Checked::Unreadable {
+            ids: Vec::new(),
+            request: true,
+        };
     };
-    // A request of the broker's would have been handed to it, had its envelope been sound.
-    if msg
-        .get("method")
-        .and_then(Value::as_str)
-        .is_some_and(is_broker_method)
-    {
-        return Checked::Unreadable;
+    let request = sk.method.is_some();
+    if sk.dup {
+        return Checked::Unreadable {
+            ids: sk.ids,
+            request,
+        };
     }
-    let key = msg.get("id").and_then(id_key);
-    let asks = msg
-        .get("result")
-        .and_then(|r| r.get("resultType"))
+    // A request of the broker's would have been handed to it, had its envelope been sound
+    // (a notification, with no id, is not the broker's and passes).
+    if !sk.ids.is_empty()
+        && sk
+            .method
+            .as_ref()
+            .and_then(Value::as_str)
+            .is_some_and(is_broker_method)
+    {
+        return Checked::Unreadable {
+            ids: sk.ids,
+            request,
+        };
+    }
+    let key = sk.ids.first().and_then(id_key);
+    let asks = sk
+        .result
+        .as_ref()
+        .and_then(|r| r.result_type.as_ref())
         .and_then(Value::as_str)
         == Some("input_required");
     if !asks {
         return Checked::Plain(key);
     }
-    if msg.contains_key("method") || msg.contains_key("error") {
-        return Checked::Unreadable;
+    if request || sk.error {
+        return Checked::Unreadable {
+            ids: sk.ids,
+            request,
+        };
     }
-    let methods = msg
-        .get("result")
-        .and_then(|r| r.get("inputRequests"))
-        .and_then(Value::as_object)
-        .map(|reqs| {
-            reqs.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.get("method")?.as_str()?.to_owned())))
-                .collect()
-        })
-        .unwrap_or_default();
-    // The same line, its members kept as written: with no member written twice, they say what
-    // the value above says.
+    let methods = sk
+        .result
+        .map(|r| r.methods)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(k, m)| Some((k, m?)))
+        .collect();
+    // The same line, its members kept as written: with no deciding member written twice,
+    // they say what the skeleton says.
+    let unreadable = || Checked::Unreadable {
+        ids: Vec::new(),
+        request: false,
+    };
     let Ok(raw_msg) = serde_json::from_slice::<Members>(line) else {
-        return Checked::Unreadable;
+        return unreadable();
     };
     let Some(result) = raw_msg.get("result").and_then(|r| members(r)) else {
-        return Checked::Unreadable;
+        return unreadable();
     };
     let requests = match result.get("inputRequests") {
         Some(r) => match serde_json::from_str(r.get()) {
             Ok(requests) => requests,
-            Err(_) => return Checked::Unreadable,
+            Err(_) => return unreadable(),
         },
         None => BTreeMap::new(),
     };
@@ -235,65 +274,286 @@ pub fn check_response(line: &[u8]) -> Checked {
 }
 
 /// `line` as a JSON value, or `None` when it is not JSON or some object in it has a member
-/// written twice.
+/// written twice. For the host's small messages (its `notifications/cancelled`).
 pub fn strict(line: &[u8]) -> Option<Value> {
-    serde_json::from_slice::<Strict>(line).ok().map(|s| s.0)
+    let value: Value = serde_json::from_slice(line).ok()?;
+    serde_json::from_slice::<NoDuplicates>(line).ok()?;
+    Some(value)
 }
 
-/// A JSON value read with no duplicated members allowed anywhere in it.
-struct Strict(Value);
+use serde::de::{Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-impl<'de> serde::Deserialize<'de> for Strict {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Strict, D::Error> {
-        d.deserialize_any(StrictVisitor).map(Strict)
-    }
-}
+/// Passes when no object in the JSON has a member written twice.
+struct NoDuplicates;
 
-struct StrictVisitor;
-
-impl<'de> serde::de::Visitor<'de> for StrictVisitor {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("JSON with no member written twice")
-    }
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_owned()))
-    }
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(Strict(v)) = seq.next_element()? {
-            items.push(v);
-        }
-        Ok(Value::Array(items))
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut members = serde_json::Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            let Strict(value) = map.next_value()?;
-            if members.insert(key, value).is_some() {
-                return Err(serde::de::Error::custom("a member is written twice"));
+impl<'de> serde::Deserialize<'de> for NoDuplicates {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = NoDuplicates;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("JSON with no member written twice")
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<NoDuplicates, E> {
+                Ok(NoDuplicates)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<NoDuplicates, E> {
+                Ok(NoDuplicates)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<NoDuplicates, E> {
+                Ok(NoDuplicates)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<NoDuplicates, E> {
+                Ok(NoDuplicates)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<NoDuplicates, E> {
+                Ok(NoDuplicates)
+            }
+            fn visit_unit<E>(self) -> Result<NoDuplicates, E> {
+                Ok(NoDuplicates)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NoDuplicates, A::Error> {
+                while seq.next_element::<NoDuplicates>()?.is_some() {}
+                Ok(NoDuplicates)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<NoDuplicates, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if !seen.insert(key) {
+                        return Err(A::Error::custom("a member is written twice"));
+                    }
+                    map.next_value::<NoDuplicates>()?;
+                }
+                Ok(NoDuplicates)
             }
         }
-        Ok(Value::Object(members))
+        d.deserialize_any(V)
+    }
+}
+
+/// The members of a server message that decide where it goes, read in one pass; everything
+/// else is skipped.
+#[derive(Default)]
+struct Skeleton {
+    /// Every `id` (a scalar; more than one when written twice).
+    ids: Vec<Value>,
+    /// Its `method`, if it has one (any scalar).
+    method: Option<Value>,
+    /// Whether it has an `error`.
+    error: bool,
+    /// Its `result`, when that is an object.
+    result: Option<ResultSkeleton>,
+    /// Whether a deciding member is written twice.
+    dup: bool,
+}
+
+#[derive(Default)]
+struct ResultSkeleton {
+    result_type: Option<Value>,
+    /// Each input request's key and method (when it names one as a string).
+    methods: Vec<(String, Option<String>)>,
+    dup: bool,
+}
+
+/// A scalar member (`None` for an object or an array, skipped).
+struct Scalar(Option<Value>);
+
+impl<'de> serde::Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Scalar, E> {
+                Ok(Scalar(Some(Value::Bool(v))))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Scalar, E> {
+                Ok(Scalar(Some(Value::from(v))))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar(Some(Value::from(v))))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Scalar, E> {
+                Ok(Scalar(Some(Value::from(v))))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar(Some(Value::String(v.to_owned()))))
+            }
+            fn visit_unit<E>(self) -> Result<Scalar, E> {
+                Ok(Scalar(Some(Value::Null)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Scalar(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Scalar(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Calls `member` for each member of an object (`Ok(None)` for anything else, skipped),
+/// noting members written twice.
+fn each_member<'de, A, F>(mut map: A, mut member: F) -> Result<bool, A::Error>
+where
+    A: MapAccess<'de>,
+    F: FnMut(&str, &mut A) -> Result<(), A::Error>,
+{
+    let mut seen = std::collections::HashSet::new();
+    let mut dup = false;
+    while let Some(key) = map.next_key::<String>()? {
+        member(&key, &mut map)?;
+        dup |= !seen.insert(key);
+    }
+    Ok(dup)
+}
+
+/// Skips any JSON value that is not an object; reads an object with `$visit`.
+macro_rules! object_or_skip {
+    ($name:ident, $out:ty, $visit:expr) => {
+        struct $name(Option<$out>);
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = $name;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("any JSON value")
+                    }
+                    fn visit_bool<E>(self, _: bool) -> Result<$name, E> {
+                        Ok($name(None))
+                    }
+                    fn visit_i64<E>(self, _: i64) -> Result<$name, E> {
+                        Ok($name(None))
+                    }
+                    fn visit_u64<E>(self, _: u64) -> Result<$name, E> {
+                        Ok($name(None))
+                    }
+                    fn visit_f64<E>(self, _: f64) -> Result<$name, E> {
+                        Ok($name(None))
+                    }
+                    fn visit_str<E>(self, _: &str) -> Result<$name, E> {
+                        Ok($name(None))
+                    }
+                    fn visit_unit<E>(self) -> Result<$name, E> {
+                        Ok($name(None))
+                    }
+                    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<$name, A::Error> {
+                        while seq.next_element::<IgnoredAny>()?.is_some() {}
+                        Ok($name(None))
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<$name, A::Error> {
+                        let visit: fn(A) -> Result<$out, A::Error> = $visit;
+                        visit(map).map(|v| $name(Some(v)))
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+    };
+}
+
+// One input request: its `method`, and whether a member is written twice.
+object_or_skip!(EntrySkeleton, (Option<String>, bool), |map| {
+    let mut method = None;
+    let dup = each_member(map, |key, map| {
+        if key == "method" {
+            method = map.next_value::<Scalar>()?.0;
+        } else {
+            map.next_value::<IgnoredAny>()?;
+        }
+        Ok(())
+    })?;
+    let method = method.and_then(|m| m.as_str().map(str::to_owned));
+    Ok((method, dup))
+});
+
+// `inputRequests`: each key's method; at most MAX_INPUT_REQUESTS of them.
+object_or_skip!(
+    RequestsSkeleton,
+    (Vec<(String, Option<String>)>, bool),
+    |map| {
+        let mut entries = Vec::new();
+        let mut inner = false;
+        let dup = each_member(map, |key, map| {
+            if entries.len() >= MAX_INPUT_REQUESTS {
+                return Err(serde::de::Error::custom("too many input requests"));
+            }
+            let (method, dup) = map.next_value::<EntrySkeleton>()?.0.unwrap_or_default();
+            inner |= dup;
+            entries.push((key.to_owned(), method));
+            Ok(())
+        })?;
+        Ok((entries, dup || inner))
+    }
+);
+
+// `result`: its `resultType` and input requests.
+object_or_skip!(ResultOrSkip, ResultSkeleton, |map| {
+    let mut r = ResultSkeleton::default();
+    let mut inner = false;
+    let dup = each_member(map, |key, map| {
+        match key {
+            "resultType" => r.result_type = map.next_value::<Scalar>()?.0,
+            "inputRequests" => {
+                if let Some((methods, dup)) = map.next_value::<RequestsSkeleton>()?.0 {
+                    r.methods = methods;
+                    inner |= dup;
+                }
+            }
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    })?;
+    r.dup = dup || inner;
+    Ok(r)
+});
+
+impl<'de> serde::Deserialize<'de> for Skeleton {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Skeleton;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON-RPC message (an object)")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Skeleton, A::Error> {
+                let mut sk = Skeleton::default();
+                let mut inner = false;
+                let dup = each_member(map, |key, map| {
+                    match key {
+                        "id" => {
+                            if let Some(id) = map.next_value::<Scalar>()?.0 {
+                                sk.ids.push(id);
+                            }
+                        }
+                        "method" => sk.method = map.next_value::<Scalar>()?.0.or(Some(Value::Null)),
+                        "error" => {
+                            sk.error = true;
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                        "result" => {
+                            sk.result = map.next_value::<ResultOrSkip>()?.0;
+                            inner |= sk.result.as_ref().is_some_and(|r| r.dup);
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                sk.dup = dup || inner;
+                Ok(sk)
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 

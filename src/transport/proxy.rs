@@ -98,7 +98,7 @@ impl QueueItem for ToServer {
 
 /// Room for relayed lines in one queue, in KiB.
 #[derive(Clone)]
-struct Budget(Arc<Semaphore>);
+pub(super) struct Budget(Arc<Semaphore>);
 
 impl Budget {
     fn new() -> Budget {
@@ -106,7 +106,7 @@ impl Budget {
     }
 
     /// `line` as a frame holding its share of the budget until it is written; waits for room.
-    async fn frame(&self, line: Vec<u8>) -> Option<Outgoing> {
+    pub(super) async fn frame(&self, line: Vec<u8>) -> Option<Outgoing> {
         let kib = line.len().div_ceil(1024).clamp(1, RELAY_BUDGET_KIB) as u32;
         let permit = Arc::clone(&self.0).acquire_many_owned(kib).await.ok()?;
         Some(Outgoing::from(line).hold(Some(permit)))
@@ -169,15 +169,18 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
     let eras = Arc::new(Eras::new(asker, nonce));
 
+    // The host → server queue's budget, shared by the proxy's own retries.
+    let server_budget = Budget::new();
     let host_reader = {
         let to_server = to_server.clone();
+        let budget = server_budget.clone();
         let to_host = to_host.clone();
         let init_id = Arc::clone(&init_id);
         let eras = Arc::clone(&eras);
         let max = opts.max_line;
         tokio::spawn(async move {
             tokio::select! {
-                () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init_id, eras, max) => {}
+                () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init_id, eras, budget, max) => {}
                 () = stop => {}
             }
             let _ = to_server.send(ToServer::Close).await;
@@ -187,6 +190,7 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         out: Outputs {
             to_host: to_host.clone(),
             to_server: to_server.clone(),
+            server_budget,
         },
         eras,
     };
@@ -247,9 +251,9 @@ async fn relay_host<R: AsyncRead + Unpin>(
     to_host: mpsc::Sender<Outgoing>,
     init_id: Arc<Mutex<Option<Box<RawValue>>>>,
     eras: Arc<Eras>,
+    budget: Budget,
     max: usize,
 ) {
-    let budget = Budget::new();
     let mut reader = LineReader::new(input, max);
     while let Ok(Some(frame)) = reader.next_frame().await {
         let line = match frame {
@@ -355,20 +359,6 @@ async fn relay_server<R: AsyncRead + Unpin>(
                 broker.request(line).await;
                 continue;
             }
-            // On a 2026-07-28 connection every line is checked in full below.
-            Incoming::Invalid { .. } if relay.eras.seen_modern() => {}
-            Incoming::Invalid { id, error } if names_broker_method(&line) => {
-                // A line JSON-RPC readers may disagree on (a member written twice, an id of
-                // 1.0, a batch, bytes that are not UTF-8) that names a broker method could be
-                // a `roots/list` request to the host's reader: it never goes there.
-                tracing::warn!(%error, "a malformed line from the server naming a broker method was not relayed");
-                if let Some(id) = id {
-                    broker
-                        .answer(jsonrpc::error_frame(Some(id), &error).into())
-                        .await;
-                }
-                continue;
-            }
             Incoming::Response => learn_server_name(&line, init_id, broker),
             _ => {}
         }
@@ -386,25 +376,37 @@ async fn relay_server<R: AsyncRead + Unpin>(
     }
 }
 
-/// Whether any string in `line`, decoded the way the most lenient reader would (bytes that
-/// are not UTF-8 and lone surrogates become U+FFFD, every escape resolved), is a method the
-/// broker answers (`roots/list`, `files/…`). For lines the proxy cannot read as one
-/// JSON-RPC message: a host's reader might still read one into them.
+/// Whether any string in `line`, decoded the way a lenient reader would, is a method the
+/// broker answers (`roots/list`, `files/…`). Bytes that are not UTF-8 and lone surrogates are
+/// read both ways lenient readers have: as U+FFFD (Node, Python's `replace`) and as nothing
+/// (Python's `ignore`). For lines the proxy cannot read as one JSON-RPC message: a host's
+/// reader might still read one into them.
 pub(super) fn names_broker_method(line: &[u8]) -> bool {
-    let text = String::from_utf8_lossy(line);
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '"' && super::modern::is_broker_method(&json_string(&mut chars)) {
-            return true;
-        }
-    }
-    false
+    let replaced = String::from_utf8_lossy(line);
+    let dropped: String = line.utf8_chunks().map(|c| c.valid()).collect();
+    [(&*replaced, false), (&*dropped, true)]
+        .into_iter()
+        .any(|(text, drop)| {
+            let mut chars = text.chars();
+            while let Some(c) = chars.next() {
+                if c == '"' && super::modern::is_broker_method(&json_string(&mut chars, drop)) {
+                    return true;
+                }
+            }
+            false
+        })
 }
 
 /// The rest of a JSON string literal whose opening quote was just read, decoded; stops after
-/// the closing quote or at the end of the text.
-fn json_string(chars: &mut std::str::Chars) -> String {
+/// the closing quote or at the end of the text. A lone surrogate becomes U+FFFD, or nothing
+/// when `drop`.
+fn json_string(chars: &mut std::str::Chars, drop: bool) -> String {
     let mut out = String::new();
+    let lone = |out: &mut String| {
+        if !drop {
+            out.push(char::REPLACEMENT_CHARACTER);
+        }
+    };
     let mut high: Option<u32> = None;
     while let Some(c) = chars.next() {
         let unit = match c {
@@ -415,7 +417,7 @@ fn json_string(chars: &mut std::str::Chars) -> String {
                     match u32::from_str_radix(&hex, 16) {
                         Ok(u) => Some(u),
                         Err(_) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
+                            lone(&mut out);
                             continue;
                         }
                     }
@@ -430,7 +432,7 @@ fn json_string(chars: &mut std::str::Chars) -> String {
                         other => other,
                     };
                     if high.take().is_some() {
-                        out.push(char::REPLACEMENT_CHARACTER);
+                        lone(&mut out);
                     }
                     out.push(c);
                     continue;
@@ -439,7 +441,7 @@ fn json_string(chars: &mut std::str::Chars) -> String {
             },
             c => {
                 if high.take().is_some() {
-                    out.push(char::REPLACEMENT_CHARACTER);
+                    lone(&mut out);
                 }
                 out.push(c);
                 continue;
@@ -453,20 +455,23 @@ fn json_string(chars: &mut std::str::Chars) -> String {
             }
             (h, 0xD800..=0xDBFF) => {
                 if h.is_some() {
-                    out.push(char::REPLACEMENT_CHARACTER);
+                    lone(&mut out);
                 }
                 high = Some(u);
             }
             (h, u) => {
                 if h.is_some() {
-                    out.push(char::REPLACEMENT_CHARACTER);
+                    lone(&mut out);
                 }
-                out.push(char::from_u32(u).unwrap_or(char::REPLACEMENT_CHARACTER));
+                match char::from_u32(u) {
+                    Some(c) => out.push(c),
+                    None => lone(&mut out),
+                }
             }
         }
     }
     if high.is_some() {
-        out.push(char::REPLACEMENT_CHARACTER);
+        lone(&mut out);
     }
     out
 }
