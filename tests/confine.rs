@@ -1,0 +1,470 @@
+//! `fsbroker proxy --confine` on the real kernel: a server that opens files itself (a Python
+//! probe, no MCP SDK, no checks of its own) is started under the proxy and tries to reach
+//! everything a hostile server would: its roots, the roots it must not have, the rest of the
+//! disk, its temporary directory, the network. What it reports back is what the kernel let
+//! it do. Also: the simulated kernel without Landlock (strict refuses, best effort warns),
+//! `confine check`, the audit record, and revocation ending the server.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::{bin, tempdir};
+use serde_json::{Value, json};
+
+/// Runs each operation of `$PROBE` (a JSON list) and writes the results as one notification;
+/// with `$PROBE_STAY` it then reads stdin until it closes.
+const PROBE: &str = r#"
+import json, os, socket, sys
+def run(op):
+    kind, arg = op[0], op[1] if len(op) > 1 else None
+    try:
+        if kind == "read":
+            return "ok:" + open(arg).read()
+        if kind == "write":
+            with open(arg, "w") as f:
+                f.write("written by the server")
+            return "ok"
+        if kind == "list":
+            return "ok:" + ",".join(sorted(os.listdir(arg)))
+        if kind == "mkdir":
+            os.mkdir(arg)
+            return "ok"
+        if kind == "rename":
+            os.rename(arg[0], arg[1])
+            return "ok"
+        if kind == "connect":
+            socket.create_connection(("127.0.0.1", arg), timeout=5).close()
+            return "ok"
+        if kind == "tmpdir":
+            d = os.environ.get("TMPDIR", "/tmp")
+            with open(os.path.join(d, "t"), "w") as f:
+                f.write("t")
+            return "ok:" + d
+    except OSError as e:
+        import errno
+        return "err:" + errno.errorcode.get(e.errno, str(e.errno))
+results = [run(op) for op in json.loads(os.environ["PROBE"])]
+sys.stdout.write(json.dumps({"jsonrpc": "2.0", "method": "probe", "params": {"results": results}}) + "\n")
+sys.stdout.flush()
+if os.environ.get("PROBE_STAY"):
+    for _ in sys.stdin:
+        pass
+"#;
+
+struct Fixture {
+    _t: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+impl Fixture {
+    /// A read-write root `rw`, a read-only root `ro`, a `deny` root, a `prompt` root, and
+    /// `outside` (no root), each holding `f.txt`; the probe script.
+    fn new() -> Fixture {
+        let (t, dir) = tempdir();
+        for d in ["rw", "ro", "denied", "asked", "outside"] {
+            std::fs::create_dir(dir.join(d)).unwrap();
+            std::fs::write(dir.join(d).join("f.txt"), format!("in {d}")).unwrap();
+        }
+        std::fs::create_dir(dir.join("srv")).unwrap();
+        std::fs::write(dir.join("srv/probe.py"), PROBE).unwrap();
+        Fixture { _t: t, dir }
+    }
+
+    fn p(&self, rel: &str) -> String {
+        self.dir.join(rel).to_str().unwrap().to_owned()
+    }
+
+    /// A policy with the four roots and `extra` appended.
+    fn policy(&self, extra: &str) -> PathBuf {
+        let text = format!(
+            "[[root]]\npath = {rw:?}\nmode = \"read-write\"\nconsent = \"auto\"\n\n\
+             [[root]]\npath = {ro:?}\nconsent = \"auto\"\n\n\
+             [[root]]\npath = {denied:?}\nconsent = \"deny\"\n\n\
+             [[root]]\npath = {asked:?}\nconsent = \"prompt\"\n\n{extra}\n",
+            rw = self.p("rw"),
+            ro = self.p("ro"),
+            denied = self.p("denied"),
+            asked = self.p("asked"),
+        );
+        let path = self.dir.join("policy.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// `fsbroker proxy ARGS -- python3 probe.py` with `$PROBE = ops`, its stdin closed.
+    fn run(&self, args: &[&str], ops: &Value, env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(bin());
+        cmd.arg("proxy")
+            .args(args)
+            .arg("--")
+            .arg("python3")
+            .arg(self.dir.join("srv/probe.py"))
+            .env("PROBE", ops.to_string())
+            .envs(env.iter().copied())
+            .stdin(Stdio::null());
+        common::with_deadline(
+            Duration::from_secs(60),
+            || {},
+            move || cmd.output().unwrap(),
+        )
+    }
+}
+
+/// The probe's results from the proxy's stdout.
+fn results(out: &Output) -> Vec<String> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("\"probe\""))
+        .unwrap_or_else(|| {
+            panic!(
+                "no probe line; stdout {stdout:?}, stderr {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let v: Value = serde_json::from_str(line).unwrap();
+    v["params"]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Rule: under `--confine` the server can read and write its read-write root, read its
+/// read-only root, and nothing else: not the `deny` and `prompt` roots, not a directory
+/// outside every root, not the user's home, not `/etc/shadow`; it can rename within its
+/// read-write root but not move a file out of it; its TMPDIR is its own and writable.
+#[test]
+fn a_confined_server_reaches_its_roots_and_nothing_else() {
+    let fx = Fixture::new();
+    let policy = fx.policy("");
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let ops = json!([
+        ["read", fx.p("rw/f.txt")],
+        ["write", fx.p("rw/new.txt")],
+        ["mkdir", fx.p("rw/sub")],
+        ["rename", [fx.p("rw/new.txt"), fx.p("rw/sub/moved.txt")]],
+        ["read", fx.p("ro/f.txt")],
+        ["write", fx.p("ro/new.txt")],
+        ["write", fx.p("ro/f.txt")],
+        ["read", fx.p("denied/f.txt")],
+        ["list", fx.p("denied")],
+        ["read", fx.p("asked/f.txt")],
+        ["write", fx.p("asked/new.txt")],
+        ["read", fx.p("outside/f.txt")],
+        ["list", fx.p("outside")],
+        ["write", fx.p("outside/new.txt")],
+        ["rename", [fx.p("rw/f.txt"), fx.p("outside/stolen.txt")]],
+        ["list", home],
+        ["read", "/etc/shadow"],
+        ["tmpdir"],
+    ]);
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine"],
+        &ops,
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let r = results(&out);
+    let denied = "err:EACCES";
+    assert_eq!(r[0], "ok:in rw");
+    assert_eq!(r[1], "ok");
+    assert_eq!(r[2], "ok");
+    assert_eq!(r[3], "ok");
+    assert_eq!(
+        std::fs::read_to_string(fx.dir.join("rw/sub/moved.txt")).unwrap(),
+        "written by the server"
+    );
+    assert_eq!(r[4], "ok:in ro");
+    assert_eq!(r[5], denied, "create in a read-only root");
+    assert_eq!(r[6], denied, "overwrite in a read-only root");
+    assert_eq!(
+        std::fs::read_to_string(fx.dir.join("ro/f.txt")).unwrap(),
+        "in ro"
+    );
+    assert!(!fx.dir.join("ro/new.txt").exists());
+    for (i, what) in [(7, "read a deny root"), (8, "list a deny root")] {
+        assert_eq!(r[i], denied, "{what}");
+    }
+    assert_eq!(r[9], denied, "read an unapproved prompt root");
+    assert_eq!(r[10], denied, "write an unapproved prompt root");
+    assert_eq!(r[11], denied, "read outside every root");
+    assert_eq!(r[12], denied, "list outside every root");
+    assert_eq!(r[13], denied, "write outside every root");
+    assert!(
+        r[14].starts_with("err:"),
+        "move a file out of its root: {}",
+        r[14]
+    );
+    assert!(fx.dir.join("rw/f.txt").exists());
+    assert_eq!(r[15], denied, "list the home directory");
+    if Path::new("/etc/shadow").exists() {
+        assert_eq!(r[16], denied, "read /etc/shadow");
+    }
+    let tmp = r[17].strip_prefix("ok:").expect("TMPDIR writable");
+    assert!(
+        Path::new(tmp)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("fsbroker-server-"),
+        "{tmp}"
+    );
+    assert!(
+        !Path::new(tmp).exists(),
+        "the private TMPDIR is removed after"
+    );
+
+    // Unconfined, the same server reaches everything: the probe itself is not the limit.
+    let out = fx.run(&["--policy", policy.to_str().unwrap()], &ops, &[]);
+    let r = results(&out);
+    assert_eq!(r[11], "ok:in outside");
+    assert_eq!(r[7], "ok:in denied");
+}
+
+/// Rule: TCP is refused to a confined server unless `[confine] net = true`.
+#[test]
+fn tcp_is_refused_unless_the_policy_allows_it() {
+    let fx = Fixture::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            drop(conn);
+        }
+    });
+    let ops = json!([["connect", port]]);
+    let policy = fx.policy("");
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine"],
+        &ops,
+        &[],
+    );
+    assert_eq!(results(&out), vec!["err:EACCES"]);
+    let policy = fx.policy("[confine]\nnet = true\n");
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine"],
+        &ops,
+        &[],
+    );
+    assert_eq!(results(&out), vec!["ok"]);
+    // Unconfined: connects.
+    let out = fx.run(&["--policy", fx.policy("").to_str().unwrap()], &ops, &[]);
+    assert_eq!(results(&out), vec!["ok"]);
+}
+
+/// Rule: on a kernel without Landlock (simulated with FSBROKER_LANDLOCK_ABI=0),
+/// `--confine=strict` refuses to start the server and says why; `--confine` runs it,
+/// unconfined, and says on stderr that nothing is enforced.
+#[test]
+fn without_landlock_strict_refuses_and_best_effort_warns() {
+    let fx = Fixture::new();
+    let policy = fx.policy("");
+    let ops = json!([["read", fx.p("outside/f.txt")]]);
+    let no_landlock = [("FSBROKER_LANDLOCK_ABI", "0")];
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine=strict"],
+        &ops,
+        &no_landlock,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no Landlock"), "{stderr}");
+    assert!(stderr.contains("was not started"), "{stderr}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("probe"),
+        "the server must not run"
+    );
+
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine"],
+        &ops,
+        &no_landlock,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr.contains("NOT ENFORCED"), "{stderr}");
+    assert!(stderr.contains("no Landlock"), "{stderr}");
+    assert_eq!(results(&out), vec!["ok:in outside"]);
+
+    // The policy can ask for strict too.
+    let strict = fx.policy("[confine]\nmode = \"strict\"\n");
+    let out = fx.run(&["--policy", strict.to_str().unwrap()], &ops, &no_landlock);
+    assert!(!out.status.success());
+    // And --confine=off overrides it.
+    let out = fx.run(
+        &["--policy", strict.to_str().unwrap(), "--confine=off"],
+        &ops,
+        &no_landlock,
+    );
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Rule: deny globs cannot be expressed to the kernel: strict refuses to start a server on a
+/// root that has them, best effort names them; `confine check` shows both, exiting 2.
+#[test]
+fn deny_globs_are_named_as_not_enforced() {
+    let fx = Fixture::new();
+    let policy_text = format!(
+        "[[root]]\npath = {:?}\nmode = \"read-write\"\nconsent = \"auto\"\ndeny = [\"**/.env\"]\n",
+        fx.p("rw")
+    );
+    let policy = fx.dir.join("globs.toml");
+    std::fs::write(&policy, policy_text).unwrap();
+    let ops = json!([["read", fx.p("rw/f.txt")]]);
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine=strict"],
+        &ops,
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("**/.env"), "{stderr}");
+
+    let check = Command::new(bin())
+        .args([
+            "confine",
+            "check",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--",
+            "python3",
+        ])
+        .arg(fx.dir.join("srv/probe.py"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(2), "{text}");
+    assert!(text.contains("**/.env"), "{text}");
+    assert!(
+        text.contains(&format!("read-write  {}", fx.p("rw"))),
+        "{text}"
+    );
+    assert!(
+        text.contains("probe.py") || text.contains(&fx.p("srv")),
+        "{text}"
+    );
+
+    // Without globs: every rule is enforced here, exit 0.
+    let check = Command::new(bin())
+        .args(["confine", "check", "--root", &fx.p("ro")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains(&format!("read        {}", fx.p("ro"))),
+        "{text}"
+    );
+}
+
+/// Rule: the audit log records the confinement applied at the server's start, and the log
+/// still verifies.
+#[test]
+fn the_audit_log_records_the_confinement() {
+    let fx = Fixture::new();
+    let log = fx.dir.join("audit.jsonl");
+    let policy = fx.policy(&format!("[audit]\npath = {:?}\n", log.to_str().unwrap()));
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine"],
+        &json!([["read", fx.p("ro/f.txt")]]),
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let confine: Value = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v["event"] == "confine")
+        .expect("a confine line");
+    let c = &confine["confinement"];
+    assert_eq!(c["mode"], "best-effort");
+    assert_eq!(c["enforced"], true);
+    let rules = c["rules"].as_array().unwrap();
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["path"] == fx.p("rw") && r["access"] == "read-write"),
+        "{c}"
+    );
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["path"] == fx.p("ro") && r["access"] == "read"),
+        "{c}"
+    );
+    assert!(
+        c["withheld"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(fx.p("denied"))),
+        "{c}"
+    );
+    let verify = Command::new(bin())
+        .args(["audit", "verify"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{verify:?}");
+}
+
+/// Rule: a reload that takes away a root the confined server was started with ends the
+/// server (`on_revoke = "end"`, the default): the host sees it exit. With `keep`, it runs on.
+#[test]
+fn revoking_a_root_ends_a_confined_server() {
+    for (extra, ends) in [("", true), ("[confine]\non_revoke = \"keep\"\n", false)] {
+        let fx = Fixture::new();
+        let policy = fx.policy(extra);
+        let mut child = Command::new(bin())
+            .args([
+                "proxy",
+                "--policy",
+                policy.to_str().unwrap(),
+                "--confine",
+                "--",
+            ])
+            .arg("python3")
+            .arg(fx.dir.join("srv/probe.py"))
+            .env("PROBE", "[]")
+            .env("PROBE_STAY", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(line.contains("probe"), "{line}");
+        // The policy without the read-write root, renamed over the old one.
+        let text = std::fs::read_to_string(&policy).unwrap();
+        let without = text.replacen("mode = \"read-write\"", "mode = \"read-only\"", 1);
+        let tmp = fx.dir.join("policy.toml.new");
+        std::fs::write(&tmp, without).unwrap();
+        std::fs::rename(&tmp, &policy).unwrap();
+        // The policy watcher waits out a short quiet period; `end` then has the server gone
+        // within the 3 s grace at most. `keep` is given time to (wrongly) end it too.
+        let wait = Duration::from_secs(if ends { 15 } else { 5 });
+        let deadline = std::time::Instant::now() + wait;
+        let mut status = None;
+        while std::time::Instant::now() < deadline {
+            if let Some(s) = child.try_wait().unwrap() {
+                status = Some(s);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if ends {
+            let status = status.expect("the server (and the proxy) ended after the revocation");
+            assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+        } else {
+            assert!(status.is_none(), "with keep, the server runs on");
+            drop(child.stdin.take());
+            let status = child.wait().unwrap();
+            assert!(status.success(), "{status:?}");
+        }
+    }
+}
