@@ -10,6 +10,8 @@
 //!   The server's `list_allowed_directories` reports exactly the broker's roots, follows
 //!   policy edits (a root added, a root removed) through `notifications/roots/list_changed`,
 //!   and its `read_text_file` works inside the roots and fails outside.
+//! - `host_confine.mjs`: the reference server started with `/` under `proxy --confine`
+//!   (directly and through `npx` from the local install): the kernel holds it to its roots.
 //! - `host_concurrent.mjs`: an SDK `Client` runs `server_files.mjs`, an SDK server whose tools
 //!   call `roots/list` (also in the middle of the handshake) and every `files/*` method on
 //!   the client, while the host keeps ~100 of its own requests in flight. Every result is
@@ -44,5 +46,30 @@ fn sdk_server_calls_every_files_method_while_the_host_is_busy() {
         "the host should have had many requests in flight at once: {s}"
     );
     assert_eq!(s["proxyExit"]["code"], 0);
+    println!("peers tested: {}", s["versions"]);
+}
+
+/// Issue 16: the reference filesystem server (started with `/`, directly and through `npx`
+/// from the local install) under `proxy --confine`: the kernel refuses what its roots do
+/// not allow, even when the server itself would try.
+#[test]
+fn reference_filesystem_server_is_held_to_its_roots_by_the_kernel() {
+    let s = run_peer("host_confine.mjs");
+    assert_eq!(s["test"], "host_confine");
+    for run in ["direct", "npx"] {
+        assert_eq!(s[run]["proxyExit"]["code"], 0, "{run}: {s}");
+        assert!(
+            s[run]["roWriteError"]
+                .as_str()
+                .is_some_and(|e| e.contains("EACCES")),
+            "{run}: {s}"
+        );
+    }
+    assert_eq!(s["noRoots"]["allowed"], serde_json::json!(["/"]));
+    assert_eq!(
+        s["noRoots"]["kernel"].as_object().map(|k| k.len()),
+        Some(5),
+        "{s}"
+    );
     println!("peers tested: {}", s["versions"]);
 }
