@@ -292,6 +292,7 @@ impl Session {
         struct Peer {
             name: Option<String>,
             protocol_version: Option<String>,
+            confinement: Option<serde_json::Value>,
         }
         let Some(peer) = params.and_then(|p| serde_json::from_str::<Peer>(p.get()).ok()) else {
             tracing::debug!(session = self.id(), "a peer notification without a name");
@@ -299,6 +300,17 @@ impl Session {
         };
         if let Some(version) = &peer.protocol_version {
             self.set_modern(crate::transport::modern::is_modern(version));
+        }
+        if let Some(mut confinement) = peer.confinement {
+            // The proxy's account of the sandbox it started its server in (`--confine`).
+            if let Some(c) = confinement.as_object_mut() {
+                c.insert("session".into(), serde_json::Value::from(self.id()));
+            }
+            if let Some(log) = self.broker.audit() {
+                if let Err(e) = log.confinement(confinement) {
+                    tracing::error!(error = %e, "cannot record a server's confinement");
+                }
+            }
         }
         let Some(name) = peer.name else { return };
         if self.state.peer_name().is_none() {

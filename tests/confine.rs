@@ -476,3 +476,54 @@ fn revoking_a_root_ends_a_confined_server() {
         }
     }
 }
+
+/// Rule: with a shared broker (`serve --listen` + `proxy --connect`), the proxy confines its
+/// server from the policy it is given, and the shared broker records the confinement.
+#[test]
+fn a_proxy_of_a_shared_broker_confines_and_the_broker_records_it() {
+    let fx = Fixture::new();
+    let log = fx.dir.join("audit.jsonl");
+    let policy = fx.policy(&format!("[audit]\npath = {:?}\n", log.to_str().unwrap()));
+    let sock = fx.dir.join("broker.sock");
+    let mut broker = Command::new(bin())
+        .args(["serve", "--policy", policy.to_str().unwrap(), "--listen"])
+        .arg(&sock)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !sock.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ops = json!([["read", fx.p("outside/f.txt")], ["read", fx.p("ro/f.txt")]]);
+    let out = fx.run(
+        &[
+            "--connect",
+            sock.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+            "--confine",
+        ],
+        &ops,
+        &[],
+    );
+    assert_eq!(results(&out), vec!["err:EACCES", "ok:in ro"]);
+    // The record reaches the log once the broker has read the proxy's note.
+    let mut found = None;
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        found = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["event"] == "confine");
+        if found.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = broker.kill();
+    let _ = broker.wait();
+    let c = found.expect("the shared broker recorded the confinement");
+    assert_eq!(c["confinement"]["enforced"], true, "{c}");
+    assert!(c["confinement"]["session"].is_u64(), "{c}");
+}

@@ -166,6 +166,17 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     // Makes the proxy's own ids (its questions to the broker, its retries) its own.
     let nonce = crate::locks::random_hex(8);
     let (mut broker, asker) = BrokerSide::start(link, to_server.clone(), &opts, &nonce).await?;
+    if let (BrokerSide::Remote { to_broker, .. }, Some(confine)) = (&broker, &opts.confine) {
+        // A shared broker records the confinement in its audit log, as a local one does.
+        let note = serde_json::json!({
+            "jsonrpc": "2.0",
+            "method": PEER_NOTIFICATION,
+            "params": { "confinement": confine.audit_record() },
+        });
+        let mut line = note.to_string().into_bytes();
+        line.push(b'\n');
+        let _ = to_broker.send(line.into()).await;
+    }
     let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
     let eras = Arc::new(Eras::new(asker, nonce));
 
