@@ -38,6 +38,22 @@ def run(op):
         if kind == "connect":
             socket.create_connection(("127.0.0.1", arg), timeout=5).close()
             return "ok"
+        if kind == "daemon":
+            # Leave a daemon behind: fork, setsid, fork again; it appends to `arg` for 30 s.
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    import time
+                    for _ in range(300):
+                        try:
+                            with open(arg, "a") as f:
+                                f.write(".")
+                        except OSError:
+                            pass
+                        time.sleep(0.1)
+                os._exit(0)
+            os.wait()
+            return "ok"
         if kind == "tmpdir":
             d = os.environ.get("TMPDIR", "/tmp")
             with open(os.path.join(d, "t"), "w") as f:
@@ -526,4 +542,66 @@ fn a_proxy_of_a_shared_broker_confines_and_the_broker_records_it() {
     let c = found.expect("the shared broker recorded the confinement");
     assert_eq!(c["confinement"]["enforced"], true, "{c}");
     assert!(c["confinement"]["session"].is_u64(), "{c}");
+}
+
+/// Rule: what a confined server leaves running (a daemon: fork, setsid, fork) ends with it,
+/// when it exits and when a revocation ends it: a Landlock domain outlives its process, and
+/// the daemon would keep the access.
+#[test]
+fn daemons_of_a_confined_server_end_with_it() {
+    let fx = Fixture::new();
+    let policy = fx.policy("");
+    let trace = fx.dir.join("rw/daemon.txt");
+    let growing = |trace: &Path| {
+        let before = std::fs::metadata(trace).map(|m| m.len()).unwrap_or(0);
+        std::thread::sleep(Duration::from_millis(600));
+        std::fs::metadata(trace).map(|m| m.len()).unwrap_or(0) > before
+    };
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine"],
+        &json!([["daemon", trace.to_str().unwrap()]]),
+        &[],
+    );
+    assert_eq!(results(&out), vec!["ok"]);
+    assert!(trace.exists(), "the daemon ran");
+    assert!(!growing(&trace), "the daemon outlived the confined server");
+
+    // Ended by a revocation: the daemon goes too.
+    std::fs::remove_file(&trace).unwrap();
+    let mut child = Command::new(bin())
+        .args([
+            "proxy",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--confine",
+            "--",
+        ])
+        .arg("python3")
+        .arg(fx.dir.join("srv/probe.py"))
+        .env(
+            "PROBE",
+            json!([["daemon", trace.to_str().unwrap()]]).to_string(),
+        )
+        .env("PROBE_STAY", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Held open: the host stays (`wait` would close it, and end the server by EOF).
+    let _host_stdin = child.stdin.take();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert!(growing(&trace), "the daemon runs");
+    let text = std::fs::read_to_string(&policy).unwrap();
+    let tmp = fx.dir.join("policy.toml.new");
+    std::fs::write(
+        &tmp,
+        text.replacen("mode = \"read-write\"", "mode = \"read-only\"", 1),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, &policy).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+    assert!(!growing(&trace), "the daemon outlived the revocation");
 }

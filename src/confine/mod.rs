@@ -13,6 +13,7 @@
 //! runs and says so on stderr, strict refuses to start. See docs/security.md, "Confinement".
 
 pub mod kernel;
+pub mod reap;
 pub mod runtime;
 
 use std::ffi::OsString;

@@ -128,12 +128,14 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         .kill_on_drop(true);
     if let Some(confine) = &opts.confine {
         confine.apply(&mut command);
+        // The server and everything it starts are ended together (crate::confine::reap).
+        crate::confine::reap::become_subreaper();
     }
     let mut child = command
         .spawn()
         .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))?;
-    if let (Some(end), Some(pid)) = (opts.end_server.take(), child.id()) {
-        tokio::spawn(end_server(end, pid));
+    if let (Some(end), true) = (opts.end_server.take(), opts.confine.is_some()) {
+        tokio::spawn(end_server(end));
     }
     let server_in = child
         .stdin
@@ -205,7 +207,26 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         },
         eras,
     };
-    relay_server(server_out, &relay, &mut broker, &init_id, opts.max_line).await;
+    let confined = opts.confine.is_some();
+    let mut exited = None;
+    {
+        let relayed = relay_server(server_out, &relay, &mut broker, &init_id, opts.max_line);
+        tokio::pin!(relayed);
+        if confined {
+            // A confined server's descendants may hold its stdout open after it exits (and
+            // keep its access): once it exits, they are ended, and the relay drains.
+            tokio::select! {
+                () = &mut relayed => {}
+                status = child.wait() => {
+                    exited = Some(status);
+                    end_orphans().await;
+                    relayed.await;
+                }
+            }
+        } else {
+            relayed.await;
+        }
+    }
 
     // The server closed its stdout: it is exiting. Stop reading the host, let the host see
     // everything the server said, and return the server's exit code.
@@ -214,7 +235,13 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     drop(relay);
     drop(to_server);
     broker.stop();
-    let status = child.wait().await?;
+    let status = match exited {
+        Some(status) => status?,
+        None => child.wait().await?,
+    };
+    if confined {
+        end_orphans().await;
+    }
     drop(to_host);
     if let Ok(Err(e)) = host_writer.await {
         tracing::debug!(error = %e, "host output");
@@ -222,28 +249,24 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     Ok(exit_code(status))
 }
 
-/// Ends the server (`pid`) once `end` resolves: SIGTERM, then SIGKILL after [`END_GRACE`].
-/// Signals go through a pidfd opened now, while the server cannot have been reaped, so they
-/// never reach another process that took its number.
-async fn end_server(end: EndServer, pid: u32) {
-    use rustix::process::{PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
-    let Some(pid) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return;
-    };
-    let Ok(pidfd) = pidfd_open(pid, PidfdFlags::empty()) else {
-        tracing::warn!(
-            "cannot watch the confined server (pidfd_open); it will not be ended on revocation"
-        );
-        return;
-    };
+/// Ends what a confined server left running (daemons keep its access): every child of the
+/// proxy, which is their reaper (crate::confine::reap).
+async fn end_orphans() {
+    tokio::task::spawn_blocking(crate::confine::reap::end_orphans)
+        .await
+        .ok();
+}
+
+/// Ends the confined server once `end` resolves: SIGTERM to it and to everything it started
+/// that became the proxy's child, then SIGKILL after [`END_GRACE`]. (Its own children still
+/// under it become the proxy's when it dies, and are ended then.)
+async fn end_server(end: EndServer) {
+    use rustix::process::Signal;
     let reason = end.await;
     tracing::warn!(%reason, "ending the confined server: access it was started with was revoked");
-    let _ = pidfd_send_signal(&pidfd, Signal::TERM);
+    crate::confine::reap::signal_children(Signal::TERM);
     tokio::time::sleep(END_GRACE).await;
-    let _ = pidfd_send_signal(&pidfd, Signal::KILL);
+    crate::confine::reap::signal_children(Signal::KILL);
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
