@@ -723,6 +723,12 @@ fn confine_check(args: &ServeArgs, command: &[std::ffi::OsString]) -> ExitCode {
             r.why
         ));
     }
+    if !plan.narrowed.is_empty() {
+        out.push_str("\nFrom the command line, but too broad or planted (narrowed or left out):\n");
+        for n in &plan.narrowed {
+            out.push_str(&format!("  - {n}\n"));
+        }
+    }
     if !plan.withheld.is_empty() {
         out.push_str("\nWithheld (nothing allowed):\n");
         for w in &plan.withheld {

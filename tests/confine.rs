@@ -38,6 +38,31 @@ def run(op):
         if kind == "connect":
             socket.create_connection(("127.0.0.1", arg), timeout=5).close()
             return "ok"
+        if kind == "mptcp":
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)
+            s.settimeout(5)
+            s.connect(("127.0.0.1", arg))
+            s.close()
+            return "ok"
+        if kind == "udp":
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close()
+            return "ok"
+        if kind == "unix":
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+            return "ok"
+        if kind == "chmod":
+            os.chmod(arg, 0o777)
+            return "ok"
+        if kind == "chown":
+            os.chown(arg, os.getuid(), os.getgid())
+            return "ok"
+        if kind == "xattr":
+            os.setxattr(arg, "user.fsbroker", b"x")
+            return "ok"
+        if kind == "tiocsti":
+            import fcntl, termios
+            fcntl.ioctl(2, termios.TIOCSTI, b"x")
+            return "ok"
         if kind == "daemon":
             # Leave a daemon behind: fork, setsid, fork again; it appends to `arg` for 30 s.
             if os.fork() == 0:
@@ -54,6 +79,8 @@ def run(op):
                 os._exit(0)
             os.wait()
             return "ok"
+        if kind == "tmpmode":
+            return "ok:" + oct(os.stat(os.environ["TMPDIR"]).st_mode & 0o777)
         if kind == "tmpdir":
             d = os.environ.get("TMPDIR", "/tmp")
             with open(os.path.join(d, "t"), "w") as f:
@@ -112,12 +139,23 @@ impl Fixture {
 
     /// `fsbroker proxy ARGS -- python3 probe.py` with `$PROBE = ops`, its stdin closed.
     fn run(&self, args: &[&str], ops: &Value, env: &[(&str, &str)]) -> Output {
+        self.run_script(args, &self.dir.join("srv/probe.py"), ops, env)
+    }
+
+    /// [`Fixture::run`] with the probe at `script`.
+    fn run_script(
+        &self,
+        args: &[&str],
+        script: &Path,
+        ops: &Value,
+        env: &[(&str, &str)],
+    ) -> Output {
         let mut cmd = Command::new(bin());
         cmd.arg("proxy")
             .args(args)
             .arg("--")
             .arg("python3")
-            .arg(self.dir.join("srv/probe.py"))
+            .arg(script)
             .env("PROBE", ops.to_string())
             .envs(env.iter().copied())
             .stdin(Stdio::null());
@@ -604,4 +642,221 @@ fn daemons_of_a_confined_server_end_with_it() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");
     assert!(!growing(&trace), "the daemon outlived the revocation");
+}
+
+/// Rule: what Landlock does not cover is refused by the seccomp filter beside it: IP sockets
+/// of any kind when `net` is off (MPTCP and UDP pass Landlock's TCP rules), mode, owner and
+/// extended-attribute changes by path (anywhere, even on files the server cannot read), and
+/// `TIOCSTI` (typing into a terminal it inherited). Unix sockets still work.
+#[test]
+fn what_landlock_misses_is_refused_by_seccomp() {
+    let fx = Fixture::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            drop(conn);
+        }
+    });
+    let policy = fx.policy("");
+    let ops = json!([
+        ["mptcp", port],
+        ["udp"],
+        ["unix"],
+        ["chmod", fx.p("outside/f.txt")],
+        ["chmod", fx.p("ro/f.txt")],
+        ["chown", fx.p("outside/f.txt")],
+        ["xattr", fx.p("outside/f.txt")],
+        ["tiocsti"],
+        ["write", fx.p("rw/still.txt")],
+    ]);
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine"],
+        &ops,
+        &[],
+    );
+    let r = results(&out);
+    assert_eq!(r[0], "err:EACCES", "MPTCP");
+    assert_eq!(r[1], "err:EACCES", "UDP");
+    assert_eq!(r[2], "ok", "Unix sockets");
+    for (i, what) in [
+        (3, "chmod outside"),
+        (4, "chmod in a read-only root"),
+        (5, "chown"),
+        (6, "setxattr"),
+        (7, "TIOCSTI"),
+    ] {
+        assert_eq!(r[i], "err:EPERM", "{what}");
+    }
+    assert_eq!(r[8], "ok");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(fx.dir.join("outside/f.txt"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_ne!(mode & 0o777, 0o777, "the mode outside is unchanged");
+    // With net allowed, IP sockets work again (TCP included).
+    let out = fx.run(
+        &[
+            "--policy",
+            fx.policy("[confine]\nnet = true\n").to_str().unwrap(),
+            "--confine",
+        ],
+        &json!([["udp"], ["connect", port]]),
+        &[],
+    );
+    assert_eq!(results(&out), vec!["ok", "ok"]);
+}
+
+/// `fsbroker confine check ARGS -- python3 SCRIPT EXTRA...` run in `cwd` with `env`; its text.
+fn check(
+    fx: &Fixture,
+    args: &[&str],
+    script: &Path,
+    extra: &[&str],
+    cwd: &Path,
+    env: &[(&str, &str)],
+) -> String {
+    let out = Command::new(bin())
+        .args(["confine", "check"])
+        .args(args)
+        .arg("--")
+        .arg("python3")
+        .arg(script)
+        .args(extra)
+        .current_dir(cwd)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let _ = fx;
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Rule: what the server's command line brings stays narrow. A symlink in a writable root
+/// (planted by an earlier run: `node_modules -> /`) grants nothing; a file argument other
+/// than the script grants that file alone; a script in the home directory grants the script,
+/// not the home; the private TMPDIR is the server's alone (0700); TLS private keys are not
+/// among the system files.
+#[test]
+fn grants_from_the_command_line_stay_narrow() {
+    let fx = Fixture::new();
+    let policy = fx.policy("");
+    let p = policy.to_str().unwrap();
+    let probe = fx.dir.join("srv/probe.py");
+
+    // A planted link, with the server started from inside its writable root.
+    std::os::unix::fs::symlink("/", fx.dir.join("rw/node_modules")).unwrap();
+    std::fs::write(fx.dir.join("srv/server.js"), "").unwrap();
+    let out = Command::new(bin())
+        .args(["confine", "check", "--policy", p, "--", "node"])
+        .arg(fx.dir.join("srv/server.js"))
+        .current_dir(fx.dir.join("rw"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.lines().any(|l| l
+            .trim_end()
+            .ends_with("  /  (where npx finds a locally installed package)")),
+        "{text}"
+    );
+    assert!(!text.contains("read+exec   /  "), "{text}");
+    assert!(
+        text.contains("not granted") && text.contains("node_modules"),
+        "{text}"
+    );
+
+    // A configuration file argument: the file alone.
+    let text = check(
+        &fx,
+        &["--policy", p],
+        &probe,
+        &["--config", "/etc/hostname"],
+        &fx.dir,
+        &[],
+    );
+    assert!(text.contains("read        /etc/hostname"), "{text}");
+    assert!(!text.contains("  /etc  "), "{text}");
+
+    // A script in the home directory: the script alone.
+    let home = fx.dir.join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(home.join(".secret"), "key").unwrap();
+    std::fs::copy(&probe, home.join("server.py")).unwrap();
+    let text = check(
+        &fx,
+        &["--policy", p],
+        &home.join("server.py"),
+        &[],
+        &fx.dir,
+        &[("HOME", home.to_str().unwrap())],
+    );
+    assert!(text.contains("narrowed"), "{text}");
+    assert!(
+        !text.contains(&format!("read+exec   {}  ", home.display())),
+        "{text}"
+    );
+    let out = fx.run_script(
+        &["--policy", p, "--confine"],
+        &home.join("server.py"),
+        &json!([
+            ["read", home.join(".secret").to_str().unwrap()],
+            ["tmpmode"]
+        ]),
+        &[("HOME", home.to_str().unwrap())],
+    );
+    assert_eq!(results(&out), vec!["err:EACCES", "ok:0o700"]);
+
+    // No TLS private keys among the system files.
+    let text = check(&fx, &["--policy", p], &probe, &[], &fx.dir, &[]);
+    assert!(
+        !text.contains("/etc/ssl  ") && !text.contains("/etc/ssl/private"),
+        "{text}"
+    );
+}
+
+/// Rule: a reload that withholds a root inside one the server holds (a `deny` root added
+/// within its read-write root) is a revocation: the server is ended.
+#[test]
+fn a_deny_root_added_inside_a_held_root_ends_the_server() {
+    let fx = Fixture::new();
+    std::fs::create_dir(fx.dir.join("rw/secret")).unwrap();
+    let policy = fx.policy("");
+    let mut child = Command::new(bin())
+        .args([
+            "proxy",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--confine",
+            "--",
+        ])
+        .arg("python3")
+        .arg(fx.dir.join("srv/probe.py"))
+        .env("PROBE", "[]")
+        .env("PROBE_STAY", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _host_stdin = child.stdin.take();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    let text = std::fs::read_to_string(&policy).unwrap();
+    let tmp = fx.dir.join("policy.toml.new");
+    std::fs::write(
+        &tmp,
+        format!(
+            "{text}\n[[root]]\npath = {:?}\nconsent = \"deny\"\n",
+            fx.p("rw/secret")
+        ),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, &policy).unwrap();
+    let status = common::with_deadline(
+        Duration::from_secs(20),
+        || {},
+        move || child.wait().unwrap(),
+    );
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
 }

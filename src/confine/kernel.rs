@@ -210,14 +210,17 @@ pub fn prepare(plan: &Plan, abi: i32) -> Result<Prepared, ConfineError> {
     Ok(Prepared { fd, absent })
 }
 
-/// Puts the calling process under the ruleset `fd`: `PR_SET_NO_NEW_PRIVS` (which Landlock
-/// requires of a process without `CAP_SYS_ADMIN`, and which keeps set-uid programs from
-/// gaining privileges inside), then `landlock_restrict_self(2)`.
+/// Puts the calling process under the ruleset `fd` (when the kernel has Landlock) and the
+/// seccomp `filter`: `PR_SET_NO_NEW_PRIVS` (which both require of a process without
+/// `CAP_SYS_ADMIN`, and which keeps set-uid programs from gaining privileges inside), the
+/// filter, then `landlock_restrict_self(2)`.
 ///
-/// Meant for the child between `fork` and `exec`: it makes two system calls, allocates
-/// nothing and takes no lock, so it is async-signal-safe.
-pub fn restrict_self(fd: RawFd) -> io::Result<()> {
+/// Meant for the child between `fork` and `exec`: it makes three system calls on memory built
+/// before the fork, allocates nothing and takes no lock, so it is async-signal-safe.
+pub fn restrict_self(fd: Option<RawFd>, filter: &super::seccomp::Filter) -> io::Result<()> {
     rustix::thread::set_no_new_privs(true)?;
+    filter.install()?;
+    let Some(fd) = fd else { return Ok(()) };
     // SAFETY: landlock_restrict_self(fd, 0) takes a descriptor and flags, both integers, and
     // touches no memory of ours; `fd` is the ruleset's, kept open by the caller past the fork.
     #[allow(unsafe_code)]

@@ -15,6 +15,7 @@
 pub mod kernel;
 pub mod reap;
 pub mod runtime;
+pub mod seccomp;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -96,6 +97,109 @@ pub struct Plan {
     pub net: bool,
     /// Rules of the policy Landlock cannot express, whatever the kernel.
     pub inexpressible: Vec<String>,
+    /// What the server's command line would have granted and was not, or was narrowed (too
+    /// broad, or reached through a symlink the server could have planted).
+    pub narrowed: Vec<String>,
+}
+
+/// Checks what a server's command line asks for ([`runtime::needs`]) against what must never
+/// be granted that way. A grant is narrowed (to the program's own directory, or the script
+/// alone) or dropped, and said so, when its path:
+/// - is `/`, the user's home, or a directory holding the home or a withheld root;
+/// - was reached through a symlink inside a writable root or `[confine] write` path (the
+///   server, or another, could have planted it there for its next run: `node_modules -> /`).
+///
+/// Every grant is made on the resolved path, which is what the kernel gets and what
+/// `confine check` and the audit log show.
+struct Guard {
+    home: Option<PathBuf>,
+    withheld: Vec<PathBuf>,
+    writable: Vec<PathBuf>,
+}
+
+impl Guard {
+    fn new(policy: &Policy) -> Guard {
+        let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        let mut writable: Vec<PathBuf> = policy
+            .roots()
+            .iter()
+            .filter(|r| r.mode() == Mode::ReadWrite)
+            .map(|r| r.path().to_path_buf())
+            .collect();
+        writable.extend(policy.confine().write.iter().map(|p| canonical(p)));
+        Guard {
+            home: std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .filter(|h| h.is_absolute())
+                .map(|h| canonical(&h)),
+            withheld: policy
+                .roots()
+                .iter()
+                .filter(|r| r.consent() != ConsentMode::Auto)
+                .map(|r| r.path().to_path_buf())
+                .collect(),
+            writable,
+        }
+    }
+
+    /// Why `path` (resolved) may not be granted for the server to run, if it may not.
+    fn too_broad(&self, path: &Path) -> Option<String> {
+        if path == Path::new("/") {
+            return Some("it is the whole file system".into());
+        }
+        if let Some(home) = &self.home {
+            if home.starts_with(path) {
+                return Some(format!("it holds the home directory {}", home.display()));
+            }
+        }
+        self.withheld
+            .iter()
+            .find(|r| r.starts_with(path))
+            .map(|r| format!("it holds the withheld root {}", r.display()))
+    }
+
+    /// The rule to grant for `need`, if any; what was narrowed or dropped goes to `notes`.
+    fn vet(&self, need: runtime::Need, notes: &mut Vec<String>) -> Option<Rule> {
+        let runtime::Need { mut rule, narrower } = need;
+        let asked = rule.path.clone();
+        let Ok(real) = asked.canonicalize() else {
+            // Absent: the kernel step leaves it out.
+            return Some(rule);
+        };
+        if real != asked && self.writable.iter().any(|w| asked.starts_with(w)) {
+            notes.push(format!(
+                "not granted: {} ({}) is a link to {} inside a writable path",
+                asked.display(),
+                rule.why,
+                real.display()
+            ));
+            return None;
+        }
+        rule.path = real;
+        if let Some(why) = self.too_broad(&rule.path) {
+            let narrower = narrower.and_then(|n| n.canonicalize().ok());
+            match narrower.filter(|n| self.too_broad(n).is_none()) {
+                Some(n) => {
+                    notes.push(format!(
+                        "narrowed: {} ({}) to {}: {why}",
+                        rule.path.display(),
+                        rule.why,
+                        n.display()
+                    ));
+                    rule.path = n;
+                }
+                None => {
+                    notes.push(format!(
+                        "not granted: {} ({}): {why}",
+                        rule.path.display(),
+                        rule.why
+                    ));
+                    return None;
+                }
+            }
+        }
+        Some(rule)
+    }
 }
 
 /// The confinement of a server with `command` (run in `cwd` with `PATH` `path`) under
@@ -112,24 +216,29 @@ pub fn plan(
         withheld,
         mut inexpressible,
     } = root_grants(policy);
+    let config = policy.confine();
+    let mut narrowed = Vec::new();
     if !command.is_empty() {
+        let guard = Guard::new(policy);
         for need in runtime::needs(command, cwd, path)? {
-            if !rules.iter().any(|r| r.path == need.path) {
-                rules.push(need);
+            let Some(rule) = guard.vet(need, &mut narrowed) else {
+                continue;
+            };
+            if !rules.iter().any(|r| r.path == rule.path) {
+                rules.push(rule);
             }
         }
     }
-    let config = policy.confine();
     for p in &config.read {
         rules.push(Rule {
-            path: p.clone(),
+            path: p.canonicalize().unwrap_or_else(|_| p.clone()),
             access: Access::ReadExec,
             why: "[confine] read".into(),
         });
     }
     for p in &config.write {
         rules.push(Rule {
-            path: p.clone(),
+            path: p.canonicalize().unwrap_or_else(|_| p.clone()),
             access: Access::ReadWrite,
             why: "[confine] write".into(),
         });
@@ -141,11 +250,12 @@ pub fn plan(
             why: "the server's private temporary directory (TMPDIR)".into(),
         });
     }
-    // A rule for anything that holds a withheld root would hand it over.
+    // A rule for anything that holds a withheld root, or lies in one, would hand it over.
     for w in &withheld {
-        for r in rules.iter().filter(|r| w.path.starts_with(&r.path)) {
+        let touches = |r: &&Rule| w.path.starts_with(&r.path) || r.path.starts_with(&w.path);
+        for r in rules.iter().filter(touches) {
             inexpressible.push(format!(
-                "{} ({}) holds the withheld root {}: the server can {} it",
+                "{} ({}) holds, or lies in, the withheld root {}: the server can {} it",
                 r.path.display(),
                 r.why,
                 w.path.display(),
@@ -162,6 +272,7 @@ pub fn plan(
         withheld,
         net: config.net,
         inexpressible,
+        narrowed,
     })
 }
 
@@ -262,16 +373,30 @@ impl Plan {
     /// no longer grants at the same access (a removed root, consent turned `deny` or
     /// `prompt`, read-write turned read-only), described.
     pub fn lost(&self, policy: &Policy) -> Vec<String> {
-        let now = root_grants(policy).rules;
-        self.rules
+        let now = root_grants(policy);
+        let mut lost: Vec<String> = self
+            .rules
             .iter()
             .filter(|r| r.why.starts_with("root "))
             .filter(|r| {
-                !now.iter()
+                !now.rules
+                    .iter()
                     .any(|n| n.path == r.path && (n.access == r.access || r.access == Access::Read))
             })
             .map(|r| format!("{} ({})", r.path.display(), r.why))
-            .collect()
+            .collect();
+        // A root now withheld inside one the server holds (a `deny` root added within it).
+        for w in &now.withheld {
+            if let Some(r) = self.rules.iter().find(|r| w.path.starts_with(&r.path)) {
+                lost.push(format!(
+                    "{} ({}), inside {} the server holds",
+                    w.path.display(),
+                    w.why,
+                    r.path.display()
+                ));
+            }
+        }
+        lost
     }
 
     /// What will not be enforced on a kernel with Landlock ABI `abi`: the plan's
@@ -322,10 +447,15 @@ pub fn mode(flag: Option<ConfineMode>, policy: &Policy) -> ConfineMode {
 
 /// A private temporary directory for a confined server (owner-only, removed when dropped).
 pub fn temp_dir() -> Result<tempfile::TempDir, ConfineError> {
-    tempfile::Builder::new()
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
         .prefix("fsbroker-server-")
         .tempdir()
-        .map_err(ConfineError::Temp)
+        .map_err(ConfineError::Temp)?;
+    // Whatever the umask made of it: the server's files are its own.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+        .map_err(ConfineError::Temp)?;
+    Ok(dir)
 }
 
 /// A confinement ready for the server's process: the plan, what the kernel will enforce of
@@ -343,6 +473,7 @@ pub struct Confinement {
     /// What a reload that takes access away does.
     pub on_revoke: crate::policy::OnRevoke,
     prepared: kernel::Prepared,
+    filter: std::sync::Arc<seccomp::Filter>,
     tmp: tempfile::TempDir,
 }
 
@@ -372,6 +503,7 @@ impl Confinement {
             gaps,
             on_revoke: policy.confine().on_revoke,
             prepared,
+            filter: std::sync::Arc::new(seccomp::Filter::new(policy.confine().net)),
             tmp,
         })
     }
@@ -391,16 +523,17 @@ impl Confinement {
         if std::env::var_os("XDG_CACHE_HOME").is_none() {
             cmd.env("XDG_CACHE_HOME", tmp.join("cache"));
         }
-        if let Some(fd) = self.prepared.raw_fd() {
-            // SAFETY: the closure runs in the child between fork and exec, where only
-            // async-signal-safe work is sound. `restrict_self` makes two system calls
-            // (prctl, landlock_restrict_self) on `fd`, allocates nothing and takes no lock.
-            // `fd` stays open in the parent while `self` lives, which is past the spawn; it
-            // is close-on-exec, so the server does not inherit it.
-            #[allow(unsafe_code)]
-            unsafe {
-                cmd.pre_exec(move || kernel::restrict_self(fd));
-            }
+        let fd = self.prepared.raw_fd();
+        let filter = std::sync::Arc::clone(&self.filter);
+        // SAFETY: the closure runs in the child between fork and exec, where only
+        // async-signal-safe work is sound. `restrict_self` makes three system calls (prctl
+        // twice, landlock_restrict_self) on memory built before the fork (the filter, kept
+        // alive by the Arc the closure owns) and on `fd`; it allocates nothing and takes no
+        // lock. `fd` stays open in the parent while `self` lives, which is past the spawn;
+        // it is close-on-exec, so the server does not inherit it.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || kernel::restrict_self(fd, &filter));
         }
     }
 
@@ -437,6 +570,7 @@ impl Confinement {
             self.plan.withheld.len(),
             if self.plan.net { "allowed" } else { "refused" }
         )];
+        lines.extend(self.plan.narrowed.iter().cloned());
         lines.extend(self.gaps.rules.iter().map(|g| format!("NOT ENFORCED: {g}")));
         lines.extend(
             self.gaps

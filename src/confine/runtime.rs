@@ -30,9 +30,9 @@ use super::{Access, ConfineError, Rule};
 /// System directories a runtime reads and runs programs from.
 const SYSTEM_DIRS: [&str; 7] = ["/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/opt"];
 
-/// Files of `/etc` (and directories of certificates) a runtime reads at start or in normal
-/// work; nothing that holds a secret.
-const SYSTEM_FILES: [&str; 17] = [
+/// Files of `/etc` (and directories of public certificates) a runtime reads at start or in
+/// normal work; nothing that holds a secret (not `/etc/ssl/private`, not `/etc/pki/tls/private`).
+const SYSTEM_FILES: [&str; 19] = [
     "/etc/ld.so.cache",
     "/etc/ld.so.conf",
     "/etc/ld.so.conf.d",
@@ -47,9 +47,11 @@ const SYSTEM_FILES: [&str; 17] = [
     "/etc/resolv.conf",
     "/etc/os-release",
     "/etc/mime.types",
-    "/etc/ssl",
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
     "/etc/ca-certificates",
-    "/etc/pki",
+    "/etc/pki/tls/certs",
+    "/etc/pki/ca-trust",
 ];
 
 /// Machine-wide `/proc` files runtimes read (CPU count, memory); no process's own files.
@@ -74,42 +76,47 @@ const DEVICES: [&str; 5] = [
 /// How many `#!` interpreters deep the search goes (a script run by a script …).
 const MAX_INTERPRETERS: usize = 4;
 
+/// What a server needs: a rule, and the narrower path to grant instead when the rule's
+/// turns out too broad (see `super::plan`).
+#[derive(Debug, Clone)]
+pub struct Need {
+    /// The rule.
+    pub rule: Rule,
+    /// A narrower grant that still lets the server run (the program's own directory instead
+    /// of its prefix, the script instead of its directory).
+    pub narrower: Option<PathBuf>,
+}
+
 /// The rules a server with this command line needs to run, `cwd` its working directory and
 /// `path` its `PATH`.
 pub fn needs(
     command: &[OsString],
     cwd: &Path,
     path: Option<&OsStr>,
-) -> Result<Vec<Rule>, ConfineError> {
-    let mut rules = Vec::new();
-    let mut add = |path: PathBuf, access: Access, why: String| {
-        if !rules.iter().any(|r: &Rule| r.path == path) {
-            rules.push(Rule { path, access, why });
+) -> Result<Vec<Need>, ConfineError> {
+    let mut rules: Vec<Need> = Vec::new();
+    let mut add = |path: PathBuf, access: Access, why: String, narrower: Option<PathBuf>| {
+        if !rules.iter().any(|r| r.rule.path == path) {
+            rules.push(Need {
+                rule: Rule { path, access, why },
+                narrower,
+            });
         }
     };
     for dir in SYSTEM_DIRS {
-        add(
-            dir.into(),
-            Access::ReadExec,
-            "system programs and libraries".into(),
-        );
+        let why = "system programs and libraries";
+        add(dir.into(), Access::ReadExec, why.into(), None);
     }
     for file in SYSTEM_FILES {
-        add(
-            file.into(),
-            Access::Read,
-            "system configuration a runtime reads".into(),
-        );
+        let why = "system configuration a runtime reads";
+        add(file.into(), Access::Read, why.into(), None);
     }
     for file in PROC_FILES {
-        add(
-            file.into(),
-            Access::Read,
-            "machine information a runtime reads".into(),
-        );
+        let why = "machine information a runtime reads";
+        add(file.into(), Access::Read, why.into(), None);
     }
     for dev in DEVICES {
-        add(dev.into(), Access::Device, "standard device".into());
+        add(dev.into(), Access::Device, "standard device".into(), None);
     }
 
     let (program, args) = command
@@ -126,21 +133,13 @@ pub fn needs(
         let Some(exe) = next.take() else { break };
         let name = exe.file_name().map(|n| n.to_string_lossy().into_owned());
         node |= matches!(name.as_deref(), Some("node" | "npx" | "npm"));
-        for dir in installation(&exe) {
-            add(
-                dir,
-                Access::ReadExec,
-                format!("the installation of {}", exe.display()),
-            );
-        }
-        if let Ok(real) = exe.canonicalize() {
-            node |= real.to_string_lossy().contains("/node_modules/npm/");
-            for dir in installation(&real) {
-                add(
-                    dir,
-                    Access::ReadExec,
-                    format!("the installation of {}", real.display()),
-                );
+        let real = exe.canonicalize().ok();
+        for exe in std::iter::once(&exe).chain(real.as_ref()) {
+            node |= exe.to_string_lossy().contains("/node_modules/npm/");
+            let own = exe.parent().map(Path::to_path_buf);
+            for dir in installation(exe) {
+                let why = format!("the installation of {}", exe.display());
+                add(dir, Access::ReadExec, why, own.clone());
             }
         }
         next = interpreter(&exe, cwd, path);
@@ -148,6 +147,9 @@ pub fn needs(
             node |= interp.file_name().is_some_and(|n| n == "node");
         }
     }
+    // The first argument naming a file is the script: the code around it is granted. Any
+    // other file argument (a configuration) is granted alone.
+    let mut script_seen = false;
     for arg in args {
         let p = Path::new(arg);
         let p = if p.is_relative() {
@@ -159,12 +161,14 @@ pub fn needs(
             continue;
         }
         let p = p.canonicalize().unwrap_or(p);
+        if std::mem::replace(&mut script_seen, true) {
+            let why = format!("a file named on the command line, {}", p.display());
+            add(p.clone(), Access::Read, why, None);
+            continue;
+        }
         // Packages run their own programs (`node_modules/.bin`, native helpers).
-        add(
-            code_around(&p),
-            Access::ReadExec,
-            format!("the code of the script {}", p.display()),
-        );
+        let why = format!("the code of the script {}", p.display());
+        add(code_around(&p), Access::ReadExec, why, Some(p.clone()));
         node |= p
             .extension()
             .is_some_and(|e| e == "js" || e == "mjs" || e == "cjs");
@@ -174,11 +178,8 @@ pub fn needs(
             for name in ["node_modules", "package.json"] {
                 let p = dir.join(name);
                 if p.exists() {
-                    add(
-                        p,
-                        Access::ReadExec,
-                        "where npx finds a locally installed package".into(),
-                    );
+                    let why = "where npx finds a locally installed package";
+                    add(p, Access::ReadExec, why.into(), None);
                 }
             }
         }

@@ -1,0 +1,203 @@
+//! A seccomp filter beside the Landlock domain, for what Landlock does not cover:
+//! - IP sockets when `[confine] net` is off. Landlock's TCP rules (ABI 4) see plain TCP only;
+//!   MPTCP (`IPPROTO_MPTCP`), SCTP and UDP sockets pass. The filter refuses `socket(2)` for
+//!   `AF_INET` and `AF_INET6` altogether;
+//! - metadata changes by path (`chmod`, `fchmodat`, `chown` and kin, extended attributes):
+//!   Landlock does not restrict them, so a confined server could change the mode or owner of
+//!   any file it cannot even read;
+//! - `TIOCSTI`/`TIOCLINUX` on a descriptor it inherited (its stderr may be the user's
+//!   terminal): typing commands into the user's shell;
+//! - io_uring, whose operations do not pass through the filter.
+//!
+//! Refused calls fail with `EACCES` (sockets) or `EPERM`; the process goes on. Calls of
+//! another architecture's ABI (x32, i386 on x86-64) are refused altogether, so none of the
+//! above is reachable by another syscall number.
+//!
+//! The program is built before the fork; the child installs it with one `prctl(2)` after
+//! `PR_SET_NO_NEW_PRIVS` ([`install`]).
+
+use std::io;
+
+/// A compiled seccomp program.
+#[derive(Debug)]
+pub struct Filter {
+    program: Vec<libc::sock_filter>,
+}
+
+const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+
+/// Offsets in `struct seccomp_data`.
+const NR: u32 = 0;
+const ARCH: u32 = 4;
+/// The low 32 bits of argument `n` (little-endian).
+const fn arg(n: u32) -> u32 {
+    16 + 8 * n
+}
+
+/// `AUDIT_ARCH_*` of this build (linux/audit.h: EM_* | 64-bit | little-endian).
+#[cfg(target_arch = "x86_64")]
+const NATIVE_ARCH: u32 = 0xC000_003E;
+#[cfg(target_arch = "aarch64")]
+const NATIVE_ARCH: u32 = 0xC000_00B7;
+
+/// System calls refused outright: metadata by path, ownership, extended attributes,
+/// io_uring.
+fn refused() -> Vec<libc::c_long> {
+    let mut calls = vec![
+        libc::SYS_fchmodat,
+        libc::SYS_fchownat,
+        libc::SYS_fchown,
+        libc::SYS_setxattr,
+        libc::SYS_lsetxattr,
+        libc::SYS_fsetxattr,
+        libc::SYS_removexattr,
+        libc::SYS_lremovexattr,
+        libc::SYS_fremovexattr,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        // fchmodat2 (Linux 6.6), setxattrat and removexattrat (6.13): the same numbers on
+        // every architecture.
+        452,
+        463,
+        466,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([libc::SYS_chmod, libc::SYS_chown, libc::SYS_lchown]);
+    calls
+}
+
+/// One instruction, its jumps given as labels until [`assemble`] resolves them.
+enum Insn {
+    Load(u32),
+    /// Jump to the label when equal to `k` (else fall through).
+    JumpIfEq(u32, &'static str),
+    /// Jump to the label when at least `k`.
+    JumpIfGe(u32, &'static str),
+    Ret(u32),
+    Label(&'static str),
+}
+
+fn assemble(insns: &[Insn]) -> Vec<libc::sock_filter> {
+    let mut at = std::collections::HashMap::new();
+    let mut n = 0usize;
+    for insn in insns {
+        match insn {
+            Insn::Label(name) => {
+                at.insert(*name, n);
+            }
+            _ => n += 1,
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for insn in insns {
+        let here = out.len();
+        let skip = |label: &str| -> u8 {
+            // Jumps only go forward, and the program is short.
+            u8::try_from(at[label] - here - 1).unwrap_or(u8::MAX)
+        };
+        let (code, jt, jf, k) = match insn {
+            Insn::Label(_) => continue,
+            Insn::Load(offset) => (LD_W_ABS, 0, 0, *offset),
+            Insn::JumpIfEq(k, label) => (JEQ_K, skip(label), 0, *k),
+            Insn::JumpIfGe(k, label) => (JGE_K, skip(label), 0, *k),
+            Insn::Ret(k) => (RET_K, 0, 0, *k),
+        };
+        out.push(libc::sock_filter { code, jt, jf, k });
+    }
+    out
+}
+
+impl Filter {
+    /// The filter for a server with TCP allowed (`net`) or not.
+    pub fn new(net: bool) -> Filter {
+        use Insn::*;
+        let errno = |e: i32| libc::SECCOMP_RET_ERRNO | (e as u32 & libc::SECCOMP_RET_DATA);
+        let mut p = vec![
+            Load(ARCH),
+            JumpIfEq(NATIVE_ARCH, "native"),
+            Ret(errno(libc::EPERM)),
+            Label("native"),
+            Load(NR),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        p.push(JumpIfGe(0x4000_0000, "deny")); // x32 numbers
+        for call in refused() {
+            p.push(JumpIfEq(call as u32, "deny"));
+        }
+        p.push(JumpIfEq(libc::SYS_ioctl as u32, "ioctl"));
+        if !net {
+            p.push(JumpIfEq(libc::SYS_socket as u32, "socket"));
+        }
+        p.extend([
+            Ret(libc::SECCOMP_RET_ALLOW),
+            Label("ioctl"),
+            Load(arg(1)),
+            JumpIfEq(libc::TIOCSTI as u32, "deny"),
+            JumpIfEq(libc::TIOCLINUX as u32, "deny"),
+            Ret(libc::SECCOMP_RET_ALLOW),
+            Label("socket"),
+            Load(arg(0)),
+            JumpIfEq(libc::AF_INET as u32, "noaccess"),
+            JumpIfEq(libc::AF_INET6 as u32, "noaccess"),
+            Ret(libc::SECCOMP_RET_ALLOW),
+            Label("noaccess"),
+            Ret(errno(libc::EACCES)),
+            Label("deny"),
+            Ret(errno(libc::EPERM)),
+        ]);
+        Filter {
+            program: assemble(&p),
+        }
+    }
+
+    /// Installs the filter on the calling thread (and what it runs). Requires
+    /// `PR_SET_NO_NEW_PRIVS`, set first. Async-signal-safe: one system call on memory built
+    /// before the fork, nothing allocated.
+    pub fn install(&self) -> io::Result<()> {
+        let prog = libc::sock_fprog {
+            len: u16::try_from(self.program.len()).unwrap_or(u16::MAX),
+            filter: self.program.as_ptr().cast_mut(),
+        };
+        // SAFETY: `prog` points at `self.program`, which lives (unchanged) for the whole call;
+        // the kernel copies the program before returning and keeps no pointer to it.
+        #[allow(unsafe_code)]
+        let done = unsafe {
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            )
+        };
+        if done != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jumps_land_on_their_labels() {
+        let f = Filter::new(false);
+        // The last two instructions are the EACCES and EPERM returns every jump ends at.
+        let n = f.program.len();
+        for (i, insn) in f.program.iter().enumerate() {
+            if insn.code == JEQ_K || insn.code == JGE_K {
+                let target = i + 1 + usize::from(insn.jt);
+                assert!(target < n, "jump {i} past the end");
+                let class = f.program[target].code & 0x07;
+                assert!(
+                    class == 0x06 || class == 0x00,
+                    "jump {i} lands on a return or a load"
+                );
+            }
+        }
+    }
+}
