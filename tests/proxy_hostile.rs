@@ -41,7 +41,9 @@ for line in sys.stdin.buffer:
     p = msg.get("params") or {}
     name = p.get("name") or msg["method"]
     args = p.get("arguments") or {}
-    if "inputResponses" in p and name not in ("forever", "hang"):
+    if name == "retry_garbage" and "inputResponses" in p:
+        raw(b'{"jsonrpc":"2.0","id":' + idj.encode() + b',"result":{"resultType":"complete","content":[{"type":"text","text":"caf\xff"}]}}')
+    elif "inputResponses" in p and name not in ("forever", "hang"):
         send({"jsonrpc": "2.0", "id": i, "result": {"resultType": "complete",
               "got": p["inputResponses"], "id": i}})
     elif name == "escaped":
@@ -50,6 +52,13 @@ for line in sys.stdin.buffer:
         raw('{"jsonrpc":"2.0","id":%s,"result":{"resultType":"input_required","inputRequests":{"r":{"method":"%s","method":"%s"}},"requestState":"s"}}' % (idj, args["first"], args["last"]))
     elif name == "dup_id":
         raw('{"jsonrpc":"2.0","id":%s,"id":%s,"result":{"resultType":"input_required","inputRequests":%s}}' % (idj, idj, ROOTS))
+    elif name == "latin1":
+        raw(b'{"jsonrpc":"2.0","id":' + idj.encode() + b',"result":{"content":[{"type":"text","text":"files/report.txt caf\xff"}]}}')
+    elif name == "dup_ids":
+        raw('{"jsonrpc":"2.0",' + '"id":9,' * 5000 + '"result":{"text":"roots/list"}}')
+    elif name == "retry_garbage":
+        send({"jsonrpc": "2.0", "id": i, "result": {"resultType": "input_required",
+              "inputRequests": {"r": {"method": "roots/list"}}}})
     elif name == "dup_type":
         raw('{"jsonrpc":"2.0","id":%s,"result":{"resultType":"input_required","resultType":"complete","inputRequests":%s}}' % (idj, ROOTS))
     elif name == "respelled":
@@ -110,7 +119,7 @@ impl Host {
             .arg(dir.join("server.py"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::null())
             .envs(env.iter().copied())
             .spawn()
             .unwrap();
@@ -424,5 +433,38 @@ fn lines_written_before_the_first_request_are_checked() {
             .any(|a| a["result"]["resultType"] == "complete"),
         "{answers:?}"
     );
+    host.finish();
+}
+
+/// Rule: a host request whose answer the proxy cannot read one way only still gets an answer:
+/// an error under its own id (a tool result with a byte that is not UTF-8 beside a `files/`
+/// path, in either era; the server's answer to a retry of the proxy's), never silence, never
+/// the proxy's retry id; and a line writing its id 5000 times gets one error per distinct id.
+#[test]
+fn unreadable_answers_still_answer_the_host() {
+    let (_t, dir) = tempdir();
+    let mut host = Host::start(&dir);
+    for (id, meta) in [(60, false), (61, true)] {
+        let mut params = json!({"name": "latin1", "arguments": {}});
+        if meta {
+            params["_meta"] = envelope();
+        }
+        host.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}));
+        let r: Value = serde_json::from_slice(&host.next()).unwrap();
+        assert_eq!(r["id"], id, "{r}");
+        assert_eq!(r["error"]["code"], -32600, "{r}");
+    }
+
+    let r = host.call(json!(62), "retry_garbage", json!({}));
+    assert_eq!(r["id"], 62, "the host's own id, not the retry's: {r}");
+    assert!(r["error"].is_object(), "{r}");
+
+    host.send(json!({"jsonrpc": "2.0", "id": 63, "method": "tools/call",
+        "params": {"name": "dup_ids", "arguments": {}, "_meta": envelope()}}));
+    let r: Value = serde_json::from_slice(&host.next()).unwrap();
+    assert_eq!(r["id"], 9, "{r}");
+    // Then the next answer, with nothing in between.
+    let r = host.call(json!(64), "plain", json!({}));
+    assert_eq!(r["id"], 64, "one error for the 5000 ids: {r}");
     host.finish();
 }

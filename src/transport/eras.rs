@@ -53,6 +53,9 @@ pub const ROUNDS_AT_ONCE: usize = 2;
 /// server then asks again).
 pub const MAX_STASHED: usize = 256;
 
+/// Errors sent for one unreadable message, at most: one per distinct id it carries.
+const MAX_UNREADABLE_IDS: usize = 8;
+
 /// Bytes of the broker's answers waiting for the host's retry; past this, the oldest are let
 /// go.
 pub const MAX_STASHED_BYTES: usize = 32 << 20;
@@ -446,13 +449,20 @@ impl Eras {
         &self,
         line: Vec<u8>,
         mut ids: Vec<Value>,
-        request: bool,
+        mut request: bool,
         out: &Outputs,
     ) -> Option<Vec<u8>> {
         if ids.is_empty() {
-            let (id, _) = envelope_of(&line);
+            // Not read at all: the lenient envelope says what it can (a reader that does not
+            // check the bytes of strings it skips reads more lines).
+            let (id, method) = envelope_of(&line);
             ids.extend(id.and_then(|id| serde_json::from_str::<Value>(&id).ok()));
+            request = method;
         }
+        // One answer per distinct id, and few: a line may write its id any number of times.
+        let mut seen = std::collections::HashSet::new();
+        ids.retain(|id| modern::id_key(id).is_some_and(|k| seen.insert(k)));
+        ids.truncate(MAX_UNREADABLE_IDS);
         let kept: Vec<Kept> = {
             let mut state = self.state();
             ids.iter()
@@ -460,16 +470,40 @@ impl Eras {
                 .filter_map(|k| state.take(&k))
                 .collect()
         };
-        if !super::proxy::names_broker_method(&line) {
-            return Some(line);
+        let names = super::proxy::names_broker_method(&line);
+        let err = Error::new(
+            ErrorKind::InvalidRequest,
+            if names {
+                "fsbroker: a message that is not valid JSON-RPC read one way only, naming a method the broker answers"
+            } else {
+                "fsbroker: the server's answer to the proxy's retry is not valid JSON-RPC read one way only"
+            },
+        );
+        let errors = |ids: Vec<Box<RawValue>>| {
+            let mut frames: Vec<u8> = Vec::new();
+            for id in ids {
+                frames.extend(jsonrpc::error_frame(Some(&id), &err));
+            }
+            frames.truncate(frames.trim_ascii_end().len());
+            (!frames.is_empty()).then_some(frames)
+        };
+        if !names {
+            // As written, unless it answers a retry of the proxy's: its id is not the host's,
+            // and a line the proxy cannot read cannot be given the host's id.
+            let retried: Vec<Box<RawValue>> = kept
+                .into_iter()
+                .filter(|k| k.rounds > 0)
+                .map(|k| k.host_id)
+                .collect();
+            return if retried.is_empty() {
+                Some(line)
+            } else {
+                errors(retried)
+            };
         }
         tracing::warn!(
             len = line.len(),
             "a message from the server that reads more than one way and names a broker method was not passed on"
-        );
-        let err = Error::new(
-            ErrorKind::InvalidRequest,
-            "fsbroker: a message that is not valid JSON-RPC read one way only, naming a method the broker answers",
         );
         let raw = |v: &Value| RawValue::from_string(v.to_string()).ok();
         if request && kept.is_empty() {
@@ -480,17 +514,11 @@ impl Eras {
             }
             return None;
         }
-        let mut frames: Vec<u8> = Vec::new();
-        let host_ids: Vec<Box<RawValue>> = if kept.is_empty() {
-            ids.iter().filter_map(raw).collect()
+        if kept.is_empty() {
+            errors(ids.iter().filter_map(raw).collect())
         } else {
-            kept.into_iter().map(|k| k.host_id).collect()
-        };
-        for id in host_ids {
-            frames.extend(jsonrpc::error_frame(Some(&id), &err));
+            errors(kept.into_iter().map(|k| k.host_id).collect())
         }
-        frames.truncate(frames.trim_ascii_end().len());
-        (!frames.is_empty()).then_some(frames)
     }
 
     /// The host's view of an `input_required` result whose broker input requests the proxy

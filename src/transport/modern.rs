@@ -195,9 +195,10 @@ pub fn check_response(line: &[u8]) -> Checked {
         .ok()
         .and_then(|text| serde_json::from_str::<Skeleton>(text).ok());
     let Some(sk) = sk else {
+        // Its ids and whether it is a request are left to a more lenient reading.
         return Checked::Unreadable {
             ids: Vec::new(),
-            request: true,
+            request: false,
         };
     };
     let request = sk.method.is_some();
