@@ -404,6 +404,10 @@ impl Running {
     /// what it is (`audit verify` reports the run, exit 3).
     fn run<T>(&self, main: impl std::future::Future<Output = T>) -> Result<T, i32> {
         let result = self.runtime.block_on(async {
+            // The stop signals are caught from before `main` is first polled: a request it
+            // answers at once must not leave a window in which SIGTERM still kills the broker
+            // unsealed (the handlers are installed when the streams are made, not when polled).
+            let stop = stop_signal();
             let hup = Arc::clone(&self.broker);
             let hangups = tokio::spawn(async move {
                 let Ok(mut signal) =
@@ -419,7 +423,7 @@ impl Running {
             tokio::pin!(main);
             let result = tokio::select! {
                 result = &mut main => Ok(result),
-                signal = stop_signal() => {
+                signal = stop => {
                     tracing::info!(signal, "stopping: no new requests; the running ones finish first");
                     self.broker.stop();
                     match tokio::time::timeout(STOP_GRACE, &mut main).await {
@@ -452,18 +456,22 @@ impl Running {
 /// How long a stopping broker waits for the requests it took to finish.
 const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Waits for SIGTERM or SIGINT; returns its number.
-async fn stop_signal() -> i32 {
+/// Installs the SIGTERM and SIGINT handlers now; the future waits for either and returns its
+/// number.
+fn stop_signal() -> impl std::future::Future<Output = i32> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => libc::SIGTERM,
-        _ = int.recv() => libc::SIGINT,
+    let streams = signal(SignalKind::terminate()).and_then(|term| {
+        let int = signal(SignalKind::interrupt())?;
+        Ok((term, int))
+    });
+    async move {
+        let Ok((mut term, mut int)) = streams else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => libc::SIGTERM,
+            _ = int.recv() => libc::SIGINT,
+        }
     }
 }
 
