@@ -54,6 +54,13 @@ for line in sys.stdin.buffer:
         raw('{"jsonrpc":"2.0","id":%s,"id":%s,"result":{"resultType":"input_required","inputRequests":%s}}' % (idj, idj, ROOTS))
     elif name == "latin1":
         raw(b'{"jsonrpc":"2.0","id":' + idj.encode() + b',"result":{"content":[{"type":"text","text":"files/report.txt caf\xff"}]}}')
+    elif name == "nan":
+        # Python's json writes NaN, which no strict parser reads; beside a files/ path.
+        raw('{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"files/report.txt"}],"score":NaN}}' % idj)
+    elif name == "wide":
+        # An input_required result with more members than the proxy keeps.
+        junk = "".join('"m%d":0,' % n for n in range(100000))
+        raw('{"jsonrpc":"2.0","id":%s,"result":{%s"resultType":"input_required","inputRequests":%s}}' % (idj, junk, ROOTS))
     elif name == "dup_ids":
         raw('{"jsonrpc":"2.0",' + '"id":9,' * 5000 + '"result":{"text":"roots/list"}}')
     elif name == "retry_garbage":
@@ -466,5 +473,19 @@ fn unreadable_answers_still_answer_the_host() {
     // Then the next answer, with nothing in between.
     let r = host.call(json!(64), "plain", json!({}));
     assert_eq!(r["id"], 64, "one error for the 5000 ids: {r}");
+
+    // A NaN: no parser reads the line, a scan of its top level still finds the id.
+    let r = host.call(json!(65), "nan", json!({}));
+    assert_eq!(r["id"], 65, "{r}");
+    assert_eq!(r["error"]["code"], -32600, "{r}");
+
+    // An input_required result too wide to keep: an error, not a detour, not a hang.
+    host.send(json!({"jsonrpc": "2.0", "id": 66, "method": "tools/call",
+        "params": {"name": "wide", "arguments": {}, "_meta": envelope()}}));
+    let line = host.next();
+    assert_no_broker_method(&line);
+    let r: Value = serde_json::from_slice(&line).unwrap();
+    assert_eq!(r["id"], 66, "{r}");
+    assert!(r["error"].is_object(), "{r}");
     host.finish();
 }

@@ -456,8 +456,14 @@ impl Eras {
             // Not read at all: the lenient envelope says what it can (a reader that does not
             // check the bytes of strings it skips reads more lines).
             let (id, method) = envelope_of(&line);
-            ids.extend(id.and_then(|id| serde_json::from_str::<Value>(&id).ok()));
-            request = method;
+            match id.and_then(|id| serde_json::from_str::<Value>(&id).ok()) {
+                Some(id) => {
+                    ids.push(id);
+                    request = method;
+                }
+                // Not even that (a `NaN` somewhere): what a scan of the top level finds.
+                None => (ids, request) = modern::lenient_envelope(&line),
+            }
         }
         // One answer per distinct id, and few: a line may write its id any number of times.
         let mut seen = std::collections::HashSet::new();

@@ -274,6 +274,86 @@ pub fn check_response(line: &[u8]) -> Checked {
     })
 }
 
+/// The `id` members at the top level of a line no JSON parser reads (a `NaN`, a stray byte,
+/// a cut-off end), and whether it has a top-level `method` (may be a request), found by a
+/// scan that follows only strings and nesting, so the request it answers can still get an
+/// error. At most [`MAX_IDS`] ids, distinct; ids that do not parse (`NaN`) are left out.
+pub fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
+    let mut ids: Vec<Value> = Vec::new();
+    let mut method = false;
+    let mut depth = 0usize;
+    let mut expect_key = false;
+    let mut i = 0;
+    while i < line.len() && ids.len() < MAX_IDS {
+        match line[i] {
+            b'"' => {
+                let end = string_end(line, i);
+                let key = expect_key && depth == 1;
+                let name = &line[i..end];
+                expect_key = false;
+                i = end;
+                let name = if key {
+                    serde_json::from_slice::<String>(name).ok()
+                } else {
+                    None
+                };
+                method |= name.as_deref() == Some("method");
+                if name.as_deref() == Some("id") {
+                    let at = skip_ws(line, end);
+                    if line.get(at) == Some(&b':') {
+                        let start = skip_ws(line, at + 1);
+                        let stop = match line.get(start) {
+                            Some(b'"') => string_end(line, start),
+                            _ => line[start..]
+                                .iter()
+                                .position(|b| {
+                                    matches!(b, b',' | b'}' | b']') || b.is_ascii_whitespace()
+                                })
+                                .map_or(line.len(), |p| start + p),
+                        };
+                        if let Ok(id) = serde_json::from_slice::<Value>(&line[start..stop]) {
+                            if id_key(&id).is_some() && !ids.contains(&id) {
+                                ids.push(id);
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+            b'{' => {
+                depth += 1;
+                expect_key = depth == 1;
+            }
+            b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b',' => expect_key = depth == 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    (ids, method)
+}
+
+/// Just past the end of the string whose opening quote is at `start` (or the line's end).
+fn string_end(line: &[u8], start: usize) -> usize {
+    let mut i = start + 1;
+    while i < line.len() {
+        match line[i] {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    line.len()
+}
+
+fn skip_ws(line: &[u8], mut i: usize) -> usize {
+    while line.get(i).is_some_and(u8::is_ascii_whitespace) {
+        i += 1;
+    }
+    i
+}
+
 /// `line` as a JSON value, or `None` when it is not JSON or some object in it has a member
 /// written twice. For the host's small messages (its `notifications/cancelled`).
 pub fn strict(line: &[u8]) -> Option<Value> {
@@ -408,11 +488,24 @@ where
     let mut seen = std::collections::HashSet::new();
     let mut dup = false;
     while let Some(key) = map.next_key::<String>()? {
+        if seen.len() >= MAX_MEMBERS {
+            return Err(serde::de::Error::custom("too many members"));
+        }
         member(&key, &mut map)?;
         dup |= !seen.insert(key);
     }
     Ok(dup)
 }
+
+/// An object at a level that decides where a message goes (the message, its result, the
+/// input requests and each of them) with more members than this is unreadable: the proxy
+/// tracks each member's name there (and keeps each member of an `input_required` result),
+/// so their number bounds what a line costs it beyond its own bytes. No peer writes so many.
+pub const MAX_MEMBERS: usize = 4096;
+
+/// How many distinct ids of one message are kept: a message that writes its id more than
+/// once is unreadable anyway, and answered under at most a few of them.
+pub const MAX_IDS: usize = 8;
 
 /// Skips any JSON value that is not an object; reads an object with `$visit`.
 macro_rules! object_or_skip {
@@ -532,7 +625,9 @@ impl<'de> serde::Deserialize<'de> for Skeleton {
                     match key {
                         "id" => {
                             if let Some(id) = map.next_value::<Scalar>()?.0 {
-                                sk.ids.push(id);
+                                if sk.ids.len() < MAX_IDS && !sk.ids.contains(&id) {
+                                    sk.ids.push(id);
+                                }
                             }
                         }
                         "method" => sk.method = map.next_value::<Scalar>()?.0.or(Some(Value::Null)),
@@ -759,6 +854,44 @@ mod tests {
             out["params"]["inputResponses"]["roots"]["roots"],
             serde_json::json!([])
         );
+    }
+
+    #[test]
+    fn ids_are_found_in_lines_no_parser_reads() {
+        let (ids, method) =
+            lenient_envelope(br#"{"jsonrpc":"2.0","id":7,"result":{"x":NaN,"id":9,"method":1}}"#);
+        assert_eq!((ids, method), (vec![serde_json::json!(7)], false));
+        let (ids, method) = lenient_envelope(br#"{"id":1,"method":"files/read","params":NaN}"#);
+        assert_eq!((ids, method), (vec![serde_json::json!(1)], true));
+        let (ids, _) =
+            lenient_envelope(b"{\"a\":[{\"id\":1}],\"i\\u0064\" : \"q\\\"\" ,\"b\":\xff}");
+        assert_eq!(ids, vec![serde_json::json!("q\"")]);
+        assert!(lenient_envelope(br#"{"id":NaN}"#).0.is_empty());
+        assert!(lenient_envelope(br#"{"x":"\"id\":3"}"#).0.is_empty());
+        let many: String = (0..20).map(|n| format!(r#""id":{n},"#)).collect();
+        assert_eq!(
+            lenient_envelope(format!("{{{many}}}").as_bytes()).0.len(),
+            MAX_IDS
+        );
+    }
+
+    #[test]
+    fn a_deciding_object_with_too_many_members_is_unreadable() {
+        let members: String = (0..MAX_MEMBERS + 1)
+            .map(|n| format!(r#""m{n}":0,"#))
+            .collect();
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{{members}"resultType":"input_required","inputRequests":{{"r":{{"method":"roots/list"}}}}}}}}"#
+        );
+        assert!(matches!(
+            check_response(line.as_bytes()),
+            Checked::Unreadable { .. }
+        ));
+        let nested = format!(r#"{{"jsonrpc":"2.0","id":1,"result":{{"big":{{{members}"z":0}}}}}}"#);
+        assert!(matches!(
+            check_response(nested.as_bytes()),
+            Checked::Plain(_)
+        ));
     }
 
     #[test]

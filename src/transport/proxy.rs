@@ -134,8 +134,19 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     let mut child = command
         .spawn()
         .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))?;
+    // A confined server leads its own process group (crate::confine::reap). However this
+    // function ends (returns, or is dropped when a stop signal's grace runs out), the group
+    // and what is left below the proxy go with it.
+    let group = child.id().map_or(0, |id| id as i32);
+    // Once the server is reaped its number may go to another process (pid_max can be as low
+    // as 32768): from then on nothing signals the group but the kill right after the reap.
+    let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _ends_group = opts.confine.is_some().then(|| GroupGuard {
+        group,
+        reaped: Arc::clone(&reaped),
+    });
     if let (Some(end), true) = (opts.end_server.take(), opts.confine.is_some()) {
-        tokio::spawn(end_server(end));
+        tokio::spawn(end_server(end, group, Arc::clone(&reaped)));
     }
     let server_in = child
         .stdin
@@ -218,8 +229,9 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
             tokio::select! {
                 () = &mut relayed => {}
                 status = child.wait() => {
+                    reaped.store(true, std::sync::atomic::Ordering::SeqCst);
                     exited = Some(status);
-                    end_orphans().await;
+                    end_orphans(group).await;
                     relayed.await;
                 }
             }
@@ -235,12 +247,19 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     drop(relay);
     drop(to_server);
     broker.stop();
+    // The group is signalled only at the moment its leader is reaped: here, unless that was
+    // done above.
+    let just_reaped = if exited.is_some() { 0 } else { group };
     let status = match exited {
         Some(status) => status?,
-        None => child.wait().await?,
+        None => {
+            let status = child.wait().await;
+            reaped.store(true, std::sync::atomic::Ordering::SeqCst);
+            status?
+        }
     };
     if confined {
-        end_orphans().await;
+        end_orphans(just_reaped).await;
     }
     drop(to_host);
     if let Ok(Err(e)) = host_writer.await {
@@ -249,24 +268,53 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     Ok(exit_code(status))
 }
 
-/// Ends what a confined server left running (daemons keep its access): every child of the
-/// proxy, which is their reaper (crate::confine::reap).
-async fn end_orphans() {
-    tokio::task::spawn_blocking(crate::confine::reap::end_orphans)
+/// Ends what a confined server left running (daemons keep its access): every descendant of
+/// the proxy, which is their reaper (crate::confine::reap).
+async fn end_orphans(group: i32) {
+    // The group at once, at the reap (crate::confine::reap::signal_descendants); then the
+    // tree only.
+    crate::confine::reap::signal_group(group, rustix::process::Signal::KILL);
+    tokio::task::spawn_blocking(crate::confine::reap::end_descendants)
         .await
         .ok();
 }
 
-/// Ends the confined server once `end` resolves: SIGTERM to it and to everything it started
-/// that became the proxy's child, then SIGKILL after [`END_GRACE`]. (Its own children still
-/// under it become the proxy's when it dies, and are ended then.)
-async fn end_server(end: EndServer) {
+/// Kills a confined server's process group (while the server is not reaped) and what is
+/// left below the proxy when dropped: the proxy's future may be dropped mid-way (a stop
+/// signal's grace ran out) with the server and its children still running.
+struct GroupGuard {
+    group: i32,
+    reaped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        crate::confine::reap::signal_descendants(
+            live_group(self.group, &self.reaped),
+            rustix::process::Signal::KILL,
+        );
+    }
+}
+
+/// `group` while the server that leads it is not reaped, else 0 (no group).
+fn live_group(group: i32, reaped: &std::sync::atomic::AtomicBool) -> i32 {
+    if reaped.load(std::sync::atomic::Ordering::SeqCst) {
+        0
+    } else {
+        group
+    }
+}
+
+/// Ends the confined server once `end` resolves: SIGTERM to it and to everything it started,
+/// then SIGKILL to whatever is left after [`END_GRACE`]. (What it forks in between lands in
+/// the proxy's tree too, and is ended when the server's exit is seen.)
+async fn end_server(end: EndServer, group: i32, reaped: Arc<std::sync::atomic::AtomicBool>) {
     use rustix::process::Signal;
     let reason = end.await;
     tracing::warn!(%reason, "ending the confined server: access it was started with was revoked");
-    crate::confine::reap::signal_children(Signal::TERM);
+    crate::confine::reap::signal_descendants(live_group(group, &reaped), Signal::TERM);
     tokio::time::sleep(END_GRACE).await;
-    crate::confine::reap::signal_children(Signal::KILL);
+    crate::confine::reap::signal_descendants(live_group(group, &reaped), Signal::KILL);
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
