@@ -351,7 +351,11 @@ fn requests_in_flight_when_the_log_fails_do_not_act_unrecorded() {
         .collect();
     let refused = answers.iter().filter(|a| a.get("error").is_some()).count();
     assert!(refused > 0, "the log never failed: {logged:#?}");
-    let slots = std::thread::available_parallelism().map_or(8, |n| (2 * n.get()).max(8));
+    // A delete past its commit point holds a file-work thread while it acts, then waits for
+    // its line without one: when the log fails, up to one pool's worth may be acting and
+    // another pool's worth waiting for their lines (seen on a loaded 2-core machine: 9).
+    // Before the re-check, all 40 acted.
+    let slots = 2 * std::thread::available_parallelism().map_or(8, |n| (2 * n.get()).max(8));
     let mut unrecorded = 0;
     for p in &gone {
         let in_log = logged
@@ -368,7 +372,7 @@ fn requests_in_flight_when_the_log_fails_do_not_act_unrecorded() {
     assert!(
         unrecorded <= slots,
         "{unrecorded} deletes acted unrecorded (at most {slots} may have been past their \
-         commit point): {} gone, {} lines",
+         commit point or waiting for their lines): {} gone, {} lines",
         gone.len(),
         logged.len()
     );

@@ -15,7 +15,8 @@ use common::{bin, tempdir};
 use serde_json::{Value, json};
 
 /// Runs each operation of `$PROBE` (a JSON list) and writes the results as one notification;
-/// with `$PROBE_STAY` it then reads stdin until it closes.
+/// with `$PROBE_STAY` it then reads stdin until it closes; with `$PROBE_LINGER` it then stays
+/// a minute.
 const PROBE: &str = r#"
 import json, os, socket, sys
 def run(op):
@@ -50,6 +51,13 @@ def run(op):
         if kind == "unix":
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
             return "ok"
+        if kind == "pair":
+            a, b = socket.socketpair()
+            a.close(); b.close()
+            return "ok"
+        if kind == "setuid":
+            os.setuid(os.getuid())
+            return "ok"
         if kind == "chmod":
             os.chmod(arg, 0o777)
             return "ok"
@@ -79,6 +87,38 @@ def run(op):
                 os._exit(0)
             os.wait()
             return "ok"
+        if kind == "chain":
+            # A chain of processes `depth` deep, each the child of the one before; the last
+            # appends to `marker` every 0.1 s. Returns once the last one runs.
+            import subprocess, time
+            depth, marker = arg
+            s = 'if [ "$N" -gt 0 ]; then N=$((N-1)) sh -c "$S" & exec sleep 1000; fi; ' \
+                'while :; do echo . >> "$M"; sleep 0.1; done'
+            subprocess.Popen(["sh", "-c", s], env=dict(os.environ, N=str(depth), S=s, M=marker))
+            for _ in range(1200):
+                if os.path.exists(marker):
+                    return "ok"
+                time.sleep(0.05)
+            return "err:timeout"
+        if kind == "ignore_term":
+            import signal
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            return "ok"
+        if kind == "pid":
+            return "ok:" + str(os.getpid())
+        if kind == "setsid":
+            # Try to leave the process group the proxy ends at once.
+            os.setsid()
+            kept = os.getpgrp() == os.getpid() and os.getsid(0) != os.getpid()
+            return "ok:" + ("kept" if kept else "left")
+        if kind == "nodeath":
+            # Try to clear the death signal the proxy set.
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, 0, 0, 0, 0)
+            sig = ctypes.c_int(-1)
+            libc.prctl(2, ctypes.byref(sig), 0, 0, 0)
+            return "ok:" + str(sig.value)
         if kind == "tmpmode":
             return "ok:" + oct(os.stat(os.environ["TMPDIR"]).st_mode & 0o777)
         if kind == "tmpdir":
@@ -95,6 +135,9 @@ sys.stdout.flush()
 if os.environ.get("PROBE_STAY"):
     for _ in sys.stdin:
         pass
+if os.environ.get("PROBE_LINGER"):
+    import time
+    time.sleep(60)
 "#;
 
 struct Fixture {
@@ -137,6 +180,33 @@ impl Fixture {
         path
     }
 
+    /// `fsbroker proxy --policy POLICY --confine -- python3 probe.py` with `$PROBE = ops` and
+    /// `env`, left running: the proxy, its stdin (the host's end, held open until dropped),
+    /// and the first line it relayed.
+    fn start(
+        &self,
+        policy: &Path,
+        ops: &Value,
+        env: &[(&str, &str)],
+    ) -> (std::process::Child, std::process::ChildStdin, String) {
+        let mut child = Command::new(bin())
+            .args(["proxy", "--policy"])
+            .arg(policy)
+            .args(["--confine", "--", "python3"])
+            .arg(self.dir.join("srv/probe.py"))
+            .env("PROBE", ops.to_string())
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        (child, stdin, line)
+    }
+
     /// `fsbroker proxy ARGS -- python3 probe.py` with `$PROBE = ops`, its stdin closed.
     fn run(&self, args: &[&str], ops: &Value, env: &[(&str, &str)]) -> Output {
         self.run_script(args, &self.dir.join("srv/probe.py"), ops, env)
@@ -165,6 +235,13 @@ impl Fixture {
             move || cmd.output().unwrap(),
         )
     }
+}
+
+/// Whether the file at `trace` grows within 0.6 s (something still writes to it).
+fn growing(trace: &Path) -> bool {
+    let before = std::fs::metadata(trace).map(|m| m.len()).unwrap_or(0);
+    std::thread::sleep(Duration::from_millis(600));
+    std::fs::metadata(trace).map(|m| m.len()).unwrap_or(0) > before
 }
 
 /// The probe's results from the proxy's stdout.
@@ -403,6 +480,35 @@ fn deny_globs_are_named_as_not_enforced() {
         "{text}"
     );
 
+    // `[confine] write` over fsbroker's own files (the policy lives in fx.dir): granted
+    // read-only and named; strict refuses; best effort runs and the policy stays as it was.
+    let policy = fx.policy(&format!("[confine]\nwrite = [{:?}]\n", fx.p("")));
+    let check = Command::new(bin())
+        .args(["confine", "check", "--policy", policy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(2), "{text}");
+    assert!(text.contains("fsbroker's own files"), "{text}");
+    assert!(text.contains(policy.to_str().unwrap()), "{text}");
+    let before = std::fs::read_to_string(&policy).unwrap();
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine"],
+        &json!([
+            ["write", policy.to_str().unwrap()],
+            ["write", fx.p("outside/new.txt")]
+        ]),
+        &[],
+    );
+    assert_eq!(results(&out), vec!["err:EACCES", "err:EACCES"]);
+    assert_eq!(std::fs::read_to_string(&policy).unwrap(), before);
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine=strict"],
+        &json!([]),
+        &[],
+    );
+    assert!(!out.status.success());
+
     // Without globs: every rule is enforced here, exit 0.
     let check = Command::new(bin())
         .args(["confine", "check", "--root", &fx.p("ro")])
@@ -473,25 +579,7 @@ fn revoking_a_root_ends_a_confined_server() {
     for (extra, ends) in [("", true), ("[confine]\non_revoke = \"keep\"\n", false)] {
         let fx = Fixture::new();
         let policy = fx.policy(extra);
-        let mut child = Command::new(bin())
-            .args([
-                "proxy",
-                "--policy",
-                policy.to_str().unwrap(),
-                "--confine",
-                "--",
-            ])
-            .arg("python3")
-            .arg(fx.dir.join("srv/probe.py"))
-            .env("PROBE", "[]")
-            .env("PROBE_STAY", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        let (mut child, host_stdin, line) = fx.start(&policy, &json!([]), &[("PROBE_STAY", "1")]);
         assert!(line.contains("probe"), "{line}");
         // The policy without the read-write root, renamed over the old one.
         let text = std::fs::read_to_string(&policy).unwrap();
@@ -513,7 +601,7 @@ fn revoking_a_root_ends_a_confined_server() {
         }
         if !ends {
             assert!(status.is_none(), "with keep, the server runs on");
-            drop(child.stdin.take());
+            drop(host_stdin);
         }
         if ends && status.is_none() {
             let _ = child.kill();
@@ -590,11 +678,6 @@ fn daemons_of_a_confined_server_end_with_it() {
     let fx = Fixture::new();
     let policy = fx.policy("");
     let trace = fx.dir.join("rw/daemon.txt");
-    let growing = |trace: &Path| {
-        let before = std::fs::metadata(trace).map(|m| m.len()).unwrap_or(0);
-        std::thread::sleep(Duration::from_millis(600));
-        std::fs::metadata(trace).map(|m| m.len()).unwrap_or(0) > before
-    };
     let out = fx.run(
         &["--policy", policy.to_str().unwrap(), "--confine"],
         &json!([["daemon", trace.to_str().unwrap()]]),
@@ -606,30 +689,11 @@ fn daemons_of_a_confined_server_end_with_it() {
 
     // Ended by a revocation: the daemon goes too.
     std::fs::remove_file(&trace).unwrap();
-    let mut child = Command::new(bin())
-        .args([
-            "proxy",
-            "--policy",
-            policy.to_str().unwrap(),
-            "--confine",
-            "--",
-        ])
-        .arg("python3")
-        .arg(fx.dir.join("srv/probe.py"))
-        .env(
-            "PROBE",
-            json!([["daemon", trace.to_str().unwrap()]]).to_string(),
-        )
-        .env("PROBE_STAY", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Held open: the host stays (`wait` would close it, and end the server by EOF).
-    let _host_stdin = child.stdin.take();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    let (mut child, _host_stdin, _line) = fx.start(
+        &policy,
+        &json!([["daemon", trace.to_str().unwrap()]]),
+        &[("PROBE_STAY", "1")],
+    );
     assert!(growing(&trace), "the daemon runs");
     let text = std::fs::read_to_string(&policy).unwrap();
     let tmp = fx.dir.join("policy.toml.new");
@@ -644,10 +708,102 @@ fn daemons_of_a_confined_server_end_with_it() {
     assert!(!growing(&trace), "the daemon outlived the revocation");
 }
 
+/// Rule: nothing a confined server started outlives it, however deep: a chain of a thousand
+/// processes, each the child of the one before, ends with the server (the proxy ends the
+/// whole tree at once, not one level per round).
+#[test]
+fn a_deep_process_chain_ends_with_the_server() {
+    let fx = Fixture::new();
+    let policy = fx.policy("");
+    let marker = fx.dir.join("rw/deep.txt");
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine"],
+        &json!([["chain", [1000, marker.to_str().unwrap()]]]),
+        &[],
+    );
+    assert_eq!(
+        results(&out),
+        vec!["ok"],
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !growing(&marker),
+        "the end of the chain outlived the server"
+    );
+}
+
+/// Rule: a proxy killed outright (`SIGKILL`, no chance to clean up) takes its confined
+/// server with it: the server must not keep running with its access, unwatched. The server
+/// can neither clear that death signal nor leave the process group the proxy ends at once
+/// (both calls "succeed" and do nothing).
+#[test]
+fn a_killed_proxy_takes_its_confined_server_along() {
+    let fx = Fixture::new();
+    let policy = fx.policy("");
+    // A server that outlives its stdin: only the kernel's death signal ends it.
+    let (mut child, _host_stdin, line) = fx.start(
+        &policy,
+        &json!([["pid"], ["nodeath"], ["setsid"]]),
+        &[("PROBE_STAY", "1"), ("PROBE_LINGER", "1")],
+    );
+    let message: Value = serde_json::from_str(&line).unwrap();
+    let pid = message["params"]["results"][0]
+        .as_str()
+        .and_then(|r| r.strip_prefix("ok:"))
+        .expect("the server's pid")
+        .to_owned();
+    assert_eq!(
+        message["params"]["results"].as_array().unwrap()[1..],
+        [json!("ok:9"), json!("ok:kept")],
+        "the death signal and the process group stay"
+    );
+    let alive = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'))
+    };
+    assert!(alive(&pid));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while alive(&pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(&pid), "the server outlived its killed proxy");
+}
+
+/// Rule: the host's ordinary stop (stdin closed, then SIGTERM) ends what a confined server
+/// started even when the server outlives the proxy's grace: the proxy's last act is to kill
+/// the server's process group and what is left below it.
+#[test]
+fn a_host_stop_ends_what_the_server_started() {
+    let fx = Fixture::new();
+    let policy = fx.policy("");
+    let trace = fx.dir.join("rw/child.txt");
+    let (mut child, host_stdin, _line) = fx.start(
+        &policy,
+        &json!([["daemon", trace.to_str().unwrap()], ["ignore_term"]]),
+        &[("PROBE_LINGER", "1")],
+    );
+    assert!(growing(&trace), "the child runs");
+    drop(host_stdin);
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let status = common::with_deadline(Duration::from_secs(30), || {}, move || child.wait());
+    assert!(status.is_ok());
+    assert!(
+        !growing(&trace),
+        "the server's child outlived the host's stop"
+    );
+}
+
 /// Rule: what Landlock does not cover is refused by the seccomp filter beside it: IP sockets
 /// of any kind when `net` is off (MPTCP and UDP pass Landlock's TCP rules), mode, owner and
 /// extended-attribute changes by path (anywhere, even on files the server cannot read), and
-/// `TIOCSTI` (typing into a terminal it inherited). Unix sockets still work.
+/// `TIOCSTI` (typing into a terminal it inherited), Unix sockets while the kernel cannot hold
+/// their paths, and identity changes. Socket pairs still work.
 #[test]
 fn what_landlock_misses_is_refused_by_seccomp() {
     let fx = Fixture::new();
@@ -669,6 +825,8 @@ fn what_landlock_misses_is_refused_by_seccomp() {
         ["xattr", fx.p("outside/f.txt")],
         ["tiocsti"],
         ["write", fx.p("rw/still.txt")],
+        ["pair"],
+        ["setuid"],
     ]);
     let out = fx.run(
         &["--policy", policy.to_str().unwrap(), "--confine"],
@@ -678,7 +836,9 @@ fn what_landlock_misses_is_refused_by_seccomp() {
     let r = results(&out);
     assert_eq!(r[0], "err:EACCES", "MPTCP");
     assert_eq!(r[1], "err:EACCES", "UDP");
-    assert_eq!(r[2], "ok", "Unix sockets");
+    // Before Landlock ABI 9 (this kernel's is 7 or less) a Unix socket could reach any
+    // service listening by path: refused while net is off. Pairs still work.
+    assert_eq!(r[2], "err:EACCES", "Unix sockets");
     for (i, what) in [
         (3, "chmod outside"),
         (4, "chmod in a read-only root"),
@@ -689,6 +849,8 @@ fn what_landlock_misses_is_refused_by_seccomp() {
         assert_eq!(r[i], "err:EPERM", "{what}");
     }
     assert_eq!(r[8], "ok");
+    assert_eq!(r[9], "ok", "socket pairs");
+    assert_eq!(r[10], "err:EPERM", "identity changes");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(fx.dir.join("outside/f.txt"))
         .unwrap()
@@ -702,10 +864,10 @@ fn what_landlock_misses_is_refused_by_seccomp() {
             fx.policy("[confine]\nnet = true\n").to_str().unwrap(),
             "--confine",
         ],
-        &json!([["udp"], ["connect", port]]),
+        &json!([["udp"], ["connect", port], ["unix"], ["pair"]]),
         &[],
     );
-    assert_eq!(results(&out), vec!["ok", "ok"]);
+    assert_eq!(results(&out), vec!["ok", "ok", "ok", "ok"]);
 }
 
 /// `fsbroker confine check ARGS -- python3 SCRIPT EXTRA...` run in `cwd` with `env`; its text.
@@ -807,6 +969,90 @@ fn grants_from_the_command_line_stay_narrow() {
     );
     assert_eq!(results(&out), vec!["err:EACCES", "ok:0o700"]);
 
+    // A program installed in a settings directory of the home (`~/.cargo/bin`): its own
+    // bin directory, not `~/.cargo` (where credentials live).
+    let cargo_bin = home.join(".cargo/bin");
+    std::fs::create_dir_all(&cargo_bin).unwrap();
+    std::fs::write(home.join(".cargo/credentials.toml"), "token").unwrap();
+    let server = cargo_bin.join("server");
+    std::fs::write(&server, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&server, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // A configuration beside secrets, given to a program that is not an interpreter: the
+    // file alone, not its directory.
+    let secrets = fx.dir.join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    std::fs::write(secrets.join("config.json"), "{}").unwrap();
+    std::fs::write(secrets.join("key"), "key").unwrap();
+    let out = Command::new(bin())
+        .args(["confine", "check", "--policy", p, "--"])
+        .arg(&server)
+        .arg("-c")
+        .arg(secrets.join("config.json"))
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let dot_cargo = home.join(".cargo").canonicalize().unwrap();
+    assert!(
+        !text.contains(&format!("{}  ", dot_cargo.display())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{}  ", dot_cargo.join("bin").display())),
+        "{text}"
+    );
+    let secrets = secrets.canonicalize().unwrap();
+    assert!(
+        !text.contains(&format!("{}  ", secrets.display())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "read        {}  ",
+            secrets.join("config.json").display()
+        )),
+        "{text}"
+    );
+
+    // An interpreter option's file value (`node --env-file ~/.config/app/prod.env`) is not
+    // the script; a configuration named like code in a settings directory of the home
+    // (`--settings ~/.config/app/settings.py`) brings the file, not the directory.
+    let app = home.join(".config/app");
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::write(app.join("prod.env"), "A=1").unwrap();
+    std::fs::write(app.join("settings.py"), "A = 1").unwrap();
+    std::fs::write(app.join("token.json"), "{}").unwrap();
+    let app = app.canonicalize().unwrap();
+    for extra in [
+        vec![
+            "--env-file",
+            app.join("prod.env").to_str().unwrap(),
+            fx.p("srv/server.js").as_str(),
+        ],
+        vec!["--settings", app.join("settings.py").to_str().unwrap()],
+    ] {
+        let program = if extra[0] == "--env-file" {
+            "node"
+        } else {
+            server.to_str().unwrap()
+        };
+        let out = Command::new(bin())
+            .args(["confine", "check", "--policy", p, "--", program])
+            .args(&extra)
+            .env("HOME", &home)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains(&format!("{}  ", app.display())), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{}  ",
+                app.join(extra[1].rsplit('/').next().unwrap()).display()
+            )),
+            "{text}"
+        );
+    }
+
     // No TLS private keys among the system files.
     let text = check(&fx, &["--policy", p], &probe, &[], &fx.dir, &[]);
     assert!(
@@ -822,26 +1068,7 @@ fn a_deny_root_added_inside_a_held_root_ends_the_server() {
     let fx = Fixture::new();
     std::fs::create_dir(fx.dir.join("rw/secret")).unwrap();
     let policy = fx.policy("");
-    let mut child = Command::new(bin())
-        .args([
-            "proxy",
-            "--policy",
-            policy.to_str().unwrap(),
-            "--confine",
-            "--",
-        ])
-        .arg("python3")
-        .arg(fx.dir.join("srv/probe.py"))
-        .env("PROBE", "[]")
-        .env("PROBE_STAY", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let _host_stdin = child.stdin.take();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    let (mut child, _host_stdin, _line) = fx.start(&policy, &json!([]), &[("PROBE_STAY", "1")]);
     let text = std::fs::read_to_string(&policy).unwrap();
     let tmp = fx.dir.join("policy.toml.new");
     std::fs::write(

@@ -210,6 +210,22 @@ pub fn prepare(plan: &Plan, abi: i32) -> Result<Prepared, ConfineError> {
     Ok(Prepared { fd, absent })
 }
 
+/// Asks the kernel to `SIGKILL` the calling process when its parent (`proxy`) dies, so a
+/// proxy killed outright does not leave its confined server running with the access it was
+/// started with, unwatched by revocation. Fails if the proxy is already gone.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked exits: the proxy spawns its server
+/// from an async task, whose runtime threads live as long as the proxy. It survives `exec`
+/// (not of set-uid programs, which `PR_SET_NO_NEW_PRIVS` keeps from gaining anything anyway).
+/// Async-signal-safe: two system calls on integers.
+pub fn die_with_parent(proxy: rustix::process::Pid) -> io::Result<()> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+    if rustix::process::getppid() != Some(proxy) {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(())
+}
+
 /// Puts the calling process under the ruleset `fd` (when the kernel has Landlock) and the
 /// seccomp `filter`: `PR_SET_NO_NEW_PRIVS` (which both require of a process without
 /// `CAP_SYS_ADMIN`, and which keeps set-uid programs from gaining privileges inside), the

@@ -102,17 +102,28 @@ pub struct Plan {
     pub narrowed: Vec<String>,
 }
 
+/// Directories of the home that hold language installations and the version manager that
+/// runs them, nothing else: a program run through their shims needs the whole tree.
+const VERSION_MANAGERS: [&str; 6] = [".pyenv", ".rbenv", ".nodenv", ".asdf", ".volta", ".nvm"];
+
 /// Checks what a server's command line asks for ([`runtime::needs`]) against what must never
 /// be granted that way. A grant is narrowed (to the program's own directory, or the script
 /// alone) or dropped, and said so, when its path:
 /// - is `/`, the user's home, or a directory holding the home or a withheld root;
+/// - is a directory in a hidden directory of the home (`~/.cargo` for
+///   `~/.cargo/bin/server`, `~/.config/app` for a configuration named like code: credentials
+///   live there), other than a `bin`, `sbin` or `node_modules` directory or a version
+///   manager's tree ([`VERSION_MANAGERS`]). The home is `$HOME` and the one in
+///   `/etc/passwd`;
 /// - was reached through a symlink inside a writable root or `[confine] write` path (the
 ///   server, or another, could have planted it there for its next run: `node_modules -> /`).
 ///
 /// Every grant is made on the resolved path, which is what the kernel gets and what
 /// `confine check` and the audit log show.
 struct Guard {
-    home: Option<PathBuf>,
+    /// `$HOME` and the user's home in the password database (a host may start the proxy
+    /// with `HOME` unset or elsewhere).
+    homes: Vec<PathBuf>,
     withheld: Vec<PathBuf>,
     writable: Vec<PathBuf>,
 }
@@ -128,10 +139,13 @@ impl Guard {
             .collect();
         writable.extend(policy.confine().write.iter().map(|p| canonical(p)));
         Guard {
-            home: std::env::var_os("HOME")
+            homes: std::env::var_os("HOME")
                 .map(PathBuf::from)
-                .filter(|h| h.is_absolute())
-                .map(|h| canonical(&h)),
+                .into_iter()
+                .chain(passwd_home())
+                .filter(|h| h.is_absolute() && h != Path::new("/"))
+                .map(|h| canonical(&h))
+                .collect(),
             withheld: policy
                 .roots()
                 .iter()
@@ -147,9 +161,29 @@ impl Guard {
         if path == Path::new("/") {
             return Some("it is the whole file system".into());
         }
-        if let Some(home) = &self.home {
+        for home in &self.homes {
             if home.starts_with(path) {
                 return Some(format!("it holds the home directory {}", home.display()));
+            }
+            let Ok(inside) = path.strip_prefix(home) else {
+                continue;
+            };
+            // A directory in a hidden directory of the home (`~/.config/app`, `~/.cargo`):
+            // only programs' own directories (`~/.cargo/bin`) and installed packages
+            // (`node_modules`) may be granted there.
+            let hidden = inside
+                .components()
+                .next()
+                .map(|c| c.as_os_str().to_string_lossy())
+                .is_some_and(|n| n.starts_with('.') && !VERSION_MANAGERS.contains(&n.as_ref()));
+            let code_dir = path
+                .file_name()
+                .is_some_and(|n| n == "bin" || n == "sbin" || n == "node_modules");
+            if hidden && !code_dir && path.is_dir() {
+                return Some(format!(
+                    "it lies in a settings directory of the home ({}), where credentials live",
+                    path.display()
+                ));
             }
         }
         self.withheld
@@ -202,6 +236,16 @@ impl Guard {
     }
 }
 
+/// The home directory of this process's user in `/etc/passwd`.
+fn passwd_home() -> Option<PathBuf> {
+    let uid = rustix::process::getuid().as_raw().to_string();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        (fields.len() >= 7 && fields[2] == uid).then(|| PathBuf::from(fields[5]))
+    })
+}
+
 /// The confinement of a server with `command` (run in `cwd` with `PATH` `path`) under
 /// `policy`; `tmpdir` is its private temporary directory.
 pub fn plan(
@@ -237,9 +281,23 @@ pub fn plan(
         });
     }
     for p in &config.write {
+        let path = p.canonicalize().unwrap_or_else(|_| p.clone());
+        let mine = own_files_at(policy, &path);
+        let access = if mine.is_empty() {
+            Access::ReadWrite
+        } else {
+            // As for a root: the kernel cannot keep fsbroker's own files read-only inside a
+            // writable tree, so the tree is granted read-only.
+            inexpressible.push(format!(
+                "[confine] write {} holds fsbroker's own files ({}): granted read-only",
+                path.display(),
+                mine
+            ));
+            Access::ReadExec
+        };
         rules.push(Rule {
-            path: p.canonicalize().unwrap_or_else(|_| p.clone()),
-            access: Access::ReadWrite,
+            path,
+            access,
             why: "[confine] write".into(),
         });
     }
@@ -283,12 +341,29 @@ struct RootGrants {
     inexpressible: Vec<String>,
 }
 
+/// fsbroker's own files beneath `dir` (the policy, the audit log, the consent command's
+/// files) and the folders the consent command runs from that `dir` holds or lies in, named
+/// for a message; empty if none. A server that may write there could rewrite the rules it
+/// runs under, or a program the user runs.
+fn own_files_at(policy: &Policy, dir: &Path) -> String {
+    let protected = policy.protected();
+    let files = protected.files().iter().filter(|f| f.starts_with(dir));
+    let sealed = protected
+        .sealed()
+        .iter()
+        .filter(|s| s.starts_with(dir) || dir.starts_with(s));
+    files
+        .chain(sealed)
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// What `policy`'s roots grant a confined server.
 fn root_grants(policy: &Policy) -> RootGrants {
     let mut rules = Vec::new();
     let mut withheld = Vec::new();
     let mut inexpressible = Vec::new();
-    let own = policy.protected().files();
     for root in policy.roots() {
         let dir = root.path().to_path_buf();
         match root.consent() {
@@ -316,7 +391,7 @@ fn root_grants(policy: &Policy) -> RootGrants {
             Mode::ReadWrite => Access::ReadWrite,
             Mode::ReadOnly => Access::Read,
         };
-        let mine: Vec<&PathBuf> = own.iter().filter(|f| f.starts_with(&dir)).collect();
+        let mine = own_files_at(policy, &dir);
         if access == Access::ReadWrite && !mine.is_empty() {
             // The kernel cannot keep one file of a writable tree read-only: the root is
             // granted read-only, and its writes go through files/*, which guards them.
@@ -325,10 +400,7 @@ fn root_grants(policy: &Policy) -> RootGrants {
                 "root {} holds fsbroker's own files ({}): granted read-only to the server, \
                  writes only through files/*",
                 root.name(),
-                mine.iter()
-                    .map(|f| f.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                mine
             ));
         }
         for glob in root.deny().patterns() {
@@ -421,7 +493,10 @@ impl Plan {
             let (needed, rule) = match feature {
                 Files | Refer | Truncate => (true, true),
                 Tcp => (!self.net, true),
-                IoctlDev | Scopes | UnixPaths => (true, false),
+                IoctlDev | Scopes => (true, false),
+                // With `net` off, the seccomp filter refuses Unix sockets where the kernel
+                // cannot hold them to the allowed paths (see seccomp.rs).
+                UnixPaths => (self.net, false),
             };
             if needed && abi < feature.abi() {
                 let gap = format!(
@@ -503,7 +578,10 @@ impl Confinement {
             gaps,
             on_revoke: policy.confine().on_revoke,
             prepared,
-            filter: std::sync::Arc::new(seccomp::Filter::new(policy.confine().net)),
+            filter: std::sync::Arc::new(seccomp::Filter::new(
+                policy.confine().net,
+                abi >= kernel::Feature::UnixPaths.abi(),
+            )),
             tmp,
         })
     }
@@ -523,17 +601,25 @@ impl Confinement {
         if std::env::var_os("XDG_CACHE_HOME").is_none() {
             cmd.env("XDG_CACHE_HOME", tmp.join("cache"));
         }
+        // Its own process group, which nothing it starts can leave (the seccomp filter):
+        // `reap` ends the whole group with one signal, which no fork outruns.
+        cmd.process_group(0);
         let fd = self.prepared.raw_fd();
         let filter = std::sync::Arc::clone(&self.filter);
+        let proxy = rustix::process::getpid();
         // SAFETY: the closure runs in the child between fork and exec, where only
-        // async-signal-safe work is sound. `restrict_self` makes three system calls (prctl
-        // twice, landlock_restrict_self) on memory built before the fork (the filter, kept
-        // alive by the Arc the closure owns) and on `fd`; it allocates nothing and takes no
-        // lock. `fd` stays open in the parent while `self` lives, which is past the spawn;
-        // it is close-on-exec, so the server does not inherit it.
+        // async-signal-safe work is sound. `die_with_parent` makes two system calls (prctl,
+        // getppid) on integers; `restrict_self` makes three more (prctl twice,
+        // landlock_restrict_self) on memory built before the fork (the filter, kept alive by
+        // the Arc the closure owns) and on `fd`. Neither allocates (the error, if any, is a
+        // raw OS error) or takes a lock. `fd` stays open in the parent while `self` lives,
+        // which is past the spawn; it is close-on-exec, so the server does not inherit it.
         #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(move || kernel::restrict_self(fd, &filter));
+            cmd.pre_exec(move || {
+                kernel::die_with_parent(proxy)?;
+                kernel::restrict_self(fd, &filter)
+            });
         }
     }
 

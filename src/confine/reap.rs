@@ -2,13 +2,31 @@
 //!
 //! A Landlock domain outlives the process that entered it: a server that forks, calls
 //! `setsid` and lets its parent exit leaves a daemon with the server's access. When the proxy
-//! ends a confined server (a revocation) or the server exits, its descendants go too. The
-//! proxy is a child subreaper, so every descendant that loses its parent (a daemon's parent
-//! exits at once; the server's children when it dies) becomes the proxy's child. The proxy
-//! finds its children in `/proc` and signals them by numbers that cannot be reused while they
-//! are its unreaped children.
+//! ends a confined server (a revocation) or the server exits, all its descendants go too.
+//!
+//! The server runs in a process group of its own, which nothing it starts can leave (the
+//! seccomp filter makes `setsid` and `setpgid` do nothing): one `kill(-group)` ends all of
+//! it at once, and the kernel lets no fork in progress escape such a signal (processes that
+//! fork faster than `/proc` can be read, each replacing the last, die with the rest).
+//!
+//! Beside it, the proxy is a child subreaper, so every descendant that loses its parent
+//! becomes the proxy's child rather than init's: while the proxy lives, everything the
+//! server started is in the proxy's process tree, which `/proc` shows. Each round also
+//! signals that whole tree, each process through a pidfd opened before its place in the tree
+//! is checked, so a number reused by an unrelated process in between is never hit.
+//!
+//! If the proxy itself is killed (`SIGKILL`), the server gets `SIGKILL` too
+//! ([`super::kernel::die_with_parent`]); what the server had already started then outlives
+//! both, as nothing is left to end it (docs/security.md, "Confinement").
 
-use rustix::process::{Pid, Signal};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, PidfdFlags, Signal};
+
+/// How long [`end_descendants`] keeps ending a tree that keeps growing or will not die
+/// (a process in uninterruptible sleep dies only when it leaves the kernel).
+const GIVE_UP: Duration = Duration::from_secs(30);
 
 /// Makes this process the reaper of its orphaned descendants (`PR_SET_CHILD_SUBREAPER`).
 pub fn become_subreaper() {
@@ -17,26 +35,122 @@ pub fn become_subreaper() {
     }
 }
 
-/// Sends `signal` to every child of this process: the server, and the descendants that lost
-/// their parent and became the proxy's. A child's number cannot be reused while it is not
-/// reaped, so no other process is hit.
-pub fn signal_children(signal: Signal) {
-    for child in children() {
-        let _ = rustix::process::kill_process(child, signal);
+/// Sends `signal` to the server's process `group` (the server's pid), then to every
+/// descendant of this process: the server, what it started, and what those left behind
+/// (reparented here). Returns how many descendants there were.
+///
+/// The group goes first, with one system call and before `/proc` is read: processes that
+/// fork without pause leave a reader of `/proc` a sliver of the CPU, and the group signal
+/// reaches them all at once. The group's number is the server's pid. Callers pass it only
+/// while the server is not reaped (its number is then the server's alone), or at the moment
+/// of the reap (crate::transport::proxy), and 0 (no group) after: once reaped, the number
+/// may go to another process soon (`pid_max` can be 32768).
+pub fn signal_descendants(group: i32, signal: Signal) -> usize {
+    signal_group(group, signal);
+    let tree = ProcessTable::read();
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let mut sent = 0;
+    for pid in tree.descendants(me) {
+        if signal_if_descendant(pid, me, signal) {
+            sent += 1;
+        }
     }
+    sent
+}
+
+/// Sends `signal` to the server's process `group` only: one system call, for the moment the
+/// server's exit is seen (see [`signal_descendants`] for when the number may be used).
+pub fn signal_group(group: i32, signal: Signal) {
+    if let Some(g) = Pid::from_raw(group) {
+        let _ = rustix::process::kill_process_group(g, signal);
+    }
+}
+
+/// Signals `pid` only if, once a pidfd pins the process, it is still below `me`: a process
+/// alive from the `pidfd_open` to the signal kept its number all along, so the check read
+/// that process; one that died in between makes the signal fail harmlessly.
+fn signal_if_descendant(pid: i32, me: i32, signal: Signal) -> bool {
+    let Some(p) = Pid::from_raw(pid) else {
+        return false;
+    };
+    let Ok(fd) = rustix::process::pidfd_open(p, PidfdFlags::empty()) else {
+        return false;
+    };
+    if !is_below(pid, me) {
+        return false;
+    }
+    rustix::process::pidfd_send_signal(&fd, signal).is_ok()
+}
+
+/// Whether `me` is an ancestor of `pid`, walking `/proc` parent links.
+fn is_below(pid: i32, me: i32) -> bool {
+    let mut at = pid;
+    // A process tree is at most as deep as the number of processes; pid_max bounds it.
+    for _ in 0..4_194_304 {
+        match parent_of(at) {
+            Some(p) if p == me => return true,
+            Some(p) if p > 1 && p != at => at = p,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// This process's children (running or not yet reaped), from `/proc`.
 pub fn children() -> Vec<Pid> {
     let me = rustix::process::getpid().as_raw_nonzero().get();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| parent_of(*pid) == Some(me))
+    ProcessTable::read()
+        .children_of(me)
         .filter_map(Pid::from_raw)
         .collect()
+}
+
+/// Every process's parent, read from `/proc` at one moment.
+struct ProcessTable {
+    parent: HashMap<i32, i32>,
+}
+
+impl ProcessTable {
+    fn read() -> ProcessTable {
+        let mut table = ProcessTable {
+            parent: HashMap::new(),
+        };
+        let pids = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok());
+        for pid in pids {
+            if let Some(parent) = parent_of(pid) {
+                table.parent.insert(pid, parent);
+            }
+        }
+        table
+    }
+
+    fn children_of(&self, pid: i32) -> impl Iterator<Item = i32> + '_ {
+        self.parent
+            .iter()
+            .filter(move |(_, p)| **p == pid)
+            .map(|(c, _)| *c)
+    }
+
+    /// Everything below `root`, parents before their children.
+    fn descendants(&self, root: i32) -> Vec<i32> {
+        let mut kids: HashMap<i32, Vec<i32>> = HashMap::new();
+        for (c, p) in &self.parent {
+            kids.entry(*p).or_default().push(*c);
+        }
+        let mut out = Vec::new();
+        let mut queue = vec![root];
+        while let Some(at) = queue.pop() {
+            for c in kids.get(&at).into_iter().flatten() {
+                out.push(*c);
+                queue.push(*c);
+            }
+        }
+        out
+    }
 }
 
 /// The parent of `pid`, from `/proc/PID/stat` (the field after the command's closing paren).
@@ -46,26 +160,41 @@ fn parent_of(pid: i32) -> Option<i32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Kills every child of this process (the orphans a confined server left, reparented here)
-/// and reaps them, until none is left: each one killed may leave orphans of its own, which
-/// become children in turn. Gives up after a few seconds.
-pub fn end_orphans() {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+/// Reaps the children that have exited, without waiting for the others.
+fn reap_exited() {
+    for kid in children() {
+        let _ = rustix::process::waitpid(Some(kid), rustix::process::WaitOptions::NOHANG);
+    }
+}
+
+/// Kills every descendant of this process (what a confined server left running, after the
+/// server itself was reaped) and reaps those that become its children, until none is left.
+/// Every round kills the whole tree; what a dying process forks in the meantime is below it,
+/// reparented here, and found in the next round. Gives up, loudly, after [`GIVE_UP`].
+pub fn end_descendants() {
+    let deadline = Instant::now() + GIVE_UP;
+    let mut told = false;
+    // Only through the tree: the group was signalled at the reap (the caller's), and its
+    // number may be another's by now.
     loop {
-        let kids = children();
-        if kids.is_empty() || std::time::Instant::now() > deadline {
+        let left = signal_descendants(0, Signal::KILL);
+        reap_exited();
+        if left == 0 {
+            // Killed processes may still be unreaped here; a last sweep takes them.
+            reap_exited();
             return;
         }
-        tracing::warn!(
-            count = kids.len(),
-            "ending what the confined server left running"
-        );
-        for kid in &kids {
-            let _ = rustix::process::kill_process(*kid, Signal::KILL);
+        if !std::mem::replace(&mut told, true) {
+            tracing::warn!(count = left, "ending what the confined server left running");
         }
-        for kid in kids {
-            let _ = rustix::process::waitpid(Some(kid), rustix::process::WaitOptions::empty());
+        if Instant::now() > deadline {
+            tracing::error!(
+                count = left,
+                "processes the confined server started are still running after {GIVE_UP:?}"
+            );
+            return;
         }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -81,5 +210,31 @@ mod tests {
         assert!(super::children().contains(&pid));
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_grandchild_is_a_descendant_and_an_unrelated_process_is_not() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let grandchild: i32 = line.trim().parse().unwrap();
+        let me = std::process::id() as i32;
+        let table = super::ProcessTable::read();
+        assert!(table.descendants(me).contains(&grandchild));
+        assert!(super::is_below(grandchild, me));
+        assert!(!super::is_below(1, me));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = std::process::Command::new("kill")
+            .arg(grandchild.to_string())
+            .status();
     }
 }

@@ -11,9 +11,13 @@
 //!   asdf); any other program brings its own directory;
 //! - a `#!` line brings its interpreter the same way (`#!/usr/bin/env node` looks `node` up
 //!   in `PATH`);
-//! - an argument naming an existing file (the script) brings the code around it: its
-//!   outermost `node_modules` when it lies in one, else its directory. Arguments naming
-//!   directories bring nothing: those are the server's data, which only roots grant;
+//! - the script brings the code around it: its outermost `node_modules` when it lies in one,
+//!   else its directory. The script is the first existing file an interpreter run by name
+//!   (`node`, `python3`, …) gets before any other plain argument (option values such as
+//!   `--env-file FILE` do not count), or a file named like code (`.js`, `.py`, …); either way
+//!   it must look like code (named so, executable, or starting `#!`). Any other file
+//!   argument is granted alone (it may be a configuration beside secrets). Arguments naming directories bring nothing: those are the server's
+//!   data, which only roots grant;
 //! - for Node's `npx`/`npm exec`, the `node_modules` (and `package.json`) of the working
 //!   directory and its parents, where a locally installed server is found;
 //! - the system: `/usr`, `/lib*`, `/bin`, `/sbin`, `/opt` (programs and libraries); the few
@@ -147,10 +151,18 @@ pub fn needs(
             node |= interp.file_name().is_some_and(|n| n == "node");
         }
     }
-    // The first argument naming a file is the script: the code around it is granted. Any
-    // other file argument (a configuration) is granted alone.
+    // The script is the first file argument of an interpreter run by name, before any
+    // other plain argument (`node --flag server.js`), or any file whose name says it is code
+    // (`uv run server.py`): the code around it is granted. Any other file argument (a
+    // configuration: `server -c ~/.aws/config`, `npx pkg settings.json`) is granted alone.
+    let interpreted = is_interpreter(program);
     let mut script_seen = false;
+    let mut plain_seen = false;
+    let mut value_next = false;
     for arg in args {
+        let before = plain_seen;
+        let value = std::mem::replace(&mut value_next, takes_value(arg));
+        plain_seen |= !value && !is_option(arg);
         let p = Path::new(arg);
         let p = if p.is_relative() {
             cwd.join(p)
@@ -161,7 +173,8 @@ pub fn needs(
             continue;
         }
         let p = p.canonicalize().unwrap_or(p);
-        if std::mem::replace(&mut script_seen, true) {
+        let script = !value && looks_like_code(&p) && ((interpreted && !before) || is_code(&p));
+        if !script || std::mem::replace(&mut script_seen, true) {
             let why = format!("a file named on the command line, {}", p.display());
             add(p.clone(), Access::Read, why, None);
             continue;
@@ -185,6 +198,69 @@ pub fn needs(
         }
     }
     Ok(rules)
+}
+
+/// Programs that run the file named by their first plain argument.
+const INTERPRETERS: [&str; 11] = [
+    "node", "nodejs", "deno", "bun", "python", "pypy", "ruby", "perl", "php", "bash", "sh",
+];
+
+/// Whether `program` (as named on the command line) is an interpreter: `python3.11` and
+/// `/usr/bin/node` count.
+fn is_interpreter(program: &OsStr) -> bool {
+    let name = Path::new(program)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    INTERPRETERS.contains(&stem)
+}
+
+/// Whether `arg` is an option (`-x`, `--flag`, `--key=value`) rather than a plain argument.
+fn is_option(arg: &OsStr) -> bool {
+    arg.to_string_lossy().starts_with('-')
+}
+
+/// Options of the interpreters whose value (the next argument) is a file or a module, never
+/// the script: `node --env-file .env server.js`, `node -r ./setup.js server.js`.
+const VALUE_OPTIONS: [&str; 12] = [
+    "-r",
+    "--require",
+    "--import",
+    "--loader",
+    "--experimental-loader",
+    "--env-file",
+    "--env-file-if-exists",
+    "--config",
+    "--rcfile",
+    "-X",
+    "-W",
+    "-e",
+];
+
+/// Whether `arg` is an option whose value is the next argument.
+fn takes_value(arg: &OsStr) -> bool {
+    VALUE_OPTIONS.contains(&arg.to_string_lossy().as_ref())
+}
+
+/// Whether `file` can be a program's code: named like code, executable, or starting `#!`.
+fn looks_like_code(file: &Path) -> bool {
+    is_code(file) || is_executable(file) || {
+        let mut head = [0u8; 2];
+        std::fs::File::open(file)
+            .and_then(|mut f| f.read_exact(&mut head))
+            .is_ok_and(|()| &head == b"#!")
+    }
+}
+
+/// Whether `file`'s name says it is a program's code.
+fn is_code(file: &Path) -> bool {
+    const CODE: [&str; 12] = [
+        "js", "mjs", "cjs", "ts", "mts", "py", "rb", "pl", "php", "sh", "jar", "lua",
+    ];
+    file.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| CODE.contains(&e))
 }
 
 /// `program` as `execvp` would find it.

@@ -7,7 +7,15 @@
 //!   any file it cannot even read;
 //! - `TIOCSTI`/`TIOCLINUX` on a descriptor it inherited (its stderr may be the user's
 //!   terminal): typing commands into the user's shell;
-//! - io_uring, whose operations do not pass through the filter.
+//! - io_uring, whose operations do not pass through the filter;
+//! - Unix sockets (`socket(AF_UNIX)`) when `net` is off and the kernel's Landlock cannot
+//!   hold their paths (before ABI 9): a server could otherwise ask any unconfined service
+//!   listening on one (a terminal multiplexer, the session bus) to act for it;
+//! - changes of user and group ids (a root server's would also clear its death signal);
+//! - leaving the process group (`setsid`, `setpgid`) and clearing the death signal
+//!   (`prctl(PR_SET_PDEATHSIG)`): these return success and do nothing, so everything the
+//!   server starts stays in the group the proxy kills at once, and the server dies with the
+//!   proxy.
 //!
 //! Refused calls fail with `EACCES` (sockets) or `EPERM`; the process goes on. Calls of
 //! another architecture's ABI (x32, i386 on x86-64) are refused altogether, so none of the
@@ -70,6 +78,22 @@ fn refused() -> Vec<libc::c_long> {
     calls
 }
 
+/// Changes of user or group identity. Refused (`EPERM`), not faked: a server that drops
+/// privileges must know it did not. Only a server run as root could make them, and any
+/// change of its effective or file-system ids would clear the death signal the proxy set.
+fn identity_changes() -> Vec<libc::c_long> {
+    vec![
+        libc::SYS_setuid,
+        libc::SYS_setgid,
+        libc::SYS_setreuid,
+        libc::SYS_setregid,
+        libc::SYS_setresuid,
+        libc::SYS_setresgid,
+        libc::SYS_setfsuid,
+        libc::SYS_setfsgid,
+    ]
+}
+
 /// One instruction, its jumps given as labels until [`assemble`] resolves them.
 enum Insn {
     Load(u32),
@@ -112,8 +136,9 @@ fn assemble(insns: &[Insn]) -> Vec<libc::sock_filter> {
 }
 
 impl Filter {
-    /// The filter for a server with TCP allowed (`net`) or not.
-    pub fn new(net: bool) -> Filter {
+    /// The filter for a server with the network allowed (`net`) or not, on a kernel whose
+    /// Landlock holds Unix sockets by path to the allowed paths (`unix_paths`, ABI 9) or not.
+    pub fn new(net: bool, unix_paths: bool) -> Filter {
         use Insn::*;
         let errno = |e: i32| libc::SECCOMP_RET_ERRNO | (e as u32 & libc::SECCOMP_RET_DATA);
         let mut p = vec![
@@ -125,9 +150,16 @@ impl Filter {
         ];
         #[cfg(target_arch = "x86_64")]
         p.push(JumpIfGe(0x4000_0000, "deny")); // x32 numbers
-        for call in refused() {
+        for call in refused().into_iter().chain(identity_changes()) {
             p.push(JumpIfEq(call as u32, "deny"));
         }
+        // Leaving the process group would take a process out of the proxy's reach
+        // (`crate::confine::reap` ends the group at once); clearing the death signal would
+        // let the server outlive a killed proxy. Both "succeed" and do nothing, so the many
+        // programs that call them in passing (a detached child, a daemon) go on working.
+        p.push(JumpIfEq(libc::SYS_setsid as u32, "pretend"));
+        p.push(JumpIfEq(libc::SYS_setpgid as u32, "pretend"));
+        p.push(JumpIfEq(libc::SYS_prctl as u32, "prctl"));
         p.push(JumpIfEq(libc::SYS_ioctl as u32, "ioctl"));
         if !net {
             p.push(JumpIfEq(libc::SYS_socket as u32, "socket"));
@@ -143,7 +175,21 @@ impl Filter {
             Load(arg(0)),
             JumpIfEq(libc::AF_INET as u32, "noaccess"),
             JumpIfEq(libc::AF_INET6 as u32, "noaccess"),
+        ]);
+        if !unix_paths {
+            // Before ABI 9 a Unix socket can connect to any path (a terminal multiplexer's,
+            // the session bus, `systemd-run --user`'s): a way out of everything. Pairs
+            // (`socketpair`, which runtimes use for their children's pipes) stay.
+            p.push(JumpIfEq(libc::AF_UNIX as u32, "noaccess"));
+        }
+        p.extend([
             Ret(libc::SECCOMP_RET_ALLOW),
+            Label("prctl"),
+            Load(arg(0)),
+            JumpIfEq(libc::PR_SET_PDEATHSIG as u32, "pretend"),
+            Ret(libc::SECCOMP_RET_ALLOW),
+            Label("pretend"),
+            Ret(errno(0)),
             Label("noaccess"),
             Ret(errno(libc::EACCES)),
             Label("deny"),
@@ -185,18 +231,19 @@ mod tests {
 
     #[test]
     fn jumps_land_on_their_labels() {
-        let f = Filter::new(false);
-        // The last two instructions are the EACCES and EPERM returns every jump ends at.
-        let n = f.program.len();
-        for (i, insn) in f.program.iter().enumerate() {
-            if insn.code == JEQ_K || insn.code == JGE_K {
-                let target = i + 1 + usize::from(insn.jt);
-                assert!(target < n, "jump {i} past the end");
-                let class = f.program[target].code & 0x07;
-                assert!(
-                    class == 0x06 || class == 0x00,
-                    "jump {i} lands on a return or a load"
-                );
+        for f in [Filter::new(false, false), Filter::new(true, true)] {
+            // Every jump ends at a return or at a load of what it tests next.
+            let n = f.program.len();
+            for (i, insn) in f.program.iter().enumerate() {
+                if insn.code == JEQ_K || insn.code == JGE_K {
+                    let target = i + 1 + usize::from(insn.jt);
+                    assert!(target < n, "jump {i} past the end");
+                    let class = f.program[target].code & 0x07;
+                    assert!(
+                        class == 0x06 || class == 0x00,
+                        "jump {i} lands on a return or a load"
+                    );
+                }
             }
         }
     }
