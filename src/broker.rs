@@ -11,7 +11,6 @@ use crate::limits::RateLimits;
 use crate::locks::LockTable;
 use crate::policy::{Overrides, Policy, PolicyError};
 use crate::sandbox::ConsentMode;
-use crate::session::{Session, SessionState};
 use crate::watch::WatchHub;
 
 /// Shared state behind every session: the policy (and through it the roots), the locks, the
@@ -30,12 +29,11 @@ pub struct Broker {
     stop: tokio::sync::watch::Sender<bool>,
     /// Counts the policies put in force ([`Broker::apply`]), for those that must follow them.
     applied: tokio::sync::watch::Sender<u64>,
-    sessions: Mutex<Vec<Weak<SessionState>>>,
+    sessions: Mutex<Vec<Weak<dyn Member>>>,
     watches: Arc<WatchHub>,
     rate: RwLock<Arc<RateLimits>>,
     next_session: AtomicU64,
     pool: Arc<FairPool>,
-    pending_input: crate::transport::InputBudget,
     prompts: Arc<tokio::sync::Semaphore>,
 }
 
@@ -47,6 +45,24 @@ pub struct ReloadReport {
     /// Whether anything about the roots changed (and `list_changed` was sent).
     pub roots_changed: bool,
 }
+
+/// What the broker needs of each session it opened: to revoke access and say the roots
+/// changed on a reload, and to abandon uploads left idle. Sessions (the layer above) implement
+/// it, so the broker reaches them without depending on them.
+pub(crate) trait Member: Send + Sync {
+    /// The session's id.
+    fn id(&self) -> u64;
+    /// Takes away what the session holds beneath `root` (grants, uploads), except beneath the
+    /// `spared` roots nested in it.
+    fn revoke(&self, root: &Path, spared: &[PathBuf]);
+    /// Queues `notifications/roots/list_changed`.
+    fn notify_roots_changed(&self);
+    /// Abandons uploads idle for `idle` or longer; returns how many.
+    fn reap_idle_uploads(&self, idle: Duration) -> usize;
+}
+
+/// Prompts that may wait for a person at once in one broker (each holds a blocking thread).
+pub const PROMPTS: usize = 2;
 
 impl Broker {
     /// A broker running `policy`; `overrides` are the command-line roots and switches that
@@ -67,7 +83,6 @@ impl Broker {
             policy.protected().refresh();
             overrides.audit_in_use = Some(config.path.clone());
         }
-        let policy_limits = policy.limits().clone();
         let broker = Arc::new_cyclic(|me| Broker {
             rate: RwLock::new(Arc::new(RateLimits::new(policy.limits()))),
             policy: RwLock::new(Arc::new(policy)),
@@ -77,11 +92,10 @@ impl Broker {
             stop: tokio::sync::watch::Sender::new(false),
             applied: tokio::sync::watch::Sender::new(0),
             sessions: Mutex::new(Vec::new()),
-            watches: WatchHub::start(me.clone()),
+            watches: WatchHub::start(me.clone() as Weak<dyn crate::watch::Owner>),
             next_session: AtomicU64::new(first_session),
             pool: FairPool::new(crate::fair::blocking_slots()),
-            prompts: Arc::new(tokio::sync::Semaphore::new(crate::methods::PROMPTS)),
-            pending_input: crate::transport::InputBudget::new(policy_limits.max_pending_input),
+            prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS)),
         });
         reap_idle_uploads(Arc::downgrade(&broker));
         Ok(broker)
@@ -119,12 +133,6 @@ impl Broker {
         &self.prompts
     }
 
-    /// The room for partial request lines shared by every connection (`max_pending_input`,
-    /// fixed when the broker starts).
-    pub fn pending_input(&self) -> &crate::transport::InputBudget {
-        &self.pending_input
-    }
-
     /// The watch hub every session's `files/watch` goes through.
     pub fn watches(&self) -> &Arc<WatchHub> {
         &self.watches
@@ -149,14 +157,23 @@ impl Broker {
         self.audit.as_ref()
     }
 
-    /// Opens a new session (one connection, one MCP server).
-    pub fn session(self: &Arc<Self>) -> Session {
-        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let (session, state) = Session::new(Arc::clone(self), id);
+    /// A new session's id: unique across brokers and restarts (see [`first_session_id`]).
+    pub(crate) fn next_session_id(&self) -> u64 {
+        self.next_session.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Counts `member` among the sessions that hear of reloads and have idle uploads reaped.
+    pub(crate) fn enroll(&self, member: Weak<dyn Member>) {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         sessions.retain(|w| w.strong_count() > 0);
-        sessions.push(Arc::downgrade(&state));
-        session
+        sessions.push(member);
+    }
+
+    /// The sessions still open.
+    fn members(&self) -> Vec<Arc<dyn Member>> {
+        let mut list = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|w| w.strong_count() > 0);
+        list.iter().filter_map(Weak::upgrade).collect()
     }
 
     /// Loads the policy file again (with the same command-line overrides) and applies it.
@@ -213,11 +230,7 @@ impl Broker {
             self.locks.release_under(root, &spared(root));
             self.watches.remove_root(root);
         }
-        let sessions: Vec<Arc<SessionState>> = {
-            let mut list = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            list.retain(|w| w.strong_count() > 0);
-            list.iter().filter_map(Weak::upgrade).collect()
-        };
+        let sessions = self.members();
         for s in &sessions {
             for root in &revoked {
                 s.revoke(root, &spared(root));
@@ -288,7 +301,7 @@ impl Broker {
 /// unguessable, and still exact as JSON numbers (below 2^53) for as many sessions as a broker
 /// will ever serve. Within a broker they count up from here, so they never collide.
 fn first_session_id() -> u64 {
-    let hex = crate::locks::random_hex(8);
+    let hex = crate::random::hex(8);
     let random = u64::from_str_radix(&hex, 16).unwrap_or(1);
     (random >> 12).max(1)
 }
@@ -310,15 +323,11 @@ fn reap_idle_uploads(broker: Weak<Broker>) {
                     (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(1)),
                 );
                 let Some(b) = broker.upgrade() else { return };
-                let sessions: Vec<Arc<SessionState>> = {
-                    let list = b.sessions.lock().unwrap_or_else(|e| e.into_inner());
-                    list.iter().filter_map(Weak::upgrade).collect()
-                };
-                for s in sessions {
-                    let n = s.uploads.reap(idle);
+                for s in b.members() {
+                    let n = s.reap_idle_uploads(idle);
                     if n > 0 {
                         tracing::info!(
-                            session = s.id,
+                            session = s.id(),
                             abandoned = n,
                             "idle uploads abandoned (lock_timeout_ms)"
                         );
@@ -410,5 +419,15 @@ impl PolicyWatcher {
             })
             .map_err(|e| notify::Error::generic(&e.to_string()))?;
         Ok(PolicyWatcher { _watcher: watcher })
+    }
+}
+
+impl crate::watch::Owner for Broker {
+    fn policy(&self) -> Arc<Policy> {
+        Broker::policy(self)
+    }
+
+    fn retire_root(&self, root: &Path) {
+        Broker::retire_root(self, root);
     }
 }

@@ -1,4 +1,5 @@
-//! The command line: raw flags become a validated policy before anything runs.
+//! The `fsbroker` command line (feature `cli`): raw flags become a validated policy before
+//! anything runs. [`main`] is all the binary calls.
 
 use std::io;
 use std::path::PathBuf;
@@ -18,8 +19,8 @@ use crate::transport::{self, DEFAULT_MAX_LINE, ServeOptions};
 /// side. Every path is resolved beneath an approved root through a directory capability,
 /// so no `..`, absolute path or symlink leads out of it.
 #[derive(Debug, Parser)]
-#[command(name = "fsbroker", version, propagate_version = true)]
-pub struct Cli {
+#[command(name = "fsbroker", version = VERSION, propagate_version = true)]
+struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -51,6 +52,14 @@ enum Command {
     /// The kernel sandbox of `proxy --confine` (Linux Landlock).
     #[command(subcommand)]
     Confine(ConfineCommand),
+    /// Print a shell completion script: `fsbroker completions bash > ~/.local/share/bash-completion/completions/fsbroker`.
+    ///
+    /// Shells: bash, zsh, fish, elvish, powershell. For zsh, write it as `_fsbroker` in a
+    /// directory of your `fpath`; for fish, to `~/.config/fish/completions/fsbroker.fish`.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
     /// Measure a broker over real pipes: chunked reads, a chunked upload, small operations.
     ///
     /// Starts `fsbroker serve` (this executable, or --broker-cmd) with a policy of its own (no
@@ -294,7 +303,15 @@ enum PolicyCommand {
     Schema,
 }
 
-/// Parses the command line and runs it.
+/// What `fsbroker --version` prints after the name: the version, and the MCP revisions the
+/// proxy understands (the `initialize` era up to 2025-11-25; the `server/discover` era from
+/// 2026-07-28, whose later dated revisions it treats the same way).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (MCP 2024-11-05 to 2025-11-25 through initialize; 2026-07-28 through server/discover)"
+);
+
+/// Parses the command line and runs it: what the `fsbroker` binary's `main` does.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
@@ -306,12 +323,28 @@ pub fn main() -> ExitCode {
             audit_verify(&files, head.as_deref())
         }
         Command::Audit(AuditCommand::Head { files }) => audit_head(&files),
-        Command::Bench(args) => crate::bench::main(args.options()),
+        Command::Bench(args) => match crate::bench::main(args.options()) {
+            Ok(report) => print(&report),
+            Err(e) => {
+                eprintln!("fsbroker bench: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Confine(ConfineCommand::Check { serve, command }) => {
             confine_check(&serve, &command)
         }
         Command::Policy(PolicyCommand::Schema) => {
             print(&format!("{:#}\n", PolicyFile::json_schema()))
+        }
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "fsbroker",
+                &mut out,
+            );
+            print(&String::from_utf8_lossy(&out))
         }
     }
 }
@@ -446,10 +479,7 @@ impl Running {
     }
 
     fn options(&self, args: &ServeArgs) -> ServeOptions {
-        ServeOptions {
-            max_line: args.max_line_bytes,
-            max_in_flight: self.broker.policy().limits().max_in_flight,
-        }
+        ServeOptions::for_policy(&self.broker.policy(), args.max_line_bytes)
     }
 }
 

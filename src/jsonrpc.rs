@@ -158,7 +158,7 @@ fn is_valid_id(raw: &RawValue) -> bool {
 }
 
 /// Something that can write itself as the `result` of a response.
-pub trait WriteResult {
+pub(crate) trait WriteResult {
     /// Appends this result's JSON to `out`.
     fn write_result(&self, out: &mut Vec<u8>);
 
@@ -171,7 +171,7 @@ pub trait WriteResult {
 
 /// Any serializable value is a result.
 #[derive(Debug)]
-pub struct Json<T>(pub T);
+pub(crate) struct Json<T>(pub T);
 
 impl<T: Serialize> WriteResult for Json<T> {
     fn write_result(&self, out: &mut Vec<u8>) {
@@ -183,8 +183,9 @@ impl<T: Serialize> WriteResult for Json<T> {
     }
 }
 
+#[cfg(test)]
 /// A complete response frame (newline included) for a successful request.
-pub fn result_frame(id: &RawValue, result: &dyn WriteResult, size_hint: usize) -> Vec<u8> {
+pub(crate) fn result_frame(id: &RawValue, result: &dyn WriteResult, size_hint: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(48 + id.get().len() + size_hint);
     write_result_frame(&mut out, id, result, false);
     out
@@ -282,7 +283,7 @@ pub fn error_frame(id: Option<&RawValue>, err: &Error) -> Vec<u8> {
 }
 
 /// A notification frame (newline included); `params` `None` leaves the member out.
-pub fn notification_frame(method: &str, params: Option<&dyn WriteResult>) -> Vec<u8> {
+pub(crate) fn notification_frame(method: &str, params: Option<&dyn WriteResult>) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + method.len());
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
     Json(method).write_result(&mut out);
@@ -292,6 +293,25 @@ pub fn notification_frame(method: &str, params: Option<&dyn WriteResult>) -> Vec
     }
     out.extend_from_slice(b"}\n");
     out
+}
+
+/// The first MCP revision of the new era (no `initialize`; `_meta` on every request; results
+/// carry `resultType`).
+pub const MODERN_VERSION: &str = "2026-07-28";
+
+/// Whether `version` is a revision of the new era: a date (`YYYY-MM-DD`, as revisions are
+/// named) of 2026-07-28 or later. Anything else ("9999", "2026-13") is no revision at all.
+pub fn is_modern(version: &str) -> bool {
+    let b = version.as_bytes();
+    let shaped = b.len() == 10
+        && b.iter().enumerate().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        });
+    shaped && version >= MODERN_VERSION
 }
 
 #[cfg(test)]

@@ -2,61 +2,90 @@
 //!
 //! An MCP server asks the client for files (`files/read`, `files/list`, ...) and for its
 //! roots (`roots/list`); fsbroker answers, resolving every path beneath a capability handle
-//! for an approved root, so the server never holds the disk.
+//! for an approved root, so the server never holds the disk. The wire contract is in
+//! `docs/protocol.md`; the threat model in `docs/security.md`.
+//!
+//! # What a host uses
+//!
+//! - [`Policy`] ([`policy`]): the roots, their modes, consent and deny globs, and the limits,
+//!   from a TOML file and command-line [`Overrides`].
+//! - [`Broker`]: the state every session shares. [`Broker::session`] opens a [`Session`] per
+//!   MCP server; [`Session::handle`] answers one message; [`Session::take_notifications`]
+//!   streams `notifications/roots/list_changed` and `notifications/files/changed`.
+//! - [`transport`]: the ready-made ways to connect servers: [`transport::serve_stdio`],
+//!   [`transport::serve_connection`] (any byte stream), [`transport::listen::listen`] (one
+//!   broker shared over a Unix socket) and [`transport::proxy::run`] (in front of any stdio
+//!   MCP server, optionally [`confine`]d by Landlock).
+//! - [`Error`] and [`ErrorKind`] (one kind per wire error code), [`PolicyError`],
+//!   [`audit::AuditError`].
+//! - [`audit::verify_files`]: checks a hash-chained audit log; [`sandbox::resolve`]: the
+//!   path resolver every request goes through, for a host that wants to show a path the
+//!   way the broker reads it.
+//!
+//! The command line (`fsbroker serve`, `proxy`, `bench`, ...) is the default `cli` feature;
+//! `fsbroker = { version = "0.1", default-features = false }` leaves it out, and with it
+//! clap, indicatif and tracing-subscriber.
 //!
 //! # Layout
 //!
-//! A message travels one way through layers that each do one thing:
+//! A message travels one way through layers that each do one thing, and each layer imports
+//! only the ones below it:
 //!
 //! ```text
-//! bytes ─► transport ─► jsonrpc ─► session ─► methods/<name> ─► sandbox (cap-std) ─► disk
+//! bytes ─► transport ─► jsonrpc ─► methods (dispatch) ─► methods/<name> ─► sandbox (cap-std) ─► disk
+//!                                  └─ session (one server's state) ─► broker (shared state)
 //! ```
 //!
-//! - [`transport`]: line framing with a named maximum ([`transport::framing`]), the stdio
-//!   server ([`transport::serve`]), the Unix-socket server that shares one broker among
-//!   many servers ([`transport::listen`]), and the proxy in front of any stdio MCP server
-//!   ([`transport::proxy`]); [`transport::pipe`] writes frames and grows pipes.
-//! - [`jsonrpc`]: envelope parsing (id kept raw, params parsed by each method) and response
-//!   frames written straight into a buffer; [`outgoing`]: a frame on its way out, with a
+//! - `transport/`: line framing with a named maximum (`framing.rs`), the stdio server
+//!   (`serve.rs`), the Unix-socket server (`listen.rs`), the proxy (`proxy.rs`, its relay
+//!   queues in `relay.rs`, the MCP 2026-07-28 era in `eras.rs` and `modern.rs`), the session
+//!   driver every transport shares (`driver.rs`), and pipe writes (`pipe.rs`).
+//! - `jsonrpc.rs`: envelope parsing (id kept raw, params parsed by each method) and response
+//!   frames written straight into a buffer; `outgoing.rs`: a frame on its way out, with a
 //!   large read's base64 body in pages of its own (spliced into a pipe, not copied).
-//! - [`broker`]: [`Broker`], the state every session shares (the policy, hence the roots;
-//!   the lock table).
-//! - [`session`]: [`Session`], one connected server: a message in, a response out
-//!   ([`Session::handle`]), and a stream of notifications ([`Session::take_notifications`]);
-//!   holds the session's grants and uploads and, on drop, releases its locks and watches.
 //! - `methods/`: one file per method (`roots.rs`, `read.rs`, `list.rs`, `write.rs`,
 //!   `create.rs`, `delete.rs`, `rename.rs`, `unlock.rs`, `consent.rs`, `watch.rs`,
-//!   `ping.rs`), each with its `Params`, result and `handle`; `methods/mod.rs` dispatches.
-//! - [`consent`]: the providers that ask a person (command, terminal).
-//! - [`audit`]: the hash-chained audit log, its verifier, its roll-over and its copies to
+//!   `ping.rs`), each with its `Params`, result and `handle`; `methods/mod.rs` dispatches
+//!   (it holds [`Session::handle`]).
+//! - `session.rs`: one connected server's state (grants, uploads, notifications).
+//! - `broker.rs`: the state every session shares (the policy, hence the roots; the lock
+//!   table; the watch hub; the audit log). It reaches sessions through a small interface
+//!   they implement, never the other way up.
+//! - `consent/`: the providers that ask a person (command, terminal).
+//! - `audit/`: the hash-chained audit log, its verifier, its roll-over and its copies to
 //!   syslog or the journal.
-//! - [`sandbox`]: [`sandbox::Root`] (the only ambient-authority open, and the strictest
-//!   rules of every root covering a path), path resolution ([`sandbox::resolve`], and
-//!   [`sandbox::Resolved::real`]: where a path really leads), deny globs, fsbroker's own
-//!   files ([`sandbox::protected`]), safe opens ([`sandbox::open`]) and the building blocks
-//!   of mutations ([`sandbox::mutate`]: parent handles, staging files, renames, each change
-//!   checked against protected paths and modes).
-//! - [`locks`]: the broker's path locks (SEP-1708), shared and exclusive, kept locks.
-//! - [`limits`]: per-session rate limits (governor) and operation deadlines.
-//! - [`upload`]: chunked uploads staged beside their targets.
-//! - [`watch`]: `files/watch` — one notify watcher per broker, event mapping, coalescing,
-//!   rescans, and retiring roots whose directory disappears.
-//! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`policy::Policy`].
-//! - [`error`]: [`Error`] and the single kind → wire-code mapping.
+//! - `sandbox/`: [`sandbox::Root`] (the only ambient-authority open, and the strictest rules
+//!   of every root covering a path), path resolution ([`sandbox::resolve`]), deny globs,
+//!   fsbroker's own files (`protected.rs`), safe opens (`open.rs`) and the building blocks of
+//!   mutations (`mutate.rs`).
+//! - `locks.rs` (path locks, SEP-1708), `limits.rs` (rate limits and deadlines), `fair.rs`
+//!   (the blocking pool shared fairly between sessions), `upload.rs` (chunked uploads
+//!   staged beside their targets), `watch/` (`files/watch`: one notify watcher per broker),
+//!   `random.rs` (ids and nonces), `rfc3339.rs` (timestamps).
+//! - [`confine`]: `proxy --confine`, the Landlock domain and seccomp filter a server runs in.
+//! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`Policy`].
 //! - [`codec`]: UTF-8 and base64 content, with the SIMD base64 engine.
-//! - [`cli`]: the `fsbroker` command line.
-//! - [`bench`](mod@bench): `fsbroker bench`, a client measuring a broker over real pipes
-//!   (chunked reads and uploads, small operations, OpenSSH's sftp-server for comparison).
+//! - `cli.rs` and `bench/` (feature `cli`): the `fsbroker` command line and `fsbroker bench`.
 //!
 //! # Embedding
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use fsbroker::{Broker, policy::{Overrides, Policy}};
-//! let policy = Policy::load(None, &Overrides { roots: vec![".".into()], ..Default::default() })?;
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use fsbroker::{Broker, Overrides, Policy};
+//!
+//! let dir = tempfile::tempdir()?;
+//! std::fs::write(dir.path().join("notes.txt"), "hello")?;
+//! // One read-only root, as `fsbroker serve --root DIR` would have it.
+//! let policy = Policy::load(None, &Overrides { roots: vec![dir.path().into()], ..Default::default() })?;
 //! let session = Broker::new(policy)?.session();
-//! let reply = session.handle(br#"{"jsonrpc":"2.0","id":1,"method":"roots/list"}"#).await;
-//! assert!(reply.is_some());
+//!
+//! let reply = session
+//!     .handle(br#"{"jsonrpc":"2.0","id":1,"method":"files/read","params":{"path":"notes.txt"}}"#)
+//!     .await
+//!     .expect("a request gets an answer");
+//! let reply: serde_json::Value = serde_json::from_slice(&reply)?;
+//! assert_eq!(reply["result"]["content"], "hello");
 //! # Ok(()) }
 //! ```
 
@@ -65,28 +94,34 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+// The public surface is what a host uses: the broker and its sessions, the policy, the errors,
+// the transports, the path resolver and the audit log's verifier. The rest is the broker's own.
 pub mod audit;
-pub mod bench;
-pub mod broker;
+#[cfg(feature = "cli")]
+mod bench;
+mod broker;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod codec;
 pub mod confine;
-pub mod consent;
+mod consent;
 pub mod error;
-pub mod fair;
+mod fair;
 pub mod jsonrpc;
-pub mod limits;
-pub mod locks;
+mod limits;
+mod locks;
 mod methods;
-pub mod outgoing;
+mod outgoing;
 pub mod policy;
-pub mod rfc3339;
+mod random;
+mod rfc3339;
 pub mod sandbox;
-pub mod session;
+mod session;
 pub mod transport;
-pub mod upload;
-pub mod watch;
+mod upload;
+mod watch;
 
-pub use broker::Broker;
+pub use broker::{Broker, ReloadReport};
 pub use error::{Error, ErrorKind};
-pub use session::{Notifications, Session};
+pub use policy::{Overrides, Policy, PolicyError};
+pub use session::{Notifications, PEER_NOTIFICATION, Session};

@@ -316,30 +316,7 @@ fn locked(raw: &str) -> Error {
 
 /// 128 random bits from the OS, as hex.
 fn new_lock_id() -> String {
-    random_hex(16)
-}
-
-/// `n` random bytes from the OS, as lowercase hex (for lock ids and temporary names).
-pub(crate) fn random_hex(n: usize) -> String {
-    let mut bytes = vec![0u8; n];
-    let mut filled = 0;
-    while filled < n {
-        match rustix::rand::getrandom(&mut bytes[filled..], rustix::rand::GetRandomFlags::empty()) {
-            Ok(k) => filled += k,
-            Err(rustix::io::Errno::INTR) => {}
-            // getrandom(2) cannot fail once the pool is initialised except by interruption;
-            // should it, fall back to the time and address entropy rather than panic.
-            Err(_) => {
-                let t = Instant::now();
-                let fallback = format!("{t:?}{:p}", &bytes);
-                for (i, b) in fallback.bytes().enumerate() {
-                    bytes[(filled + i) % n] ^= b;
-                }
-                break;
-            }
-        }
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::random::hex(16)
 }
 
 #[cfg(test)]

@@ -132,11 +132,6 @@ impl Body {
         self.len
     }
 
-    /// Whether nothing is filled.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Unmaps the pages without returning them to the pool: for a body spliced into a pipe,
     /// whose pages must never be written again.
     pub(crate) fn discard(mut self) {
@@ -177,16 +172,6 @@ impl Outgoing {
     pub(crate) fn hold(mut self, budget: Option<OwnedSemaphorePermit>) -> Outgoing {
         self.budget = budget;
         self
-    }
-
-    /// The frame's length in bytes.
-    pub fn len(&self) -> usize {
-        self.bytes.len() + self.body.as_ref().map_or(0, |(_, b)| b.len())
-    }
-
-    /// Whether the frame is empty (never, for frames the broker makes).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The whole frame in one buffer (the body copied in).
@@ -233,8 +218,9 @@ mod tests {
         body.spare()[..3].copy_from_slice(b"BBB");
         body.advance(3);
         let frame = Outgoing::with_body(b"{\"c\":\"\"}\n".to_vec(), 6, body);
-        assert_eq!(frame.len(), 12);
-        assert_eq!(frame.into_vec(), b"{\"c\":\"BBB\"}\n");
+        let whole = frame.into_vec();
+        assert_eq!(whole.len(), 12);
+        assert_eq!(whole, b"{\"c\":\"BBB\"}\n");
         // Copied out, the body went back to the pool and serves the next take.
         assert_eq!(pool.free.lock().unwrap().len(), 1);
     }

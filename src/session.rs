@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::broker::Broker;
-use crate::jsonrpc::{self, Incoming};
-use crate::methods;
-use crate::outgoing::{BodyPool, Outgoing};
+use crate::jsonrpc;
+use crate::outgoing::BodyPool;
 use crate::upload::Uploads;
 
 /// The notification a proxy sends a shared broker (`proxy --connect`) to name the MCP server
@@ -195,6 +194,43 @@ impl SessionState {
     }
 }
 
+impl crate::broker::Member for SessionState {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn revoke(&self, root: &Path, spared: &[PathBuf]) {
+        SessionState::revoke(self, root, spared);
+    }
+
+    fn notify_roots_changed(&self) {
+        SessionState::notify_roots_changed(self);
+    }
+
+    fn reap_idle_uploads(&self, idle: std::time::Duration) -> usize {
+        self.uploads.reap(idle)
+    }
+}
+
+impl crate::watch::Subscriber for SessionState {
+    fn try_notify(&self, frame: Vec<u8>) -> bool {
+        SessionState::try_notify(self, frame)
+    }
+
+    fn is_granted(&self, abs: &Path) -> bool {
+        SessionState::is_granted(self, abs)
+    }
+}
+
+impl Broker {
+    /// Opens a new session (one connection, one MCP server).
+    pub fn session(self: &Arc<Self>) -> Session {
+        let (session, state) = Session::new(Arc::clone(self), self.next_session_id());
+        self.enroll(Arc::downgrade(&state) as std::sync::Weak<dyn crate::broker::Member>);
+        session
+    }
+}
+
 impl Session {
     pub(crate) fn new(broker: Arc<Broker>, id: u64) -> (Session, Arc<SessionState>) {
         let (tx, rx) = mpsc::channel(NOTIFICATION_QUEUE);
@@ -286,7 +322,7 @@ impl Session {
     /// Takes what a proxy reported ([`PEER_NOTIFICATION`]): the server's name (the first one
     /// stands, so the name a person saw in one prompt is the name they see in the next), and
     /// the revision its connection speaks (`protocolVersion`).
-    fn learn_peer(&self, params: Option<&serde_json::value::RawValue>) {
+    pub(crate) fn learn_peer(&self, params: Option<&serde_json::value::RawValue>) {
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Peer {
@@ -299,7 +335,7 @@ impl Session {
             return;
         };
         if let Some(version) = &peer.protocol_version {
-            self.set_modern(crate::transport::modern::is_modern(version));
+            self.set_modern(crate::jsonrpc::is_modern(version));
         }
         if let Some(mut confinement) = peer.confinement {
             // The proxy's account of the sandbox it started its server in (`--confine`).
@@ -317,29 +353,6 @@ impl Session {
             tracing::info!(session = self.id(), server = %name, "server named by its proxy");
             self.set_peer_name(name);
         }
-    }
-
-    /// The stream of notification frames (newline included) for this session's peer:
-    /// `notifications/roots/list_changed`, and later `notifications/files/changed`. It can be
-    /// taken once; the transport that owns the peer's output takes it.
-    pub fn take_notifications(&self) -> Option<Notifications> {
-        self.notifications
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-    }
-
-    /// Handles one message (a line without its newline) and returns the response frame,
-    /// newline included, or `None` when the message gets no answer (a notification, or a
-    /// response to a request the broker never sent).
-    pub async fn handle(&self, line: &[u8]) -> Option<Vec<u8>> {
-        self.respond(line).await.map(Outgoing::into_vec)
-    }
-
-    /// [`Session::handle`] for transports: the response as an [`Outgoing`] frame, whose large
-    /// body (a base64 chunk) has not been copied into the rest of the frame.
-    pub async fn respond(&self, line: &[u8]) -> Option<Outgoing> {
-        self.respond_received(line, self.received()).await
     }
 
     /// Counts a request as received, for a transport that hands requests to concurrent tasks:
@@ -360,36 +373,14 @@ impl Session {
         }
     }
 
-    /// [`Session::respond`] for a request already counted by [`Session::received`].
-    pub(crate) async fn respond_received(
-        &self,
-        line: &[u8],
-        received: Received,
-    ) -> Option<Outgoing> {
-        match jsonrpc::parse(line) {
-            Incoming::Request { id, method, params } => {
-                Some(methods::call(self, &method, params, id, received.arrival).await)
-            }
-            Incoming::Notification { method, params } => {
-                if method == PEER_NOTIFICATION {
-                    self.learn_peer(params);
-                } else {
-                    tracing::debug!(session = self.id(), %method, "notification");
-                }
-                None
-            }
-            Incoming::Response => {
-                tracing::debug!(
-                    session = self.id(),
-                    "ignoring a response to no request of ours"
-                );
-                None
-            }
-            Incoming::Invalid { id, error } => {
-                tracing::debug!(session = self.id(), %error, "invalid message");
-                Some(jsonrpc::error_frame(id, &error).into())
-            }
-        }
+    /// The stream of notification frames (newline included) for this session's peer:
+    /// `notifications/roots/list_changed`, and later `notifications/files/changed`. It can be
+    /// taken once; the transport that owns the peer's output takes it.
+    pub fn take_notifications(&self) -> Option<Notifications> {
+        self.notifications
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 }
 
@@ -398,6 +389,13 @@ impl Session {
 pub(crate) struct Received {
     state: Arc<SessionState>,
     arrival: u64,
+}
+
+impl Received {
+    /// The request's arrival number in its session.
+    pub(crate) fn arrival(&self) -> u64 {
+        self.arrival
+    }
 }
 
 impl Drop for Received {

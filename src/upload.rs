@@ -262,11 +262,6 @@ impl Uploads {
         self.map().by_key.len()
     }
 
-    /// Whether no upload is in progress.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Empties a slot so a chunk holding a clone of it finds the upload gone.
     fn abort(&self, slot: Slot) {
         let mut guard = lock(&slot);

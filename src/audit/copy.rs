@@ -143,11 +143,6 @@ impl Copies {
         self.sinks.iter().all(|s| s.lost.is_none())
     }
 
-    /// Whether there is any copy to send.
-    pub fn is_empty(&self) -> bool {
-        self.sinks.is_empty()
-    }
-
     /// Sends `line` (as written, without its newline; `fields` are its members) to every
     /// copy. Returns the changes of state to record.
     pub fn send(&mut self, line: &[u8], fields: &BTreeMap<&str, Value>) -> Vec<Notice> {

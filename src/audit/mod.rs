@@ -8,12 +8,12 @@
 //!
 //! Several brokers may append to one file (each append holds the file's `flock`); a log with
 //! `max_bytes` rolls over to a new file that continues the chain (`rotate.rs`); every line can
-//! also be sent, as it is written, to the machine's log collector ([`copy`]).
+//! also be sent, as it is written, to the machine's log collector (`copy.rs`).
 //!
 //! The log fails closed: once a line cannot be written, the broker refuses every audited
 //! request (`IO_ERROR`, "audit log unavailable") rather than act unrecorded.
 
-pub mod copy;
+pub(crate) mod copy;
 mod rotate;
 mod verify;
 
@@ -887,7 +887,7 @@ fn tail(mut file: &File, path: &Path) -> Result<Tail, AuditError> {
     tail_until(file, path, len)
 }
 
-/// The longest line [`tail`] and `verify` read: far above any line a broker writes (its strings
+/// The longest line `tail` and `verify` read: far above any line a broker writes (its strings
 /// are capped), far below what a file that is not a log can make them hold in memory.
 pub const MAX_LINE: u64 = 1 << 20;
 

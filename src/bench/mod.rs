@@ -38,7 +38,6 @@ mod upload;
 mod wire;
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use clap::ValueEnum;
 
@@ -147,36 +146,21 @@ impl Options {
     }
 }
 
-/// Runs the bench and prints its report; the exit status says whether every check passed.
-pub fn main(opts: Options) -> ExitCode {
-    if let Err(e) = validate(&opts) {
-        eprintln!("fsbroker bench: {e}");
-        return ExitCode::FAILURE;
-    }
-    let ws = match Workspace::create() {
-        Ok(ws) => ws,
-        Err(e) => {
-            eprintln!("fsbroker bench: cannot make a workspace in the temp directory: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+/// Runs the bench; returns its report (a table, or JSON with `--json`) for the command line to
+/// print, or why it could not run. Whether every check passed is in the report.
+pub fn main(opts: Options) -> Result<String, String> {
+    validate(&opts)?;
+    let ws = Workspace::create()
+        .map_err(|e| format!("cannot make a workspace in the temp directory: {e}"))?;
     fixture::remove_on_interrupt(ws.path());
     let result = run(&opts, &ws);
     drop(ws);
-    match result {
-        Ok(report) => {
-            let text = if opts.json {
-                report.json()
-            } else {
-                report.table()
-            };
-            crate::cli::print(&text)
-        }
-        Err(e) => {
-            eprintln!("fsbroker bench: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let report = result?;
+    Ok(if opts.json {
+        report.json()
+    } else {
+        report.table()
+    })
 }
 
 fn validate(opts: &Options) -> Result<(), String> {
@@ -400,7 +384,7 @@ fn phases(
         ..Memory::default()
     };
     let sftp_tool = opts.compare_sftp.then(sftp::find);
-    let mut sftp_report = sftp_tool.as_ref().map(report::Sftp::new);
+    let mut sftp_report = sftp_tool.as_ref().map(sftp::report);
 
     let mut read_report = None;
     if opts.runs(Phase::Read) {

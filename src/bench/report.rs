@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::sftp;
-
 /// Everything one run measured.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -235,21 +233,6 @@ pub struct Sftp {
 }
 
 impl Sftp {
-    pub(crate) fn new(tool: &sftp::Tool) -> Sftp {
-        match tool {
-            sftp::Tool::Found(t) => Sftp {
-                available: true,
-                client: Some(t.client.display().to_string()),
-                server: Some(t.server.display().to_string()),
-                ..Sftp::default()
-            },
-            sftp::Tool::Missing(why) => Sftp {
-                note: Some(why.clone()),
-                ..Sftp::default()
-            },
-        }
-    }
-
     pub(crate) fn ratios(&mut self, read: Option<&Read>, upload: Option<&Upload>) {
         let ratio = |ours: Option<&Throughput>, theirs: &Option<Throughput>| {
             Some(ours?.mb_per_s / theirs.as_ref()?.mb_per_s).filter(|r| r.is_finite())

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use super::progress::Bars;
-use super::report::Throughput;
+use super::report::{self, Throughput};
 
 /// What to say when the tools are missing.
 pub(crate) const MISSING: &str =
@@ -146,4 +146,20 @@ fn quote(path: &Path) -> Result<String, String> {
     }
     out.push('"');
     Ok(out)
+}
+
+/// What the report says of the sftp tools found (or why there are none).
+pub(crate) fn report(tool: &Tool) -> report::Sftp {
+    match tool {
+        Tool::Found(t) => report::Sftp {
+            available: true,
+            client: Some(t.client.display().to_string()),
+            server: Some(t.server.display().to_string()),
+            ..report::Sftp::default()
+        },
+        Tool::Missing(why) => report::Sftp {
+            note: Some(why.clone()),
+            ..report::Sftp::default()
+        },
+    }
 }

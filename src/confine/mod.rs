@@ -5,17 +5,17 @@
 //! checks. `--confine` starts the server in a Landlock domain built from the policy
 //! ([`plan`]): read-write roots readable and writable, read-only roots readable, `deny` roots
 //! and unapproved `prompt` roots not at all; what the server needs to run, read-only
-//! ([`runtime`]); a private temporary directory; no TCP unless `[confine] net` allows it. The
+//! (`runtime.rs`); a private temporary directory; no TCP unless `[confine] net` allows it. The
 //! kernel then refuses everything else, to the server and everything it starts, for good.
 //!
 //! What Landlock cannot express (deny globs, files of fsbroker's own inside a read-write
 //! root, rights an older kernel lacks) is named by the plan ([`Plan::gaps`]): best effort
 //! runs and says so on stderr, strict refuses to start. See docs/security.md, "Confinement".
 
-pub mod kernel;
-pub mod reap;
-pub mod runtime;
-pub mod seccomp;
+pub(crate) mod kernel;
+pub(crate) mod reap;
+pub(crate) mod runtime;
+pub(crate) mod seccomp;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -571,6 +571,11 @@ impl Confinement {
             return Err(ConfineError::Strict(gaps.rules));
         }
         let prepared = kernel::prepare(&plan, abi)?;
+        if !prepared.absent.is_empty() {
+            // A grant of a path that is not there is harmless (nothing to reach), but a
+            // runtime that then fails to start is easier to understand with it named.
+            tracing::debug!(absent = ?prepared.absent, "paths of the confinement that do not exist here; left out");
+        }
         Ok(Confinement {
             plan,
             mode,

@@ -18,7 +18,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::limits::Deadline;
 use crate::rfc3339;
-use crate::sandbox::{self, Root, mutate, open};
+use crate::sandbox::{self, Root, open};
 
 /// `files/list` parameters.
 #[derive(Debug, Deserialize)]
@@ -242,7 +242,7 @@ impl Page<'_> {
                 continue;
             }
             // Uploads in progress are the broker's business, not a listing's.
-            if mutate::is_staging_name(name) {
+            if sandbox::is_staging_name(name) {
                 continue;
             }
             let entry_rel = join(lexical, name);

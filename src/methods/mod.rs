@@ -25,13 +25,13 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{AuditLog, Record};
 use crate::error::{Error, ErrorKind, Result};
-use crate::jsonrpc::{self, WriteResult};
+use crate::jsonrpc::{self, Incoming, WriteResult};
 use crate::limits::{self, Deadline};
 use crate::locks::{LockGuard, LockMode, LockTable};
 use crate::outgoing::{Body, Outgoing};
 use crate::policy::Policy;
 use crate::sandbox::{self, ConsentMode, Resolved, Root};
-use crate::session::{Session, SessionState};
+use crate::session::{PEER_NOTIFICATION, Received, Session, SessionState};
 
 /// What a handler sees: the policy snapshot for this request and the session.
 pub(crate) struct Ctx<'a> {
@@ -64,7 +64,7 @@ impl Ctx<'_> {
 
 impl Ctx<'_> {
     /// Waits for this request's turn to ask the person (consent prompts, the offer of
-    /// `prompt` roots): one prompt at a time per session, and at most [`PROMPTS`] running
+    /// `prompt` roots): one prompt at a time per session, and at most [`crate::broker::PROMPTS`] running
     /// in the broker. A prompt waits for a person on a thread of the blocking pool; without
     /// these bounds, sessions queueing prompts nobody answers would hold every thread. The
     /// wait counts against `timeout_ms` (`TIMEOUT` when it runs out).
@@ -86,9 +86,6 @@ impl Ctx<'_> {
         })
     }
 }
-
-/// Prompts that may wait for a person at once in one broker (each holds a blocking thread).
-pub const PROMPTS: usize = 2;
 
 /// A request's turn to ask the person; see [`Ctx::prompt_turn`].
 pub(crate) struct PromptTurn {
@@ -517,4 +514,53 @@ fn parse<'a, P: Deserialize<'a>>(params: Option<&'a RawValue>) -> Result<P> {
         return Err(Error::invalid_params("params must be an object"));
     }
     serde_json::from_str(text).map_err(|e| Error::invalid_params(e.to_string()))
+}
+
+// The session's entry points live beside the dispatch they lead to: the session layer below
+// holds a connection's state and knows nothing of the methods.
+impl Session {
+    /// Handles one message (a line without its newline) and returns the response frame,
+    /// newline included, or `None` when the message gets no answer (a notification, or a
+    /// response to a request the broker never sent).
+    pub async fn handle(&self, line: &[u8]) -> Option<Vec<u8>> {
+        self.respond(line).await.map(Outgoing::into_vec)
+    }
+
+    /// [`Session::handle`] for transports: the response as an [`Outgoing`] frame, whose large
+    /// body (a base64 chunk) has not been copied into the rest of the frame.
+    pub(crate) async fn respond(&self, line: &[u8]) -> Option<Outgoing> {
+        self.respond_received(line, self.received()).await
+    }
+
+    /// [`Session::respond`] for a request already counted by [`Session::received`].
+    pub(crate) async fn respond_received(
+        &self,
+        line: &[u8],
+        received: Received,
+    ) -> Option<Outgoing> {
+        match jsonrpc::parse(line) {
+            Incoming::Request { id, method, params } => {
+                Some(call(self, &method, params, id, received.arrival()).await)
+            }
+            Incoming::Notification { method, params } => {
+                if method == PEER_NOTIFICATION {
+                    self.learn_peer(params);
+                } else {
+                    tracing::debug!(session = self.id(), %method, "notification");
+                }
+                None
+            }
+            Incoming::Response => {
+                tracing::debug!(
+                    session = self.id(),
+                    "ignoring a response to no request of ours"
+                );
+                None
+            }
+            Incoming::Invalid { id, error } => {
+                tracing::debug!(session = self.id(), %error, "invalid message");
+                Some(jsonrpc::error_frame(id, &error).into())
+            }
+        }
+    }
 }

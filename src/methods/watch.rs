@@ -82,7 +82,15 @@ fn watch(op: &Op, hub: &crate::watch::WatchHub, p: &Params) -> Result<Reply> {
         events,
     };
     op.commit()?;
-    let watch_id = hub.add(&op.state, root, spec, op.policy.limits().max_watches, raw)?;
+    let me = std::sync::Arc::downgrade(&op.state) as std::sync::Weak<dyn crate::watch::Subscriber>;
+    let watch_id = hub.add(
+        me,
+        op.state.id,
+        root,
+        spec,
+        op.policy.limits().max_watches,
+        raw,
+    )?;
     Ok(Reply { watch_id })
 }
 

@@ -39,22 +39,9 @@ pub enum PolicyError {
         /// The parser's message, which names the key and the line.
         message: String,
     },
-    /// A root directory is missing, not a directory, or cannot be opened.
-    #[error("root {path}: {reason}")]
-    Root {
-        /// The root's path as configured.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A root name is not a single usable path segment.
-    #[error("root name {name:?} {reason}")]
-    RootName {
-        /// The offending name.
-        name: String,
-        /// What is wrong with it.
-        reason: String,
-    },
+    /// A root cannot be opened: its directory, its name or a deny glob is wrong.
+    #[error(transparent)]
+    Root(#[from] crate::sandbox::RootError),
     /// Two roots share a name.
     #[error("two roots are named {name:?} ({first} and {second}); give one of them a `name`")]
     DuplicateName {
@@ -74,14 +61,6 @@ pub enum PolicyError {
         first: String,
         /// The second name.
         second: String,
-    },
-    /// A deny glob does not compile.
-    #[error("deny pattern {pattern:?}: {reason}")]
-    Glob {
-        /// The pattern as written.
-        pattern: String,
-        /// The glob compiler's message.
-        reason: String,
     },
     /// The `[consent]` or `[audit]` table is inconsistent.
     #[error("[{table}] {reason}")]

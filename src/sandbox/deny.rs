@@ -2,7 +2,7 @@
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
-use crate::policy::PolicyError;
+use super::RootError;
 
 /// A root's compiled deny globs.
 ///
@@ -18,17 +18,17 @@ pub struct DenySet {
 
 impl DenySet {
     /// Compiles the patterns; a bad pattern is an error that names it.
-    pub fn new(patterns: &[String]) -> Result<DenySet, PolicyError> {
+    pub fn new(patterns: &[String]) -> Result<DenySet, RootError> {
         let mut builder = GlobSetBuilder::new();
         for pattern in patterns {
             // Patterns are relative to the root; a leading `/` only anchors them there.
             let anchored = pattern.trim_start_matches('/');
-            let mut add = |p: &str| -> Result<(), PolicyError> {
+            let mut add = |p: &str| -> Result<(), RootError> {
                 let glob = GlobBuilder::new(p)
                     .literal_separator(true)
                     .backslash_escape(true)
                     .build()
-                    .map_err(|e| PolicyError::Glob {
+                    .map_err(|e| RootError::Glob {
                         pattern: pattern.clone(),
                         reason: e.kind().to_string(),
                     })?;
@@ -42,7 +42,7 @@ impl DenySet {
                 }
             }
         }
-        let set = builder.build().map_err(|e| PolicyError::Glob {
+        let set = builder.build().map_err(|e| RootError::Glob {
             pattern: patterns.join(", "),
             reason: e.to_string(),
         })?;

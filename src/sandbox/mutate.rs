@@ -16,7 +16,7 @@ use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 
 use super::open::{check_not_denied, denied, real_rel};
 use super::protected::{OWN_FILE, cap_id_of};
-use super::{Mode, Resolved, Root};
+use super::{Mode, Resolved, Root, STAGING_MARK, STAGING_SUFFIX};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The directory holding a path, opened beneath the root, and the path's last component.
@@ -205,7 +205,7 @@ impl Parent {
         }
         let name = format!(
             ".{stem}{STAGING_MARK}{}{STAGING_SUFFIX}",
-            crate::locks::random_hex(8)
+            crate::random::hex(8)
         );
         let mut opts = OpenOptions::new();
         opts.write(true)
@@ -566,16 +566,6 @@ fn holds_denied(raw: &str) -> Error {
 fn is_not_empty(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(rustix::io::Errno::NOTEMPTY.raw_os_error())
         || e.kind() == std::io::ErrorKind::DirectoryNotEmpty
-}
-
-/// Marks fsbroker's staging files: `.NAME.fsbroker-RANDOM.part`.
-pub const STAGING_MARK: &str = ".fsbroker-";
-/// The staging files' suffix.
-pub const STAGING_SUFFIX: &str = ".part";
-
-/// Whether a directory entry's name is one of fsbroker's staging files.
-pub fn is_staging_name(name: &str) -> bool {
-    name.starts_with('.') && name.ends_with(STAGING_SUFFIX) && name.contains(STAGING_MARK)
 }
 
 /// A staging file beside its target. Removed when dropped unless committed, so every

@@ -38,7 +38,7 @@ pub struct RegularFile {
 /// fsbroker's own files ([`super::protected`]) are refused the same way, by their spelled
 /// path here and, after an open, by where the descriptor really is and by its identity.
 pub fn check_not_denied(target: &Resolved, raw: &str) -> Result<()> {
-    if target.rel().split('/').any(super::mutate::is_staging_name) {
+    if target.rel().split('/').any(super::is_staging_name) {
         return Err(Error::new(
             ErrorKind::PermissionDenied,
             "reserved for fsbroker's staging files",

@@ -60,7 +60,7 @@ impl Resolved {
     /// This is the one place that answers "where does this path lead": consent shows and
     /// grants it, writes go through it, watches cover it, and deny globs, modes and grants are
     /// checked on it. It is advisory — a link can change after it answers — so opens check the
-    /// descriptor they got again ([`super::open`]).
+    /// descriptor they got again (`sandbox/open.rs`).
     pub fn real(&self, raw: &str) -> Result<Resolved> {
         let dir = self.root.dir();
         let mut known = self.rel.as_str();

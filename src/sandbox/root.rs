@@ -10,8 +10,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::DenySet;
+use super::RootError;
 use super::protected::Protected;
-use crate::policy::PolicyError;
 
 /// Whether a root may be changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
@@ -146,8 +146,8 @@ impl Root {
     /// # Ambient Authority
     /// This is the crate's one open of a path with ambient authority: every other access to
     /// the disk is relative to a `Dir` made here.
-    pub fn open(spec: &RootSpec) -> Result<Root, PolicyError> {
-        let bad = |reason: String| PolicyError::Root {
+    pub fn open(spec: &RootSpec) -> Result<Root, RootError> {
+        let bad = |reason: String| RootError::Dir {
             path: spec.path.clone(),
             reason,
         };
@@ -165,7 +165,7 @@ impl Root {
                     bad("has no usable last component to name it; give it a `name`".into())
                 })?,
         };
-        validate_name(&name).map_err(|reason| PolicyError::RootName {
+        validate_name(&name).map_err(|reason| RootError::Name {
             name: name.clone(),
             reason,
         })?;
@@ -271,7 +271,7 @@ impl Root {
             .unwrap_or(self.consent)
     }
 
-    /// fsbroker's own files and the paths that hold them or roots ([`Protected`]).
+    /// fsbroker's own files and the paths that hold them or roots (`Protected`).
     pub fn protected(&self) -> &Protected {
         &self.protected
     }

@@ -21,7 +21,7 @@ use serde_json::value::RawValue;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::modern::{self, Checked};
-use super::proxy::ToServer;
+use super::relay::ToServer;
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
 use crate::outgoing::Outgoing;
@@ -268,7 +268,7 @@ pub(super) struct Outputs {
     pub(super) to_server: mpsc::Sender<ToServer>,
     /// The host → server queue's budget, which the proxy's retries share: a server that
     /// stops reading stops the proxy's retries too, instead of growing its memory.
-    pub(super) server_budget: super::proxy::Budget,
+    pub(super) server_budget: super::relay::Budget,
 }
 
 impl Eras {
@@ -276,7 +276,7 @@ impl Eras {
         Eras {
             state: Mutex::default(),
             asker,
-            nonce: crate::locks::random_hex(8),
+            nonce: crate::random::hex(8),
             ask_nonce,
             next: std::sync::atomic::AtomicU64::new(1),
             rounds: Arc::new(Semaphore::new(ROUNDS_AT_ONCE)),
@@ -476,7 +476,7 @@ impl Eras {
                 .filter_map(|k| state.take(&k))
                 .collect()
         };
-        let names = super::proxy::names_broker_method(&line);
+        let names = super::modern::names_broker_method(&line);
         let err = Error::new(
             ErrorKind::InvalidRequest,
             if names {

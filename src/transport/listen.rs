@@ -5,7 +5,7 @@
 //! owner-only: other users of the machine cannot connect.
 
 use std::io::{self, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -117,7 +117,7 @@ pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io:
                         return Err(e);
                     }
                 };
-                let writer = BlockingWriter(OwnedFd::from(dup));
+                let writer = super::pipe::BlockingWriter(OwnedFd::from(dup));
                 let reader = tokio::net::UnixStream::from_std(std_stream)?;
                 serve_connection(session, reader, writer, opts).await
             }
@@ -232,42 +232,5 @@ struct RemoveOnDrop(PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// A blocking writer over a descriptor that may be non-blocking (it shares its open file with
-/// a tokio reader): waits for room with `poll` instead of failing with `EAGAIN`.
-pub(crate) struct BlockingWriter(pub(crate) OwnedFd);
-
-impl AsFd for BlockingWriter {
-    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.0.as_fd()
-    }
-}
-
-impl Write for BlockingWriter {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        loop {
-            match rustix::io::write(&self.0, buf) {
-                Ok(n) => return Ok(n),
-                Err(rustix::io::Errno::AGAIN) => {
-                    let fd = self.0.as_fd();
-                    let mut fds = [rustix::event::PollFd::new(
-                        &fd,
-                        rustix::event::PollFlags::OUT,
-                    )];
-                    match rustix::event::poll(&mut fds, None) {
-                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }

@@ -5,9 +5,10 @@ pub(crate) mod driver;
 mod eras;
 pub mod framing;
 pub mod listen;
-pub mod modern;
-pub mod pipe;
+pub(crate) mod modern;
+pub(crate) mod pipe;
 pub mod proxy;
+mod relay;
 pub mod serve;
 
 pub use framing::{DEFAULT_MAX_LINE, Frame, InputBudget, LineReader};

@@ -34,23 +34,7 @@ pub const INPUT_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/re
 /// (the SDKs stop at 10 too): a server that keeps asking gets its last answer to the host.
 pub const MAX_ROUNDS: u32 = 10;
 
-/// The revision of the new era the proxy knows (the first).
-pub const MODERN_VERSION: &str = "2026-07-28";
-
-/// Whether `version` is a revision of the new era: a date (`YYYY-MM-DD`, as revisions are
-/// named) of 2026-07-28 or later. Anything else ("9999", "2026-13") is no revision at all.
-pub fn is_modern(version: &str) -> bool {
-    let b = version.as_bytes();
-    let shaped = b.len() == 10
-        && b.iter().enumerate().all(|(i, c)| {
-            if i == 4 || i == 7 {
-                *c == b'-'
-            } else {
-                c.is_ascii_digit()
-            }
-        });
-    shaped && version >= MODERN_VERSION
-}
+pub use crate::jsonrpc::{MODERN_VERSION, is_modern};
 
 type Members = BTreeMap<String, Box<RawValue>>;
 
@@ -810,6 +794,106 @@ pub fn input_response(frame: &[u8]) -> Option<Box<RawValue>> {
     let mut wrapped = Members::new();
     wrapped.insert("error".to_owned(), msg.get("error")?.clone());
     raw(&wrapped)
+}
+
+/// Whether any string in `line`, decoded the way a lenient reader would, is a method the
+/// broker answers (`roots/list`, `files/…`). Bytes that are not UTF-8 and lone surrogates are
+/// read both ways lenient readers have: as U+FFFD (Node, Python's `replace`) and as nothing
+/// (Python's `ignore`). For lines the proxy cannot read as one JSON-RPC message: a host's
+/// reader might still read one into them.
+pub(super) fn names_broker_method(line: &[u8]) -> bool {
+    let replaced = String::from_utf8_lossy(line);
+    let dropped: String = line.utf8_chunks().map(|c| c.valid()).collect();
+    [(&*replaced, false), (&*dropped, true)]
+        .into_iter()
+        .any(|(text, drop)| {
+            let mut chars = text.chars();
+            while let Some(c) = chars.next() {
+                if c == '"' && is_broker_method(&json_string(&mut chars, drop)) {
+                    return true;
+                }
+            }
+            false
+        })
+}
+
+/// The rest of a JSON string literal whose opening quote was just read, decoded; stops after
+/// the closing quote or at the end of the text. A lone surrogate becomes U+FFFD, or nothing
+/// when `drop`.
+fn json_string(chars: &mut std::str::Chars, drop: bool) -> String {
+    let mut out = String::new();
+    let lone = |out: &mut String| {
+        if !drop {
+            out.push(char::REPLACEMENT_CHARACTER);
+        }
+    };
+    let mut high: Option<u32> = None;
+    while let Some(c) = chars.next() {
+        let unit = match c {
+            '"' => break,
+            '\\' => match chars.next() {
+                Some('u') => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    match u32::from_str_radix(&hex, 16) {
+                        Ok(u) => Some(u),
+                        Err(_) => {
+                            lone(&mut out);
+                            continue;
+                        }
+                    }
+                }
+                Some(e) => {
+                    let c = match e {
+                        'b' => '\u{8}',
+                        'f' => '\u{c}',
+                        'n' => '\n',
+                        'r' => '\r',
+                        't' => '\t',
+                        other => other,
+                    };
+                    if high.take().is_some() {
+                        lone(&mut out);
+                    }
+                    out.push(c);
+                    continue;
+                }
+                None => break,
+            },
+            c => {
+                if high.take().is_some() {
+                    lone(&mut out);
+                }
+                out.push(c);
+                continue;
+            }
+        };
+        let Some(u) = unit else { continue };
+        match (high.take(), u) {
+            (Some(h), 0xDC00..=0xDFFF) => {
+                let c = 0x10000 + ((h - 0xD800) << 10) + (u - 0xDC00);
+                out.push(char::from_u32(c).unwrap_or(char::REPLACEMENT_CHARACTER));
+            }
+            (h, 0xD800..=0xDBFF) => {
+                if h.is_some() {
+                    lone(&mut out);
+                }
+                high = Some(u);
+            }
+            (h, u) => {
+                if h.is_some() {
+                    lone(&mut out);
+                }
+                match char::from_u32(u) {
+                    Some(c) => out.push(c),
+                    None => lone(&mut out),
+                }
+            }
+        }
+    }
+    if high.is_some() {
+        lone(&mut out);
+    }
+    out
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! given up, never reused; bodies written by copy go back to their session's pool.
 
 use std::io::{self, BufWriter, Write};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::io::Errno;
 
@@ -155,4 +155,41 @@ fn wait_writable(fd: BorrowedFd<'_>) {
         rustix::event::PollFlags::OUT,
     )];
     let _ = rustix::event::poll(&mut fds, None);
+}
+
+/// A blocking writer over a descriptor that may be non-blocking (it shares its open file with
+/// a tokio reader): waits for room with `poll` instead of failing with `EAGAIN`.
+pub(crate) struct BlockingWriter(pub(crate) OwnedFd);
+
+impl AsFd for BlockingWriter {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl Write for BlockingWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        loop {
+            match rustix::io::write(&self.0, buf) {
+                Ok(n) => return Ok(n),
+                Err(rustix::io::Errno::AGAIN) => {
+                    let fd = self.0.as_fd();
+                    let mut fds = [rustix::event::PollFd::new(
+                        &fd,
+                        rustix::event::PollFlags::OUT,
+                    )];
+                    match rustix::event::poll(&mut fds, None) {
+                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }

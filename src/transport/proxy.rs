@@ -29,20 +29,18 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWriteExt};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 
 use super::driver::{Driver, OUTPUT_QUEUE};
 use super::eras::{self, Asker, Eras, Outputs, Waiting};
 use super::framing::{Frame, LineReader};
-use super::listen::BlockingWriter;
-use super::serve::{QueueItem, spawn_writer, too_long, write_frames};
+use super::pipe::BlockingWriter;
+pub use super::relay::RELAY_BUDGET_KIB;
+use super::relay::{Budget, ToServer};
+use super::serve::{spawn_writer, too_long, write_frames};
 use crate::jsonrpc::{self, Incoming};
 use crate::outgoing::Outgoing;
 use crate::session::{PEER_NOTIFICATION, Session};
-
-/// KiB of lines each relay queue may hold (host → server, server → host, and to and from a
-/// shared broker); a longer line is let through alone.
-pub const RELAY_BUDGET_KIB: usize = 32 << 10;
 
 /// How the proxy reaches a broker.
 #[derive(Debug)]
@@ -73,45 +71,6 @@ pub struct ProxyOptions {
 
 /// How long a server told to end (SIGTERM) has before it is killed.
 pub const END_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// Messages for the server's stdin.
-pub(super) enum ToServer {
-    Frame(Outgoing),
-    /// The host is gone: close the server's stdin.
-    Close,
-}
-
-impl From<Outgoing> for ToServer {
-    fn from(frame: Outgoing) -> ToServer {
-        ToServer::Frame(frame)
-    }
-}
-
-impl QueueItem for ToServer {
-    fn into_frame(self) -> Option<Outgoing> {
-        match self {
-            ToServer::Frame(frame) => Some(frame),
-            ToServer::Close => None,
-        }
-    }
-}
-
-/// Room for relayed lines in one queue, in KiB.
-#[derive(Clone)]
-pub(super) struct Budget(Arc<Semaphore>);
-
-impl Budget {
-    fn new() -> Budget {
-        Budget(Arc::new(Semaphore::new(RELAY_BUDGET_KIB)))
-    }
-
-    /// `line` as a frame holding its share of the budget until it is written; waits for room.
-    pub(super) async fn frame(&self, line: Vec<u8>) -> Option<Outgoing> {
-        let kib = line.len().div_ceil(1024).clamp(1, RELAY_BUDGET_KIB) as u32;
-        let permit = Arc::clone(&self.0).acquire_many_owned(kib).await.ok()?;
-        Some(Outgoing::from(line).hold(Some(permit)))
-    }
-}
 
 /// Runs the proxy until the server exits; returns its exit code.
 pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
@@ -177,7 +136,7 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         Link::Remote(_) => Box::pin(std::future::pending()),
     };
     // Makes the proxy's own ids (its questions to the broker, its retries) its own.
-    let nonce = crate::locks::random_hex(8);
+    let nonce = crate::random::hex(8);
     let (mut broker, asker) = BrokerSide::start(link, to_server.clone(), &opts, &nonce).await?;
     if let (BrokerSide::Remote { to_broker, .. }, Some(confine)) = (&broker, &opts.confine) {
         // A shared broker records the confinement in its audit log, as a local one does.
@@ -456,106 +415,6 @@ async fn relay_server<R: AsyncRead + Unpin>(
             break;
         }
     }
-}
-
-/// Whether any string in `line`, decoded the way a lenient reader would, is a method the
-/// broker answers (`roots/list`, `files/…`). Bytes that are not UTF-8 and lone surrogates are
-/// read both ways lenient readers have: as U+FFFD (Node, Python's `replace`) and as nothing
-/// (Python's `ignore`). For lines the proxy cannot read as one JSON-RPC message: a host's
-/// reader might still read one into them.
-pub(super) fn names_broker_method(line: &[u8]) -> bool {
-    let replaced = String::from_utf8_lossy(line);
-    let dropped: String = line.utf8_chunks().map(|c| c.valid()).collect();
-    [(&*replaced, false), (&*dropped, true)]
-        .into_iter()
-        .any(|(text, drop)| {
-            let mut chars = text.chars();
-            while let Some(c) = chars.next() {
-                if c == '"' && super::modern::is_broker_method(&json_string(&mut chars, drop)) {
-                    return true;
-                }
-            }
-            false
-        })
-}
-
-/// The rest of a JSON string literal whose opening quote was just read, decoded; stops after
-/// the closing quote or at the end of the text. A lone surrogate becomes U+FFFD, or nothing
-/// when `drop`.
-fn json_string(chars: &mut std::str::Chars, drop: bool) -> String {
-    let mut out = String::new();
-    let lone = |out: &mut String| {
-        if !drop {
-            out.push(char::REPLACEMENT_CHARACTER);
-        }
-    };
-    let mut high: Option<u32> = None;
-    while let Some(c) = chars.next() {
-        let unit = match c {
-            '"' => break,
-            '\\' => match chars.next() {
-                Some('u') => {
-                    let hex: String = chars.by_ref().take(4).collect();
-                    match u32::from_str_radix(&hex, 16) {
-                        Ok(u) => Some(u),
-                        Err(_) => {
-                            lone(&mut out);
-                            continue;
-                        }
-                    }
-                }
-                Some(e) => {
-                    let c = match e {
-                        'b' => '\u{8}',
-                        'f' => '\u{c}',
-                        'n' => '\n',
-                        'r' => '\r',
-                        't' => '\t',
-                        other => other,
-                    };
-                    if high.take().is_some() {
-                        lone(&mut out);
-                    }
-                    out.push(c);
-                    continue;
-                }
-                None => break,
-            },
-            c => {
-                if high.take().is_some() {
-                    lone(&mut out);
-                }
-                out.push(c);
-                continue;
-            }
-        };
-        let Some(u) = unit else { continue };
-        match (high.take(), u) {
-            (Some(h), 0xDC00..=0xDFFF) => {
-                let c = 0x10000 + ((h - 0xD800) << 10) + (u - 0xDC00);
-                out.push(char::from_u32(c).unwrap_or(char::REPLACEMENT_CHARACTER));
-            }
-            (h, 0xD800..=0xDBFF) => {
-                if h.is_some() {
-                    lone(&mut out);
-                }
-                high = Some(u);
-            }
-            (h, u) => {
-                if h.is_some() {
-                    lone(&mut out);
-                }
-                match char::from_u32(u) {
-                    Some(c) => out.push(c),
-                    None => lone(&mut out),
-                }
-            }
-        }
-    }
-    if high.is_some() {
-        lone(&mut out);
-    }
-    out
 }
 
 /// The `initialize` result names the server; consent prompts show it.

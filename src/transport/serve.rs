@@ -13,8 +13,8 @@ use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
 
 use super::driver::{Driver, OUTPUT_QUEUE};
-use super::framing::{DEFAULT_MAX_LINE, Frame, LineReader};
-use super::listen::BlockingWriter;
+use super::framing::{DEFAULT_MAX_LINE, Frame, InputBudget, LineReader};
+use super::pipe::BlockingWriter;
 use super::pipe::FrameWriter;
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
@@ -28,6 +28,20 @@ pub struct ServeOptions {
     pub max_line: usize,
     /// Requests handled at once; beyond this the reader waits instead of buffering.
     pub max_in_flight: usize,
+    /// The room for partial request lines, shared by every connection served with (clones
+    /// of) these options: the policy's `max_pending_input`, fixed when serving starts.
+    pub input_budget: InputBudget,
+}
+
+impl ServeOptions {
+    /// The options `policy` asks for, with lines of at most `max_line` bytes.
+    pub fn for_policy(policy: &crate::policy::Policy, max_line: usize) -> ServeOptions {
+        ServeOptions {
+            max_line,
+            max_in_flight: policy.limits().max_in_flight,
+            input_budget: InputBudget::new(policy.limits().max_pending_input),
+        }
+    }
 }
 
 impl Default for ServeOptions {
@@ -35,6 +49,7 @@ impl Default for ServeOptions {
         ServeOptions {
             max_line: DEFAULT_MAX_LINE,
             max_in_flight: 64,
+            input_budget: InputBudget::new(96 << 20),
         }
     }
 }
@@ -92,7 +107,7 @@ where
         })
     });
     let id = session.id();
-    let budget = session.broker().pending_input().clone();
+    let budget = opts.input_budget.clone();
     let wait = session
         .broker()
         .policy()

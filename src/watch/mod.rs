@@ -21,12 +21,30 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use notify::{RecursiveMode, Watcher as _};
 
-use crate::broker::Broker;
 use crate::error::{Error, ErrorKind, Result};
+use crate::policy::Policy;
 use crate::sandbox::Root;
-use crate::session::SessionState;
 
 pub use snapshot::Snapshot;
+
+/// What the watch worker needs of the broker that owns the hub: the policy in force, and a
+/// way to take a root whose directory is gone out of service. The broker implements it; the
+/// hub holds it weakly, so a broker can end while its worker runs.
+pub(crate) trait Owner: Send + Sync {
+    /// The policy in force now (a reload's roots, names and deny globs apply at once).
+    fn policy(&self) -> Arc<Policy>;
+    /// Retires the root at `root`, as a reload that removed it would.
+    fn retire_root(&self, root: &Path);
+}
+
+/// What the watch worker needs of a session with watches: to hand it a notification, and to
+/// know which `prompt` paths it was granted.
+pub(crate) trait Subscriber: Send + Sync {
+    /// Queues a notification frame for the session's peer; `false` if its queue is full.
+    fn try_notify(&self, frame: Vec<u8>) -> bool;
+    /// Whether `abs` lies in something the person granted this session.
+    fn is_granted(&self, abs: &Path) -> bool;
+}
 
 /// Events a watch reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +145,7 @@ impl Change {
 /// One watch.
 #[derive(Debug)]
 struct Watch {
-    session: Weak<SessionState>,
+    session: Weak<dyn Subscriber>,
     session_id: u64,
     /// The root's canonical path (the root itself is looked up in the current policy on
     /// every event, so a reload's new name or deny globs apply at once).
@@ -190,7 +208,7 @@ const EVENT_QUEUE: usize = 16 * 1024;
 
 impl WatchHub {
     /// Starts the hub and its worker thread for `broker`.
-    pub(crate) fn start(broker: Weak<Broker>) -> Arc<WatchHub> {
+    pub(crate) fn start(owner: Weak<dyn Owner>) -> Arc<WatchHub> {
         let (tx, rx) = std::sync::mpsc::sync_channel(EVENT_QUEUE);
         let hub = Arc::new(WatchHub {
             watcher: Mutex::new(None),
@@ -198,7 +216,7 @@ impl WatchHub {
             events: tx,
             overflow: Arc::new(AtomicBool::new(false)),
         });
-        worker::spawn(Arc::downgrade(&hub), broker, rx);
+        worker::spawn(Arc::downgrade(&hub), owner, rx);
         hub
     }
 
@@ -242,7 +260,8 @@ impl WatchHub {
     /// Adds a watch for `session` on `rel` (symlinks resolved) in `root`; returns its id.
     pub(crate) fn add(
         &self,
-        session: &Arc<SessionState>,
+        session: Weak<dyn Subscriber>,
+        session_id: u64,
         root: &Root,
         spec: Spec,
         max_watches: u32,
@@ -270,7 +289,7 @@ impl WatchHub {
             let mine = reg
                 .watches
                 .values()
-                .filter(|w| w.session_id == session.id)
+                .filter(|w| w.session_id == session_id)
                 .count();
             if mine >= max_watches as usize {
                 return Err(Error::new(
@@ -295,12 +314,12 @@ impl WatchHub {
             )
             .with_path(raw));
         };
-        let id = crate::locks::random_hex(8);
+        let id = crate::random::hex(8);
         self.registry().watches.insert(
             id.clone(),
             Watch {
-                session: Arc::downgrade(session),
-                session_id: session.id,
+                session,
+                session_id,
                 root: root.path().to_path_buf(),
                 rel,
                 is_dir,

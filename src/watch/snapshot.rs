@@ -10,7 +10,7 @@ use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, Metadata};
 
 use crate::sandbox::Root;
-use crate::sandbox::mutate::is_staging_name;
+use crate::sandbox::is_staging_name;
 
 /// One entry's identity for change detection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

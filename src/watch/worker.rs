@@ -10,12 +10,12 @@ use notify::EventKind;
 use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 use serde::Serialize;
 
+use super::Owner;
 use super::snapshot::{self, Diff, Stamp};
 use super::{Change, Watch, WatchHub};
-use crate::broker::Broker;
 use crate::jsonrpc::{self, Json};
 use crate::policy::Policy;
-use crate::sandbox::mutate::is_staging_name;
+use crate::sandbox::is_staging_name;
 use crate::sandbox::{ConsentMode, Root};
 
 /// When a new directory is listed again (see `Worker::rechecks`).
@@ -48,7 +48,7 @@ struct Changed<'a> {
 
 struct Worker {
     hub: Weak<WatchHub>,
-    broker: Weak<Broker>,
+    owner: Weak<dyn Owner>,
     /// (watch id, path relative to the root) → the coalesced change waiting to go out.
     pending: HashMap<(String, String), Pending>,
     /// Sessions already warned about not reading, so the log says it once per episode.
@@ -61,10 +61,10 @@ struct Worker {
     last_root_check: Instant,
 }
 
-pub(super) fn spawn(hub: Weak<WatchHub>, broker: Weak<Broker>, rx: Receiver<notify::Event>) {
+pub(super) fn spawn(hub: Weak<WatchHub>, owner: Weak<dyn Owner>, rx: Receiver<notify::Event>) {
     let mut worker = Worker {
         hub,
-        broker,
+        owner,
         pending: HashMap::new(),
         stalled: HashSet::new(),
         rechecks: Vec::new(),
@@ -102,12 +102,12 @@ impl Worker {
             let Some(hub) = self.hub.upgrade() else {
                 return;
             };
-            let Some(broker) = self.broker.upgrade() else {
+            let Some(owner) = self.owner.upgrade() else {
                 continue;
             };
-            let policy = broker.policy();
+            let policy = owner.policy();
             for ev in batch {
-                self.event(&hub, &broker, &policy, ev);
+                self.event(&hub, &*owner, &policy, ev);
             }
             self.recheck_new_dirs(&hub, &policy);
             if hub
@@ -121,14 +121,14 @@ impl Worker {
             self.flush(&hub, &policy);
             if self.last_root_check.elapsed() >= ROOT_CHECK {
                 self.last_root_check = Instant::now();
-                check_roots(&broker, &policy);
+                check_roots(&*owner, &policy);
                 self.check_watched_paths(&hub, &policy);
             }
             self.end_watches(&hub);
         }
     }
 
-    fn event(&mut self, hub: &WatchHub, broker: &Broker, policy: &Policy, ev: notify::Event) {
+    fn event(&mut self, hub: &WatchHub, owner: &dyn Owner, policy: &Policy, ev: notify::Event) {
         if ev.need_rescan() {
             // Rescan now, before later events of the same batch update the snapshots: a file
             // whose creation was lost must come out of the rescan as `created`.
@@ -156,7 +156,7 @@ impl Worker {
             // A root itself deleted or moved away: retire it now rather than at the next
             // periodic check.
             if change == Change::Deleted && policy.roots().iter().any(|r| r.path() == path) {
-                check_roots(broker, policy);
+                check_roots(owner, policy);
             }
             self.path_changed(hub, policy, path, change);
         }
@@ -503,7 +503,7 @@ fn root_name(policy: &Policy, root: &Path) -> Option<String> {
 /// Retires every root whose directory is gone: deleted, moved, or unmounted. The root's
 /// descriptor still works on the old directory, so "gone" means its path no longer leads to
 /// the directory the descriptor holds.
-fn check_roots(broker: &Broker, policy: &Policy) {
+fn check_roots(owner: &dyn Owner, policy: &Policy) {
     use std::os::unix::fs::MetadataExt;
     for root in policy.roots() {
         let held = root.dir().dir_metadata();
@@ -517,7 +517,7 @@ fn check_roots(broker: &Broker, policy: &Policy) {
         };
         if !same {
             tracing::warn!(root = root.name(), path = %root.path().display(), "root directory is gone (deleted, moved or unmounted); retiring it");
-            broker.retire_root(root.path());
+            owner.retire_root(root.path());
         }
     }
 }
