@@ -51,6 +51,16 @@ pub fn verify_anchored(path: &Path, anchor: Option<&str>) -> Result<Summary, Aud
 /// line when the broker rolled the log over; any line when the file was moved away or
 /// emptied outside it). A file left out, or given out of order, breaks the chain at its
 /// successor's first line.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let log = dir.path().join("audit.jsonl");
+/// std::fs::write(&log, "not a log\n")?;
+/// // Anything but an intact chain is an error naming the file and the line.
+/// assert!(fsbroker::audit::verify_files(&[log], None).is_err());
+/// # Ok(()) }
+/// ```
 pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, AuditError> {
     let mut summary = Summary {
         head: GENESIS.to_owned(),

@@ -522,6 +522,28 @@ impl Session {
     /// Handles one message (a line without its newline) and returns the response frame,
     /// newline included, or `None` when the message gets no answer (a notification, or a
     /// response to a request the broker never sent).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fsbroker::{Broker, Overrides, Policy};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let policy = Policy::load(None, &Overrides { roots: vec![dir.path().into()], ..Default::default() })?;
+    /// let session = Broker::new(policy)?.session();
+    /// // A path that leads out of the root is refused, however it is spelled.
+    /// let reply = session
+    ///     .handle(br#"{"jsonrpc":"2.0","id":7,"method":"files/read","params":{"path":"../../etc/passwd"}}"#)
+    ///     .await
+    ///     .unwrap();
+    /// let reply: serde_json::Value = serde_json::from_slice(&reply)?;
+    /// assert_eq!(reply["id"], 7);
+    /// assert!(reply["error"]["data"]["code"].is_string(), "{reply}");
+    /// // A notification gets no answer.
+    /// let none = session.handle(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).await;
+    /// assert!(none.is_none());
+    /// # Ok(()) }
+    /// ```
     pub async fn handle(&self, line: &[u8]) -> Option<Vec<u8>> {
         self.respond(line).await.map(Outgoing::into_vec)
     }

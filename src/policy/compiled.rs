@@ -250,6 +250,27 @@ pub struct Policy {
 
 impl Policy {
     /// Loads the policy file (if any), merges the command-line overrides and compiles.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fsbroker::{Overrides, Policy};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let file = dir.path().join("policy.toml");
+    /// let project = dir.path().join("project");
+    /// std::fs::create_dir(&project)?;
+    /// std::fs::write(
+    ///     &file,
+    ///     format!("[[root]]\npath = {:?}\nmode = \"read-write\"\ndeny = [\"**/.env\"]\n", project),
+    /// )?;
+    /// let policy = Policy::load(Some(&file), &Overrides::default())?;
+    /// assert_eq!(policy.roots()[0].name(), "project");
+    ///
+    /// // A mistake is an error that names the file and the key, never a half-loaded policy.
+    /// std::fs::write(&file, "[[root]]\npath = 3\n")?;
+    /// assert!(Policy::load(Some(&file), &Overrides::default()).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Policy, PolicyError> {
         let (parsed, base) = match file {
             Some(path) => {

@@ -83,6 +83,27 @@ pub async fn serve_stdio(session: Arc<Session>, opts: ServeOptions) -> io::Resul
 /// Serves `session`: requests from `input`, responses to `output` (written from a thread of
 /// its own, so a large frame goes out in blocking writes without a copy into tokio; when
 /// `output` is a pipe, large read bodies are spliced into it).
+///
+/// Returns when `input` ends, once the requests in flight are answered.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use fsbroker::transport::{ServeOptions, serve_connection};
+/// use fsbroker::{Broker, Overrides, Policy};
+///
+/// let dir = tempfile::tempdir()?;
+/// let policy = Policy::load(None, &Overrides { roots: vec![dir.path().into()], ..Default::default() })?;
+/// let session = Arc::new(Broker::new(policy)?.session());
+/// // Requests from any byte stream; responses to a file (or a pipe, or a socket).
+/// let input: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n";
+/// let out = tempfile::NamedTempFile::new()?;
+/// serve_connection(session, input, out.reopen()?, ServeOptions::default()).await?;
+/// let answer = std::fs::read_to_string(out.path())?;
+/// assert_eq!(answer, "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n");
+/// # Ok(()) }
+/// ```
 pub async fn serve_connection<R, W>(
     session: Arc<Session>,
     input: R,

@@ -30,7 +30,7 @@ const stopWatchdog = watchdog(55, "host_concurrent");
 const BIN = env("FSBROKER_BIN");
 const TMP = env("PEERS_TMPDIR");
 
-// Error numbers of the wire contract (PROTOCOL.md §4).
+// Error numbers of the wire contract (docs/protocol.md, "Errors").
 const FILE_NOT_FOUND = -31001;
 const PERMISSION_DENIED = -31002;
 const IO_ERROR = -31004;
