@@ -2,12 +2,12 @@
 //!
 //! Every failure a request can meet becomes an [`Error`]: a closed [`ErrorKind`], the
 //! request path it concerns (as the server wrote it) and a human reason. [`ErrorKind::wire`]
-//! is the only mapping from kinds to JSON-RPC numbers and `data.code` strings, so the table in
-//! the contract (§4) lives in exactly one `match`.
+//! is the only mapping from kinds to JSON-RPC numbers and `data.code` strings, so the error table
+//! of docs/protocol.md lives in exactly one `match`.
 
 use std::io;
 
-/// What went wrong, in the contract's vocabulary (§4).
+/// What went wrong, in the wire contract's vocabulary (docs/protocol.md, the error table).
 ///
 /// The file-system kinds carry a `data.code` string on the wire; the JSON-RPC kinds
 /// (`ParseError` .. `Internal`) are the standard protocol errors.
@@ -58,7 +58,7 @@ pub struct WireCode {
 }
 
 impl ErrorKind {
-    /// The contract's §4 table: the one place a kind becomes wire numbers and names.
+    /// docs/protocol.md's error table: the one place a kind becomes wire numbers and names.
     pub fn wire(self) -> WireCode {
         let (number, name, label) = match self {
             ErrorKind::FileNotFound => (-31001, Some("FILE_NOT_FOUND"), "file not found"),

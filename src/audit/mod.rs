@@ -1,4 +1,4 @@
-//! The hash-chained audit log (§6 of the contract; docs/protocol.md, "Audit log").
+//! The hash-chained audit log (docs/protocol.md, "Audit log").
 //!
 //! One JSON line per `roots/list` and `files/*` request, allowed or refused. Each line carries
 //! `prev` (the previous line's `hash`, or 64 zeros) and `hash`: the hex sha256 of the line's

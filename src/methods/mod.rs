@@ -163,7 +163,7 @@ impl Op {
         self.deadline.commit(self.policy.limits().timeout)
     }
 
-    /// Resolves a request path (§3) and checks that this session may touch it: a path where
+    /// Resolves a request path (docs/protocol.md, "Paths") and checks that this session may touch it: a path where
     /// the consent of a root covering it is not `auto` needs a grant covering it, as spelled
     /// or where it really leads (grants are made on real paths, the ones the person saw).
     fn resolve(&self, raw: &str) -> Result<Resolved> {

@@ -100,7 +100,8 @@ const FACILITIES: &[(&str, u8)] = &[
     ("local7", 23),
 ];
 
-/// Roots and switches from the command line, merged into a policy (§1.1).
+/// Roots and switches from the command line, merged into a policy (docs/protocol.md,
+/// `fsbroker serve`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Overrides {
     /// `--root DIR`: added to the policy's roots, `consent = "auto"`.
@@ -118,7 +119,7 @@ pub struct Overrides {
     pub audit_in_use: Option<PathBuf>,
 }
 
-/// Validated limits (§2 `[limits]`).
+/// Validated limits (docs/policy.md, `[limits]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// Default read length.

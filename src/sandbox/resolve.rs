@@ -144,7 +144,7 @@ pub(crate) fn join_display(name: &str, rel: &str) -> String {
     }
 }
 
-/// Resolves one of the contract's four path forms (§3) against `roots`.
+/// Resolves one of the four path forms of docs/protocol.md ("Paths") against `roots`.
 ///
 /// 1. `NAME/rel` when the first segment is a root's name (this wins over form 4);
 /// 2. an absolute path beneath a root's canonical or configured path (the deepest root wins);
