@@ -60,7 +60,8 @@ enum Command {
         /// The shell to complete for.
         shell: clap_complete::Shell,
     },
-    /// Measure a broker over real pipes: chunked reads, a chunked upload, small operations.
+    /// Measure a broker over real pipes: chunked reads, a chunked upload, small operations,
+    /// watch latency, a large recursive listing.
     ///
     /// Starts `fsbroker serve` (this executable, or --broker-cmd) with a policy of its own (no
     /// rate limits), makes a test file of random bytes in the temp directory (removed after)
@@ -120,6 +121,13 @@ struct BenchArgs {
     /// Run only these phases (comma-separated or repeated).
     #[arg(long, value_enum, value_delimiter = ',', value_name = "PHASE")]
     only: Vec<crate::bench::Phase>,
+    /// Changes timed by the watch phase (one every 60 ms) [default: 200; with --quick 20]
+    #[arg(long, value_name = "N")]
+    watch_samples: Option<usize>,
+    /// Entries of the tree the list phase makes and lists recursively
+    /// [default: 100000; with --quick 10000]
+    #[arg(long, value_name = "N")]
+    list_entries: Option<usize>,
     #[command(flatten)]
     mcp: crate::bench::McpArgs,
 }
@@ -144,6 +152,14 @@ impl BenchArgs {
             compare_sftp: self.compare_sftp,
             broker_cmd: self.broker_cmd,
             only: self.only,
+            watch_samples: self
+                .watch_samples
+                .unwrap_or(if self.quick { 20 } else { 200 })
+                .max(1),
+            list_entries: self
+                .list_entries
+                .unwrap_or(if self.quick { 10_000 } else { 100_000 })
+                .max(1),
             mcp: self.mcp,
         }
     }

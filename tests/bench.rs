@@ -102,8 +102,15 @@ fn quick_json_run_has_positive_numbers() {
         "512KiB",
         "--small-ops",
         "300",
+        "--watch-samples",
+        "5",
+        "--list-entries",
+        "1500",
     ]);
     all_positive(&report, 6 << 20);
+    // Every phase ran, the watch and list ones included.
+    assert_eq!(report["watch"]["samples"], 5, "{report:#}");
+    assert_eq!(report["list"]["entries"], 1500, "{report:#}");
     assert_eq!(report["settings"]["encoding"], "base64");
     assert_eq!(report["settings"]["verify"], "sampled");
     assert_eq!(report["read"]["requests"], 12);
@@ -331,4 +338,46 @@ fn a_failing_mcp_server_alone_fails_the_run() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("--compare-mcp"), "{err}");
     }
+}
+
+/// `--only watch,list`: each change is reported (nothing missed, the coalescing window is the
+/// floor), and the recursive listing of a tree larger than one page (10,000 entries) finds
+/// every entry, compared with `find` on the same tree.
+#[test]
+fn watch_and_list_phases_measure_what_they_say() {
+    let report = bench_json(&[
+        "--only",
+        "watch,list",
+        "--json",
+        "--watch-samples",
+        "8",
+        "--list-entries",
+        "12000",
+    ]);
+    assert_eq!(report["watch"]["samples"], 8, "{report:#}");
+    assert_eq!(report["watch"]["missed"], 0, "{report:#}");
+    let p50 = positive(&report, "/watch/p50_ms");
+    assert!(p50 >= 40.0, "below the coalescing window: {p50}");
+    assert!(positive(&report, "/watch/p99_ms") >= p50);
+    assert_eq!(report["list"]["entries"], 12000, "{report:#}");
+    positive(&report, "/list/seconds");
+    positive(&report, "/list/find_seconds");
+    positive(&report, "/list/ratio_to_find");
+    assert!(report.get("read").is_none() && report.get("small").is_none());
+    let table = run(
+        &[
+            "--only",
+            "watch,list",
+            "--watch-samples",
+            "2",
+            "--list-entries",
+            "50",
+        ],
+        None,
+    );
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("change → notification") && text.contains("vs find"),
+        "{text}"
+    );
 }

@@ -282,6 +282,43 @@ impl<R: Read> Lines<R> {
         }
     }
 
+    /// [`Lines::next`], giving up at `deadline`: `None` when no whole line arrived by then.
+    pub(crate) fn next_until(
+        &mut self,
+        deadline: Instant,
+        before_wait: &mut dyn FnMut() -> io::Result<()>,
+    ) -> io::Result<Option<Range<usize>>>
+    where
+        R: std::os::fd::AsFd,
+    {
+        loop {
+            if let Some(k) = memchr::memchr(b'\n', &self.buf[self.scanned..self.end]) {
+                let newline = self.scanned + k;
+                let line = self.start..newline;
+                self.start = newline + 1;
+                self.scanned = self.start;
+                return Ok(Some(line));
+            }
+            self.scanned = self.end;
+            before_wait()?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut fds = [rustix::event::PollFd::new(
+                &self.src,
+                rustix::event::PollFlags::IN,
+            )];
+            let timeout = rustix::event::Timespec {
+                tv_sec: left.as_secs().try_into().unwrap_or(i64::MAX),
+                tv_nsec: left.subsec_nanos().into(),
+            };
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(0) => return Ok(None),
+                Ok(_) => self.fill()?,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// Makes room for `len` more bytes, so a line that long is read without the buffer
     /// growing (and being copied) on the way.
     pub(crate) fn reserve(&mut self, len: usize) {

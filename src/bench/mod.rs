@@ -28,6 +28,7 @@
 
 mod client;
 mod fixture;
+mod list;
 mod mcp;
 mod progress;
 mod read;
@@ -35,6 +36,7 @@ pub mod report;
 mod sftp;
 mod small;
 mod upload;
+mod watch;
 mod wire;
 
 use std::path::{Path, PathBuf};
@@ -79,6 +81,10 @@ pub enum Phase {
     Small,
     /// Other MCP servers (`--compare-mcp`); runs by default when that is given.
     Mcp,
+    /// Change → notification latency of `files/watch`.
+    Watch,
+    /// A recursive `files/list` of a large tree, against `find`.
+    List,
 }
 
 /// The `--compare-mcp` options, part of `fsbroker bench`'s command line.
@@ -125,6 +131,10 @@ pub struct Options {
     pub broker_cmd: Option<String>,
     /// Phases to run (empty: all; `mcp` only with `--compare-mcp`).
     pub only: Vec<Phase>,
+    /// Changes timed by the watch phase.
+    pub watch_samples: usize,
+    /// Entries of the tree the list phase lists.
+    pub list_entries: usize,
     /// Other MCP servers to measure.
     pub mcp: McpArgs,
 }
@@ -140,8 +150,14 @@ impl Options {
 
     /// Whether the other MCP servers are all this run measures.
     fn only_mcp(&self) -> bool {
-        [Phase::Read, Phase::Upload, Phase::Small]
-            .iter()
+        [
+            Phase::Read,
+            Phase::Upload,
+            Phase::Small,
+            Phase::Watch,
+            Phase::List,
+        ]
+        .iter()
             .all(|&p| !self.runs(p))
     }
 }
@@ -320,7 +336,7 @@ fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
     let result = phases(opts, &layout, &mut broker, &bars);
     let peak = broker.peak_memory();
     let exit = broker.finish();
-    let (read, small, upload, sftp, mcp, mut memory) = result?;
+    let (read, small, upload, sftp, mcp, mut memory, watch, list) = result?;
     memory.peak_bytes = peak;
     memory.exit = exit;
     if let Some(servers) = &mcp {
@@ -355,6 +371,8 @@ fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
         read,
         upload,
         small,
+        watch,
+        list,
         memory,
         sftp,
         mcp,
@@ -368,6 +386,8 @@ type PhaseResults = (
     Option<report::Sftp>,
     Option<Vec<report::McpServer>>,
     Memory,
+    Option<report::Watch>,
+    Option<report::List>,
 );
 
 /// The phases, in an order that keeps them from disturbing each other: reads first (the file
@@ -421,6 +441,36 @@ fn phases(
             bars,
         )?);
         memory.after_small_bytes = broker.peak_memory();
+    }
+
+    let mut watch_report = None;
+    if opts.runs(Phase::Watch) {
+        let dir = layout.scratch.join("watched");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {dir:?}: {e}"))?;
+        watch_report = Some(watch::run(
+            broker,
+            &watch::Spec {
+                dir: &dir,
+                samples: opts.watch_samples,
+            },
+            bars,
+        )?);
+    }
+
+    let mut list_report = None;
+    if opts.runs(Phase::List) {
+        let dir = layout.scratch.join("tree");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {dir:?}: {e}"))?;
+        list_report = Some(list::run(
+            broker,
+            &list::Spec {
+                dir: &dir,
+                entries: opts.list_entries,
+            },
+            bars,
+        )?);
+        // The tree is large; the upload that follows should not find it in its way.
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     let mut mcp_report = None;
@@ -493,6 +543,8 @@ fn phases(
         sftp_report,
         mcp_report,
         memory,
+        watch_report,
+        list_report,
     ))
 }
 

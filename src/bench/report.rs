@@ -28,6 +28,12 @@ pub struct Report {
     /// Small operations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub small: Option<Small>,
+    /// Change → notification latency of `files/watch`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watch: Option<Watch>,
+    /// A recursive `files/list` of a large tree, against `find`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub list: Option<List>,
     /// The broker's memory.
     pub memory: Memory,
     /// OpenSSH's sftp on the same file (with `--compare-sftp`).
@@ -179,6 +185,65 @@ pub struct Small {
     pub read_1k: OpsPair,
     /// Non-recursive `files/list`.
     pub list: OpsPair,
+}
+
+/// Change → notification latency of `files/watch` (nearest-rank percentiles).
+#[derive(Debug, Serialize)]
+pub struct Watch {
+    /// Changes timed.
+    pub samples: usize,
+    /// Changes whose notification did not come within 5 s.
+    pub missed: usize,
+    /// Median latency, milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile latency, milliseconds.
+    pub p99_ms: f64,
+    /// The slowest, milliseconds.
+    pub max_ms: f64,
+}
+
+impl Watch {
+    /// From `sorted` latencies and the number `missed`.
+    pub fn new(sorted: &[Duration], missed: usize) -> Watch {
+        let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        let rank = |q: f64| {
+            let n = sorted.len();
+            ms(sorted.get(((q * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1))
+        };
+        Watch {
+            samples: sorted.len() + missed,
+            missed,
+            p50_ms: rank(0.50),
+            p99_ms: rank(0.99),
+            max_ms: ms(sorted.last()),
+        }
+    }
+}
+
+/// A recursive `files/list` of a large tree (every page), against `find` on the same tree.
+#[derive(Debug, Serialize)]
+pub struct List {
+    /// Entries in the tree.
+    pub entries: usize,
+    /// fsbroker's whole listing, seconds (median of 3, warm cache).
+    pub seconds: f64,
+    /// `find`'s, seconds (median of 3, warm cache).
+    pub find_seconds: f64,
+    /// fsbroker's time ÷ `find`'s.
+    pub ratio_to_find: f64,
+}
+
+impl List {
+    /// `entries` listed in `ours`, and by `find` in `theirs`.
+    pub fn new(entries: usize, ours: Duration, theirs: Duration) -> List {
+        let (a, b) = (ours.as_secs_f64(), theirs.as_secs_f64().max(1e-9));
+        List {
+            entries,
+            seconds: a,
+            find_seconds: b,
+            ratio_to_find: a / b,
+        }
+    }
 }
 
 /// The broker's peak resident memory (`VmHWM`), in bytes, at points of the run.
@@ -483,6 +548,44 @@ impl Report {
                 &mut t,
                 format!("list {} entries, {} in flight", sm.list_entries, sm.depth),
                 &sm.list.pipelined,
+            );
+        }
+        if let Some(w) = &self.watch {
+            let _ = writeln!(t);
+            let _ = writeln!(
+                t,
+                "  {:<30} {:>10} {:>8} {:>9}",
+                "files/watch", "p50 ms", "p99 ms", "max ms"
+            );
+            let _ = writeln!(
+                t,
+                "  {:<30} {:>10.1} {:>8.1} {:>9.1}{}",
+                format!("change → notification ({})", w.samples),
+                w.p50_ms,
+                w.p99_ms,
+                w.max_ms,
+                if w.missed > 0 {
+                    format!("  ({} missed)", w.missed)
+                } else {
+                    String::new()
+                }
+            );
+            let _ = writeln!(t, "  (includes the broker's 50 ms coalescing window)");
+        }
+        if let Some(l) = &self.list {
+            let _ = writeln!(t);
+            let _ = writeln!(
+                t,
+                "  {:<30} {:>10} {:>8} {:>9}",
+                "recursive list", "seconds", "find s", "vs find"
+            );
+            let _ = writeln!(
+                t,
+                "  {:<30} {:>10.3} {:>8.3} {:>9}",
+                format!("files/list, {} entries", l.entries),
+                l.seconds,
+                l.find_seconds,
+                format!("{:.2}x", l.ratio_to_find)
             );
         }
         if let Some(servers) = &self.mcp {
