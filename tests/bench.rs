@@ -363,6 +363,7 @@ fn watch_and_list_phases_measure_what_they_say() {
     positive(&report, "/list/seconds");
     positive(&report, "/list/find_seconds");
     positive(&report, "/list/ratio_to_find");
+    positive(&report, "/list/ratio_to_find_stat");
     assert!(report.get("read").is_none() && report.get("small").is_none());
     let table = run(
         &[

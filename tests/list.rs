@@ -505,14 +505,19 @@ fn pages_concatenate_to_the_full_listing_exactly_once() {
     sorted.dedup();
     assert_eq!(full_paths, sorted, "sorted and without duplicates");
 
-    let (paged, pages) = walk_pages(&mut b, params, 7);
-    assert_eq!(pages, n.div_ceil(7));
-    let paged_paths: Vec<_> = paged
-        .iter()
-        .map(|e| e["path"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(paged_paths, full_paths);
-    assert_eq!(paged, full_entries, "pages carry the same entries");
+    // Later pages skip the folders earlier ones finished and those past their own end: page
+    // boundaries anywhere (inside `a/sub/deeper`, between `a.b` and `a/…`, at `a0`) must not
+    // lose or repeat an entry.
+    for limit in [3, 7, 13, 50] {
+        let (paged, pages) = walk_pages(&mut b, params.clone(), limit);
+        assert_eq!(pages, n.div_ceil(limit as usize), "limit {limit}");
+        let paged_paths: Vec<_> = paged
+            .iter()
+            .map(|e| e["path"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(paged_paths, full_paths, "limit {limit}");
+        assert_eq!(paged, full_entries, "pages carry the same entries (limit {limit})");
+    }
 
     // Flat, with a limit that divides the count exactly: the last full page has no cursor
     // or is followed by an empty one; either way nothing repeats.

@@ -165,6 +165,11 @@ fn list(op: &Op, p: Params) -> Result<Reply> {
             .last_mut()
             .unwrap_or_else(|| unreachable!("popped from it above"));
         let lexical = join(&level.lexical, &name);
+        // A later page does not read again the folders an earlier one finished, nor a page
+        // the folders past its end: each page costs its own entries, not the whole tree.
+        if page.cannot_hold(&sandbox::join_display(target.root().name(), &lexical)) {
+            continue;
+        }
         let real = join(&level.real, &name);
         let scanned = open::open_child_dir(&level.dir, name.as_ref()).and_then(|dir| {
             page.scan(&dir, &lexical, &real)
@@ -214,6 +219,22 @@ fn too_deep(raw: &str) -> Error {
 }
 
 impl Page<'_> {
+    /// Whether no entry beneath the folder shown as `shown` can be on this page. In byte
+    /// order they all lie between `shown/` and `shown0` (`0` follows `/`): none is past the
+    /// cursor when the cursor is at `shown0` or beyond, and none is small enough for a full
+    /// page whose largest path is `shown/` or before.
+    fn cannot_hold(&self, shown: &str) -> bool {
+        let mut bound = String::with_capacity(shown.len() + 1);
+        bound.push_str(shown);
+        bound.push('0');
+        if self.after.as_deref().is_some_and(|a| a >= bound.as_str()) {
+            return true;
+        }
+        bound.pop();
+        bound.push('/');
+        self.heap.len() > self.limit && self.heap.peek().is_some_and(|top| top.path <= bound)
+    }
+
     /// Adds `dir`'s entries to the page and returns the subdirectories to descend into
     /// (none unless recursive), in reverse order so popping visits them in order.
     fn scan(&mut self, dir: &Dir, lexical: &str, real: &str) -> std::io::Result<Vec<String>> {
