@@ -51,6 +51,16 @@ def run(op):
         if kind == "unix":
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
             return "ok"
+        if kind == "family":
+            # A socket of family `arg` (AF_VSOCK 40, AF_PACKET 17, ...), of any type it has.
+            last = None
+            for t in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET, socket.SOCK_RAW):
+                try:
+                    socket.socket(arg, t).close()
+                    return "ok"
+                except OSError as e:
+                    last = e
+            raise last
         if kind == "pair":
             a, b = socket.socketpair()
             a.close(); b.close()
@@ -827,6 +837,9 @@ fn what_landlock_misses_is_refused_by_seccomp() {
         ["write", fx.p("rw/still.txt")],
         ["pair"],
         ["setuid"],
+        ["family", libc::AF_VSOCK],
+        ["family", libc::AF_PACKET],
+        ["family", libc::AF_NETLINK],
     ]);
     let out = fx.run(
         &["--policy", policy.to_str().unwrap(), "--confine"],
@@ -851,6 +864,11 @@ fn what_landlock_misses_is_refused_by_seccomp() {
     assert_eq!(r[8], "ok");
     assert_eq!(r[9], "ok", "socket pairs");
     assert_eq!(r[10], "err:EPERM", "identity changes");
+    // Every family that leaves the machine: a virtual machine's channel to its host, raw
+    // frames. Netlink (the kernel's own, which getaddrinfo asks) stays.
+    assert_eq!(r[11], "err:EACCES", "AF_VSOCK");
+    assert_eq!(r[12], "err:EACCES", "AF_PACKET");
+    assert_eq!(r[13], "ok", "AF_NETLINK");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(fx.dir.join("outside/f.txt"))
         .unwrap()

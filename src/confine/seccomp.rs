@@ -1,7 +1,9 @@
 //! A seccomp filter beside the Landlock domain, for what Landlock does not cover:
-//! - IP sockets when `[confine] net` is off. Landlock's TCP rules (ABI 4) see plain TCP only;
-//!   MPTCP (`IPPROTO_MPTCP`), SCTP and UDP sockets pass. The filter refuses `socket(2)` for
-//!   `AF_INET` and `AF_INET6` altogether;
+//! - sockets that leave the machine when `[confine] net` is off. Landlock's TCP rules (ABI 4)
+//!   see plain TCP only; MPTCP (`IPPROTO_MPTCP`), SCTP and UDP sockets pass, and so do other
+//!   families. The filter allows `socket(2)` only for netlink and (see below) Unix sockets:
+//!   IP of any protocol, `AF_VSOCK` to a virtual machine's host, `AF_PACKET` and the rest are
+//!   refused;
 //! - metadata changes by path (`chmod`, `fchmodat`, `chown` and kin, extended attributes):
 //!   Landlock does not restrict them, so a confined server could change the mode or owner of
 //!   any file it cannot even read;
@@ -171,18 +173,25 @@ impl Filter {
             JumpIfEq(libc::TIOCSTI as u32, "deny"),
             JumpIfEq(libc::TIOCLINUX as u32, "deny"),
             Ret(libc::SECCOMP_RET_ALLOW),
+            // With `net` off, only sockets that stay on this machine: netlink (the kernel's
+            // own; `getaddrinfo` asks it which address families are configured) and Unix
+            // sockets where Landlock holds their paths. Every other family is a way out: IP
+            // of any protocol, `AF_VSOCK` (a virtual machine's channel to its host: WSL 2,
+            // Firecracker), `AF_PACKET` (raw frames, for a server run as root), and the
+            // transports a kernel may have as modules (TIPC, RDS, ...).
             Label("socket"),
             Load(arg(0)),
-            JumpIfEq(libc::AF_INET as u32, "noaccess"),
-            JumpIfEq(libc::AF_INET6 as u32, "noaccess"),
+            JumpIfEq(libc::AF_NETLINK as u32, "allow"),
         ]);
-        if !unix_paths {
-            // Before ABI 9 a Unix socket can connect to any path (a terminal multiplexer's,
-            // the session bus, `systemd-run --user`'s): a way out of everything. Pairs
-            // (`socketpair`, which runtimes use for their children's pipes) stay.
-            p.push(JumpIfEq(libc::AF_UNIX as u32, "noaccess"));
+        if unix_paths {
+            p.push(JumpIfEq(libc::AF_UNIX as u32, "allow"));
         }
+        // Before ABI 9 a Unix socket can connect to any path (a terminal multiplexer's, the
+        // session bus, `systemd-run --user`'s): a way out of everything, refused too. Pairs
+        // (`socketpair`, which runtimes use for their children's pipes) stay.
         p.extend([
+            Ret(errno(libc::EACCES)),
+            Label("allow"),
             Ret(libc::SECCOMP_RET_ALLOW),
             Label("prctl"),
             Load(arg(0)),
