@@ -51,6 +51,13 @@ def run(op):
         if kind == "unix":
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
             return "ok"
+        if kind == "syscall":
+            # A raw system call `arg[0]` with integer arguments `arg[1:]`; its errno if it fails.
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.syscall(*[ctypes.c_long(a) for a in arg]) == -1:
+                raise OSError(ctypes.get_errno(), "syscall")
+            return "ok"
         if kind == "family":
             # A socket of family `arg` (AF_VSOCK 40, AF_PACKET 17, ...), of any type it has.
             last = None
@@ -840,6 +847,10 @@ fn what_landlock_misses_is_refused_by_seccomp() {
         ["family", libc::AF_VSOCK],
         ["family", libc::AF_PACKET],
         ["family", libc::AF_NETLINK],
+        // KEYCTL_GET_KEYRING_ID of the session keyring: works for any process of the user.
+        ["syscall", [libc::SYS_keyctl, 0, -3, 0]],
+        // finit_module(-1): EBADF (or EPERM without CAP_SYS_MODULE) when it reaches the kernel.
+        ["syscall", [libc::SYS_finit_module, -1, 0, 0]],
     ]);
     let out = fx.run(
         &["--policy", policy.to_str().unwrap(), "--confine"],
@@ -869,6 +880,8 @@ fn what_landlock_misses_is_refused_by_seccomp() {
     assert_eq!(r[11], "err:EACCES", "AF_VSOCK");
     assert_eq!(r[12], "err:EACCES", "AF_PACKET");
     assert_eq!(r[13], "ok", "AF_NETLINK");
+    assert_eq!(r[14], "err:EPERM", "the session keyring");
+    assert_eq!(r[15], "err:EPERM", "loading a kernel module");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(fx.dir.join("outside/f.txt"))
         .unwrap()

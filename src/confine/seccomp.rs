@@ -14,6 +14,9 @@
 //!   hold their paths (before ABI 9): a server could otherwise ask any unconfined service
 //!   listening on one (a terminal multiplexer, the session bus) to act for it;
 //! - changes of user and group ids (a root server's would also clear its death signal);
+//! - the kernel keyrings (a user's keys, readable by any of its processes), and what a
+//!   server run as root could use to leave every rule: kernel modules, `kexec`, I/O ports,
+//!   BPF, open by handle, `perf_event_open`, `userfaultfd`, the clock, the kernel log;
 //! - leaving the process group (`setsid`, `setpgid`) and clearing the death signal
 //!   (`prctl(PR_SET_PDEATHSIG)`): these return success and do nothing, so everything the
 //!   server starts stays in the group the proxy kills at once, and the server dies with the
@@ -77,6 +80,42 @@ fn refused() -> Vec<libc::c_long> {
     ];
     #[cfg(target_arch = "x86_64")]
     calls.extend([libc::SYS_chmod, libc::SYS_chown, libc::SYS_lchown]);
+    calls
+}
+
+/// Calls no MCP server needs that reach past every file rule: the kernel keyrings (a
+/// session's keys, Kerberos tickets and the like, which Landlock does not cover, readable by
+/// any process of the user), and what only a server run as root could do: load a kernel
+/// module or a new kernel, reach I/O ports, reboot, swap, open files by handle, load BPF
+/// programs, watch other processes' events, fault pages in by hand, change the clock or read
+/// the kernel log.
+fn privileged() -> Vec<libc::c_long> {
+    let mut calls = vec![
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_reboot,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_settimeofday,
+        libc::SYS_clock_settime,
+        libc::SYS_clock_adjtime,
+        libc::SYS_adjtimex,
+        libc::SYS_syslog,
+        libc::SYS_acct,
+        libc::SYS_quotactl,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([libc::SYS_iopl, libc::SYS_ioperm]);
     calls
 }
 
@@ -152,7 +191,11 @@ impl Filter {
         ];
         #[cfg(target_arch = "x86_64")]
         p.push(JumpIfGe(0x4000_0000, "deny")); // x32 numbers
-        for call in refused().into_iter().chain(identity_changes()) {
+        for call in refused()
+            .into_iter()
+            .chain(identity_changes())
+            .chain(privileged())
+        {
             p.push(JumpIfEq(call as u32, "deny"));
         }
         // Leaving the process group would take a process out of the proxy's reach
