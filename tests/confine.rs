@@ -526,6 +526,28 @@ fn deny_globs_are_named_as_not_enforced() {
     );
     assert!(!out.status.success());
 
+    // An audit log inside a read-only root: the kernel cannot keep one file of a granted
+    // tree unreadable. Named; strict refuses; best effort runs (the server can read it).
+    let policy = fx.policy(&format!("[audit]\npath = {:?}\n", fx.p("ro/audit.jsonl")));
+    let check = Command::new(bin())
+        .args(["confine", "check", "--policy", policy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("holds fsbroker's own files") && text.contains("ro/audit.jsonl"),
+        "{text}"
+    );
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine=strict"],
+        &json!([]),
+        &[],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("audit.jsonl"), "{stderr}");
+
     // Without globs: every rule is enforced here, exit 0.
     let check = Command::new(bin())
         .args(["confine", "check", "--root", &fx.p("ro")])

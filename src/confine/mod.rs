@@ -325,6 +325,27 @@ pub fn plan(
             ));
         }
     }
+    // fsbroker's own files are never readable through a root (docs/protocol.md, "Protected
+    // paths"), but the kernel cannot take one file out of a granted tree: each grant holding
+    // one is named, so strict refuses and best effort says so.
+    for r in &rules {
+        let own: Vec<String> = policy
+            .protected()
+            .files()
+            .iter()
+            .filter(|f| f.starts_with(&r.path))
+            .map(|f| f.display().to_string())
+            .collect();
+        if !own.is_empty() {
+            inexpressible.push(format!(
+                "{} ({}) holds fsbroker's own files ({}): the server can read them; keep the \
+                 policy and the audit log outside what a confined server is given",
+                r.path.display(),
+                r.why,
+                own.join(", ")
+            ));
+        }
+    }
     Ok(Plan {
         rules,
         withheld,
