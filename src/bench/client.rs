@@ -269,17 +269,25 @@ impl<R: Read> Lines<R> {
         before_wait: &mut dyn FnMut() -> io::Result<()>,
     ) -> io::Result<Range<usize>> {
         loop {
-            if let Some(k) = memchr::memchr(b'\n', &self.buf[self.scanned..self.end]) {
-                let newline = self.scanned + k;
-                let line = self.start..newline;
-                self.start = newline + 1;
-                self.scanned = self.start;
+            if let Some(line) = self.take_line() {
                 return Ok(line);
             }
-            self.scanned = self.end;
             before_wait()?;
             self.fill()?;
         }
+    }
+
+    /// The next whole line already read, if any (else everything read is marked scanned).
+    fn take_line(&mut self) -> Option<Range<usize>> {
+        let Some(k) = memchr::memchr(b'\n', &self.buf[self.scanned..self.end]) else {
+            self.scanned = self.end;
+            return None;
+        };
+        let newline = self.scanned + k;
+        let line = self.start..newline;
+        self.start = newline + 1;
+        self.scanned = self.start;
+        Some(line)
     }
 
     /// [`Lines::next`], giving up at `deadline`: `None` when no whole line arrived by then.
@@ -292,14 +300,9 @@ impl<R: Read> Lines<R> {
         R: std::os::fd::AsFd,
     {
         loop {
-            if let Some(k) = memchr::memchr(b'\n', &self.buf[self.scanned..self.end]) {
-                let newline = self.scanned + k;
-                let line = self.start..newline;
-                self.start = newline + 1;
-                self.scanned = self.start;
+            if let Some(line) = self.take_line() {
                 return Ok(Some(line));
             }
-            self.scanned = self.end;
             before_wait()?;
             let left = deadline.saturating_duration_since(Instant::now());
             let mut fds = [rustix::event::PollFd::new(

@@ -592,22 +592,23 @@ impl Report {
                 format!("files/list, {} entries", l.entries),
                 l.seconds
             );
-            let _ = writeln!(
-                t,
-                "  {:<30} {:>10} {:>8.3} {:>9}",
-                "  vs find (names only)",
-                "",
-                l.find_seconds,
-                format!("{:.2}x", l.ratio_to_find)
-            );
-            let _ = writeln!(
-                t,
-                "  {:<30} {:>10} {:>8.3} {:>9}",
-                "  vs find -printf (+ stat)",
-                "",
-                l.find_stat_seconds,
-                format!("{:.2}x", l.ratio_to_find_stat)
-            );
+            for (name, seconds, ratio) in [
+                ("  vs find (names only)", l.find_seconds, l.ratio_to_find),
+                (
+                    "  vs find -printf (+ stat)",
+                    l.find_stat_seconds,
+                    l.ratio_to_find_stat,
+                ),
+            ] {
+                let _ = writeln!(
+                    t,
+                    "  {:<30} {:>10} {:>8.3} {:>9}",
+                    name,
+                    "",
+                    seconds,
+                    format!("{ratio:.2}x")
+                );
+            }
         }
         if let Some(servers) = &self.mcp {
             mcp_table(&mut t, servers, self.small.as_ref(), s.mcp_size);
