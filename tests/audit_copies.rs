@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Broker, bin, code, tempdir, write_policy};
+use common::audit::{log_lines, s};
+use common::{Broker, bin, code, tempdir};
 use serde_json::{Value, json};
 
 /// A datagram received.
@@ -125,47 +126,14 @@ fn field(fields: &[(String, Vec<u8>)], name: &str) -> Vec<String> {
         .collect()
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// A root `root` (read-write, consent auto) holding `f.txt`, and a policy whose `[audit]`
 /// table is `audit` (after `path = "audit.jsonl"`). Returns (temp dir, dir, policy, log).
 fn setup(audit: &str) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
-    let (t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hello").unwrap();
-    let policy = write_policy(&dir, &root, "mode = \"read-write\"", "");
-    let mut text = std::fs::read_to_string(&policy).unwrap();
-    text += &format!("\n[audit]\npath = \"audit.jsonl\"\n{audit}\n");
-    std::fs::write(&policy, text).unwrap();
-    let log = dir.join("audit.jsonl");
-    (t, dir, policy, log)
-}
-
-fn log_lines(log: &Path) -> Vec<String> {
-    std::fs::read_to_string(log)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    common::audit::audited("mode = \"read-write\"", audit)
 }
 
 fn verify(files: &[&Path]) -> (i32, String) {
-    let out = std::process::Command::new(bin())
-        .args(["audit", "verify"])
-        .args(files)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    common::audit::verify_files(files, &[])
 }
 
 /// Rule: every line of the log reaches both collectors, framed as each expects: the syslog

@@ -8,26 +8,14 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Broker, bin, tempdir, write_policy};
+use common::audit::{lines_of, s};
+use common::{Broker, bin};
 use serde_json::{Value, json};
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// A root `r` holding `f.txt`, and a policy whose log `audit.jsonl` rolls over past
 /// `max_bytes`. Returns (temp dir, its path, the policy, the log).
 fn setup(max_bytes: u64) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
-    let (t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hello").unwrap();
-    let policy = write_policy(&dir, &root, "", "");
-    let mut text = std::fs::read_to_string(&policy).unwrap();
-    text += &format!("\n[audit]\npath = \"audit.jsonl\"\nmax_bytes = {max_bytes}\n");
-    std::fs::write(&policy, text).unwrap();
-    let log = dir.join("audit.jsonl");
-    (t, dir, policy, log)
+    common::audit::audited("", &format!("max_bytes = {max_bytes}"))
 }
 
 /// The kept files of the log, oldest first (their names sort in time order), then the log.
@@ -51,32 +39,7 @@ fn log_files(log: &Path) -> Vec<PathBuf> {
 }
 
 fn verify(files: &[PathBuf]) -> (i32, String) {
-    let out = Command::new(bin())
-        .args(["audit", "verify"])
-        .args(files)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
-fn lines_of(files: &[PathBuf]) -> Vec<Value> {
-    files
-        .iter()
-        .flat_map(|f| {
-            std::fs::read_to_string(f)
-                .unwrap()
-                .lines()
-                .map(|l| serde_json::from_str::<Value>(l).unwrap())
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    common::audit::verify_files(files, &[])
 }
 
 /// Rule: past `max_bytes` the log rolls over. Each kept file ends in a `rotate` line and is

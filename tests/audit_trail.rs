@@ -7,12 +7,9 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
+use common::audit::s;
 use common::{Broker, bin, tempdir};
 use serde_json::json;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// `fsbroker audit verify LOG`: (exit code, stdout + stderr).
 fn verify(log: &Path) -> (i32, String) {
@@ -21,17 +18,7 @@ fn verify(log: &Path) -> (i32, String) {
 
 /// `fsbroker audit verify LOG EXTRA...`: (exit code, stdout + stderr).
 fn verify_with(log: &Path, extra: &[&str]) -> (i32, String) {
-    let out = Command::new(bin())
-        .args(["audit", "verify", s(log)])
-        .args(extra)
-        .output()
-        .expect("run fsbroker audit verify");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
+    common::audit::verify_files(&[log], extra)
 }
 
 /// A temp dir with a root `root` holding `f.txt`, and where the log goes.

@@ -8,6 +8,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 
 use serde_json::{Value, json};
 
+pub mod audit;
 pub mod peers;
 
 /// A running `fsbroker serve` (or any subcommand) with piped stdin and stdout.
