@@ -80,12 +80,29 @@ fn the_library_builds_without_default_features() {
     );
 }
 
-/// `target/debug/examples/NAME`, built by `cargo test` beside this test.
+/// `target/PROFILE/examples/NAME`: built by `cargo test` beside this test, or here when only
+/// this test was built (`cargo test --test library`).
 fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    // target/debug/deps/library-HASH → target/debug/examples/NAME
-    let dir = exe.parent().and_then(Path::parent).unwrap();
-    dir.join("examples").join(name)
+    // target/PROFILE/deps/library-HASH → target/PROFILE
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let path = profile_dir.join("examples").join(name);
+    if !path.exists() {
+        let mut build = cargo();
+        build
+            .args(["build", "--locked", "--offline", "--example", name])
+            .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap());
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let out = build.output().expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "cannot build the example {name}:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    path
 }
 
 /// `examples/embed.rs` does what its comments say: lists the root, reads a file, refuses a
