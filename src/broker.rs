@@ -114,17 +114,17 @@ impl Broker {
     }
 
     /// The path locks every session shares.
-    pub fn locks(&self) -> &Arc<LockTable> {
+    pub(crate) fn locks(&self) -> &Arc<LockTable> {
         &self.locks
     }
 
     /// The per-session rate limiters of the policy in force.
-    pub fn rate_limits(&self) -> Arc<RateLimits> {
+    pub(crate) fn rate_limits(&self) -> Arc<RateLimits> {
         Arc::clone(&self.rate.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The slots of the blocking pool, shared fairly between sessions.
-    pub fn pool(&self) -> &Arc<FairPool> {
+    pub(crate) fn pool(&self) -> &Arc<FairPool> {
         &self.pool
     }
 
@@ -134,7 +134,7 @@ impl Broker {
     }
 
     /// The watch hub every session's `files/watch` goes through.
-    pub fn watches(&self) -> &Arc<WatchHub> {
+    pub(crate) fn watches(&self) -> &Arc<WatchHub> {
         &self.watches
     }
 

@@ -74,6 +74,7 @@ impl FairPool {
         })
     }
 
+    #[cfg(test)]
     /// The most slots one session may hold at once.
     pub fn per_session(&self) -> usize {
         self.per_session

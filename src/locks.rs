@@ -216,6 +216,7 @@ impl LockTable {
         t.kept.values().filter(|k| k.session == session).count()
     }
 
+    #[cfg(test)]
     /// The number of kept locks still in force (expired ones are dropped first).
     pub fn kept_count(&self) -> usize {
         let mut t = self.lock();

@@ -516,7 +516,10 @@ fn pages_concatenate_to_the_full_listing_exactly_once() {
             .map(|e| e["path"].as_str().unwrap().to_owned())
             .collect();
         assert_eq!(paged_paths, full_paths, "limit {limit}");
-        assert_eq!(paged, full_entries, "pages carry the same entries (limit {limit})");
+        assert_eq!(
+            paged, full_entries,
+            "pages carry the same entries (limit {limit})"
+        );
     }
 
     // Flat, with a limit that divides the count exactly: the last full page has no cursor

@@ -158,7 +158,7 @@ impl Options {
             Phase::List,
         ]
         .iter()
-            .all(|&p| !self.runs(p))
+        .all(|&p| !self.runs(p))
     }
 }
 

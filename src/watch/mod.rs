@@ -489,13 +489,4 @@ impl WatchHub {
             tracing::info!(root = %root.display(), watches = n, "watches ended with their root");
         }
     }
-
-    /// How many watches `session` has.
-    pub fn count(&self, session: u64) -> usize {
-        self.registry()
-            .watches
-            .values()
-            .filter(|w| w.session_id == session)
-            .count()
-    }
 }
