@@ -204,7 +204,7 @@ struct ProxyArgs {
     connect: Option<PathBuf>,
     /// Start the server in a Landlock sandbox built from the policy: its roots (read-write or
     /// read-only as the policy says; nothing of `deny` and unapproved `prompt` roots), what it
-    /// needs to run, a private TMPDIR, no TCP unless `[confine] net`. `--confine` enforces
+    /// needs to run, a private TMPDIR, no network unless `[confine] net`. `--confine` enforces
     /// what the kernel can and names the rest on stderr; `--confine=strict` refuses to start
     /// unless every rule is enforced; `--confine=off` overrides the policy's `[confine] mode`.
     /// See `fsbroker confine check`.

@@ -5,7 +5,7 @@
 //! checks. `--confine` starts the server in a Landlock domain built from the policy
 //! ([`plan`]): read-write roots readable and writable, read-only roots readable, `deny` roots
 //! and unapproved `prompt` roots not at all; what the server needs to run, read-only
-//! (`runtime.rs`); a private temporary directory; no TCP unless `[confine] net` allows it. The
+//! (`runtime.rs`); a private temporary directory; no network unless `[confine] net` allows it. The
 //! kernel then refuses everything else, to the server and everything it starts, for good.
 //!
 //! What Landlock cannot express (deny globs, files of fsbroker's own inside a read-write
