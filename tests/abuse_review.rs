@@ -19,13 +19,14 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use common::{bin, code, lit, python, request_line, tempdir, with_deadline, write_policy};
+use common::procs::{Pids, is_listening, kill_group};
+use common::{bin, code, lit, python, request_line, tempdir, write_policy};
 
 /// Longest any one test may run before its processes are killed and it fails.
 const TEST_DEADLINE: Duration = Duration::from_secs(20);
@@ -34,48 +35,10 @@ const TEST_DEADLINE: Duration = Duration::from_secs(20);
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-/// SIGKILLs the process group led by `pid` (a broker this test started in a group of its own:
-/// the broker and the consent commands it runs).
-fn kill_group(pid: u32) {
-    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
-}
-
-/// Brokers a test started, their process groups killed if the test runs past its deadline.
-#[derive(Clone, Default)]
-struct Pids(Arc<Mutex<Vec<u32>>>);
-
-impl Pids {
-    fn add(&self, pid: u32) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
-    }
-
-    fn kill_all(&self) {
-        for &pid in self.0.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            kill_group(pid);
-        }
-    }
-}
-
-/// Runs a test body under [`TEST_DEADLINE`]; past it, the test's brokers are killed.
+/// Runs a test body under [`TEST_DEADLINE`]; past it, the test's brokers (and their process
+/// groups) are killed.
 fn within<T: Send + 'static>(pids: &Pids, f: impl FnOnce(Pids) -> T + Send + 'static) -> T {
-    let killer = pids.clone();
-    let inner = pids.clone();
-    with_deadline(TEST_DEADLINE, move || killer.kill_all(), move || f(inner))
-}
-
-/// Whether a Unix socket bound at `path` is listening (`__SO_ACCEPTCON` in `/proc/net/unix`).
-fn is_listening(path: &Path) -> bool {
-    let path = path.to_str().expect("UTF-8 temp path");
-    std::fs::read_to_string("/proc/net/unix")
-        .expect("read /proc/net/unix")
-        .lines()
-        .skip(1)
-        .any(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() >= 8 && f[7] == path && f[3] == "00010000"
-        })
+    common::procs::within(TEST_DEADLINE, pids, f)
 }
 
 /// `fsbroker serve --listen SOCK --policy POLICY [EXTRA...]` in a process group of its own;

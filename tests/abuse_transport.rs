@@ -16,13 +16,14 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde_json::{Value, json};
 
-use common::{bin, lit, proc_status_kib, python, tempdir, with_deadline, write_policy};
+use common::procs::{Pids, is_listening};
+use common::{bin, lit, proc_status_kib, python, tempdir, write_policy};
 
 /// Longest any one test may run before its processes are killed and it fails.
 const TEST_DEADLINE: Duration = Duration::from_secs(60);
@@ -33,29 +34,9 @@ const BOUND_MIB: f64 = 200.0;
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-/// Processes a test started, killed (SIGKILL, by id) if the test runs past its deadline.
-#[derive(Clone, Default)]
-struct Pids(Arc<Mutex<Vec<u32>>>);
-
-impl Pids {
-    fn add(&self, pid: u32) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
-    }
-
-    fn kill_all(&self) {
-        for &pid in self.0.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-        }
-    }
-}
-
 /// Runs a test body under [`TEST_DEADLINE`]; past it, the test's processes are killed.
 fn within<T: Send + 'static>(pids: &Pids, f: impl FnOnce(Pids) -> T + Send + 'static) -> T {
-    let killer = pids.clone();
-    let inner = pids.clone();
-    with_deadline(TEST_DEADLINE, move || killer.kill_all(), move || f(inner))
+    common::procs::within(TEST_DEADLINE, pids, f)
 }
 
 /// A child process killed and reaped when dropped.
@@ -196,19 +177,6 @@ impl Listener {
     fn connect(&self) -> Conn {
         Conn::new(UnixStream::connect(&self.sock).expect("connect to the broker"))
     }
-}
-
-/// Whether a Unix socket bound at `path` is listening (`__SO_ACCEPTCON` in `/proc/net/unix`).
-fn is_listening(path: &Path) -> bool {
-    let path = path.to_str().expect("UTF-8 temp path");
-    std::fs::read_to_string("/proc/net/unix")
-        .expect("read /proc/net/unix")
-        .lines()
-        .skip(1)
-        .any(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() >= 8 && f[7] == path && f[3] == "00010000"
-        })
 }
 
 /// What a bounded read of one line found.

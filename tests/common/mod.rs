@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 pub mod audit;
 pub mod peers;
+pub mod procs;
 
 /// A running `fsbroker serve` (or any subcommand) with piped stdin and stdout.
 pub struct Broker {
