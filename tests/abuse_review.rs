@@ -12,21 +12,19 @@
 
 mod common;
 
-use std::ffi::OsString;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use common::procs::{Pids, is_listening, kill_group};
-use common::{bin, code, lit, python, request_line, tempdir, write_policy};
+use common::procs::Pids;
+use common::socket::{Conn, Got, Listener};
+use common::{PolicyToml, RootToml, code, python, request_line, tempdir, write_policy};
 
 /// Longest any one test may run before its processes are killed and it fails.
 const TEST_DEADLINE: Duration = Duration::from_secs(20);
@@ -39,202 +37,6 @@ const TEST_DEADLINE: Duration = Duration::from_secs(20);
 /// groups) are killed.
 fn within<T: Send + 'static>(pids: &Pids, f: impl FnOnce(Pids) -> T + Send + 'static) -> T {
     common::procs::within(TEST_DEADLINE, pids, f)
-}
-
-/// `fsbroker serve --listen SOCK --policy POLICY [EXTRA...]` in a process group of its own;
-/// dropping it kills the whole group (consent commands included) and reaps the broker.
-struct Listener {
-    child: Child,
-    sock: PathBuf,
-}
-
-impl Listener {
-    /// Starts the broker and waits for its socket; panics (with the exit status) when the
-    /// broker exits instead.
-    fn start(policy: &Path, sock: &Path, extra: &[&str], pids: &Pids) -> Listener {
-        let mut args: Vec<OsString> = vec![
-            "serve".into(),
-            "--listen".into(),
-            sock.into(),
-            "--policy".into(),
-            policy.into(),
-        ];
-        args.extend(extra.iter().map(OsString::from));
-        let child = Command::new(bin())
-            .args(&args)
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start fsbroker serve --listen");
-        pids.add(child.id());
-        let mut l = Listener {
-            child,
-            sock: sock.to_owned(),
-        };
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = l.child.try_wait().expect("try_wait") {
-                panic!(
-                    "serve --listen exited before listening ({status}); policy:\n{}",
-                    std::fs::read_to_string(policy).unwrap_or_default()
-                );
-            }
-            // Not probed by connecting: a probe would be a session of its own.
-            if is_listening(&l.sock) {
-                return l;
-            }
-            assert!(Instant::now() < end, "no socket at {}", l.sock.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn connect(&self) -> Conn {
-        Conn::new(UnixStream::connect(&self.sock).expect("connect to the broker"))
-    }
-
-    /// Panics when the broker has exited.
-    fn assert_alive(&mut self) {
-        if let Some(status) = self.child.try_wait().expect("try_wait") {
-            panic!("the broker exited ({status})");
-        }
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        // The group first (the broker is not reaped yet, so its id is still its own).
-        kill_group(self.child.id());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// What a bounded read of one line found.
-#[derive(Debug)]
-enum Got {
-    Line(Value),
-    Eof,
-    Timeout,
-}
-
-/// One connection to `serve --listen`, read line by line with time limits.
-struct Conn {
-    stream: UnixStream,
-    reader: BufReader<UnixStream>,
-    /// The part of a line read so far.
-    partial: Vec<u8>,
-}
-
-impl Conn {
-    fn new(stream: UnixStream) -> Conn {
-        let reader = BufReader::new(stream.try_clone().expect("clone the socket"));
-        Conn {
-            stream,
-            reader,
-            partial: Vec::new(),
-        }
-    }
-
-    fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).expect("write to the broker");
-    }
-
-    /// Sends a request with the given id.
-    fn send_request(&mut self, id: &Value, method: &str, params: Value) {
-        let mut line = serde_json::to_vec(
-            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
-        )
-        .unwrap();
-        line.push(b'\n');
-        self.send(&line);
-    }
-
-    /// The next line (parsed), end of input, or nothing within `limit`. A read error (the
-    /// broker reset the connection) counts as end of input.
-    fn next(&mut self, limit: Duration) -> Got {
-        let end = Instant::now() + limit;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Got::Timeout;
-            }
-            self.reader
-                .get_ref()
-                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .unwrap();
-            match self.reader.read_until(b'\n', &mut self.partial) {
-                Ok(0) => return Got::Eof,
-                Ok(_) if self.partial.ends_with(b"\n") => {
-                    let line = std::mem::take(&mut self.partial);
-                    let v = serde_json::from_slice(&line).unwrap_or_else(|e| {
-                        panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&line))
-                    });
-                    return Got::Line(v);
-                }
-                Ok(_) => return Got::Eof,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return Got::Eof,
-            }
-        }
-    }
-
-    /// The response to `id`, or an error with `id: null` (a line the broker could not take
-    /// in is refused without its id having been read), within `limit`; notifications are
-    /// passed over.
-    fn answer_or_null_error(&mut self, id: &Value, limit: Duration) -> Value {
-        let end = Instant::now() + limit;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.next(left) {
-                Got::Line(m) if m.get("method").is_none() && m["id"] == *id => return m,
-                Got::Line(m) if m.get("id") == Some(&Value::Null) && m.get("error").is_some() => {
-                    return m;
-                }
-                Got::Line(_) => {}
-                Got::Eof => panic!("the broker closed the connection before answering {id}"),
-                Got::Timeout => panic!("no answer to {id} within {limit:?}"),
-            }
-        }
-    }
-
-    /// The response to `id` within `limit` (notifications are passed over), or `None`.
-    fn next_answer(&mut self, id: &Value, limit: Duration) -> Option<Value> {
-        let end = Instant::now() + limit;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.next(left) {
-                Got::Line(m) if m.get("method").is_none() && m["id"] == *id => return Some(m),
-                Got::Line(_) => {}
-                Got::Eof => panic!("the broker closed the connection before answering {id}"),
-                Got::Timeout => return None,
-            }
-        }
-    }
-
-    /// Sends `ping` and asserts it is answered `{}` within `limit`.
-    fn ping_within(&mut self, id: &str, limit: Duration) {
-        let id = json!(id);
-        let started = Instant::now();
-        self.send(&request_line_str(&id, "ping"));
-        let r = self.answer_or_null_error(&id, limit);
-        assert_eq!(r["result"], json!({}), "ping {id}: {r}");
-        println!("ping {id} answered in {:?}", started.elapsed());
-    }
-}
-
-/// A request line without params.
-fn request_line_str(id: &Value, method: &str) -> Vec<u8> {
-    let mut line = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": method}))
-        .expect("serialize");
-    line.push(b'\n');
-    line
 }
 
 /// Sets `SO_RCVBUF` on `stream` (the kernel may round it up to its minimum).
@@ -538,22 +340,15 @@ fn consent_prompts_nobody_answers_do_not_hold_other_sessions_reads() {
         let script = dir.join("slow_consent.py");
         std::fs::write(&script, SLOW_CONSENT_PY).unwrap();
         let pid_file = dir.join("consent-pids");
-        let policy = dir.join("policy.toml");
-        std::fs::write(
-            &policy,
-            format!(
-                "[[root]]\npath = {}\nname = \"r\"\nconsent = \"auto\"\n\n\
-                 [[root]]\npath = {}\nname = \"p\"\nconsent = \"prompt\"\n\n\
-                 [consent]\ncommand = [{}, {}, {}]\nterminal = false\ntimeout_ms = 30000\n\n\
-                 [limits]\ntimeout_ms = {TIMEOUT_MS}\nrequests_per_second = 0\n",
-                lit(&auto),
-                lit(&prompt),
-                lit(Path::new(python())),
-                lit(&script),
-                lit(&pid_file),
-            ),
-        )
-        .unwrap();
+        let policy = PolicyToml::new()
+            .root(RootToml::at(&auto).name("r"))
+            .root(RootToml::at(&prompt).name("p").consent("prompt"))
+            .consent_command(
+                &[Path::new(python()), &script, &pid_file],
+                "timeout_ms = 30000",
+            )
+            .unlimited_with(&format!("timeout_ms = {TIMEOUT_MS}"))
+            .write_to(&dir.join("policy.toml"));
         let mut l = Listener::start(&policy, &dir.join("broker.sock"), &[], &pids);
 
         let mut honest = l.connect();
@@ -620,7 +415,7 @@ fn consent_prompts_nobody_answers_do_not_hold_other_sessions_reads() {
         let late: Vec<&String> = reports.iter().flat_map(|r| &r.late).collect();
 
         // Every consent command ends with the broker.
-        let broker = l.child.id();
+        let broker = l.pid();
         drop(l);
         let consent_pids: Vec<u32> = std::fs::read_to_string(&pid_file)
             .unwrap_or_default()

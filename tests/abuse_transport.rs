@@ -14,7 +14,7 @@ mod common;
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{Value, json};
 
-use common::procs::{Pids, is_listening};
-use common::{bin, lit, proc_status_kib, python, tempdir, write_policy};
+use common::procs::Pids;
+use common::socket::{Conn, Got, Listener};
+use common::{PolicyToml, RootToml, bin, proc_status_kib, python, tempdir, write_policy};
 
 /// Longest any one test may run before its processes are killed and it fails.
 const TEST_DEADLINE: Duration = Duration::from_secs(60);
@@ -123,181 +124,6 @@ fn wait_for(
                 panic!("the proxy closed its output before {what}")
             }
         }
-    }
-}
-
-/// `serve --listen SOCK --policy POLICY`, up and listening.
-struct Listener {
-    child: Reaped,
-    sock: PathBuf,
-}
-
-impl Listener {
-    /// Starts the broker and waits for its socket; panics (with the exit status) when the
-    /// broker exits instead, for instance because it refused the policy.
-    fn start(policy: &Path, sock: &Path, pids: &Pids) -> Listener {
-        let child = Command::new(bin())
-            .arg("serve")
-            .arg("--listen")
-            .arg(sock)
-            .arg("--policy")
-            .arg(policy)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start fsbroker serve --listen");
-        pids.add(child.id());
-        let mut l = Listener {
-            child: Reaped(child),
-            sock: sock.to_owned(),
-        };
-        let end = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(status) = l.child.0.try_wait().expect("try_wait") {
-                panic!(
-                    "serve --listen exited before listening ({status}); policy:\n{}",
-                    std::fs::read_to_string(policy).unwrap_or_default()
-                );
-            }
-            // Not probed by connecting: a probe would be a session of its own, counted
-            // against max_sessions until the broker sees it close.
-            if is_listening(&l.sock) {
-                return l;
-            }
-            assert!(Instant::now() < end, "no socket at {}", l.sock.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.pid()
-    }
-
-    fn connect(&self) -> Conn {
-        Conn::new(UnixStream::connect(&self.sock).expect("connect to the broker"))
-    }
-}
-
-/// What a bounded read of one line found.
-#[derive(Debug)]
-enum Got {
-    Line(Value),
-    Eof,
-    Timeout,
-}
-
-/// One connection to `serve --listen`, read line by line with time limits.
-struct Conn {
-    stream: UnixStream,
-    reader: BufReader<UnixStream>,
-    /// The part of a line read so far.
-    partial: Vec<u8>,
-}
-
-impl Conn {
-    fn new(stream: UnixStream) -> Conn {
-        let reader = BufReader::new(stream.try_clone().expect("clone the socket"));
-        Conn {
-            stream,
-            reader,
-            partial: Vec::new(),
-        }
-    }
-
-    fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).expect("write to the broker");
-    }
-
-    fn send_msg(&mut self, msg: &Value) {
-        let mut line = serde_json::to_vec(msg).unwrap();
-        line.push(b'\n');
-        self.send(&line);
-    }
-
-    /// The next line (parsed), end of input, or nothing within `limit`. A read error (the
-    /// broker reset the connection) counts as end of input.
-    fn next(&mut self, limit: Duration) -> Got {
-        let end = Instant::now() + limit;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Got::Timeout;
-            }
-            self.reader
-                .get_ref()
-                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .unwrap();
-            match self.reader.read_until(b'\n', &mut self.partial) {
-                Ok(0) => return Got::Eof,
-                Ok(_) if self.partial.ends_with(b"\n") => {
-                    let line = std::mem::take(&mut self.partial);
-                    let v = serde_json::from_slice(&line).unwrap_or_else(|e| {
-                        panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&line))
-                    });
-                    return Got::Line(v);
-                }
-                Ok(_) => return Got::Eof,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return Got::Eof,
-            }
-        }
-    }
-
-    /// The response to `id`, within `limit` (other messages are passed over).
-    fn response(&mut self, id: &Value, limit: Duration) -> Value {
-        let end = Instant::now() + limit;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.next(left) {
-                Got::Line(m) if m.get("method").is_none() && m["id"] == *id => return m,
-                Got::Line(_) => {}
-                Got::Eof => panic!("the broker closed the connection before answering {id}"),
-                Got::Timeout => panic!("no answer to {id} within {limit:?}"),
-            }
-        }
-    }
-
-    /// The response to `id`, or an error with `id: null` (a line the broker could not take
-    /// in may be refused without its id having been read), within `limit`.
-    fn answer_or_null_error(&mut self, id: &Value, limit: Duration) -> Value {
-        let end = Instant::now() + limit;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.next(left) {
-                Got::Line(m) if m.get("method").is_none() && m["id"] == *id => return m,
-                Got::Line(m) if m.get("id") == Some(&Value::Null) && m.get("error").is_some() => {
-                    return m;
-                }
-                Got::Line(_) => {}
-                Got::Eof => panic!("the broker closed the connection before answering {id}"),
-                Got::Timeout => panic!("no answer to {id} within {limit:?}"),
-            }
-        }
-    }
-
-    /// Sends `ping` and asserts it is answered `{}`.
-    fn ping(&mut self, id: &str) {
-        let id = json!(id);
-        self.send_msg(&json!({"jsonrpc": "2.0", "id": id, "method": "ping"}));
-        let r = self.response(&id, Duration::from_secs(10));
-        assert_eq!(r["result"], json!({}), "ping {id}: {r}");
-    }
-
-    /// Writes `data` from a thread of its own (the broker may stop reading); the receiver
-    /// gets the outcome once the last byte is in the socket.
-    fn write_in_background(&self, data: Vec<u8>) -> mpsc::Receiver<io::Result<()>> {
-        let mut w = self.stream.try_clone().expect("clone the socket");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(w.write_all(&data));
-        });
-        rx
     }
 }
 
@@ -677,22 +503,17 @@ fn shared_broker_names_the_server_behind_proxy_connect_in_consent_requests() {
         let consent = dir.join("bin/consent.py");
         std::fs::write(&consent, CONSENT_PY).unwrap();
         let save = dir.join("consent-request.json");
-        let policy = dir.join("policy.toml");
-        std::fs::write(
-            &policy,
-            format!(
-                "[[root]]\npath = {}\nname = \"r\"\nconsent = \"prompt\"\n\n[consent]\ncommand = [{}, {}, {}]\nterminal = false\ntimeout_ms = 20000\n\n[audit]\npath = {}\n",
-                lit(&root),
-                lit(Path::new(python())),
-                lit(&consent),
-                lit(&save),
-                lit(&dir.join("audit.jsonl"))
-            ),
-        )
-        .unwrap();
+        let policy = PolicyToml::new()
+            .root(RootToml::at(&root).name("r").consent("prompt"))
+            .consent_command(
+                &[Path::new(python()), &consent, &save],
+                "timeout_ms = 20000",
+            )
+            .audit(&dir.join("audit.jsonl"), "")
+            .write_to(&dir.join("policy.toml"));
         let server = dir.join("named.py");
         std::fs::write(&server, NAMED_PY).unwrap();
-        let listener = Listener::start(&policy, &dir.join("broker.sock"), &pids);
+        let listener = Listener::start(&policy, &dir.join("broker.sock"), &[], &pids);
 
         let args: Vec<OsString> = vec![
             "proxy".into(),
@@ -767,7 +588,7 @@ fn listen_refuses_connections_past_max_sessions() {
         let root = dir.join("root");
         std::fs::create_dir(&root).unwrap();
         let policy = write_policy(&dir, &root, "", "max_sessions = 3");
-        let l = Listener::start(&policy, &dir.join("broker.sock"), &pids);
+        let l = Listener::start(&policy, &dir.join("broker.sock"), &[], &pids);
 
         let mut served: Vec<Conn> = (0..3).map(|_| l.connect()).collect();
         for (i, c) in served.iter_mut().enumerate() {
@@ -827,7 +648,7 @@ fn listen_bounds_partial_lines_across_two_hundred_slow_connections() {
         let root = dir.join("root");
         std::fs::create_dir(&root).unwrap();
         let policy = write_policy(&dir, &root, "", "");
-        let mut l = Listener::start(&policy, &dir.join("broker.sock"), &pids);
+        let mut l = Listener::start(&policy, &dir.join("broker.sock"), &[], &pids);
         let pid = l.pid();
         let before = vm_hwm_mib(pid);
 
@@ -877,7 +698,7 @@ fn listen_bounds_partial_lines_across_two_hundred_slow_connections() {
         }
         let total: usize = sent.iter().sum();
         let open = conns.iter().filter(|c| c.is_some()).count();
-        l.child.assert_alive("the broker");
+        l.assert_alive();
         let hwm = vm_hwm_mib(pid);
         println!(
             "{CONNS} slow connections: {:.1} MiB of partial lines written in {:?} ({open} still open, {failed} refused or dropped); broker VmHWM {before:.1} → {hwm:.1} MiB",
@@ -895,7 +716,7 @@ fn listen_bounds_partial_lines_across_two_hundred_slow_connections() {
             "after 10 slow connections closed",
         );
         fresh.ping("fresh-again");
-        l.child.assert_alive("the broker");
+        l.assert_alive();
         println!("fresh connection served ({refused} refused first)");
         let hwm = vm_hwm_mib(pid);
         assert!(
@@ -930,7 +751,7 @@ fn max_pending_input_bounds_partial_lines_across_connections() {
             "mode = \"read-write\"",
             "max_pending_input = 8388608\ntimeout_ms = 2000\nrequests_per_second = 0",
         );
-        let l = Listener::start(&policy, &dir.join("broker.sock"), &pids);
+        let l = Listener::start(&policy, &dir.join("broker.sock"), &[], &pids);
         let mut a = l.connect();
         let mut b = l.connect();
         a.ping("a0");

@@ -19,23 +19,16 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Broker, code, tempdir, with_deadline};
+use common::hostile::{
+    A_TXT, B_TXT, DENIED, DENIED_MARKER, MARKER, OUTSIDE, S_TXT, World, number, put, shown_str,
+};
+use common::{Broker, code};
 use serde_json::{Value, json};
 
-/// In every file outside the roots: must never reach the wire.
-const MARKER: &str = "OUTSIDE-MARKER-7f3a";
-/// In every file the policy variant denies: must never reach the wire under that policy.
-const DENIED_MARKER: &str = "DENIED-MARKER-c41e";
 /// Names that exist only outside the root: no listing may show them.
 const OUTSIDE_NAMES: &[&str] = &["secret.txt", "only-outside", "proj_evil"];
-const A_TXT: &str = "inside a\n";
-const B_TXT: &str = "inside b\n";
-const S_TXT: &str = "inside the second root\n";
-const OUTSIDE: &str = "outside every root";
-const DENIED: &str = "denied by policy";
 /// "Fail at once": far above any honest answer, far below a blocked FIFO.
 const AT_ONCE: Duration = Duration::from_secs(5);
 
@@ -88,28 +81,9 @@ fn control(desc: &'static str, path: impl Into<String>, read: Want, list: Want) 
     }
 }
 
-fn number(data_code: &str) -> i64 {
-    match data_code {
-        "FILE_NOT_FOUND" => -31001,
-        "PERMISSION_DENIED" => -31002,
-        "INVALID_PATH" => -31003,
-        "IO_ERROR" => -31004,
-        other => panic!("no number for {other}"),
-    }
-}
-
-/// A request path short enough for a failure message.
-fn shown(path: &str) -> String {
-    if path.len() > 80 {
-        format!("{:?}... ({} bytes)", &path[..60], path.len())
-    } else {
-        format!("{path:?}")
-    }
-}
-
 /// Runs one row against one method and asserts everything the contract promises about it.
 fn check(b: &mut Broker, method: &str, case: &Case, want: Want, forbidden: &[&str]) {
-    let ctx = format!("{method} [{}] {}", case.desc, shown(&case.path));
+    let ctx = format!("{method} [{}] {}", case.desc, shown_str(&case.path));
     let started = Instant::now();
     let resp = b.request(method, json!({ "path": case.path }));
     let took = started.elapsed();
@@ -163,132 +137,34 @@ fn run_table(b: &mut Broker, cases: &[Case], forbidden: &[&str]) -> usize {
     cases.iter().filter(|c| !c.control).count()
 }
 
-/// The temp tree, kept alive for the test's length.
-struct World {
-    _tmp: tempfile::TempDir,
-    base: PathBuf,
-    proj: PathBuf,
-    second: PathBuf,
-    fifo: PathBuf,
-    policy: PathBuf,
-}
-
-fn put(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
-}
-
+/// The kit's trap tree (read-only roots) plus what only reads and listings try: a deeper
+/// file, links to directories out and to the parent, a self-loop, a three-link chain out, an
+/// absolute link back inside, a socket, a file named only outside, and a cross-root link.
 fn world() -> World {
-    let (tmp, base) = tempdir();
-    let proj = base.join("proj");
-    let second = base.join("second");
-
-    // Outside every root.
+    let w = World::new(None);
     put(
-        &base.join("outside/secret.txt"),
-        &format!("{MARKER} outside/secret.txt\n"),
-    );
-    put(
-        &base.join("outside/only-outside.txt"),
+        &w.base.join("outside/only-outside.txt"),
         &format!("{MARKER} only-outside\n"),
     );
-    put(
-        &base.join("proj_evil/secret"),
-        &format!("{MARKER} proj_evil/secret\n"),
-    );
-
-    // The root's ordinary content.
-    put(&proj.join("a.txt"), A_TXT);
-    put(&proj.join("sub/b.txt"), B_TXT);
-    put(&proj.join("sub/deep/c.txt"), "inside c\n");
-
-    // What the policy variant denies (plain, harmless content under `--root`).
-    put(&proj.join(".env"), &format!("{DENIED_MARKER} .env\n"));
-    put(
-        &proj.join("sub/.env"),
-        &format!("{DENIED_MARKER} sub/.env\n"),
-    );
-    put(
-        &proj.join(".git/config"),
-        &format!("{DENIED_MARKER} .git\n"),
-    );
-    put(
-        &proj.join("secrets/key.pem"),
-        &format!("{DENIED_MARKER} key\n"),
-    );
-
-    let ln = |target: &dyn AsRef<Path>, at: &str| symlink(target, proj.join(at)).unwrap();
-    ln(&"a.txt", "lnk_in");
-    ln(&"../outside/secret.txt", "lnk_file_rel");
-    ln(&base.join("outside/secret.txt"), "lnk_file_abs");
-    ln(&"../outside", "lnk_dir_rel");
-    ln(&base.join("outside"), "lnk_dir_abs");
-    ln(&"../proj_evil/secret", "lnk_evil");
-    ln(&"..", "lnk_parent");
-    ln(&"..", "sub/lnk_root"); // proj itself: inside
-    ln(&"loop_b", "loop_a");
-    ln(&"loop_a", "loop_b");
-    ln(&"self_loop", "self_loop");
-    ln(&"chain2", "chain1");
-    ln(&"sub/chain3", "chain2");
-    ln(&"../../outside/secret.txt", "sub/chain3");
-    ln(&proj.join("a.txt"), "abs_inside");
-    ln(&".env", "ok.txt");
-    ln(&".git", "gitlink");
-    ln(&"secrets/key.pem", "lnk_secret");
-
-    let fifo = proj.join("fifo");
-    rustix::fs::mkfifoat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-    )
-    .expect("mkfifo");
+    put(&w.proj.join("sub/deep/c.txt"), "inside c\n");
+    w.link("../outside", "lnk_dir_rel");
+    w.link(w.base.join("outside"), "lnk_dir_abs");
+    w.link("..", "lnk_parent");
+    w.link("..", "sub/lnk_root"); // proj itself: inside
+    w.link("self_loop", "self_loop");
+    w.link("chain2", "chain1");
+    w.link("sub/chain3", "chain2");
+    w.link("../../outside/secret.txt", "sub/chain3");
+    w.link(w.proj.join("a.txt"), "abs_inside");
     // The socket file stays after the listener is dropped.
-    drop(std::os::unix::net::UnixListener::bind(proj.join("sock")).expect("bind socket"));
-
-    put(&second.join("s.txt"), S_TXT);
-    symlink("../proj/.env", second.join("lnk_cross_env")).unwrap();
-    symlink("../proj/a.txt", second.join("lnk_cross_a")).unwrap();
-
-    let policy = base.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = {:?}\nname = \"proj\"\nconsent = \"auto\"\n\
-             deny = [\".git/**\", \"**/.env\", \"secrets\"]\n\n\
-             [[root]]\npath = {:?}\nname = \"second\"\nconsent = \"auto\"\n",
-            proj.to_str().unwrap(),
-            second.to_str().unwrap()
-        ),
-    )
-    .unwrap();
-
-    World {
-        _tmp: tmp,
-        base,
-        proj,
-        second,
-        fifo,
-        policy,
-    }
+    drop(std::os::unix::net::UnixListener::bind(w.proj.join("sock")).expect("bind socket"));
+    symlink("../proj/a.txt", w.second.join("lnk_cross_a")).unwrap();
+    w
 }
 
-/// Runs `f` with a deadline; on timeout, opens the FIFO's write end so a broker stuck
-/// opening it comes loose, and fails.
+/// Runs `f` with a deadline; a broker stuck opening the FIFO is freed, and the test fails.
 fn guarded(w: World, f: impl FnOnce(World) + Send + 'static) {
-    let fifo = w.fifo.clone();
-    with_deadline(
-        Duration::from_secs(120),
-        move || {
-            use std::os::unix::fs::OpenOptionsExt;
-            let _ = std::fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-                .open(&fifo);
-        },
-        move || f(w),
-    );
+    w.guarded(Duration::from_secs(120), f)
 }
 
 fn single_root_cases(w: &World) -> Vec<Case> {

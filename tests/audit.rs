@@ -14,7 +14,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
-use common::{Broker, bin, code, tempdir, uri_path};
+use common::{Broker, PolicyToml, RootToml, bin, code, tempdir, uri_path};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -93,13 +93,6 @@ fn workspace() -> Ws {
 
 fn s(p: &Path) -> String {
     p.to_str().unwrap().to_owned()
-}
-
-/// A TOML literal string holding `p` (temp paths hold no `'`).
-fn lit(p: &Path) -> String {
-    let s = s(p);
-    assert!(!s.contains('\''), "temp path unusable in a TOML literal");
-    format!("'{s}'")
 }
 
 /// `fsbroker serve --root ROOT --read-write EXTRA...` in the workspace, `RUST_LOG=warn`, stderr
@@ -1032,16 +1025,10 @@ fn redaction_leaves_no_plain_path() {
     let outside = dir.join("elsewhere").join("wombat.txt");
     std::fs::write(&outside, "x").unwrap();
     let log = dir.join("redacted.jsonl");
-    let policy = dir.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = {}\nname = \"okapi\"\nmode = \"read-write\"\nconsent = \"auto\"\n\n[audit]\npath = {}\nredact_paths = true\n",
-            lit(&root),
-            lit(&log)
-        ),
-    )
-    .unwrap();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&root).name("okapi").rw())
+        .audit(&log, "redact_paths = true")
+        .write_to(&dir.join("policy.toml"));
     let err_file = dir.join("broker.stderr");
     let start = now_ms();
     let mut b = Broker::spawn_stderr_to_file(
@@ -1395,15 +1382,13 @@ fn cli_audit_overrides_the_policy_path() {
     let ws = workspace();
     let pol_dir = ws.dir.join("pol");
     std::fs::create_dir(&pol_dir).unwrap();
-    let policy = pol_dir.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = {}\nname = \"r\"\nconsent = \"auto\"\n\n[audit]\npath = \"policy-audit.jsonl\"\nredact_paths = true\n",
-            lit(&ws.root)
-        ),
-    )
-    .unwrap();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&ws.root).name("r"))
+        .table(
+            "audit",
+            "path = \"policy-audit.jsonl\"\nredact_paths = true",
+        )
+        .write_to(&pol_dir.join("policy.toml"));
     let cli_log = ws.dir.join("cli-audit.jsonl");
     let err_file = ws.dir.join("broker.stderr");
     let start = now_ms();
@@ -1451,15 +1436,10 @@ fn the_policy_audit_path_is_relative_to_the_policy_file() {
     let cwd = ws.dir.join("cwd");
     std::fs::create_dir(&pol_dir).unwrap();
     std::fs::create_dir(&cwd).unwrap();
-    let policy = pol_dir.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = {}\nname = \"r\"\nconsent = \"auto\"\n\n[audit]\npath = \"audit.jsonl\"\n",
-            lit(&ws.root)
-        ),
-    )
-    .unwrap();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&ws.root).name("r"))
+        .table("audit", "path = \"audit.jsonl\"")
+        .write_to(&pol_dir.join("policy.toml"));
     let err_file = ws.dir.join("broker.stderr");
     let start = now_ms();
     let mut b = Broker::spawn_stderr_to_file(
@@ -1504,18 +1484,11 @@ fn refusals_are_warned_on_stderr_with_session_and_path() {
     std::fs::create_dir(&locked).unwrap();
     std::fs::write(locked.join("doc.txt"), "d").unwrap();
     let log = ws.dir.join("audit.jsonl");
-    let policy = ws.dir.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = {}\nname = \"r\"\nconsent = \"auto\"\ndeny = [\"secret/**\"]\n\n\
-             [[root]]\npath = {}\nname = \"locked\"\nconsent = \"deny\"\n\n[audit]\npath = {}\n",
-            lit(&ws.root),
-            lit(&locked),
-            lit(&log)
-        ),
-    )
-    .unwrap();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&ws.root).name("r").deny(&["secret/**"]))
+        .root(RootToml::at(&locked).name("locked").consent("deny"))
+        .audit(&log, "")
+        .write_to(&ws.dir.join("policy.toml"));
     let err_file = ws.dir.join("broker.stderr");
     let start = now_ms();
     let mut b = Broker::spawn_stderr_to_file(

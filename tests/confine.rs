@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{bin, tempdir};
+use common::{PolicyToml, RootToml, bin, tempdir};
 use serde_json::{Value, json};
 
 /// Runs each operation of `$PROBE` (a JSON list) and writes the results as one notification;
@@ -180,20 +180,20 @@ impl Fixture {
         self.dir.join(rel).to_str().unwrap().to_owned()
     }
 
-    /// A policy with the four roots and `extra` appended.
+    /// The four roots: `rw` read-write, `ro` read-only, `denied` (consent deny) and `asked`
+    /// (consent prompt).
+    fn roots(&self) -> PolicyToml {
+        PolicyToml::new()
+            .root(RootToml::at(&self.dir.join("rw")).rw())
+            .root(RootToml::at(&self.dir.join("ro")))
+            .root(RootToml::at(&self.dir.join("denied")).consent("deny"))
+            .root(RootToml::at(&self.dir.join("asked")).consent("prompt"))
+    }
+
+    /// A policy with the four roots and `extra` (more tables) appended.
     fn policy(&self, extra: &str) -> PathBuf {
-        let text = format!(
-            "[[root]]\npath = {rw:?}\nmode = \"read-write\"\nconsent = \"auto\"\n\n\
-             [[root]]\npath = {ro:?}\nconsent = \"auto\"\n\n\
-             [[root]]\npath = {denied:?}\nconsent = \"deny\"\n\n\
-             [[root]]\npath = {asked:?}\nconsent = \"prompt\"\n\n{extra}\n",
-            rw = self.p("rw"),
-            ro = self.p("ro"),
-            denied = self.p("denied"),
-            asked = self.p("asked"),
-        );
         let path = self.dir.join("policy.toml");
-        std::fs::write(&path, text).unwrap();
+        std::fs::write(&path, format!("{}\n{extra}\n", self.roots().text())).unwrap();
         path
     }
 
@@ -457,12 +457,9 @@ fn without_landlock_strict_refuses_and_best_effort_warns() {
 #[test]
 fn deny_globs_are_named_as_not_enforced() {
     let fx = Fixture::new();
-    let policy_text = format!(
-        "[[root]]\npath = {:?}\nmode = \"read-write\"\nconsent = \"auto\"\ndeny = [\"**/.env\"]\n",
-        fx.p("rw")
-    );
-    let policy = fx.dir.join("globs.toml");
-    std::fs::write(&policy, policy_text).unwrap();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&fx.dir.join("rw")).rw().deny(&["**/.env"]))
+        .write_to(&fx.dir.join("globs.toml"));
     let ops = json!([["read", fx.p("rw/f.txt")]]);
     let out = fx.run(
         &["--policy", policy.to_str().unwrap(), "--confine=strict"],
@@ -1122,16 +1119,10 @@ fn a_deny_root_added_inside_a_held_root_ends_the_server() {
     std::fs::create_dir(fx.dir.join("rw/secret")).unwrap();
     let policy = fx.policy("");
     let (mut child, _host_stdin, _line) = fx.start(&policy, &json!([]), &[("PROBE_STAY", "1")]);
-    let text = std::fs::read_to_string(&policy).unwrap();
-    let tmp = fx.dir.join("policy.toml.new");
-    std::fs::write(
-        &tmp,
-        format!(
-            "{text}\n[[root]]\npath = {:?}\nconsent = \"deny\"\n",
-            fx.p("rw/secret")
-        ),
-    )
-    .unwrap();
+    let tmp = fx
+        .roots()
+        .root(RootToml::at(&fx.dir.join("rw/secret")).consent("deny"))
+        .write_to(&fx.dir.join("policy.toml.new"));
     std::fs::rename(&tmp, &policy).unwrap();
     let status = common::with_deadline(
         Duration::from_secs(20),

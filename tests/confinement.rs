@@ -25,6 +25,7 @@
 
 mod common;
 
+use common::hostile::{mkdirs, uri};
 use common::{lit, path_str as s, python, snapshot};
 
 use std::collections::BTreeSet;
@@ -35,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{LiveBroker, bin, code, tempdir, uri_path};
+use common::{LiveBroker, PolicyToml, RootToml, bin, code, tempdir};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -48,29 +49,17 @@ const DEADLINE: Duration = Duration::from_secs(10);
 /// `error.code` of `PERMISSION_DENIED`.
 const PERMISSION_DENIED: i64 = -31002;
 
-/// `file://` URI of an absolute path.
-fn uri(p: &Path) -> String {
-    format!("file://{}", uri_path(p))
-}
-
-/// One `[[root]]` table.
-fn root_toml(path: &Path, name: &str, mode: &str, consent: &str, deny: &[&str]) -> String {
-    let deny: Vec<String> = deny.iter().map(|g| format!("{g:?}")).collect();
-    format!(
-        "[[root]]\npath = {}\nname = \"{name}\"\nmode = \"{mode}\"\nconsent = \"{consent}\"\ndeny = [{}]\n\n",
-        lit(path),
-        deny.join(", ")
-    )
-}
-
-/// The policy text: `roots` (from [`root_toml`]), then `consent` as the body of `[consent]`
-/// when given, then limits that keep the rate limiter out of quick test sequences.
-fn policy_text(roots: &[String], consent: Option<&str>) -> String {
-    let mut text = roots.concat();
-    if let Some(table) = consent {
-        text += &format!("[consent]\n{table}\n\n");
+/// The policy text: `roots`, then `consent` as the body of `[consent]` when given, then
+/// limits that keep the rate limiter out of quick test sequences.
+fn policy_text(roots: Vec<RootToml>, consent: Option<&str>) -> String {
+    let mut policy = PolicyToml::new();
+    for root in roots {
+        policy = policy.root(root);
     }
-    text + "[limits]\nrequests_per_second = 0\n"
+    if let Some(table) = consent {
+        policy = policy.table("consent", table);
+    }
+    policy.unlimited().text()
 }
 
 /// Writes `text` to a new file beside `policy` and renames it over it, as editors do.
@@ -331,12 +320,6 @@ fn drain_notifications(b: &mut LiveBroker, limit: Duration) {
     {}
 }
 
-fn mkdirs(base: &Path, dirs: &[&str]) {
-    for d in dirs {
-        std::fs::create_dir_all(base.join(d)).unwrap();
-    }
-}
-
 fn files(base: &Path, files: &[(&str, &str)]) {
     for (f, text) in files {
         let p = base.join(f);
@@ -390,9 +373,9 @@ impl ConsentEnv {
         std::fs::write(
             &policy,
             policy_text(
-                &[
-                    root_toml(&home, "home", "read-only", "prompt", &[]),
-                    root_toml(&proj, "proj", "read-write", "prompt", &[]),
+                vec![
+                    RootToml::at(&home).name("home").consent("prompt"),
+                    RootToml::at(&proj).name("proj").rw().consent("prompt"),
                 ],
                 Some(&asker.table("all")),
             ),
@@ -609,9 +592,9 @@ impl RenameEnv {
         std::fs::write(
             &policy,
             policy_text(
-                &[
-                    root_toml(&proj, "proj", "read-write", "auto", PROJ_DENY),
-                    root_toml(&other, "other", "read-write", "auto", &[]),
+                vec![
+                    RootToml::at(&proj).name("proj").rw().deny(PROJ_DENY),
+                    RootToml::at(&other).name("other").rw(),
                 ],
                 None,
             ),
@@ -854,9 +837,12 @@ impl Nested {
         std::fs::write(
             &policy,
             policy_text(
-                &[
-                    root_toml(&outer, "outer", "read-write", "auto", &[]),
-                    root_toml(&inner, "inner", "read-only", inner_consent, &["secret.txt"]),
+                vec![
+                    RootToml::at(&outer).name("outer").rw(),
+                    RootToml::at(&inner)
+                        .name("inner")
+                        .consent(inner_consent)
+                        .deny(&["secret.txt"]),
                 ],
                 Some("terminal = false"),
             ),
@@ -1231,10 +1217,10 @@ impl ListEnv {
     /// Writes the policy with `p`'s consent mode and the `[consent]` body.
     fn text(&self, p_consent: &str, consent: &str) -> String {
         policy_text(
-            &[
-                root_toml(&self.a, "a", "read-only", "auto", &[]),
-                root_toml(&self.p, "p", "read-only", p_consent, &[]),
-                root_toml(&self.d, "d", "read-only", "deny", &[]),
+            vec![
+                RootToml::at(&self.a).name("a"),
+                RootToml::at(&self.p).name("p").consent(p_consent),
+                RootToml::at(&self.d).name("d").consent("deny"),
             ],
             Some(consent),
         )
@@ -1343,7 +1329,7 @@ fn no_op_rename_answers_the_same_whether_or_not_denied_entries_hide_inside() {
     std::fs::write(
         &policy,
         policy_text(
-            &[root_toml(&root, "r", "read-write", "auto", &["**/.env"])],
+            vec![RootToml::at(&root).name("r").rw().deny(&["**/.env"])],
             None,
         ),
     )

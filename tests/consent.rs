@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Broker, bin, code, tempdir};
+use common::{Broker, PolicyToml, RootToml, bin, code, tempdir};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -163,14 +163,17 @@ impl Env {
     /// Writes the policy: root `r` (read-write, deny `secret/**`) with `consent`, and
     /// `consent_table` as the body of `[consent]` (`None`: no table at all).
     fn policy(&self, consent: &str, consent_table: Option<&str>) -> &Path {
-        let mut text = format!(
-            "[[root]]\npath = {}\nname = \"r\"\nmode = \"read-write\"\nconsent = \"{consent}\"\ndeny = [\"secret/**\"]\n",
-            lit(&self.root)
+        let mut policy = PolicyToml::new().root(
+            RootToml::at(&self.root)
+                .name("r")
+                .rw()
+                .consent(consent)
+                .deny(&["secret/**"]),
         );
         if let Some(table) = consent_table {
-            text += &format!("\n[consent]\n{table}\n");
+            policy = policy.table("consent", table);
         }
-        std::fs::write(&self.policy, text).unwrap();
+        policy.write_to(&self.policy);
         &self.policy
     }
 
@@ -319,15 +322,14 @@ fn auto_root_needs_no_consent_and_approves_only_paths_inside() {
     std::fs::write(env.root.join("a/.env"), "K=V").unwrap();
     std::fs::create_dir(env.dir.join("outside")).unwrap();
     std::fs::write(env.dir.join("outside/o.txt"), "o").unwrap();
-    std::fs::write(
-        &env.policy,
-        format!(
-            "[[root]]\npath = {}\nname = \"r\"\nconsent = \"auto\"\ndeny = [\"secret/**\", \"**/.env\"]\n\n[consent]\n{}\n",
-            lit(&alias),
-            env.command("all", 20_000)
-        ),
-    )
-    .unwrap();
+    PolicyToml::new()
+        .root(
+            RootToml::at(&alias)
+                .name("r")
+                .deny(&["secret/**", "**/.env"]),
+        )
+        .table("consent", env.command("all", 20_000))
+        .write_to(&env.policy);
     let mut b = env.serve();
 
     // Without any consent.
@@ -505,19 +507,12 @@ fn mixed_roots_each_follow_their_own_mode() {
     std::fs::create_dir(&denied).unwrap();
     std::fs::write(other.join("o.txt"), "o").unwrap();
     std::fs::write(denied.join("d.txt"), "d").unwrap();
-    std::fs::write(
-        &env.policy,
-        format!(
-            "[[root]]\npath = {}\nname = \"r\"\nconsent = \"prompt\"\n\n\
-             [[root]]\npath = {}\nname = \"o\"\nconsent = \"auto\"\n\n\
-             [[root]]\npath = {}\nname = \"d\"\nconsent = \"deny\"\n\n[consent]\n{}\n",
-            lit(&env.root),
-            lit(&other),
-            lit(&denied),
-            env.command("all", 20_000)
-        ),
-    )
-    .unwrap();
+    PolicyToml::new()
+        .root(RootToml::at(&env.root).name("r").consent("prompt"))
+        .root(RootToml::at(&other).name("o"))
+        .root(RootToml::at(&denied).name("d").consent("deny"))
+        .table("consent", env.command("all", 20_000))
+        .write_to(&env.policy);
     let mut b = env.serve();
     read_ok(&mut b, "o/o.txt", "o");
     read_refused(&mut b, "r/c/g.txt");

@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{Value, json};
 
-use common::{Broker, code, proc_status_kib, request_line, serve_policy, tempdir, uri_path};
+use common::{
+    Broker, PolicyToml, RootToml, code, proc_status_kib, request_line, serve_policy, tempdir,
+    uri_path,
+};
 
 const RATE_LIMITED: i64 = -31008;
 const TIMEOUT: i64 = -31005;
@@ -690,21 +693,11 @@ fn max_in_flight_stops_reading_until_a_request_finishes() {
         "cat >/dev/null\nsleep 1\necho '{\"granted\": false}'\n",
     )
     .unwrap();
-    let policy = pdir.join("policy.toml");
-    let lit = |p: &Path| {
-        let s = p.to_str().unwrap();
-        assert!(!s.contains('\''));
-        format!("'{s}'")
-    };
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = {}\nname = \"r\"\nconsent = \"prompt\"\n\n[consent]\ncommand = ['/bin/sh', {}]\nterminal = false\n\n[limits]\nmax_in_flight = 2\nrequests_per_second = 0\n",
-            lit(&root),
-            lit(&script)
-        ),
-    )
-    .unwrap();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&root).name("r").consent("prompt"))
+        .consent_command(&[Path::new("/bin/sh"), &script], "")
+        .unlimited_with("max_in_flight = 2")
+        .write_to(&pdir.join("policy.toml"));
     let mut b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
     assert_eq!(b.ok("ping", json!({})), json!({}));
 

@@ -8,6 +8,8 @@
 //! is a per-session quota; an upload in progress locks its path, and an abandoned one leaves
 //! nothing behind; one file reached through several spellings is one lock.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +17,8 @@ use std::time::{Duration, Instant};
 use fsbroker::policy::{Overrides, Policy};
 use fsbroker::{Broker, Session};
 use serde_json::{Value, json};
+
+use common::{PolicyToml, RootToml};
 
 /// How long any single request may take before the test calls it a hang.
 const HANG: Duration = Duration::from_secs(20);
@@ -42,21 +46,15 @@ impl Env {
         let base = tmp.path().canonicalize().expect("canonicalize");
         let root = base.join("r");
         std::fs::create_dir(&root).unwrap();
-        let mut text = format!(
-            "[[root]]\npath = {:?}\nname = \"r\"\nmode = \"read-write\"\nconsent = \"auto\"\n\n",
-            root.to_str().unwrap()
-        );
+        let mut policy = PolicyToml::new().root(RootToml::at(&root).name("r").rw());
         if let Some(inner) = inner {
             let dir = root.join(inner);
             std::fs::create_dir_all(&dir).unwrap();
-            text.push_str(&format!(
-                "[[root]]\npath = {:?}\nname = \"inner\"\nmode = \"read-write\"\nconsent = \"auto\"\n\n",
-                dir.to_str().unwrap()
-            ));
+            policy = policy.root(RootToml::at(&dir).name("inner").rw());
         }
-        text.push_str(&format!("[limits]\nrequests_per_second = 0\n{limits}\n"));
-        let policy_path = base.join("policy.toml");
-        std::fs::write(&policy_path, text).unwrap();
+        let policy_path = policy
+            .unlimited_with(limits)
+            .write_to(&base.join("policy.toml"));
         let policy = Policy::load(Some(&policy_path), &Overrides::default()).expect("policy");
         Env {
             _tmp: tmp,
@@ -140,6 +138,46 @@ async fn locked(s: &Session, method: &str, params: Value, path: &str, secrets: &
     );
     for id in secrets {
         assert!(!raw.contains(id), "the refusal leaks the lock id: {raw}");
+    }
+}
+
+/// One request another session makes against a kept lock, and the path its `FILE_LOCKED`
+/// refusal must name (for a rename onto a locked file, the new path).
+struct Try {
+    method: &'static str,
+    params: Value,
+    path: String,
+}
+
+impl Try {
+    fn new(method: &'static str, params: Value, path: &str) -> Try {
+        Try {
+            method,
+            params,
+            path: path.to_owned(),
+        }
+    }
+}
+
+/// `files/read` of `path`.
+fn read_of(path: &str) -> Try {
+    Try::new("files/read", json!({ "path": path }), path)
+}
+
+/// `files/write` of `"b"` to `path`.
+fn write_of(path: &str) -> Try {
+    Try::new("files/write", json!({"path": path, "content": "b"}), path)
+}
+
+/// `files/delete` of `path`.
+fn delete_of(path: &str) -> Try {
+    Try::new("files/delete", json!({ "path": path }), path)
+}
+
+/// Every try must fail at once with `FILE_LOCKED` (see [`locked`]), in order.
+async fn all_locked(s: &Session, secrets: &[&str], tries: Vec<Try>) {
+    for t in tries {
+        locked(s, t.method, t.params, &t.path, secrets).await;
     }
 }
 
@@ -286,76 +324,48 @@ async fn a_kept_lock_refuses_the_other_session_at_once_and_not_its_holder() {
     let id = keep_write(&a, "r/f.txt", "held by a").await;
     let ids = [id.as_str()];
 
-    locked(
+    all_locked(
         &b,
-        "files/read",
-        json!({"path": "r/f.txt"}),
-        "r/f.txt",
         &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/read",
-        json!({"path": "r/f.txt", "keepLocked": true}),
-        "r/f.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/f.txt", "content": "b was here"}),
-        "r/f.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/f.txt", "content": "b", "append": true}),
-        "r/f.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/f.txt", "content": "b", "offset": 0, "final": false}),
-        "r/f.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/delete",
-        json!({"path": "r/f.txt"}),
-        "r/f.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/rename",
-        json!({"oldPath": "r/f.txt", "newPath": "r/g.txt"}),
-        "r/f.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/rename",
-        json!({"oldPath": "r/h.txt", "newPath": "r/f.txt", "overwrite": true}),
-        "r/f.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/create",
-        json!({"path": "r/f.txt", "type": "file"}),
-        "r/f.txt",
-        &ids,
+        vec![
+            read_of("r/f.txt"),
+            Try::new(
+                "files/read",
+                json!({"path": "r/f.txt", "keepLocked": true}),
+                "r/f.txt",
+            ),
+            Try::new(
+                "files/write",
+                json!({"path": "r/f.txt", "content": "b was here"}),
+                "r/f.txt",
+            ),
+            Try::new(
+                "files/write",
+                json!({"path": "r/f.txt", "content": "b", "append": true}),
+                "r/f.txt",
+            ),
+            Try::new(
+                "files/write",
+                json!({"path": "r/f.txt", "content": "b", "offset": 0, "final": false}),
+                "r/f.txt",
+            ),
+            delete_of("r/f.txt"),
+            Try::new(
+                "files/rename",
+                json!({"oldPath": "r/f.txt", "newPath": "r/g.txt"}),
+                "r/f.txt",
+            ),
+            Try::new(
+                "files/rename",
+                json!({"oldPath": "r/h.txt", "newPath": "r/f.txt", "overwrite": true}),
+                "r/f.txt",
+            ),
+            Try::new(
+                "files/create",
+                json!({"path": "r/f.txt", "type": "file"}),
+                "r/f.txt",
+            ),
+        ],
     )
     .await;
 
@@ -401,36 +411,24 @@ async fn a_kept_lock_refuses_the_other_session_at_once_and_not_its_holder() {
     assert_eq!(c["created"], false);
 
     // The lock is still kept after all that.
-    locked(
-        &b,
-        "files/read",
-        json!({"path": "r/f.txt"}),
-        "r/f.txt",
-        &ids,
-    )
-    .await;
+    all_locked(&b, &ids, vec![read_of("r/f.txt")]).await;
 
     // The holder can also delete and rename what it keeps.
     env.put("gone.txt", "g");
     env.put("mv.txt", "m");
     let gone = keep_read(&a, "r/gone.txt").await;
     let mv = keep_read(&a, "r/mv.txt").await;
-    locked(
-        &b,
-        "files/delete",
-        json!({"path": "r/gone.txt"}),
-        "r/gone.txt",
-        &[&gone],
-    )
-    .await;
+    all_locked(&b, &[&gone], vec![delete_of("r/gone.txt")]).await;
     ok(&a, "files/delete", json!({"path": "r/gone.txt"})).await;
     assert!(!env.path("gone.txt").exists());
-    locked(
+    all_locked(
         &b,
-        "files/rename",
-        json!({"oldPath": "r/mv.txt", "newPath": "r/mv2.txt"}),
-        "r/mv.txt",
         &[&mv],
+        vec![Try::new(
+            "files/rename",
+            json!({"oldPath": "r/mv.txt", "newPath": "r/mv2.txt"}),
+            "r/mv.txt",
+        )],
     )
     .await;
     ok(
@@ -463,81 +461,55 @@ async fn a_directory_lock_covers_its_subtree() {
     );
     let ids = [id.as_str()];
 
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/d/new.txt", "content": "b"}),
-        "r/d/new.txt",
-        &ids,
-    )
-    .await;
+    all_locked(&b, &ids, vec![write_of("r/d/new.txt")]).await;
     assert!(!env.path("d/new.txt").exists());
-    locked(
+    all_locked(
         &b,
-        "files/write",
-        json!({"path": "r/d/inside.txt", "content": "b"}),
-        "r/d/inside.txt",
         &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/read",
-        json!({"path": "r/d/inside.txt"}),
-        "r/d/inside.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/delete",
-        json!({"path": "r/d/inside.txt"}),
-        "r/d/inside.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/delete",
-        json!({"path": "r/d", "recursive": true}),
-        "r/d",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/rename",
-        json!({"oldPath": "r/d/inside.txt", "newPath": "r/out.txt"}),
-        "r/d/inside.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/create",
-        json!({"path": "r/d/newdir", "type": "directory"}),
-        "r/d/newdir",
-        &ids,
+        vec![
+            write_of("r/d/inside.txt"),
+            read_of("r/d/inside.txt"),
+            delete_of("r/d/inside.txt"),
+            Try::new(
+                "files/delete",
+                json!({"path": "r/d", "recursive": true}),
+                "r/d",
+            ),
+            Try::new(
+                "files/rename",
+                json!({"oldPath": "r/d/inside.txt", "newPath": "r/out.txt"}),
+                "r/d/inside.txt",
+            ),
+            Try::new(
+                "files/create",
+                json!({"path": "r/d/newdir", "type": "directory"}),
+                "r/d/newdir",
+            ),
+        ],
     )
     .await;
     assert!(!env.path("d/newdir").exists());
     env.put("loose.txt", "loose");
-    locked(
+    all_locked(
         &b,
-        "files/rename",
-        json!({"oldPath": "r/loose.txt", "newPath": "r/d/moved.txt"}),
-        "r/d/moved.txt",
         &ids,
+        vec![Try::new(
+            "files/rename",
+            json!({"oldPath": "r/loose.txt", "newPath": "r/d/moved.txt"}),
+            "r/d/moved.txt",
+        )],
     )
     .await;
     assert!(env.path("loose.txt").exists() && !env.path("d/moved.txt").exists());
     // A create that would make parents beneath the locked directory must not make them.
-    locked(
+    all_locked(
         &b,
-        "files/create",
-        json!({"path": "r/d/sub/deeper.txt", "type": "file"}),
-        "r/d/sub/deeper.txt",
         &ids,
+        vec![Try::new(
+            "files/create",
+            json!({"path": "r/d/sub/deeper.txt", "type": "file"}),
+            "r/d/sub/deeper.txt",
+        )],
     )
     .await;
     assert!(
@@ -569,46 +541,43 @@ async fn a_file_lock_covers_its_ancestors_against_delete_and_rename() {
     let id = keep_write(&a, "r/p/q/f.txt", "kept").await;
     let ids = [id.as_str()];
 
-    locked(
+    all_locked(
         &b,
-        "files/delete",
-        json!({"path": "r/p", "recursive": true}),
-        "r/p",
         &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/delete",
-        json!({"path": "r/p/q", "recursive": true}),
-        "r/p/q",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/rename",
-        json!({"oldPath": "r/p", "newPath": "r/p2"}),
-        "r/p",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/rename",
-        json!({"oldPath": "r/p/q", "newPath": "r/q2"}),
-        "r/p/q",
-        &ids,
+        vec![
+            Try::new(
+                "files/delete",
+                json!({"path": "r/p", "recursive": true}),
+                "r/p",
+            ),
+            Try::new(
+                "files/delete",
+                json!({"path": "r/p/q", "recursive": true}),
+                "r/p/q",
+            ),
+            Try::new(
+                "files/rename",
+                json!({"oldPath": "r/p", "newPath": "r/p2"}),
+                "r/p",
+            ),
+            Try::new(
+                "files/rename",
+                json!({"oldPath": "r/p/q", "newPath": "r/q2"}),
+                "r/p/q",
+            ),
+        ],
     )
     .await;
     // Renaming another directory over an ancestor would pull the file away too.
     std::fs::create_dir(env.path("empty")).unwrap();
-    locked(
+    all_locked(
         &b,
-        "files/rename",
-        json!({"oldPath": "r/empty", "newPath": "r/p/q", "overwrite": true}),
-        "r/p/q",
         &ids,
+        vec![Try::new(
+            "files/rename",
+            json!({"oldPath": "r/empty", "newPath": "r/p/q", "overwrite": true}),
+            "r/p/q",
+        )],
     )
     .await;
     assert_eq!(env.get("p/q/f.txt"), "kept");
@@ -647,14 +616,7 @@ async fn unlock_releases_only_with_the_holders_own_id() {
     // Another session's id: refused, and the lock stays.
     let e = err(&b, "files/unlock", json!({"lockId": id})).await;
     assert_eq!(e["code"], -32602, "{e}");
-    locked(
-        &b,
-        "files/read",
-        json!({"path": "r/f.txt"}),
-        "r/f.txt",
-        &[&id],
-    )
-    .await;
+    all_locked(&b, &[&id], vec![read_of("r/f.txt")]).await;
     // A made-up id, from either session: refused, the lock stays.
     for made_up in [
         "0".repeat(32),
@@ -672,25 +634,11 @@ async fn unlock_releases_only_with_the_holders_own_id() {
         let e = err(&a, "files/unlock", json!({"lockId": id.to_uppercase()})).await;
         assert_eq!(e["code"], -32602, "{e}");
     }
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/f.txt", "content": "b"}),
-        "r/f.txt",
-        &[&id],
-    )
-    .await;
+    all_locked(&b, &[&id], vec![write_of("r/f.txt")]).await;
     // b's lock is b's: a cannot release it either.
     let e = err(&a, "files/unlock", json!({"lockId": b_id})).await;
     assert_eq!(e["code"], -32602, "{e}");
-    locked(
-        &a,
-        "files/read",
-        json!({"path": "r/g.txt"}),
-        "r/g.txt",
-        &[&b_id],
-    )
-    .await;
+    all_locked(&a, &[&b_id], vec![read_of("r/g.txt")]).await;
     assert_eq!(env.get("f.txt"), "a");
 
     // The holder's unlock releases: `{}`, and the other session then succeeds.
@@ -722,22 +670,8 @@ async fn a_kept_lock_ends_with_its_session() {
         )
         .await,
     );
-    locked(
-        &b,
-        "files/read",
-        json!({"path": "r/f.txt"}),
-        "r/f.txt",
-        &[&id],
-    )
-    .await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/d/x.txt", "content": "b"}),
-        "r/d/x.txt",
-        &[&dir_id],
-    )
-    .await;
+    all_locked(&b, &[&id], vec![read_of("r/f.txt")]).await;
+    all_locked(&b, &[&dir_id], vec![write_of("r/d/x.txt")]).await;
 
     drop(a);
 
@@ -756,7 +690,7 @@ async fn a_kept_lock_ends_with_its_session() {
     // A new session may keep the path.
     let c = env.broker.session();
     keep_read(&c, "r/f.txt").await;
-    locked(&b, "files/read", json!({"path": "r/f.txt"}), "r/f.txt", &[]).await;
+    all_locked(&b, &[], vec![read_of("r/f.txt")]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -766,14 +700,7 @@ async fn a_kept_lock_ends_after_lock_timeout_ms() {
     let a = env.broker.session();
     let b = env.broker.session();
     let id = keep_write(&a, "r/f.txt", "a").await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/f.txt", "content": "b"}),
-        "r/f.txt",
-        &[&id],
-    )
-    .await;
+    all_locked(&b, &[&id], vec![write_of("r/f.txt")]).await;
 
     tokio::time::sleep(Duration::from_millis(600)).await;
 
@@ -782,25 +709,11 @@ async fn a_kept_lock_ends_after_lock_timeout_ms() {
     // Now b may keep it, and a is the one refused.
     let b_id = keep_read(&b, "r/f.txt").await;
     assert_ne!(b_id, id);
-    locked(
-        &a,
-        "files/read",
-        json!({"path": "r/f.txt"}),
-        "r/f.txt",
-        &[&b_id],
-    )
-    .await;
+    all_locked(&a, &[&b_id], vec![read_of("r/f.txt")]).await;
     // a's expired id no longer unlocks anything (and certainly not b's lock).
     let e = err(&a, "files/unlock", json!({"lockId": id})).await;
     assert_eq!(e["code"], -32602, "{e}");
-    locked(
-        &a,
-        "files/read",
-        json!({"path": "r/f.txt"}),
-        "r/f.txt",
-        &[&b_id],
-    )
-    .await;
+    all_locked(&a, &[&b_id], vec![read_of("r/f.txt")]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -841,7 +754,7 @@ async fn max_locks_is_a_per_session_quota() {
     // Unlocking frees a slot.
     ok(&a, "files/unlock", json!({"lockId": id1})).await;
     keep_read(&a, "r/3.txt").await;
-    locked(&b, "files/read", json!({"path": "r/3.txt"}), "r/3.txt", &[]).await;
+    all_locked(&b, &[], vec![read_of("r/3.txt")]).await;
 }
 
 /// A `keepLocked` request refused for the lock quota is an error: the client is told the
@@ -893,28 +806,18 @@ async fn an_upload_in_progress_locks_its_path() {
     .await;
     assert!(first.get("lockId").is_none(), "{first}");
 
-    locked(
+    all_locked(
         &b,
-        "files/read",
-        json!({"path": "r/up.bin"}),
-        "r/up.bin",
         &[],
-    )
-    .await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/up.bin", "content": "b"}),
-        "r/up.bin",
-        &[],
-    )
-    .await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/up.bin", "content": "b", "offset": 0, "final": false}),
-        "r/up.bin",
-        &[],
+        vec![
+            read_of("r/up.bin"),
+            write_of("r/up.bin"),
+            Try::new(
+                "files/write",
+                json!({"path": "r/up.bin", "content": "b", "offset": 0, "final": false}),
+                "r/up.bin",
+            ),
+        ],
     )
     .await;
     // b cannot continue a's upload either (it has none; a's is a's).
@@ -928,20 +831,17 @@ async fn an_upload_in_progress_locks_its_path() {
         e["data"]["code"] == "FILE_LOCKED" || e["data"]["code"] == "CONCURRENCY_CONFLICT",
         "{e}"
     );
-    locked(
+    all_locked(
         &b,
-        "files/delete",
-        json!({"path": "r/up.bin"}),
-        "r/up.bin",
         &[],
-    )
-    .await;
-    locked(
-        &b,
-        "files/rename",
-        json!({"oldPath": "r/up.bin", "newPath": "r/moved.bin"}),
-        "r/up.bin",
-        &[],
+        vec![
+            delete_of("r/up.bin"),
+            Try::new(
+                "files/rename",
+                json!({"oldPath": "r/up.bin", "newPath": "r/moved.bin"}),
+                "r/up.bin",
+            ),
+        ],
     )
     .await;
     // The target keeps its old content until the final chunk; the uploader may read it.
@@ -967,20 +867,17 @@ async fn an_upload_in_progress_locks_its_path() {
         json!({"path": "r/new.bin", "content": "N", "offset": 0, "final": false}),
     )
     .await;
-    locked(
+    all_locked(
         &b,
-        "files/write",
-        json!({"path": "r/new.bin", "content": "b"}),
-        "r/new.bin",
         &[],
-    )
-    .await;
-    locked(
-        &b,
-        "files/create",
-        json!({"path": "r/new.bin", "type": "file"}),
-        "r/new.bin",
-        &[],
+        vec![
+            write_of("r/new.bin"),
+            Try::new(
+                "files/create",
+                json!({"path": "r/new.bin", "type": "file"}),
+                "r/new.bin",
+            ),
+        ],
     )
     .await;
     assert!(!env.path("new.bin").exists());
@@ -1007,14 +904,7 @@ async fn an_upload_in_progress_locks_its_path() {
         )
         .await,
     );
-    locked(
-        &b,
-        "files/read",
-        json!({"path": "r/up.bin"}),
-        "r/up.bin",
-        &[&id],
-    )
-    .await;
+    all_locked(&b, &[&id], vec![read_of("r/up.bin")]).await;
     ok(&a, "files/unlock", json!({"lockId": id})).await;
     assert_eq!(read_text(&b, "r/up.bin").await, "KEPT");
 }
@@ -1040,14 +930,7 @@ async fn dropping_a_session_mid_upload_removes_its_staging_file_and_releases_the
         2,
         "two staged in r/sub"
     );
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/up.bin", "content": "b"}),
-        "r/up.bin",
-        &[],
-    )
-    .await;
+    all_locked(&b, &[], vec![write_of("r/up.bin")]).await;
 
     drop(a);
 
@@ -1098,33 +981,19 @@ async fn one_file_under_several_spellings_is_one_lock() {
     // Kept through the root-name spelling.
     let id = keep_read(&a, "r/f.txt").await;
     let ids = [id.as_str()];
-    locked(&b, "files/read", json!({"path": abs}), &abs, &ids).await;
-    locked(&b, "files/read", json!({"path": uri}), &uri, &ids).await;
-    locked(
+    all_locked(
         &b,
-        "files/read",
-        json!({"path": "r/alias"}),
-        "r/alias",
         &ids,
+        vec![
+            read_of(&abs),
+            read_of(&uri),
+            read_of("r/alias"),
+            write_of(&abs),
+            write_of("r/alias"),
+            delete_of(&abs),
+        ],
     )
     .await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": abs, "content": "b"}),
-        &abs,
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/alias", "content": "b"}),
-        "r/alias",
-        &ids,
-    )
-    .await;
-    locked(&b, "files/delete", json!({"path": abs}), &abs, &ids).await;
     assert_eq!(env.get("f.txt"), "content");
     assert!(env.path("alias").is_symlink());
     // The holder reaches it under every spelling.
@@ -1135,28 +1004,18 @@ async fn one_file_under_several_spellings_is_one_lock() {
     // Kept through the absolute spelling.
     let id = keep_write(&a, &abs, "v2").await;
     let ids = [id.as_str()];
-    locked(
+    all_locked(
         &b,
-        "files/read",
-        json!({"path": "r/f.txt"}),
-        "r/f.txt",
         &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/read",
-        json!({"path": "r/alias"}),
-        "r/alias",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/rename",
-        json!({"oldPath": "r/f.txt", "newPath": "r/g.txt"}),
-        "r/f.txt",
-        &ids,
+        vec![
+            read_of("r/f.txt"),
+            read_of("r/alias"),
+            Try::new(
+                "files/rename",
+                json!({"oldPath": "r/f.txt", "newPath": "r/g.txt"}),
+                "r/f.txt",
+            ),
+        ],
     )
     .await;
     ok(&a, "files/unlock", json!({"lockId": id})).await;
@@ -1164,23 +1023,12 @@ async fn one_file_under_several_spellings_is_one_lock() {
     // Kept through the symlink: the lock is on the file it leads to.
     let id = keep_read(&a, "r/alias").await;
     let ids = [id.as_str()];
-    locked(
+    all_locked(
         &b,
-        "files/read",
-        json!({"path": "r/f.txt"}),
-        "r/f.txt",
         &ids,
+        vec![read_of("r/f.txt"), write_of("r/f.txt"), read_of(&abs)],
     )
     .await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/f.txt", "content": "b"}),
-        "r/f.txt",
-        &ids,
-    )
-    .await;
-    locked(&b, "files/read", json!({"path": abs}), &abs, &ids).await;
     // Keeping the same file under another spelling in the same session is the same lock
     // (or at least not a conflict with itself).
     keep_read(&a, &abs).await;
@@ -1205,44 +1053,16 @@ async fn a_symlinked_directory_and_a_nested_root_reach_the_same_lock() {
 
     let id = keep_write(&a, "r/sub/f.txt", "a").await;
     let ids = [id.as_str()];
-    locked(
+    all_locked(
         &b,
-        "files/write",
-        json!({"path": "r/dl/f.txt", "content": "b"}),
-        "r/dl/f.txt",
         &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/read",
-        json!({"path": "r/dl/f.txt"}),
-        "r/dl/f.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "inner/f.txt", "content": "b"}),
-        "inner/f.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/read",
-        json!({"path": "inner/f.txt"}),
-        "inner/f.txt",
-        &ids,
-    )
-    .await;
-    locked(
-        &b,
-        "files/delete",
-        json!({"path": "inner/f.txt"}),
-        "inner/f.txt",
-        &ids,
+        vec![
+            write_of("r/dl/f.txt"),
+            read_of("r/dl/f.txt"),
+            write_of("inner/f.txt"),
+            read_of("inner/f.txt"),
+            delete_of("inner/f.txt"),
+        ],
     )
     .await;
     assert_eq!(env.get("sub/f.txt"), "a");
@@ -1250,14 +1070,7 @@ async fn a_symlinked_directory_and_a_nested_root_reach_the_same_lock() {
 
     // And the other way round: kept through the nested root, seen through the outer one.
     let id = keep_read(&a, "inner/f.txt").await;
-    locked(
-        &b,
-        "files/write",
-        json!({"path": "r/sub/f.txt", "content": "b"}),
-        "r/sub/f.txt",
-        &[&id],
-    )
-    .await;
+    all_locked(&b, &[&id], vec![write_of("r/sub/f.txt")]).await;
     ok(&a, "files/unlock", json!({"lockId": id})).await;
     write(&b, "r/dl/f.txt", "b").await;
     assert_eq!(env.get("sub/f.txt"), "b");

@@ -6,6 +6,8 @@
 //! the fixture's real paths. Failures print proptest's shrunk input. `PROPTEST_CASES` raises
 //! (or lowers) every property's case count for a longer local run.
 
+mod common;
+
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::io;
@@ -1414,16 +1416,10 @@ impl ChunkFixture {
         let (tmp, base) = canonical_tempdir();
         let root = base.join("r");
         std::fs::create_dir(&root).unwrap();
-        let policy_path = base.join("policy.toml");
-        std::fs::write(
-            &policy_path,
-            format!(
-                "[[root]]\npath = '{}'\nname = \"r\"\nconsent = \"auto\"\n\n\
-                 [limits]\nrequests_per_second = 0\n",
-                utf8(&root)
-            ),
-        )
-        .unwrap();
+        let policy_path = common::PolicyToml::new()
+            .root(common::RootToml::at(&root).name("r"))
+            .unlimited()
+            .write_to(&base.join("policy.toml"));
         let policy = Policy::load(Some(&policy_path), &Overrides::default()).expect("policy");
         let session = Broker::new(policy).expect("broker").session();
         ChunkFixture {

@@ -30,7 +30,8 @@
 
 mod common;
 
-use common::{lit, path_str as s};
+use common::hostile::{put, shown, uri};
+use common::{PolicyToml, RootToml, lit, path_str as s};
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
@@ -40,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{LiveBroker, bin, request_line, tempdir, uri_path};
+use common::{LiveBroker, bin, request_line, tempdir};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -63,10 +64,6 @@ const NO_RELOAD_FOR: Duration = Duration::from_millis(1000);
 // Helpers: text, files, policies
 // ---------------------------------------------------------------------------------------------
 
-fn uri(p: &Path) -> String {
-    format!("file://{}", uri_path(p))
-}
-
 fn hex(data: &[u8]) -> String {
     Sha256::digest(data)
         .iter()
@@ -74,40 +71,20 @@ fn hex(data: &[u8]) -> String {
         .collect()
 }
 
-/// A value short enough for a failure message.
-fn shown(v: &Value) -> String {
-    let s = v.to_string();
-    if s.len() > 300 {
-        let cut = (0..=200)
-            .rev()
-            .find(|&i| s.is_char_boundary(i))
-            .unwrap_or(0);
-        format!("{}... ({} bytes)", &s[..cut], s.len())
-    } else {
-        s
-    }
-}
-
-fn put(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
-}
-
 /// A read-write, consent-auto `[[root]]` table; `path` is TOML text (a literal string).
 fn root_table(path: &str, name: &str) -> String {
-    format!(
-        "[[root]]\npath = {path}\nname = \"{name}\"\nmode = \"read-write\"\nconsent = \"auto\"\n"
-    )
+    RootToml::raw(path).name(name).rw().text()
 }
 
-/// A policy: the marker comment, `roots`, then `extra` (more tables).
+/// A policy: the marker comment, read-write roots (`path` as written, `name`), then `extra`
+/// (more tables, as text: rows here splice policy text).
 fn policy_text(roots: &[(&str, &str)], extra: &str) -> String {
-    let mut text = format!("# {POLICY_MARKER}: this file is fsbroker's own\n");
+    let mut policy =
+        PolicyToml::new().head(&format!("# {POLICY_MARKER}: this file is fsbroker's own\n"));
     for (path, name) in roots {
-        text += &root_table(&format!("'{path}'"), name);
-        text.push('\n');
+        policy = policy.root(RootToml::raw(&format!("'{path}'")).name(name).rw());
     }
-    text + extra
+    policy.text() + "\n" + extra
 }
 
 /// `text` plus a root granting the whole file system: what a hostile server would write.
@@ -1376,8 +1353,8 @@ fn the_consent_command_files_are_protected() {
                 &format!(
                     // The command's files lie in a read-only root: in a read-write one the
                     // policy is refused at load (a server could change what it runs).
-                    "[[root]]\npath = 'ro'\nname = \"ro\"\nmode = \"read-only\"\nconsent = \"auto\"\n\n\
-                     [consent]\ncommand = [{}, {}, \"--approve\", \"all\"]\n",
+                    "{}\n[consent]\ncommand = [{}, {}, \"--approve\", \"all\"]\n",
+                    RootToml::raw("'ro'").name("ro").mode("read-only").text(),
                     lit(&sh),
                     lit(&py)
                 ),
@@ -1800,8 +1777,8 @@ fn listings_never_show_protected_paths() {
         put(
             &proj.join("fsbroker.toml"),
             &format!(
-                "{text}\n[[root]]\npath = 'bin'\nname = \"bin\"\nmode = \"read-only\"\n\
-                 consent = \"auto\"\n\n[consent]\ncommand = [{}]\n",
+                "{text}\n{}\n[consent]\ncommand = [{}]\n",
+                RootToml::raw("'bin'").name("bin").mode("read-only").text(),
                 lit(&proj.join("bin/consent.sh"))
             ),
         );

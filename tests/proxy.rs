@@ -12,7 +12,7 @@ use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use common::{bin, tempdir, uri_path};
+use common::procs::Pids;
+use common::socket::Listener;
+use common::{PolicyToml, RootToml, bin, tempdir, uri_path};
 
 /// How long one expected line may take (debug builds, 20 MiB lines, a loaded CI machine).
 const LINE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -1040,21 +1042,14 @@ fn servers_stderr_passes_through() {
 // ---------------------------------------------------------------------------------------------
 // Broker notifications to the server
 
-fn lit(p: &Path) -> String {
-    let s = p.to_str().unwrap();
-    assert!(!s.contains('\''), "temp path unusable in a TOML literal");
-    format!("'{s}'")
-}
-
 #[test]
 fn roots_list_changed_reaches_the_server_when_the_policy_changes() {
     let fx = Fixture::new();
     let other = fx.path("other");
     std::fs::create_dir(&other).unwrap();
     std::fs::write(other.join("o.txt"), "other\n").unwrap();
-    let policy = fx.path("policy.toml");
-    let one = format!("[[root]]\npath = {}\nconsent = \"auto\"\n", lit(&fx.proj()));
-    std::fs::write(&policy, &one).unwrap();
+    let one = PolicyToml::new().root(RootToml::at(&fx.proj()));
+    let policy = one.write_to(&fx.path("policy.toml"));
     let mut p = fx.proxy_with(
         &[OsStr::new("--policy"), policy.as_os_str()],
         "server.log",
@@ -1066,12 +1061,9 @@ fn roots_list_changed_reaches_the_server_when_the_policy_changes() {
     assert_eq!(roots_of(result_of(&before[0])).len(), 1);
 
     // An editor's save: a new file renamed over the policy.
-    let two = format!(
-        "{one}\n[[root]]\npath = {}\nconsent = \"auto\"\n",
-        lit(&other)
-    );
-    let tmp = fx.path("policy.toml.new");
-    std::fs::write(&tmp, two).unwrap();
+    let tmp = one
+        .root(RootToml::at(&other))
+        .write_to(&fx.path("policy.toml.new"));
     std::fs::rename(&tmp, &policy).unwrap();
 
     eventually(
@@ -1139,74 +1131,27 @@ fn file_watches_notify_the_server_through_the_proxy() {
 // ---------------------------------------------------------------------------------------------
 // A shared broker: serve --listen + proxy --connect
 
-struct Listener {
-    child: Child,
-    sock: PathBuf,
+/// A shared broker over the fixture's project, read-write.
+fn shared_broker(fx: &Fixture) -> Listener {
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&fx.proj()).rw())
+        .write_to(&fx.path("shared.toml"));
+    Listener::start(&policy, &fx.path("broker.sock"), &[], &Pids::default())
 }
 
-impl Listener {
-    fn start(fx: &Fixture) -> Listener {
-        let policy = fx.path("shared.toml");
-        std::fs::write(
-            &policy,
-            format!(
-                "[[root]]\npath = {}\nmode = \"read-write\"\nconsent = \"auto\"\n",
-                lit(&fx.proj())
-            ),
-        )
-        .unwrap();
-        let sock = fx.path("broker.sock");
-        let child = Command::new(bin())
-            .arg("serve")
-            .arg("--listen")
-            .arg(&sock)
-            .arg("--policy")
-            .arg(&policy)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start fsbroker serve --listen");
-        let l = Listener { child, sock };
-        eventually(Duration::from_secs(10), "the socket", || {
-            std::fs::symlink_metadata(&l.sock).ok()
-        });
-        l
-    }
-
-    fn connect(&self, fx: &Fixture, log: &str) -> Proxy {
-        fx.proxy_with(
-            &[OsStr::new("--connect"), self.sock.as_os_str()],
-            log,
-            json!({}),
-        )
-    }
-
-    fn terminate(&mut self) -> ExitStatus {
-        let pid = rustix::process::Pid::from_child(&self.child);
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let deadline = Instant::now() + EXIT_TIMEOUT;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "serve --listen ignored SIGTERM");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `fsbroker proxy --connect SOCK` in front of the fixture's server.
+fn connect(broker: &Listener, fx: &Fixture, log: &str) -> Proxy {
+    fx.proxy_with(
+        &[OsStr::new("--connect"), broker.sock.as_os_str()],
+        log,
+        json!({}),
+    )
 }
 
 #[test]
 fn shared_broker_coordinates_locks_across_servers() {
     let fx = Fixture::new();
-    let mut broker = Listener::start(&fx);
+    let mut broker = shared_broker(&fx);
 
     let meta = std::fs::symlink_metadata(&broker.sock).unwrap();
     assert!(meta.file_type().is_socket());
@@ -1217,8 +1162,8 @@ fn shared_broker_coordinates_locks_across_servers() {
         meta.permissions().mode()
     );
 
-    let mut a = broker.connect(&fx, "a.log");
-    let mut b = broker.connect(&fx, "b.log");
+    let mut a = connect(&broker, &fx, "a.log");
+    let mut b = connect(&broker, &fx, "b.log");
     a.initialize();
     a.initialized();
     b.initialize();
@@ -1295,7 +1240,7 @@ fn shared_broker_coordinates_locks_across_servers() {
     a.assert_host_saw_no_broker_traffic();
 
     // SIGTERM (with B still connected) ends the broker and removes the socket.
-    let status = broker.terminate();
+    let status = broker.terminate(EXIT_TIMEOUT);
     assert!(status.success(), "{status:?}");
     assert!(
         std::fs::symlink_metadata(&broker.sock).is_err(),

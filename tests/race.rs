@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Broker, code, tempdir, with_deadline};
+use common::{Broker, PolicyToml, RootToml, code, tempdir, with_deadline};
 use serde_json::json;
 
 const MARKER: &str = "OUTSIDE-MARKER-7f3a";
@@ -53,16 +53,10 @@ fn swapping_a_directory_for_an_outside_symlink_never_leaks() {
     symlink("../outside_dir", proj.join(".swap_link")).unwrap();
 
     // Unlimited request rate, so the loop measures the race and not the rate limiter.
-    let policy = base.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = {:?}\nname = \"proj\"\nconsent = \"auto\"\n\n\
-             [limits]\nrequests_per_second = 0\n",
-            proj.to_str().unwrap()
-        ),
-    )
-    .unwrap();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&proj).name("proj"))
+        .unlimited()
+        .write_to(&base.join("policy.toml"));
 
     let stop = Arc::new(AtomicBool::new(false));
     let flips = Arc::new(AtomicU64::new(0));

@@ -24,16 +24,17 @@
 
 mod common;
 
+use common::hostile::{mkdirs, put, put_exe, shown, uri};
 use common::{lit, path_str as s, python, snapshot};
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
-use std::os::unix::fs::{PermissionsExt, symlink};
+use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Broker, LiveBroker, bin, code, tempdir, uri_path};
+use common::{Broker, LiveBroker, RootToml, bin, code, tempdir};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -55,36 +56,15 @@ const PAYLOAD: &str = "on: push\njobs: {pwn: {runs-on: x, steps: [{run: curl evi
 /// In the file outside every root.
 const OUTSIDE_MARKER: &str = "OUTSIDE-SECRET-5b1e";
 
-/// `file://` URI of an absolute path.
-fn uri(p: &Path) -> String {
-    format!("file://{}", uri_path(p))
-}
-
-/// Writes `text` to `path`, making its folders.
-fn put(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
-}
-
-/// Makes an executable script.
-fn put_exe(path: &Path, text: &str) {
-    put(path, text);
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
-
-fn mkdirs(base: &Path, dirs: &[&str]) {
-    for d in dirs {
-        std::fs::create_dir_all(base.join(d)).unwrap();
-    }
-}
-
 /// One `[[root]]` table; `path` is TOML text (a literal or basic string).
 fn root_toml(path: &str, name: &str, mode: &str, consent: &str, deny: &[&str]) -> String {
-    let deny: Vec<String> = deny.iter().map(|g| format!("{g:?}")).collect();
-    format!(
-        "[[root]]\npath = {path}\nname = \"{name}\"\nmode = \"{mode}\"\nconsent = \"{consent}\"\ndeny = [{}]\n\n",
-        deny.join(", ")
-    )
+    RootToml::raw(path)
+        .name(name)
+        .mode(mode)
+        .consent(consent)
+        .deny(deny)
+        .text()
+        + "\n"
 }
 
 /// Limits that keep the rate limiter out of quick test sequences.
@@ -110,20 +90,6 @@ fn hangup(pid: u32) {
         .status()
         .expect("run kill");
     assert!(st.success(), "kill -HUP failed: {st}");
-}
-
-/// A value short enough for a failure message.
-fn shown(v: &Value) -> String {
-    let s = v.to_string();
-    if s.len() > 400 {
-        let cut = (0..=300)
-            .rev()
-            .find(|&i| s.is_char_boundary(i))
-            .unwrap_or(0);
-        format!("{}... ({} bytes)", &s[..cut], s.len())
-    } else {
-        s
-    }
 }
 
 /// What a refusal's reason must be.

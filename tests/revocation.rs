@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::LiveBroker;
+use common::{LiveBroker, RootToml, lit};
 use serde_json::{Value, json};
 
 /// Longest wait for a response or for a notification that must come.
@@ -167,22 +167,15 @@ impl Live {
 // Policy files.
 // ---------------------------------------------------------------------------------------------
 
-/// A TOML literal string for a path.
-fn lit(p: &Path) -> String {
-    let s = p.to_str().unwrap();
-    assert!(
-        !s.contains('\''),
-        "temp path unusable in a TOML literal: {s}"
-    );
-    format!("'{s}'")
-}
-
-/// One `[[root]]` table.
+/// One `[[root]]` table's text (the tests here compose policy text by hand: comments, typos
+/// and in-place rewrites are part of what they try).
 fn root(path: &Path, name: &str, mode: &str, consent: &str) -> String {
-    format!(
-        "[[root]]\npath = {}\nname = \"{name}\"\nmode = \"{mode}\"\nconsent = \"{consent}\"\n\n",
-        lit(path)
-    )
+    RootToml::at(path)
+        .name(name)
+        .mode(mode)
+        .consent(consent)
+        .text()
+        + "\n"
 }
 
 /// Limits that keep the rate limiter out of the way of quick test sequences.

@@ -37,7 +37,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::LiveBroker;
+use common::{LiveBroker, PolicyToml, RootToml};
 use serde_json::{Value, json};
 
 /// Longest wait for a response, or for notifications that must come.
@@ -436,26 +436,14 @@ fn append(p: impl AsRef<Path>, text: &str) {
     f.write_all(text.as_bytes()).unwrap();
 }
 
-/// A TOML literal string for a path.
-fn lit(p: &Path) -> String {
-    let s = p.to_str().unwrap();
-    assert!(!s.contains('\''), "temp path unusable in TOML: {s}");
-    format!("'{s}'")
-}
-
 /// A policy file (in a temp dir of its own) serving `root` read-write as `r`, consent auto,
 /// with `root_extra` in the `[[root]]` table and `limits` in `[limits]` (the rate limiter off).
 fn policy(root: &Path, root_extra: &str, limits: &str) -> (tempfile::TempDir, PathBuf) {
     let (t, dir) = common::tempdir();
-    let file = dir.join("policy.toml");
-    write(
-        &file,
-        &format!(
-            "[[root]]\npath = {}\nname = \"r\"\nmode = \"read-write\"\nconsent = \"auto\"\n\
-             {root_extra}\n\n[limits]\nrequests_per_second = 0\n{limits}\n",
-            lit(root)
-        ),
-    );
+    let file = PolicyToml::new()
+        .root(RootToml::at(root).name("r").rw().extra(root_extra))
+        .unlimited_with(limits)
+        .write_to(&dir.join("policy.toml"));
     (t, file)
 }
 

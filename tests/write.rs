@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
-use common::{Broker, code, serve_policy, tempdir, with_deadline};
+use common::{Broker, PolicyToml, RootToml, code, serve_policy, tempdir, with_deadline};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -153,16 +153,11 @@ fn mode_of(p: &Path) -> u32 {
 /// A policy serving each `(dir, name)` read-write with consent auto.
 fn serve_roots(roots: &[(&Path, &str)]) -> (tempfile::TempDir, Broker) {
     let (t, dir) = tempdir();
-    let policy = dir.join("policy.toml");
-    let mut text = String::new();
+    let mut policy = PolicyToml::new();
     for (path, name) in roots {
-        let path = path.to_str().unwrap();
-        assert!(!path.contains('\''));
-        text.push_str(&format!(
-            "[[root]]\npath = '{path}'\nname = \"{name}\"\nmode = \"read-write\"\nconsent = \"auto\"\n\n"
-        ));
+        policy = policy.root(RootToml::at(path).name(name).rw());
     }
-    std::fs::write(&policy, text).unwrap();
+    let policy = policy.write_to(&dir.join("policy.toml"));
     let b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
     (t, b)
 }

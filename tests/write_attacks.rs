@@ -32,19 +32,15 @@ use std::os::unix::fs::{MetadataExt, symlink};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Broker, code, tempdir, with_deadline};
+use common::hostile::{
+    DENIED, DENIED_MARKER, MARKER, OUTSIDE, SECRET_TXT, World, number, put, shown,
+};
+use common::{Broker, PolicyToml, RootToml, code};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-/// In every file outside the roots: must never reach the wire.
-const MARKER: &str = "OUTSIDE-MARKER-9b2d";
-/// In every file the policy variant denies.
-const DENIED_MARKER: &str = "DENIED-MARKER-e07c";
 /// What hostile writes try to put somewhere.
 const PAYLOAD: &str = "PWNED by a hostile server\n";
-const A_TXT: &str = "inside a\n";
-const OUTSIDE: &str = "outside every root";
-const DENIED: &str = "denied by policy";
 const ROOT_ITSELF: &str = "the root itself";
 /// The reason of every refusal of fsbroker's own files starts with this.
 const PROTECTED: &str = "protected";
@@ -185,34 +181,6 @@ fn rename(
         want,
         &blamed,
     )
-}
-
-fn number(data_code: &str) -> i64 {
-    match data_code {
-        "FILE_NOT_FOUND" => -31001,
-        "PERMISSION_DENIED" => -31002,
-        "INVALID_PATH" => -31003,
-        "IO_ERROR" => -31004,
-        "CONCURRENCY_CONFLICT" => -31006,
-        "QUOTA_EXCEEDED" => -31007,
-        "ALREADY_EXISTS" => -31009,
-        "FILE_LOCKED" => -32100,
-        other => panic!("no number for {other}"),
-    }
-}
-
-/// A value short enough for a failure message.
-fn shown(v: &Value) -> String {
-    let s = v.to_string();
-    if s.len() > 400 {
-        let cut = (0..=160)
-            .rev()
-            .find(|&i| s.is_char_boundary(i))
-            .unwrap_or(0);
-        format!("{}... ({} bytes)", &s[..cut], s.len())
-    } else {
-        s
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -539,155 +507,60 @@ fn run_table(b: &mut Broker, g: &Guarded, label: &str, cases: &[Case]) {
 // ---------------------------------------------------------------------------------------
 // The tree.
 
-struct World {
-    _tmp: tempfile::TempDir,
-    base: PathBuf,
-    proj: PathBuf,
-    second: PathBuf,
-    fifo: PathBuf,
-    policy: PathBuf,
-}
-
-fn put(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
-}
-
+/// The kit's trap tree (both roots read-write) plus what only mutations try: files rows
+/// rename away, an empty folder, a denied `.env` beside an allowed file, links to outside
+/// names that do not exist yet, links in parents, a two-link chain out, a dangling link,
+/// links that rows delete or overwrite (each used once), a folder `victim` holding links out,
+/// and a link from `second` to `proj`.
 fn world() -> World {
-    let (tmp, base) = tempdir();
-    let proj = base.join("proj");
-    let second = base.join("second");
-    let out = base.join("outside");
-
-    // Outside every root.
-    put(&out.join("secret.txt"), &format!("{MARKER} secret\n"));
+    let w = World::new(Some("read-write"));
+    let (proj, out) = (w.proj.clone(), w.base.join("outside"));
     put(&out.join("sub/deep.txt"), &format!("{MARKER} deep\n"));
-    put(
-        &base.join("proj_evil/secret"),
-        &format!("{MARKER} proj_evil\n"),
-    );
-
-    // The root's ordinary content, and files that rows rename away.
-    put(&proj.join("a.txt"), A_TXT);
-    put(&proj.join("sub/b.txt"), "inside b\n");
     for name in ["src1.txt", "src2.txt", "src3.txt", "src4.txt", "c1.txt"] {
         put(&proj.join(name), &format!("{name}\n"));
     }
-    put(&proj.join("emptydir/.keep"), "");
-    std::fs::remove_file(proj.join("emptydir/.keep")).unwrap();
-
-    // What the policy variant denies (harmless content under `--root`).
-    put(&proj.join(".env"), &format!("{DENIED_MARKER} .env\n"));
-    put(
-        &proj.join("sub/.env"),
-        &format!("{DENIED_MARKER} sub/.env\n"),
-    );
-    put(
-        &proj.join(".git/config"),
-        &format!("{DENIED_MARKER} .git\n"),
-    );
-    put(
-        &proj.join("secrets/key.pem"),
-        &format!("{DENIED_MARKER} key\n"),
-    );
+    std::fs::create_dir(proj.join("emptydir")).unwrap();
     put(&proj.join("cfg/settings.toml"), "inside cfg\n");
     put(
         &proj.join("cfg/.env"),
         &format!("{DENIED_MARKER} cfg/.env\n"),
     );
-
-    let ln = |target: &dyn AsRef<Path>, at: &str| symlink(target, proj.join(at)).unwrap();
-    // At write targets, leading out.
-    ln(&"../outside/secret.txt", "lnk_file_rel");
-    ln(&out.join("secret.txt"), "lnk_file_abs");
-    ln(&"../outside/new-rel.txt", "lnk_new_rel"); // not-yet-existing outside name
-    ln(&out.join("new-abs.txt"), "lnk_new_abs"); // same, absolute
-    ln(&"../proj_evil/secret", "lnk_evil");
-    ln(&"sub/chain2", "chain1");
-    ln(&"../../outside/secret.txt", "sub/chain2");
+    // At write targets, leading out to names that do not exist yet.
+    w.link("../outside/new-rel.txt", "lnk_new_rel");
+    w.link(out.join("new-abs.txt"), "lnk_new_abs");
+    w.link("sub/chain2", "chain1");
+    w.link("../../outside/secret.txt", "sub/chain2");
     // Parents leading out.
-    ln(&"../outside", "outdir");
-    ln(&out, "outdir_abs");
-    ln(&"../..", "sub/up"); // T itself
-    // Dangling, looping, denied, and harmless inside links.
-    ln(&"missing-inside", "dangling");
-    ln(&"loop_b", "loop_a");
-    ln(&"loop_a", "loop_b");
-    ln(&".env", "ok.txt");
-    ln(&".git", "gitlink");
-    ln(&"secrets/key.pem", "lnk_secret");
-    ln(&"a.txt", "lnk_in");
-    ln(&"sub", "insub");
+    w.link("../outside", "outdir");
+    w.link(&out, "outdir_abs");
+    w.link("../..", "sub/up"); // T itself
+    w.link("missing-inside", "dangling");
+    w.link("sub", "insub");
     // Consumed by rows that succeed (each used once).
-    ln(&"../outside/secret.txt", "del_file_link");
-    ln(&"../outside", "del_dir_link");
-    ln(&out, "del_abs_link");
-    ln(&"../outside", "del_dot_link");
-    ln(&"../outside/new-del.txt", "del_new_link");
-    ln(&"del_loop", "del_loop");
-    ln(&"../outside/secret.txt", "over_file");
-    ln(&"../outside", "over_dir");
-    ln(&"../outside/new-over.txt", "over_new");
-    ln(&out.join("secret.txt"), "over_abs");
-    ln(&"../outside", "mv_link");
+    w.link("../outside/secret.txt", "del_file_link");
+    w.link("../outside", "del_dir_link");
+    w.link(&out, "del_abs_link");
+    w.link("../outside", "del_dot_link");
+    w.link("../outside/new-del.txt", "del_new_link");
+    w.link("del_loop", "del_loop");
+    w.link("../outside/secret.txt", "over_file");
+    w.link("../outside", "over_dir");
+    w.link("../outside/new-over.txt", "over_new");
+    w.link(out.join("secret.txt"), "over_abs");
+    w.link("../outside", "mv_link");
     put(&proj.join("victim/keep.txt"), "inside victim\n");
-    ln(&"../../outside", "victim/out");
-    ln(&out, "victim/out_abs");
-    ln(&"../../outside/secret.txt", "victim/out_file");
+    w.link("../../outside", "victim/out");
+    w.link(&out, "victim/out_abs");
+    w.link("../../outside/secret.txt", "victim/out_file");
     put(&proj.join("victim/nested/n.txt"), "inside nested\n");
-    ln(&"../../../outside", "victim/nested/out");
-
-    let fifo = proj.join("fifo");
-    rustix::fs::mkfifoat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-    )
-    .expect("mkfifo");
-
-    // The second root of the policy variant (outside the root in the single-root test).
-    put(&second.join("s.txt"), "inside second\n");
-    symlink("../proj", second.join("to_proj")).unwrap();
-    symlink("../proj/.env", second.join("lnk_cross_env")).unwrap();
-
-    let policy = base.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = {:?}\nname = \"proj\"\nmode = \"read-write\"\nconsent = \"auto\"\n\
-             deny = [\".git/**\", \"**/.env\", \"secrets\"]\n\n\
-             [[root]]\npath = {:?}\nname = \"second\"\nmode = \"read-write\"\nconsent = \"auto\"\n",
-            proj.to_str().unwrap(),
-            second.to_str().unwrap()
-        ),
-    )
-    .unwrap();
-
-    World {
-        _tmp: tmp,
-        base,
-        proj,
-        second,
-        fifo,
-        policy,
-    }
+    w.link("../../../outside", "victim/nested/out");
+    symlink("../proj", w.second.join("to_proj")).unwrap();
+    w
 }
 
-/// Runs `f` with a deadline; on timeout, opens the FIFO's read end so a broker stuck opening
-/// it for writing comes loose, and fails.
+/// Runs `f` with a deadline; a broker stuck opening the FIFO is freed, and the test fails.
 fn guarded(w: World, f: impl FnOnce(World) + Send + 'static) {
-    let fifo = w.fifo.clone();
-    with_deadline(
-        Duration::from_secs(180),
-        move || {
-            use std::os::unix::fs::OpenOptionsExt;
-            let _ = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-                .open(&fifo);
-        },
-        move || f(w),
-    );
+    w.guarded(Duration::from_secs(180), f)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1336,7 +1209,7 @@ fn single_root_cases(w: &World) -> Vec<Case> {
             )
             .then(move || {
                 assert_file(&proj.join("over_file"), "src1.txt\n");
-                assert_file(&out.join("secret.txt"), &format!("{MARKER} secret\n"));
+                assert_file(&out.join("secret.txt"), SECRET_TXT);
             })
         },
         {
@@ -1351,7 +1224,7 @@ fn single_root_cases(w: &World) -> Vec<Case> {
             )
             .then(move || {
                 assert_file(&proj.join("over_abs"), "src2.txt\n");
-                assert_file(&out.join("secret.txt"), &format!("{MARKER} secret\n"));
+                assert_file(&out.join("secret.txt"), SECRET_TXT);
             })
         },
         {
@@ -1869,18 +1742,13 @@ const OWN_SIBLING: &str = "var/log/audit.jsonl.1";
 /// log is `T/proj/var/log/audit.jsonl`.
 fn protected_world() -> World {
     let mut w = world();
-    let policy = w.proj.join(OWN_POLICY);
-    put(
-        &policy,
-        &format!(
-            "# {POLICY_MARKER}: fsbroker's own\n\
-             [[root]]\npath = \"../..\"\nname = \"proj\"\n\
-             mode = \"read-write\"\nconsent = \"auto\"\n\n\
-             [[root]]\npath = \"../../../second\"\nname = \"second\"\n\
-             mode = \"read-write\"\nconsent = \"auto\"\n\n\
-             [audit]\npath = \"../../var/log/audit.jsonl\"\n"
-        ),
-    );
+    std::fs::create_dir_all(w.proj.join(OWN_POLICY).parent().unwrap()).unwrap();
+    let policy = PolicyToml::new()
+        .head(&format!("# {POLICY_MARKER}: fsbroker's own\n"))
+        .root(RootToml::raw("\"../..\"").name("proj").rw())
+        .root(RootToml::raw("\"../../../second\"").name("second").rw())
+        .table("audit", "path = \"../../var/log/audit.jsonl\"")
+        .write_to(&w.proj.join(OWN_POLICY));
     std::fs::create_dir_all(w.proj.join("var/log")).unwrap();
     put(&w.proj.join("onto.txt"), "renamed onto fsbroker's files\n");
     w.policy = policy;

@@ -9,8 +9,13 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use serde_json::{Value, json};
 
 pub mod audit;
+pub mod hostile;
 pub mod peers;
+pub mod policy;
 pub mod procs;
+pub mod socket;
+
+pub use policy::{PolicyToml, RootToml};
 
 /// A running `fsbroker serve` (or any subcommand) with piped stdin and stdout.
 pub struct Broker {
@@ -177,17 +182,10 @@ pub fn serve_policy(root: &Path, root_extra: &str, limits: &str) -> (tempfile::T
 /// Writes `dir/policy.toml` serving `root` as the root `r` (consent auto); `root_extra` goes
 /// into the `[[root]]` table, `limits` into `[limits]`. Returns the file's path.
 pub fn write_policy(dir: &Path, root: &Path, root_extra: &str, limits: &str) -> std::path::PathBuf {
-    let policy = dir.join("policy.toml");
-    let root = root.to_str().unwrap();
-    assert!(!root.contains('\''), "temp path unusable in a TOML literal");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[root]]\npath = '{root}'\nname = \"r\"\nconsent = \"auto\"\n{root_extra}\n\n[limits]\n{limits}\n"
-        ),
-    )
-    .unwrap();
-    policy
+    PolicyToml::new()
+        .root(RootToml::at(root).name("r").extra(root_extra))
+        .table("limits", limits)
+        .write_to(&dir.join("policy.toml"))
 }
 
 /// Percent-encodes a path for a `file://` URI: everything but unreserved characters and `/`.
@@ -280,16 +278,10 @@ impl Broker {
     /// with no request rate limit, for tests that send thousands of requests.
     pub fn serve_root_unlimited(dir: &Path) -> (tempfile::TempDir, Broker) {
         let (t, pdir) = tempdir();
-        let policy = pdir.join("policy.toml");
-        let path = dir.to_str().unwrap();
-        assert!(!path.contains('\''), "temp path unusable in a TOML literal");
-        std::fs::write(
-            &policy,
-            format!(
-                "[[root]]\npath = '{path}'\nconsent = \"auto\"\n\n[limits]\nrequests_per_second = 0\n"
-            ),
-        )
-        .unwrap();
+        let policy = PolicyToml::new()
+            .root(RootToml::at(dir))
+            .unlimited()
+            .write_to(&pdir.join("policy.toml"));
         let b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
         (t, b)
     }
