@@ -700,6 +700,7 @@ fn revocations(
     let broker = Arc::downgrade(broker);
     let plan = confinement.plan.clone();
     let end = confinement.on_revoke == crate::policy::OnRevoke::End;
+    let strict = confinement.mode == crate::policy::ConfineMode::Strict;
     let mut changes = broker.upgrade()?.policy_changes();
     Some(Box::pin(async move {
         loop {
@@ -709,7 +710,23 @@ fn revocations(
             let Some(broker) = broker.upgrade() else {
                 return std::future::pending().await;
             };
-            let lost = plan.lost(&broker.policy());
+            let policy = broker.policy();
+            let mut lost = plan.lost(&policy);
+            let unenforced = plan.newly_unenforced(&policy);
+            if strict {
+                // Strict started the server because every rule was enforced; a reload that
+                // asks for one the kernel cannot hold breaks that promise.
+                lost.extend(
+                    unenforced
+                        .iter()
+                        .map(|u| format!("no longer enforced: {u}")),
+                );
+            } else if !unenforced.is_empty() {
+                tracing::warn!(
+                    not_enforced = %unenforced.join("; "),
+                    "the reloaded policy asks for rules the kernel cannot hold the confined server to"
+                );
+            }
             if lost.is_empty() {
                 continue;
             }
@@ -778,7 +795,10 @@ fn confine_check(args: &ServeArgs, command: &[std::ffi::OsString]) -> ExitCode {
         ));
     }
     if !plan.narrowed.is_empty() {
-        out.push_str("\nFrom the command line, but too broad or planted (narrowed or left out):\n");
+        out.push_str(
+            "\nAsked for, but too broad, or reached through a link the server could have made \
+             (narrowed or left out):\n",
+        );
         for n in &plan.narrowed {
             out.push_str(&format!("  - {n}\n"));
         }

@@ -226,6 +226,122 @@ pub fn die_with_parent(proxy: rustix::process::Pid) -> io::Result<()> {
     Ok(())
 }
 
+/// `CLOSE_RANGE_CLOEXEC` (linux/close_range.h).
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+
+/// Marks every descriptor above stderr close-on-exec, so the server starts with its three
+/// pipes and nothing else. A host (or whatever started the proxy) may have left descriptors
+/// open, a file outside every root or a directory among them, and a descriptor is a
+/// capability no Landlock rule takes back.
+///
+/// Marked, not closed: the standard library reports a failed `exec` through a close-on-exec
+/// pipe of its own, which must stay usable until then. Async-signal-safe: system calls on
+/// integers.
+pub fn close_inherited() -> io::Result<()> {
+    // SAFETY: close_range(first, last, flags) takes integers and touches no memory of ours;
+    // it only sets a flag on descriptors of this process.
+    #[allow(unsafe_code)]
+    let done = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if done == 0 {
+        return Ok(());
+    }
+    // Before Linux 5.11: one `fcntl` per descriptor number up to the limit.
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` to the pointer, which is a live local of that type.
+    #[allow(unsafe_code)]
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    if got != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let last = limit.rlim_cur.min(1 << 20) as libc::c_int;
+    for fd in 3..last {
+        // SAFETY: fcntl(fd, F_SETFD, FD_CLOEXEC) takes integers; on a number that is not an
+        // open descriptor it fails with EBADF and changes nothing.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+    Ok(())
+}
+
+/// Drops every capability the calling process holds or could regain at `exec`: the
+/// bounding set, the ambient set, then its own sets. A server started by a proxy that runs
+/// as root is then an ordinary process: no `CAP_NET_ADMIN` to reconfigure the network over
+/// netlink, no `CAP_DAC_OVERRIDE`, nothing. For a user without capabilities it changes
+/// nothing. Fails only if root keeps a capability it could take back at `exec`.
+/// Async-signal-safe: system calls on integers and on locals.
+pub fn drop_capabilities() -> io::Result<()> {
+    /// `struct __user_cap_header_struct`.
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    /// `struct __user_cap_data_struct`.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    /// linux/capability.h.
+    const CAP_SYS_ADMIN: libc::c_int = 21;
+    /// `_LINUX_CAPABILITY_VERSION_3`: two data structs, 64 capabilities.
+    const VERSION_3: u32 = 0x2008_0522;
+    // SAFETY (this block): prctl with integer arguments touches no memory of ours. Past the
+    // last capability it fails with EINVAL, and without CAP_SETPCAP with EPERM: either way
+    // nothing changes, and the check below says whether what matters was dropped.
+    #[allow(unsafe_code)]
+    unsafe {
+        for cap in 0..64 {
+            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+    }
+    let header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset reads one header and (version 3) two data structs from the pointers,
+    // which are live locals of exactly those layouts; dropping capabilities is always allowed.
+    #[allow(unsafe_code)]
+    let done = unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
+    if done != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Root regains at `exec` whatever is left in its bounding set.
+    // SAFETY: prctl(PR_CAPBSET_READ, cap) takes integers.
+    #[allow(unsafe_code)]
+    let kept = unsafe { libc::prctl(libc::PR_CAPBSET_READ, CAP_SYS_ADMIN, 0, 0, 0) };
+    if rustix::process::geteuid().is_root() && kept == 1 {
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    Ok(())
+}
+
 /// Puts the calling process under the ruleset `fd` (when the kernel has Landlock) and the
 /// seccomp `filter`: `PR_SET_NO_NEW_PRIVS` (which both require of a process without
 /// `CAP_SYS_ADMIN`, and which keeps set-uid programs from gaining privileges inside), the

@@ -100,6 +100,10 @@ pub struct Plan {
     /// What the server's command line would have granted and was not, or was narrowed (too
     /// broad, or reached through a symlink the server could have planted).
     pub narrowed: Vec<String>,
+    /// Whether a reload that takes access away ends the server (`[confine] on_revoke`):
+    /// then the server must not be able to stop the proxy, which only the kernel's signal
+    /// scoping (Landlock ABI 6) holds it to.
+    pub ends_on_revoke: bool,
 }
 
 /// Directories of the home that hold language installations and the version manager that
@@ -110,6 +114,9 @@ const VERSION_MANAGERS: [&str; 6] = [".pyenv", ".rbenv", ".nodenv", ".asdf", ".v
 /// be granted that way. A grant is narrowed (to the program's own directory, or the script
 /// alone) or dropped, and said so, when its path:
 /// - is `/`, the user's home, or a directory holding the home or a withheld root;
+/// - is a directory every program shares: `/tmp`, `/var/tmp`, `/dev/shm`, `/run`, the
+///   temporary directory and `$XDG_RUNTIME_DIR` (other servers' private directories, the
+///   user's sockets): `python3 /tmp/server.py` gets the script, not `/tmp`;
 /// - is a directory in a hidden directory of the home (`~/.cargo` for
 ///   `~/.cargo/bin/server`, `~/.config/app` for a configuration named like code: credentials
 ///   live there), other than a `bin`, `sbin` or `node_modules` directory or a version
@@ -126,18 +133,14 @@ struct Guard {
     homes: Vec<PathBuf>,
     withheld: Vec<PathBuf>,
     writable: Vec<PathBuf>,
+    /// Directories every program shares.
+    shared: Vec<PathBuf>,
 }
 
 impl Guard {
     fn new(policy: &Policy) -> Guard {
         let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
-        let mut writable: Vec<PathBuf> = policy
-            .roots()
-            .iter()
-            .filter(|r| r.mode() == Mode::ReadWrite)
-            .map(|r| r.path().to_path_buf())
-            .collect();
-        writable.extend(policy.confine().write.iter().map(|p| canonical(p)));
+        let writable = writable_paths(policy);
         Guard {
             homes: std::env::var_os("HOME")
                 .map(PathBuf::from)
@@ -153,6 +156,13 @@ impl Guard {
                 .map(|r| r.path().to_path_buf())
                 .collect(),
             writable,
+            shared: ["/tmp", "/var/tmp", "/dev/shm", "/run", "/var/run"]
+                .into_iter()
+                .map(PathBuf::from)
+                .chain([std::env::temp_dir()])
+                .chain(std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from))
+                .map(|p| canonical(&p))
+                .collect(),
         }
     }
 
@@ -160,6 +170,13 @@ impl Guard {
     fn too_broad(&self, path: &Path) -> Option<String> {
         if path == Path::new("/") {
             return Some("it is the whole file system".into());
+        }
+        if self.shared.iter().any(|s| s == path) {
+            return Some(
+                "every program shares it (temporary files, other servers' private \
+                 directories, sockets)"
+                    .into(),
+            );
         }
         for home in &self.homes {
             if home.starts_with(path) {
@@ -200,12 +217,14 @@ impl Guard {
             // Absent: the kernel step leaves it out.
             return Some(rule);
         };
-        if real != asked && self.writable.iter().any(|w| asked.starts_with(w)) {
+        if let Some((link, to)) = runtime::planted_link(&asked, &self.writable) {
             notes.push(format!(
-                "not granted: {} ({}) is a link to {} inside a writable path",
+                "not granted: {} ({}): it is reached through the link {} -> {}, which lies \
+                 in a writable path",
                 asked.display(),
                 rule.why,
-                real.display()
+                link.display(),
+                to.display()
             ));
             return None;
         }
@@ -264,7 +283,7 @@ pub fn plan(
     let mut narrowed = Vec::new();
     if !command.is_empty() {
         let guard = Guard::new(policy);
-        for need in runtime::needs(command, cwd, path)? {
+        for need in runtime::needs(command, cwd, path, &guard.writable, &mut narrowed)? {
             let Some(rule) = guard.vet(need, &mut narrowed) else {
                 continue;
             };
@@ -273,7 +292,24 @@ pub fn plan(
             }
         }
     }
+    let writable = writable_paths(policy);
+    // The policy's own additions are taken as written, but not through a link the server
+    // could have put in their place: `models -> /home/user/.ssh`.
+    let planted = |p: &Path, why: &str, narrowed: &mut Vec<String>| {
+        let (link, to) = runtime::planted_link(p, &writable)?;
+        narrowed.push(format!(
+            "not granted: {} ({why}): it is reached through the link {} -> {}, which lies in \
+             a writable path",
+            p.display(),
+            link.display(),
+            to.display()
+        ));
+        Some(())
+    };
     for p in &config.read {
+        if planted(p, "[confine] read", &mut narrowed).is_some() {
+            continue;
+        }
         rules.push(Rule {
             path: p.canonicalize().unwrap_or_else(|_| p.clone()),
             access: Access::ReadExec,
@@ -281,6 +317,9 @@ pub fn plan(
         });
     }
     for p in &config.write {
+        if planted(p, "[confine] write", &mut narrowed).is_some() {
+            continue;
+        }
         let path = p.canonicalize().unwrap_or_else(|_| p.clone());
         let mine = own_files_at(policy, &path);
         let access = if mine.is_empty() {
@@ -307,6 +346,25 @@ pub fn plan(
             access: Access::ReadWrite,
             why: "the server's private temporary directory (TMPDIR)".into(),
         });
+    }
+    // Landlock adds rules up: beneath a writable grant, a read-only root is writable too.
+    for inner in rules.iter().filter(|r| r.access != Access::ReadWrite) {
+        let Some(outer) = rules
+            .iter()
+            .find(|o| o.access == Access::ReadWrite && inner.path.starts_with(&o.path))
+        else {
+            continue;
+        };
+        if inner.path != outer.path && inner.why.starts_with("root ") {
+            inexpressible.push(format!(
+                "{} ({}) lies in {} ({}): the kernel grants the wider rights beneath it, so the \
+                 server can write it, rename it or put a link in its place",
+                inner.path.display(),
+                inner.why,
+                outer.path.display(),
+                outer.why
+            ));
+        }
     }
     // A rule for anything that holds a withheld root, or lies in one, would hand it over.
     for w in &withheld {
@@ -352,6 +410,7 @@ pub fn plan(
         net: config.net,
         inexpressible,
         narrowed,
+        ends_on_revoke: config.on_revoke == crate::policy::OnRevoke::End,
     })
 }
 
@@ -380,13 +439,48 @@ fn own_files_at(policy: &Policy, dir: &Path) -> String {
         .join(", ")
 }
 
+/// The canonical paths a confined server under `policy` may write: its read-write roots and
+/// `[confine] write` paths.
+fn writable_paths(policy: &Policy) -> Vec<PathBuf> {
+    let mut writable: Vec<PathBuf> = policy
+        .roots()
+        .iter()
+        .filter(|r| r.mode() == Mode::ReadWrite && r.consent() == ConsentMode::Auto)
+        .map(|r| r.path().to_path_buf())
+        .collect();
+    writable.extend(
+        policy
+            .confine()
+            .write
+            .iter()
+            .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone())),
+    );
+    writable
+}
+
 /// What `policy`'s roots grant a confined server.
 fn root_grants(policy: &Policy) -> RootGrants {
     let mut rules = Vec::new();
     let mut withheld = Vec::new();
     let mut inexpressible = Vec::new();
+    let writable = writable_paths(policy);
     for root in policy.roots() {
         let dir = root.path().to_path_buf();
+        // A root named through a link in a writable path leads where the server, on an
+        // earlier run, may have pointed it (`rename(inner, x); symlink("/etc", inner)`).
+        if let Some((link, to)) = runtime::planted_link(root.configured_path(), &writable) {
+            withheld.push(Withheld {
+                path: dir,
+                why: format!(
+                    "root {} is reached through the link {} -> {}, which lies in a writable \
+                     path: the server could have made it",
+                    root.name(),
+                    link.display(),
+                    to.display()
+                ),
+            });
+            continue;
+        }
         match root.consent() {
             ConsentMode::Deny => {
                 withheld.push(Withheld {
@@ -492,6 +586,18 @@ impl Plan {
         lost
     }
 
+    /// What a reload `policy` asks of the roots that the kernel cannot hold the server to and
+    /// that this plan did not already say (a deny glob added to a root the server holds): the
+    /// server runs on under rules it was not started with, which `--confine=strict` treats
+    /// as a revocation.
+    pub fn newly_unenforced(&self, policy: &Policy) -> Vec<String> {
+        root_grants(policy)
+            .inexpressible
+            .into_iter()
+            .filter(|item| !self.inexpressible.contains(item))
+            .collect()
+    }
+
     /// What will not be enforced on a kernel with Landlock ABI `abi`: the plan's
     /// inexpressible rules and the file and network rules the ABI cannot hold (ABI 1 files,
     /// 2 renames across directories, 3 truncation, 4 TCP), then the hardening it lacks.
@@ -514,7 +620,10 @@ impl Plan {
             let (needed, rule) = match feature {
                 Files | Refer | Truncate => (true, true),
                 Tcp => (!self.net, true),
-                IoctlDev | Scopes => (true, false),
+                IoctlDev => (true, false),
+                // Without signal scoping the server can stop the proxy (`SIGSTOP`) and so
+                // outlive a revocation that should end it.
+                Scopes => (true, self.ends_on_revoke),
                 // With `net` off, the seccomp filter refuses Unix sockets where the kernel
                 // cannot hold them to the allowed paths (see seccomp.rs).
                 UnixPaths => (self.net, false),
@@ -541,17 +650,55 @@ pub fn mode(flag: Option<ConfineMode>, policy: &Policy) -> ConfineMode {
     flag.unwrap_or(policy.confine().mode)
 }
 
+/// The start of the name of a confined server's temporary directory; the proxy's process id
+/// and a random part follow.
+const TEMP_PREFIX: &str = "fsbroker-server-";
+
 /// A private temporary directory for a confined server (owner-only, removed when dropped).
+/// Those a killed proxy left behind (its process gone) are removed first: they may hold what
+/// a server wrote there, which nobody reads again.
 pub fn temp_dir() -> Result<tempfile::TempDir, ConfineError> {
     use std::os::unix::fs::PermissionsExt;
+    remove_abandoned(&std::env::temp_dir());
     let dir = tempfile::Builder::new()
-        .prefix("fsbroker-server-")
+        .prefix(&format!("{TEMP_PREFIX}{}-", std::process::id()))
         .tempdir()
         .map_err(ConfineError::Temp)?;
     // Whatever the umask made of it: the server's files are its own.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
         .map_err(ConfineError::Temp)?;
     Ok(dir)
+}
+
+/// Removes the temporary directories in `tmp` of confined servers whose proxy is gone: this
+/// user's own directories (not links), named with a process id that no longer runs.
+fn remove_abandoned(tmp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    let me = rustix::process::getuid().as_raw();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(TEMP_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        let gone = rustix::process::Pid::from_raw(pid)
+            .is_some_and(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH));
+        if meta.is_dir() && meta.uid() == me && gone {
+            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                tracing::debug!(path = %entry.path().display(), error = %e, "cannot remove an abandoned server temporary directory");
+            }
+        }
+    }
 }
 
 /// A confinement ready for the server's process: the plan, what the kernel will enforce of
@@ -635,15 +782,18 @@ impl Confinement {
         let proxy = rustix::process::getpid();
         // SAFETY: the closure runs in the child between fork and exec, where only
         // async-signal-safe work is sound. `die_with_parent` makes two system calls (prctl,
-        // getppid) on integers; `restrict_self` makes three more (prctl twice,
-        // landlock_restrict_self) on memory built before the fork (the filter, kept alive by
-        // the Arc the closure owns) and on `fd`. Neither allocates (the error, if any, is a
+        // getppid) on integers; `close_inherited` and `drop_capabilities` make system calls
+        // on integers and on locals of their own; `restrict_self` makes three more (prctl
+        // twice, landlock_restrict_self) on memory built before the fork (the filter, kept
+        // alive by the Arc the closure owns) and on `fd`. Neither allocates (the error, if any, is a
         // raw OS error) or takes a lock. `fd` stays open in the parent while `self` lives,
         // which is past the spawn; it is close-on-exec, so the server does not inherit it.
         #[allow(unsafe_code)]
         unsafe {
             cmd.pre_exec(move || {
                 kernel::die_with_parent(proxy)?;
+                kernel::close_inherited()?;
+                kernel::drop_capabilities()?;
                 kernel::restrict_self(fd, &filter)
             });
         }

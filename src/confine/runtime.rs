@@ -10,7 +10,12 @@
 //!   a version manager's `shims/` directory brings the manager's whole tree (pyenv, rbenv,
 //!   asdf); any other program brings its own directory;
 //! - a `#!` line brings its interpreter the same way (`#!/usr/bin/env node` looks `node` up
-//!   in `PATH`);
+//!   in `PATH`), if it names an executable file. Not from a file the server can write (in a
+//!   read-write root or a `[confine] write` path): it could have rewritten the line, or made
+//!   the file a link, on an earlier run, to be granted any directory on the next. Such a
+//!   program brings only its own installation; an interpreter outside the system
+//!   directories then goes in `[confine] read`. An `env` line whose options this file does
+//!   not know (`-u NAME`, `-C DIR`) is not followed either;
 //! - the script brings the code around it: its outermost `node_modules` when it lies in one,
 //!   else its directory. The script is the first existing file an interpreter run by name
 //!   (`node`, `python3`, …) gets before any other plain argument (option values such as
@@ -92,11 +97,14 @@ pub struct Need {
 }
 
 /// The rules a server with this command line needs to run, `cwd` its working directory and
-/// `path` its `PATH`.
+/// `path` its `PATH`; `writable` are the (canonical) paths the server may write, whose files
+/// are not trusted to say what to grant. What was not followed goes to `notes`.
 pub fn needs(
     command: &[OsString],
     cwd: &Path,
     path: Option<&OsStr>,
+    writable: &[PathBuf],
+    notes: &mut Vec<String>,
 ) -> Result<Vec<Need>, ConfineError> {
     let mut rules: Vec<Need> = Vec::new();
     let mut add = |path: PathBuf, access: Access, why: String, narrower: Option<PathBuf>| {
@@ -138,6 +146,10 @@ pub fn needs(
         let name = exe.file_name().map(|n| n.to_string_lossy().into_owned());
         node |= matches!(name.as_deref(), Some("node" | "npx" | "npm"));
         let real = exe.canonicalize().ok();
+        let untrusted = server_made(&exe, writable);
+        // A program the server can write is taken where it lies, not where a link of its
+        // making would lead.
+        let real = real.filter(|_| !untrusted);
         for exe in std::iter::once(&exe).chain(real.as_ref()) {
             node |= exe.to_string_lossy().contains("/node_modules/npm/");
             let own = exe.parent().map(Path::to_path_buf);
@@ -147,6 +159,23 @@ pub fn needs(
             }
         }
         next = interpreter(&exe, cwd, path);
+        if next.is_none() && has_hash_bang(&exe) {
+            notes.push(format!(
+                "not followed: the #! line of {}: it names no executable file, or `env` \
+                 options this check does not know; put its interpreter in [confine] read if \
+                 it is not a system one",
+                exe.display()
+            ));
+        }
+        if untrusted && next.is_some() {
+            notes.push(format!(
+                "not followed: the #! line of {}: the server can write that file, so it \
+                 could name anything; put its interpreter in [confine] read if it is not a \
+                 system one",
+                exe.display()
+            ));
+            next = None;
+        }
         if let Some(interp) = &next {
             node |= interp.file_name().is_some_and(|n| n == "node");
         }
@@ -172,7 +201,13 @@ pub fn needs(
         if !p.is_file() {
             continue;
         }
-        let p = p.canonicalize().unwrap_or(p);
+        // Through a link the server could have made, the file stays where it is named, and
+        // the rule made of it is refused (`Guard::vet`).
+        let p = if planted_link(&p, writable).is_some() {
+            p
+        } else {
+            p.canonicalize().unwrap_or(p)
+        };
         let script = !value && looks_like_code(&p) && ((interpreted && !before) || is_code(&p));
         if !script || std::mem::replace(&mut script_seen, true) {
             let why = format!("a file named on the command line, {}", p.display());
@@ -198,6 +233,37 @@ pub fn needs(
         }
     }
     Ok(rules)
+}
+
+/// The first symbolic link on the way to `path` (as named) that lies in one of `writable`
+/// (canonical paths), and where it leads. A server that may write there could have made it
+/// on an earlier run, so that what its next start is granted by that name is anything.
+pub fn planted_link(path: &Path, writable: &[PathBuf]) -> Option<(PathBuf, PathBuf)> {
+    let mut at = PathBuf::new();
+    for part in path.components() {
+        at.push(part);
+        let Ok(meta) = std::fs::symlink_metadata(&at) else {
+            return None;
+        };
+        if !meta.file_type().is_symlink() {
+            continue;
+        }
+        let dir = at.parent().and_then(|d| d.canonicalize().ok())?;
+        if writable.iter().any(|w| dir.starts_with(w)) {
+            let to = at.canonicalize().unwrap_or_default();
+            return Some((at, to));
+        }
+    }
+    None
+}
+
+/// Whether the server could have chosen what `file` holds or where it leads: it lies in a
+/// writable path, or is reached through a link made there.
+fn server_made(file: &Path, writable: &[PathBuf]) -> bool {
+    planted_link(file, writable).is_some()
+        || file
+            .canonicalize()
+            .is_ok_and(|real| writable.iter().any(|w| real.starts_with(w)))
 }
 
 /// Programs that run the file named by their first plain argument.
@@ -245,12 +311,15 @@ fn takes_value(arg: &OsStr) -> bool {
 
 /// Whether `file` can be a program's code: named like code, executable, or starting `#!`.
 fn looks_like_code(file: &Path) -> bool {
-    is_code(file) || is_executable(file) || {
-        let mut head = [0u8; 2];
-        std::fs::File::open(file)
-            .and_then(|mut f| f.read_exact(&mut head))
-            .is_ok_and(|()| &head == b"#!")
-    }
+    is_code(file) || is_executable(file) || has_hash_bang(file)
+}
+
+/// Whether `file` starts with `#!`.
+fn has_hash_bang(file: &Path) -> bool {
+    let mut head = [0u8; 2];
+    std::fs::File::open(file)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| &head == b"#!")
 }
 
 /// Whether `file`'s name says it is a program's code.
@@ -318,11 +387,38 @@ fn interpreter(exe: &Path, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> 
     let mut words = line.split_whitespace();
     let first = PathBuf::from(words.next()?);
     if first.file_name().is_some_and(|n| n == "env") {
-        // `env [-S] [VAR=value …] PROGRAM`: the first word that is neither.
-        let program = words.find(|w| !w.starts_with('-') && !w.contains('='))?;
-        return find_program(OsStr::new(program), cwd, path);
+        return env_program(words, cwd, path);
     }
-    Some(first)
+    // The kernel runs only an executable file.
+    is_executable(&first).then_some(first)
+}
+
+/// The program `env [-S] [-i] [VAR=value …] PROGRAM` runs. Any other option (`-u NAME`,
+/// `-C DIR`, one this function does not know) makes it `None`: an option that takes a value
+/// would otherwise pass its value off as the program.
+fn env_program<'a>(
+    words: impl Iterator<Item = &'a str>,
+    cwd: &Path,
+    path: Option<&OsStr>,
+) -> Option<PathBuf> {
+    for word in words {
+        match word {
+            "-S"
+            | "--split-string"
+            | "-i"
+            | "--ignore-environment"
+            | "-"
+            | "-0"
+            | "--null"
+            | "-v"
+            | "--debug"
+            | "--" => {}
+            w if w.starts_with('-') => return None,
+            w if w.contains('=') => {}
+            program => return find_program(OsStr::new(program), cwd, path),
+        }
+    }
+    None
 }
 
 /// The code a script loads: everything under its outermost `node_modules`, or else its
@@ -360,6 +456,19 @@ mod tests {
             installation(Path::new("/srv/tools/server")),
             vec![PathBuf::from("/srv/tools")]
         );
+    }
+
+    #[test]
+    fn env_lines_are_followed_only_when_every_option_is_known() {
+        let (cwd, path) = (Path::new("/"), Some(OsStr::new("/usr/bin:/bin")));
+        let sh = |words: &str| env_program(words.split_whitespace(), cwd, path);
+        assert!(sh("sh").is_some());
+        assert!(sh("-S sh -e").is_some());
+        assert!(sh("-i A=1 sh").is_some());
+        // `-u` takes a value: the value is not the program.
+        assert_eq!(sh("-S -u /etc/shadow sh"), None);
+        assert_eq!(sh("-C /etc sh"), None);
+        assert_eq!(sh("--unset=X sh"), None);
     }
 
     #[test]

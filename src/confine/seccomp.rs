@@ -7,12 +7,20 @@
 //! - metadata changes by path (`chmod`, `fchmodat`, `chown` and kin, extended attributes):
 //!   Landlock does not restrict them, so a confined server could change the mode or owner of
 //!   any file it cannot even read;
-//! - `TIOCSTI`/`TIOCLINUX` on a descriptor it inherited (its stderr may be the user's
-//!   terminal): typing commands into the user's shell;
+//! - `TIOCSTI`/`TIOCLINUX` on a descriptor it inherited: typing commands into the user's
+//!   shell (the proxy gives a confined server a pipe for stderr, not its terminal, but a host
+//!   may hand a terminal on another descriptor);
+//! - set-user-id and set-group-id bits, by `fchmod` or on a file created with `open`:
+//!   a program of the user's that runs as the user for whoever runs it;
+//! - System V IPC (shared memory, message queues, semaphores): another process's segment is
+//!   found by number and attached, past every file rule;
+//! - netlink other than `NETLINK_ROUTE`: `sock_diag` lists every socket of the machine, and
+//!   the rest configure it;
 //! - io_uring, whose operations do not pass through the filter;
-//! - Unix sockets (`socket(AF_UNIX)`) when `net` is off and the kernel's Landlock cannot
-//!   hold their paths (before ABI 9): a server could otherwise ask any unconfined service
-//!   listening on one (a terminal multiplexer, the session bus) to act for it;
+//! - Unix sockets (`socket(AF_UNIX)`, and datagram pairs, which can `sendto` any path) when
+//!   `net` is off and the kernel's Landlock cannot hold their paths (before ABI 9): a server
+//!   could otherwise ask any unconfined service listening on one (a terminal multiplexer,
+//!   the session bus, the system log) to act for it;
 //! - changes of user and group ids (a root server's would also clear its death signal);
 //! - the kernel keyrings (a user's keys, readable by any of its processes), and what a
 //!   server run as root could use to leave every rule: kernel modules, `kexec`, I/O ports,
@@ -41,6 +49,13 @@ const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
 const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
 const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
 const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+const AND_K: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
+
+/// `S_ISUID | S_ISGID`.
+const SET_ID_BITS: u32 = 0o6000;
+/// The type bits of `socket(2)`'s second argument (the rest are `SOCK_NONBLOCK` and
+/// `SOCK_CLOEXEC`).
+const SOCK_TYPE_MASK: u32 = 0xf;
 
 /// Offsets in `struct seccomp_data`.
 const NR: u32 = 0;
@@ -119,6 +134,25 @@ fn privileged() -> Vec<libc::c_long> {
     calls
 }
 
+/// System V IPC: segments, queues and semaphore sets are named by number, not by path, so
+/// Landlock does not see them; any of the user's (or, for root, anyone's) can be attached.
+fn sysv_ipc() -> Vec<libc::c_long> {
+    vec![
+        libc::SYS_shmget,
+        libc::SYS_shmat,
+        libc::SYS_shmctl,
+        libc::SYS_shmdt,
+        libc::SYS_msgget,
+        libc::SYS_msgsnd,
+        libc::SYS_msgrcv,
+        libc::SYS_msgctl,
+        libc::SYS_semget,
+        libc::SYS_semop,
+        libc::SYS_semctl,
+        libc::SYS_semtimedop,
+    ]
+}
+
 /// Changes of user or group identity. Refused (`EPERM`), not faked: a server that drops
 /// privileges must know it did not. Only a server run as root could make them, and any
 /// change of its effective or file-system ids would clear the death signal the proxy set.
@@ -142,6 +176,8 @@ enum Insn {
     JumpIfEq(u32, &'static str),
     /// Jump to the label when at least `k`.
     JumpIfGe(u32, &'static str),
+    /// Keep only the bits of `k` in the loaded word.
+    And(u32),
     Ret(u32),
     Label(&'static str),
 }
@@ -161,14 +197,16 @@ fn assemble(insns: &[Insn]) -> Vec<libc::sock_filter> {
     for insn in insns {
         let here = out.len();
         let skip = |label: &str| -> u8 {
-            // Jumps only go forward, and the program is short.
-            u8::try_from(at[label] - here - 1).unwrap_or(u8::MAX)
+            // Jumps only go forward. A classic BPF jump reaches 255 instructions at most: a
+            // longer one is a bug of this file, caught by its tests before any server runs.
+            u8::try_from(at[label] - here - 1).expect("a seccomp jump longer than 255")
         };
         let (code, jt, jf, k) = match insn {
             Insn::Label(_) => continue,
             Insn::Load(offset) => (LD_W_ABS, 0, 0, *offset),
             Insn::JumpIfEq(k, label) => (JEQ_K, skip(label), 0, *k),
             Insn::JumpIfGe(k, label) => (JGE_K, skip(label), 0, *k),
+            Insn::And(k) => (AND_K, 0, 0, *k),
             Insn::Ret(k) => (RET_K, 0, 0, *k),
         };
         out.push(libc::sock_filter { code, jt, jf, k });
@@ -195,6 +233,7 @@ impl Filter {
             .into_iter()
             .chain(identity_changes())
             .chain(privileged())
+            .chain(sysv_ipc())
         {
             p.push(JumpIfEq(call as u32, "deny"));
         }
@@ -206,9 +245,22 @@ impl Filter {
         p.push(JumpIfEq(libc::SYS_setpgid as u32, "pretend"));
         p.push(JumpIfEq(libc::SYS_prctl as u32, "prctl"));
         p.push(JumpIfEq(libc::SYS_ioctl as u32, "ioctl"));
-        if !net {
-            p.push(JumpIfEq(libc::SYS_socket as u32, "socket"));
+        p.push(JumpIfEq(libc::SYS_socket as u32, "socket"));
+        if !net && !unix_paths {
+            p.push(JumpIfEq(libc::SYS_socketpair as u32, "socketpair"));
         }
+        // Set-id bits: by `fchmod` (`chmod` and `fchmodat` are refused outright), or at
+        // creation (`open`'s and `openat`'s mode). `openat2` takes its mode in memory the
+        // filter cannot read: it fails as if the kernel lacked it, and the C library falls
+        // back to `openat`.
+        p.push(JumpIfEq(libc::SYS_fchmod as u32, "mode1"));
+        p.push(JumpIfEq(libc::SYS_openat as u32, "mode3"));
+        #[cfg(target_arch = "x86_64")]
+        {
+            p.push(JumpIfEq(libc::SYS_open as u32, "mode2"));
+            p.push(JumpIfEq(libc::SYS_creat as u32, "mode1"));
+        }
+        p.push(JumpIfEq(libc::SYS_openat2 as u32, "nosys"));
         p.extend([
             Ret(libc::SECCOMP_RET_ALLOW),
             Label("ioctl"),
@@ -216,24 +268,59 @@ impl Filter {
             JumpIfEq(libc::TIOCSTI as u32, "deny"),
             JumpIfEq(libc::TIOCLINUX as u32, "deny"),
             Ret(libc::SECCOMP_RET_ALLOW),
-            // With `net` off, only sockets that stay on this machine: netlink (the kernel's
-            // own; `getaddrinfo` asks it which address families are configured) and Unix
+            Label("mode1"),
+            Load(arg(1)),
+            Insn::And(SET_ID_BITS),
+            JumpIfEq(0, "allow"),
+            Ret(errno(libc::EPERM)),
+            Label("mode2"),
+            Load(arg(2)),
+            Insn::And(SET_ID_BITS),
+            JumpIfEq(0, "allow"),
+            Ret(errno(libc::EPERM)),
+            Label("mode3"),
+            Load(arg(3)),
+            Insn::And(SET_ID_BITS),
+            JumpIfEq(0, "allow"),
+            Ret(errno(libc::EPERM)),
+            // Netlink, whatever `net` says, only for `NETLINK_ROUTE` (`getaddrinfo` and
+            // `getifaddrs` ask it which addresses are configured): `sock_diag` lists every
+            // socket of the machine, and the other protocols configure it.
+            Label("socket"),
+            Load(arg(0)),
+            JumpIfEq(libc::AF_NETLINK as u32, "netlink"),
+        ]);
+        if net {
+            p.push(Ret(libc::SECCOMP_RET_ALLOW));
+        } else {
+            // With `net` off, only sockets that stay on this machine: netlink (above) and Unix
             // sockets where Landlock holds their paths. Every other family is a way out: IP
             // of any protocol, `AF_VSOCK` (a virtual machine's channel to its host: WSL 2,
             // Firecracker), `AF_PACKET` (raw frames, for a server run as root), and the
             // transports a kernel may have as modules (TIPC, RDS, ...).
-            Label("socket"),
-            Load(arg(0)),
-            JumpIfEq(libc::AF_NETLINK as u32, "allow"),
-        ]);
-        if unix_paths {
-            p.push(JumpIfEq(libc::AF_UNIX as u32, "allow"));
+            if unix_paths {
+                p.push(JumpIfEq(libc::AF_UNIX as u32, "allow"));
+            }
+            // Before ABI 9 a Unix socket can connect to any path (a terminal multiplexer's,
+            // the session bus, `systemd-run --user`'s): a way out of everything, refused too.
+            p.push(Ret(errno(libc::EACCES)));
         }
-        // Before ABI 9 a Unix socket can connect to any path (a terminal multiplexer's, the
-        // session bus, `systemd-run --user`'s): a way out of everything, refused too. Pairs
-        // (`socketpair`, which runtimes use for their children's pipes) stay.
         p.extend([
+            Label("netlink"),
+            Load(arg(2)),
+            JumpIfEq(libc::NETLINK_ROUTE as u32, "allow"),
             Ret(errno(libc::EACCES)),
+            // Pairs stay, for runtimes make their children's pipes with them, but only
+            // connected ones: a datagram pair can `sendto` any path, and before ABI 9
+            // Landlock does not stop it. (`SOCK_RAW` is a datagram pair too.)
+            Label("socketpair"),
+            Load(arg(1)),
+            Insn::And(SOCK_TYPE_MASK),
+            JumpIfEq(libc::SOCK_STREAM as u32, "allow"),
+            JumpIfEq(libc::SOCK_SEQPACKET as u32, "allow"),
+            Ret(errno(libc::EACCES)),
+            Label("nosys"),
+            Ret(errno(libc::ENOSYS)),
             Label("allow"),
             Ret(libc::SECCOMP_RET_ALLOW),
             Label("prctl"),
@@ -283,7 +370,12 @@ mod tests {
 
     #[test]
     fn jumps_land_on_their_labels() {
-        for f in [Filter::new(false, false), Filter::new(true, true)] {
+        for f in [
+            Filter::new(false, false),
+            Filter::new(false, true),
+            Filter::new(true, false),
+            Filter::new(true, true),
+        ] {
             // Every jump ends at a return or at a load of what it tests next.
             let n = f.program.len();
             for (i, insn) in f.program.iter().enumerate() {
@@ -295,6 +387,10 @@ mod tests {
                         class == 0x06 || class == 0x00,
                         "jump {i} lands on a return or a load"
                     );
+                }
+                if insn.code == AND_K {
+                    // Masks follow a load of the argument they mask.
+                    assert_eq!(f.program[i - 1].code, LD_W_ABS, "mask {i}");
                 }
             }
         }

@@ -69,6 +69,27 @@ pub struct ProxyOptions {
     pub end_server: Option<EndServer>,
 }
 
+/// Copies a confined server's stderr to the proxy's until every process holding it is gone.
+/// Once the proxy's stderr fails (closed), the rest is read and dropped, so the server is not
+/// killed by `SIGPIPE` for logging.
+fn copy_stderr(mut from: std::fs::File) {
+    use std::io::{Read, Write};
+    let mut buf = [0u8; 8192];
+    let mut to = Some(io::stderr());
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if to.as_mut().is_some_and(|t| t.write_all(&buf[..n]).is_err()) {
+                    to = None;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
 /// How long a server told to end (SIGTERM) has before it is killed.
 pub const END_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -83,7 +104,14 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        // A confined server gets a pipe, not the proxy's stderr: that may be the user's
+        // terminal, whose foreground a server could take (`tcsetpgrp`) to read what the user
+        // types or to turn echo off. Its lines are copied to the proxy's stderr as they come.
+        .stderr(if opts.confine.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::inherit()
+        })
         .kill_on_drop(true);
     if let Some(confine) = &opts.confine {
         confine.apply(&mut command);
@@ -106,6 +134,12 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     });
     if let (Some(end), true) = (opts.end_server.take(), opts.confine.is_some()) {
         tokio::spawn(end_server(end, group, Arc::clone(&reaped)));
+    }
+    if let Some(err) = child.stderr.take() {
+        let err = std::fs::File::from(err.into_owned_fd()?);
+        std::thread::Builder::new()
+            .name("fsbroker-server-stderr".into())
+            .spawn(move || copy_stderr(err))?;
     }
     let server_in = child
         .stdin

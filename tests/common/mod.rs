@@ -9,6 +9,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use serde_json::{Value, json};
 
 pub mod audit;
+pub mod confine;
 pub mod hostile;
 pub mod peers;
 pub mod policy;
