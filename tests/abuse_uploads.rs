@@ -20,17 +20,17 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use common::{Broker, bin, code, request_line, tempdir, with_deadline, write_policy};
+use common::procs::Pids;
+use common::socket::{Conn, Got, Listener};
+use common::{Broker, code, request_line, tempdir, with_deadline, write_policy};
 
 const RW: &str = "mode = \"read-write\"";
 
@@ -67,9 +67,15 @@ impl Fixture {
     }
 
     /// `fsbroker serve --listen SOCK --policy`, optionally under `ulimit -n`.
-    fn listen(&self, limits: &str, fd_limit: Option<u32>) -> Listening {
+    fn listen(&self, limits: &str, fd_limit: Option<u32>) -> Listener {
         let policy = self.policy(limits);
-        Listening::start(&policy, &self.etc.join("sock"), fd_limit)
+        Listener::start_limited(
+            &policy,
+            &self.etc.join("sock"),
+            &[],
+            fd_limit,
+            &Pids::default(),
+        )
     }
 }
 
@@ -131,187 +137,6 @@ fn outcome(r: &Value) -> String {
         "ok".into()
     } else {
         code(&r["error"])
-    }
-}
-
-/// `fsbroker serve --listen`, killed when dropped.
-struct Listening {
-    child: Child,
-    sock: PathBuf,
-}
-
-impl Listening {
-    /// Starts the broker (through `sh -c 'ulimit -n N; exec ...'` when `fd_limit` is given)
-    /// and waits until a connection is accepted.
-    fn start(policy: &Path, sock: &Path, fd_limit: Option<u32>) -> Listening {
-        let args = [
-            bin().as_ref(),
-            "serve".as_ref(),
-            "--listen".as_ref(),
-            sock.as_os_str(),
-            "--policy".as_ref(),
-            policy.as_os_str(),
-        ];
-        let mut cmd = match fd_limit {
-            Some(n) => {
-                let mut c = Command::new("sh");
-                c.arg("-c")
-                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
-                    .args(args);
-                c
-            }
-            None => {
-                let mut c = Command::new(bin());
-                c.args(&args[1..]);
-                c
-            }
-        };
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start fsbroker serve --listen");
-        let end = Instant::now() + Duration::from_secs(10);
-        // The socket file appears at `bind`, a moment before `listen`.
-        while UnixStream::connect(sock).is_err() {
-            if let Some(s) = child.try_wait().unwrap() {
-                panic!("serve --listen exited at start ({s})");
-            }
-            assert!(Instant::now() < end, "no listening socket after 10 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Listening {
-            child,
-            sock: sock.to_path_buf(),
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// `None` while running, else how it ended.
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().expect("try_wait")
-    }
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One session over the socket; every read waits at most `read_timeout`.
-struct Conn {
-    stream: UnixStream,
-    reader: BufReader<UnixStream>,
-    next_id: u64,
-    read_timeout: Duration,
-}
-
-/// What a read of one line gave.
-enum Line {
-    Msg(Value),
-    Eof,
-    /// ECONNRESET and the like: the broker closed the connection.
-    Reset(std::io::Error),
-    TimedOut,
-}
-
-impl Conn {
-    fn connect(sock: &Path) -> Conn {
-        let stream = UnixStream::connect(sock)
-            .unwrap_or_else(|e| panic!("connect to {}: {e}", sock.display()));
-        let read_timeout = Duration::from_secs(10);
-        stream.set_read_timeout(Some(read_timeout)).unwrap();
-        let reader = BufReader::new(stream.try_clone().unwrap());
-        Conn {
-            stream,
-            reader,
-            next_id: 1,
-            read_timeout,
-        }
-    }
-
-    fn set_read_timeout(&mut self, limit: Duration) {
-        self.stream.set_read_timeout(Some(limit)).unwrap();
-        self.read_timeout = limit;
-    }
-
-    /// Sends raw bytes.
-    fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.stream.write_all(bytes)?;
-        self.stream.flush()
-    }
-
-    /// Sends a request with a fresh id; returns the id.
-    fn send(&mut self, method: &str, params: Value) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.send_raw(&request_line(id, method, params))
-            .expect("write to the broker's socket");
-        id
-    }
-
-    /// Reads one line.
-    fn line(&mut self) -> Line {
-        let mut line = String::new();
-        match self.reader.read_line(&mut line) {
-            Ok(0) => Line::Eof,
-            Ok(_) => {
-                assert!(line.ends_with('\n'), "frame without newline: {line:?}");
-                Line::Msg(
-                    serde_json::from_str(&line)
-                        .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}")),
-                )
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Line::TimedOut
-            }
-            Err(e) => Line::Reset(e),
-        }
-    }
-
-    /// The next message, which must come (within the read timeout).
-    fn message(&mut self, what: &str) -> Value {
-        match self.line() {
-            Line::Msg(v) => v,
-            Line::Eof => panic!("{what}: the broker closed the connection"),
-            Line::Reset(e) => panic!("{what}: connection failed: {e}"),
-            Line::TimedOut => panic!("{what}: no answer within {:?}", self.read_timeout),
-        }
-    }
-
-    /// The response to `id` (notifications before it are passed over).
-    fn response(&mut self, id: u64, what: &str) -> Value {
-        loop {
-            let m = self.message(what);
-            if m.get("id").is_none() && m.get("method").is_some() {
-                continue;
-            }
-            assert_eq!(m["id"], json!(id), "{what}: answer to another request: {m}");
-            return m;
-        }
-    }
-
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        let what = format!("{method} {params}");
-        let id = self.send(method, params);
-        self.response(id, &what)
-    }
-
-    fn ok(&mut self, method: &str, params: Value) -> Value {
-        let r = self.request(method, params.clone());
-        assert!(is_ok(&r), "{method} {params} failed: {r}");
-        r["result"].clone()
     }
 }
 
@@ -584,8 +409,8 @@ fn one_sessions_stalled_chunks_do_not_delay_another_sessions_reads() {
         let mut slowest = Duration::ZERO;
         while started.elapsed() < Duration::from_secs(3) {
             let t = Instant::now();
-            let id = b.send("files/read", json!({"path": "r/data.txt"}));
-            let r = b.response(id, "B: files/read of 1 KiB (A flooding)");
+            let id = b.send_numbered("files/read", json!({"path": "r/data.txt"}));
+            let r = b.response_to(id, "B: files/read of 1 KiB (A flooding)");
             let took = t.elapsed();
             assert!(
                 is_ok(&r),
@@ -831,12 +656,6 @@ enum Probe {
     Refused(Value),
 }
 
-impl std::fmt::Debug for Conn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Conn")
-    }
-}
-
 /// Connects and pings. Either the ping is answered (`Served`) or exactly one JSON-RPC error
 /// line comes and the connection is closed (`Refused`); anything else (nothing within 5 s, a
 /// close without an error line, more after the error) is `Err`.
@@ -848,10 +667,9 @@ fn try_probe(sock: &Path) -> Result<Probe, String> {
     c.next_id += 1;
     let _ = c.send_raw(&request_line(id, "ping", json!({})));
     let m = match c.line() {
-        Line::Msg(m) => m,
-        Line::Eof => return Err("connection closed without a JSON-RPC error line".into()),
-        Line::Reset(e) => return Err(format!("connection reset without an error line: {e}")),
-        Line::TimedOut => return Err("no answer within 5 s (a hang)".into()),
+        Got::Line(m) => m,
+        Got::Eof => return Err("connection closed or reset without a JSON-RPC error line".into()),
+        Got::Timeout => return Err("no answer within 5 s (a hang)".into()),
     };
     if m["jsonrpc"] != "2.0" {
         return Err(format!("not JSON-RPC 2.0: {m}"));
@@ -863,30 +681,28 @@ fn try_probe(sock: &Path) -> Result<Probe, String> {
         return Err(format!("neither the ping's answer nor an error: {m}"));
     }
     match c.line() {
-        Line::Eof | Line::Reset(_) => Ok(Probe::Refused(m)),
-        Line::Msg(more) => Err(format!("after the error {m}, more came: {more}")),
-        Line::TimedOut => Err(format!("after the error {m}, the connection stayed open")),
+        Got::Eof => Ok(Probe::Refused(m)),
+        Got::Line(more) => Err(format!("after the error {m}, more came: {more}")),
+        Got::Timeout => Err(format!("after the error {m}, the connection stayed open")),
     }
 }
 
-impl Listening {
-    /// [`try_probe`]; a bad outcome fails the test, saying whether the broker is still running.
-    fn probe(&mut self, label: &str) -> Probe {
-        match try_probe(&self.sock) {
-            Ok(p) => {
-                if let Some(s) = self.exited() {
-                    panic!("{label}: the broker exited ({s}) after {p:?}");
-                }
-                p
+/// [`try_probe`]; a bad outcome fails the test, saying whether the broker is still running.
+fn probe(broker: &mut Listener, label: &str) -> Probe {
+    match try_probe(&broker.sock) {
+        Ok(p) => {
+            if let Some(s) = broker.exited() {
+                panic!("{label}: the broker exited ({s}) after {p:?}");
             }
-            Err(why) => {
-                std::thread::sleep(Duration::from_millis(200));
-                let state = match self.exited() {
-                    Some(s) => format!("the broker exited ({s})"),
-                    None => "the broker is still running".into(),
-                };
-                panic!("{label}: {why}; {state}");
-            }
+            p
+        }
+        Err(why) => {
+            std::thread::sleep(Duration::from_millis(200));
+            let state = match broker.exited() {
+                Some(s) => format!("the broker exited ({s})"),
+                None => "the broker is still running".into(),
+            };
+            panic!("{label}: {why}; {state}");
         }
     }
 }
@@ -904,7 +720,7 @@ fn start_upload(c: &mut Conn, name: &str) -> Value {
 /// or one JSON-RPC error line and a close — no hang — and the broker stays alive throughout;
 /// once those sessions are gone (their staging files removed), a fresh connection is served
 /// normally: ping, a read and a write.
-fn while_and_after_exhaustion(broker: &mut Listening, root: &Path, sessions: Vec<Conn>) {
+fn while_and_after_exhaustion(broker: &mut Listener, root: &Path, sessions: Vec<Conn>) {
     let sock = broker.sock.clone();
     assert!(
         broker.exited().is_none(),
@@ -914,7 +730,10 @@ fn while_and_after_exhaustion(broker: &mut Listening, root: &Path, sessions: Vec
     let mut held = Vec::new();
     let (mut served, mut turned_away) = (0, 0);
     for k in 0..8 {
-        match broker.probe(&format!("new connection {k} while out of descriptors")) {
+        match probe(
+            broker,
+            &format!("new connection {k} while out of descriptors"),
+        ) {
             Probe::Served(c) => {
                 served += 1;
                 held.push(c);
@@ -1033,7 +852,7 @@ fn descriptor_exhaustion_by_many_sessions_never_ends_the_broker() {
         'sessions: while attempts < 3000 {
             attempts += 1;
             let k = sessions.len();
-            let mut c = match broker.probe(&format!("session {k}'s connection")) {
+            let mut c = match probe(&mut broker, &format!("session {k}'s connection")) {
                 Probe::Served(c) => c,
                 Probe::Refused(e) => {
                     exhausted = Some(format!("session {k} turned away: {e}"));

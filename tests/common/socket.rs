@@ -28,6 +28,18 @@ impl Listener {
     /// policy) when the broker exits instead, for instance because it refused the policy.
     /// The broker's pid goes into `pids`, so a test past its deadline can kill it.
     pub fn start(policy: &Path, sock: &Path, extra: &[&str], pids: &Pids) -> Listener {
+        Listener::start_limited(policy, sock, extra, None, pids)
+    }
+
+    /// [`Listener::start`] under `ulimit -n FD_LIMIT` when given (through `sh -c`, which then
+    /// `exec`s the broker, so the pid is the broker's).
+    pub fn start_limited(
+        policy: &Path,
+        sock: &Path,
+        extra: &[&str],
+        fd_limit: Option<u32>,
+        pids: &Pids,
+    ) -> Listener {
         let mut args: Vec<OsString> = vec![
             "serve".into(),
             "--listen".into(),
@@ -36,8 +48,22 @@ impl Listener {
             policy.into(),
         ];
         args.extend(extra.iter().map(OsString::from));
-        let child = Command::new(bin())
-            .args(&args)
+        let mut cmd = match fd_limit {
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(bin())
+                    .args(&args);
+                c
+            }
+            None => {
+                let mut c = Command::new(bin());
+                c.args(&args);
+                c
+            }
+        };
+        let child = cmd
             .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -91,6 +117,11 @@ impl Listener {
         }
     }
 
+    /// `None` while the broker runs, else how it ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
+
     /// Panics when the broker has exited.
     pub fn assert_alive(&mut self) {
         if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -123,6 +154,16 @@ pub struct Conn {
     reader: BufReader<UnixStream>,
     /// The part of a line read so far.
     partial: Vec<u8>,
+    /// The id [`Conn::request`] gives its next request.
+    pub next_id: u64,
+    /// How long [`Conn::line`] and what is built on it wait.
+    limit: Duration,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Conn")
+    }
 }
 
 impl Conn {
@@ -133,7 +174,80 @@ impl Conn {
             stream,
             reader,
             partial: Vec::new(),
+            next_id: 1,
+            limit: Duration::from_secs(10),
         }
+    }
+
+    /// Connects to the broker at `sock`.
+    pub fn connect(sock: &Path) -> Conn {
+        Conn::new(
+            UnixStream::connect(sock)
+                .unwrap_or_else(|e| panic!("connect to {}: {e}", sock.display())),
+        )
+    }
+
+    /// How long [`Conn::line`], [`Conn::message`] and [`Conn::request`] wait (10 s unless set).
+    pub fn set_read_timeout(&mut self, limit: Duration) {
+        self.limit = limit;
+    }
+
+    /// Writes raw bytes; the error, if the broker closed the connection.
+    pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes)?;
+        self.stream.flush()
+    }
+
+    /// Sends a request with the next numeric id; returns the id.
+    pub fn send_numbered(&mut self, method: &str, params: Value) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send_request(&json!(id), method, params);
+        id
+    }
+
+    /// The next line within the read timeout.
+    pub fn line(&mut self) -> Got {
+        self.next(self.limit)
+    }
+
+    /// The next message, which must come within the read timeout.
+    pub fn message(&mut self, what: &str) -> Value {
+        match self.line() {
+            Got::Line(v) => v,
+            Got::Eof => panic!("{what}: the broker closed the connection"),
+            Got::Timeout => panic!("{what}: no answer within {:?}", self.limit),
+        }
+    }
+
+    /// The response to the numeric `id` (notifications before it are passed over; a response
+    /// to another request fails).
+    pub fn response_to(&mut self, id: u64, what: &str) -> Value {
+        loop {
+            let m = self.message(what);
+            if m.get("id").is_none() && m.get("method").is_some() {
+                continue;
+            }
+            assert_eq!(m["id"], json!(id), "{what}: answer to another request: {m}");
+            return m;
+        }
+    }
+
+    /// Sends a request and waits for its response.
+    pub fn request(&mut self, method: &str, params: Value) -> Value {
+        let what = format!("{method} {params}");
+        let id = self.send_numbered(method, params);
+        self.response_to(id, &what)
+    }
+
+    /// The result of a request that must succeed.
+    pub fn ok(&mut self, method: &str, params: Value) -> Value {
+        let r = self.request(method, params.clone());
+        assert!(
+            r.get("result").is_some() && r.get("error").is_none(),
+            "{method} {params} failed: {r}"
+        );
+        r["result"].clone()
     }
 
     /// Writes raw bytes.
