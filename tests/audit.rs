@@ -1,4 +1,4 @@
-//! The hash-chained audit log (contract §6, issue 4 items 3–5) through the real binary on
+//! The hash-chained audit log (docs/protocol.md §8) through the real binary on
 //! real temp dirs: a start line (`event`, `pid`, `version`) opening each run's part of the log,
 //! then one line per `roots/list` and `files/*` request, allowed or refused, with the chained
 //! sha256 recomputed here independently over every line; `fsbroker audit verify` naming the
@@ -1357,7 +1357,7 @@ fn finish_any(b: Broker) {
     assert!(rest.is_empty(), "unexpected output: {rest}");
 }
 
-/// "An audited desktop must never act unrecorded" (issue 4, item 3): when the very first
+/// "An audited desktop must never act unrecorded" : when the very first
 /// audit line cannot be written, the request it records must not have changed anything.
 #[test]
 fn an_unwritable_log_lets_not_even_the_first_request_act() {

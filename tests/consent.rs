@@ -1,4 +1,4 @@
-//! `files/consent` and the consent modes through the real binary (contract §2, §5; issue 4):
+//! `files/consent` and the consent modes through the real binary (docs/protocol.md §2, §5.3, §6):
 //! `auto` roots approve what lies inside them, `deny` roots approve nothing, `prompt` roots
 //! ask the external command (scripts written here) or the controlling terminal (a real
 //! pseudo-terminal, driven by a small python helper), and fail closed when neither can ask.

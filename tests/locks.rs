@@ -1,4 +1,4 @@
-//! Locks (SEP-1708, PROTOCOL.md §5 "Locks"): two sessions of one broker, through the library
+//! Locks (SEP-1708; docs/protocol.md §5.10 "Locks and `files/unlock`"): two sessions of one broker, through the library
 //! API, on real temporary directories.
 //!
 //! Readers never refuse readers; `keepLocked` on read, write and create returns a 128-bit

@@ -1,4 +1,4 @@
-//! Tests against real MCP peers (issue 7, PROTOCOL.md §1.2): `fsbroker proxy` between hosts
+//! Tests against real MCP peers (docs/protocol.md §1.3 and docs/hosts.md): `fsbroker proxy` between hosts
 //! and servers made with the official TypeScript SDK, and the reference filesystem server.
 //!
 //! The peers are npm packages pinned in `tests/peers/package.json` and its lockfile. When

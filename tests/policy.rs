@@ -1,4 +1,4 @@
-//! Policy files and command-line merging through the real binary (contract §1.1, §1.3, §2):
+//! Policy files and command-line merging through the real binary (docs/protocol.md §1, §2):
 //! the example policies in `policy/` check clean, bad policies fail with a clear message,
 //! `policy schema` is JSON, and `serve` merges `--policy` with `--root`.
 

@@ -1,4 +1,4 @@
-//! Property tests (issue 6, item 4): the path resolver, the line framer, the message parser
+//! Property tests: the path resolver, the line framer, the message parser
 //! behind `Session::handle`, and chunked reading (base64 and UTF-8).
 //!
 //! Each property runs through an explicit `TestRunner` so that its fixture (a real temp

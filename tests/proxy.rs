@@ -1,5 +1,5 @@
 //! `fsbroker proxy` through the real binary, with a small Python MCP server behind it
-//! (PROTOCOL.md §1.2, and §1.1 `--listen` / `proxy --connect`).
+//! (docs/protocol.md §1.3, and §1.2 `--listen` / `proxy --connect`).
 //!
 //! The test plays the host: it writes raw lines to the proxy's stdin and reads raw lines from
 //! its stdout. The Python server (written into a temp dir, see [`SERVER`]) logs every raw line

@@ -1,4 +1,4 @@
-//! `files/read` through the real binary, on real temp directories (contract §3, §4, §5).
+//! `files/read` through the real binary, on real temp directories (docs/protocol.md §3, §4, §5.4).
 
 mod common;
 

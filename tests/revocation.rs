@@ -1,5 +1,5 @@
-//! Revocation by policy reload (PROTOCOL.md §2 "The policy file is watched", §5 `files/consent`;
-//! issue 4 item 2), through the real binary over real pipes.
+//! Revocation by policy reload (docs/protocol.md §6 "Consent and revocation", §5.3
+//! `files/consent`), through the real binary over real pipes.
 //!
 //! Each test serves a policy file in a temporary directory and rewrites it during the live
 //! session, the way editors do (a new file renamed over the old one) and in place. It checks

@@ -1,4 +1,4 @@
-//! `files/watch`, `files/unwatch` and `notifications/files/changed` (PROTOCOL.md §5; issue 5),
+//! `files/watch`, `files/unwatch` and `notifications/files/changed` (docs/protocol.md §5.11, §5.12),
 //! through the real binary over real pipes on real temporary directories.
 //!
 //! Notifications arrive on the broker's stdout interleaved with responses, so every test

@@ -1,5 +1,5 @@
 //! `files/write`, `files/create`, `files/delete` and `files/rename` through the real binary,
-//! on real temp directories (contract §2 limits, §4 errors, §5; issue 3).
+//! on real temp directories (docs/protocol.md §2 limits, §4 errors, §5).
 
 mod common;
 
@@ -1593,7 +1593,7 @@ fn rename_across_file_systems() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Atomicity, crashes and failures mid-way (issue 3's tests)
+// Atomicity, crashes and failures mid-way
 // ---------------------------------------------------------------------------------------------
 
 const EIGHT_MIB: usize = 8 * 1024 * 1024;
