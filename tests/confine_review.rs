@@ -45,7 +45,9 @@ fn stderr(out: &Output) -> String {
 /// Rule: what Landlock does not see is refused by the filter beside it. A datagram socket
 /// pair cannot send to a listener's path outside; netlink is routing only (`sock_diag` lists
 /// every socket of the machine); System V shared memory, queues and semaphores are refused;
-/// no file gets a set-id bit, at creation or by `fchmod` (plain modes still change); the
+/// no file gets a set-id bit, at creation (`open`, `mknod`) or by `fchmod` (plain modes still
+/// change, unless the proxy runs as root); no limit of another process changes
+/// (`prlimit64` of the proxy); the
 /// server's stderr is a pipe, never the proxy's terminal; stream socket pairs still work.
 #[test]
 fn what_landlock_does_not_see_is_refused() {
@@ -69,6 +71,10 @@ fn what_landlock_does_not_see_is_refused() {
         ["fchmod", [fx.p("rw/plain"), 0o640]],
         ["stderr"],
         ["pair"],
+        // mknod(path, S_IFREG | 04755): a set-user-id file without open.
+        ["mknod_setid", fx.p("rw/setid2")],
+        // prlimit64(parent, RLIMIT_NOFILE, {0, 0}): the proxy could open no file again.
+        ["prlimit_parent"],
     ]);
     let out = fx.run(
         &["--policy", policy.to_str().unwrap(), "--confine=strict"],
@@ -92,14 +98,23 @@ fn what_landlock_does_not_see_is_refused() {
     assert_eq!(r[7], "ok");
     assert_eq!(r[8], "err:EPERM", "fchmod set-user-id");
     assert_eq!(r[9], "err:EPERM", "fchmod set-group-id");
-    assert_eq!(r[10], "ok", "fchmod of plain bits");
     let mode = std::fs::metadata(fx.dir.join("rw/plain"))
         .unwrap()
         .permissions()
         .mode();
-    assert_eq!(mode & 0o7777, 0o640);
+    if rustix::process::geteuid().is_root() {
+        // Started by root, the server owns the system's files: no fchmod at all.
+        assert_eq!(r[10], "err:EPERM", "fchmod under a root proxy");
+        assert_ne!(mode & 0o7777, 0o640);
+    } else {
+        assert_eq!(r[10], "ok", "fchmod of plain bits");
+        assert_eq!(mode & 0o7777, 0o640);
+    }
     assert_eq!(r[11], "ok:pipe", "the server's stderr");
     assert_eq!(r[12], "ok", "stream socket pairs");
+    assert_eq!(r[13], "err:EPERM", "mknod of a set-user-id file");
+    assert!(!fx.dir.join("rw/setid2").exists());
+    assert_eq!(r[14], "err:EPERM", "prlimit64 of the proxy");
 }
 
 /// Rule: descriptors the proxy was started with (a file outside every root, opened by the
@@ -355,6 +370,8 @@ fn a_script_in_a_shared_directory_brings_the_script_alone() {
     std::fs::write(shared.join("server.py"), PROBE).unwrap();
     std::fs::create_dir(shared.join("fsbroker-server-1-other")).unwrap();
     std::fs::write(shared.join("fsbroker-server-1-other/token"), "other's").unwrap();
+    // Another server's directory, in use: its proxy holds the lock.
+    let _in_use = lock(&shared.join("fsbroker-server-1-other"));
     let policy = fx.policy("");
     let env = [("TMPDIR", shared.to_str().unwrap())];
     let text = check(
@@ -386,24 +403,39 @@ fn a_script_in_a_shared_directory_brings_the_script_alone() {
     assert_eq!(results(&out), vec!["err:EACCES"], "{}", stderr(&out));
 }
 
+/// Holds the lock a running proxy holds on its server's temporary directory.
+fn lock(dir: &Path) -> std::fs::File {
+    let f = std::fs::File::open(dir).unwrap();
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    f
+}
+
 /// Rule: the private temporary directory a killed proxy left behind is removed by the next
-/// confined start; one whose proxy still runs is left alone.
+/// confined start, however deep the tree the server made there (removal neither recurses
+/// nor holds a descriptor per level); one whose proxy still runs (its lock held, whatever
+/// its process id says) is left alone.
 #[test]
 fn an_abandoned_temporary_directory_is_removed() {
     let fx = Fixture::new();
     let tmp = fx.dir.join("tmp");
     std::fs::create_dir(&tmp).unwrap();
-    // A process id nobody has (`/proc` shows every running one).
-    let dead = (1..100_000)
-        .map(|k| 4_000_000 - k)
-        .find(|pid| !Path::new(&format!("/proc/{pid}")).exists())
-        .unwrap();
-    let abandoned = tmp.join(format!("fsbroker-server-{dead}-abc"));
-    let alive = tmp.join(format!("fsbroker-server-{}-abc", std::process::id()));
+    let abandoned = tmp.join("fsbroker-server-4000000-abc");
+    // A running proxy whose process id says nothing here (another process-id namespace).
+    let alive = tmp.join("fsbroker-server-4000001-abc");
     for d in [&abandoned, &alive] {
         std::fs::create_dir(d).unwrap();
         std::fs::write(d.join("left.txt"), "x").unwrap();
     }
+    let _in_use = lock(&alive);
+    // A tree deeper than a path can name, made by descriptors.
+    let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY;
+    let mode = rustix::fs::Mode::from_raw_mode(0o755);
+    let mut dir = rustix::fs::open(&abandoned, flags, rustix::fs::Mode::empty()).unwrap();
+    for _ in 0..3000 {
+        rustix::fs::mkdirat(&dir, "d", mode).unwrap();
+        dir = rustix::fs::openat(&dir, "d", flags, rustix::fs::Mode::empty()).unwrap();
+    }
+    drop(dir);
     let policy = fx.policy("");
     let out = fx.run(
         &["--policy", policy.to_str().unwrap(), "--confine=strict"],
@@ -416,4 +448,156 @@ fn an_abandoned_temporary_directory_is_removed() {
         "the abandoned directory is still there"
     );
     assert!(alive.exists(), "a running proxy's directory was removed");
+}
+
+/// Rule: a path swapped between a directory and a link while the proxy starts (a sibling
+/// instance of the server racing `renameat2(RENAME_EXCHANGE)` in its read-write root) never
+/// hands over what the link names: the path is resolved once by descriptors, and the kernel
+/// step grants it only if it is still that directory (else the server is not started).
+#[test]
+fn a_directory_swapped_for_a_link_during_start_grants_nothing() {
+    let fx = Fixture::new();
+    let secret = fx.dir.join("secretdir");
+    std::fs::create_dir(&secret).unwrap();
+    std::fs::write(secret.join("keys.txt"), "TOP SECRET").unwrap();
+    std::fs::create_dir(fx.dir.join("rw/models")).unwrap();
+    std::os::unix::fs::symlink(&secret, fx.dir.join("rw/lnk")).unwrap();
+    let policy = fx
+        .roots()
+        .table("confine", format!("read = [{:?}]", fx.p("rw/models")))
+        .write_to(&fx.dir.join("policy.toml"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let racer = {
+        let (stop, rw) = (stop.clone(), fx.dir.join("rw"));
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    rw.join("models"),
+                    rustix::fs::CWD,
+                    rw.join("lnk"),
+                    rustix::fs::RenameFlags::EXCHANGE,
+                )
+                .unwrap();
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let ops = json!([["read", secret.join("keys.txt").to_str().unwrap()]]);
+    let mut started = 0;
+    for _ in 0..30 {
+        let out = fx.run(
+            &["--policy", policy.to_str().unwrap(), "--confine=strict"],
+            &ops,
+            &[],
+        );
+        if out.status.success() || String::from_utf8_lossy(&out.stdout).contains("probe") {
+            started += 1;
+            assert_eq!(results(&out), vec!["err:EACCES"], "{}", stderr(&out));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = racer.join().unwrap();
+    assert!(swaps > 1000, "the racer swapped only {swaps} times");
+    assert!(started > 0, "no start got through the race at all");
+}
+
+/// Rule: a reload that takes away a `[confine] write` path or the network the server was
+/// started with ends it, as a removed root does.
+#[test]
+fn a_reload_taking_a_confine_path_or_the_network_ends_the_server() {
+    for (before, after) in [
+        (
+            "write = [\"{cache}\"]\nnet = true".to_owned(),
+            "net = true".to_owned(),
+        ),
+        ("net = true".to_owned(), "net = false".to_owned()),
+    ] {
+        let fx = Fixture::new();
+        let cache = fx.dir.join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        let table = |t: &str| t.replace("{cache}", cache.to_str().unwrap());
+        let policy = fx
+            .roots()
+            .table("confine", table(&before))
+            .write_to(&fx.dir.join("policy.toml"));
+        let (mut child, _host_stdin, _line) =
+            fx.start_with("--confine", &policy, &json!([]), &[("PROBE_STAY", "1")]);
+        let tmp = fx
+            .roots()
+            .table("confine", table(&after))
+            .write_to(&fx.dir.join("policy.toml.new"));
+        std::fs::rename(&tmp, &policy).unwrap();
+        let status = common::with_deadline(
+            Duration::from_secs(20),
+            || {},
+            move || child.wait().unwrap(),
+        );
+        assert_eq!(
+            status.code(),
+            Some(128 + 15),
+            "{before} -> {after}: {status:?}"
+        );
+    }
+}
+
+/// Rule: the server cannot hold up the proxy through stderr. With the proxy's stderr a pipe
+/// nobody reads, a server that floods its stderr is still ended by a revocation; and what it
+/// writes reaches the proxy's stderr without escape sequences.
+#[test]
+fn a_flood_on_stderr_does_not_stop_a_revocation() {
+    let fx = Fixture::new();
+    let policy = fx.policy("");
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut child = Command::new(bin())
+        .args(["proxy", "--policy"])
+        .arg(&policy)
+        .args(["--confine", "--", "python3"])
+        .arg(fx.dir.join("srv/probe.py"))
+        .env("PROBE", json!([["flood", 1 << 20]]).to_string())
+        .env("PROBE_STAY", "1")
+        .env("RUST_LOG", "fsbroker=info")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    let _host_stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert!(line.contains("probe"), "{line}");
+    // The flood has gone in; the proxy's stderr pipe is full or nearly so. Revoke.
+    std::thread::sleep(Duration::from_millis(300));
+    let tmp = PolicyToml::new()
+        .root(RootToml::at(&fx.dir.join("ro")))
+        .write_to(&fx.dir.join("policy.toml.new"));
+    std::fs::rename(&tmp, &policy).unwrap();
+    let status = common::with_deadline(
+        Duration::from_secs(20),
+        || {},
+        move || child.wait().unwrap(),
+    );
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+    // What got through has no escape character.
+    // Every writer is gone with the proxy and its server: the pipe reads to its end.
+    let got = common::with_deadline(
+        Duration::from_secs(20),
+        || {},
+        move || {
+            let mut got = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut &reader, &mut got);
+            got
+        },
+    );
+    assert!(
+        !got.contains(&0x1b),
+        "an escape sequence reached the proxy's stderr"
+    );
+    assert!(
+        got.windows(3).any(|w| w == b"xxx"),
+        "nothing of the server's stderr arrived"
+    );
 }

@@ -12,8 +12,8 @@ use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 
 use landlock::{
-    ABI, Access as _, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
+    ABI, Access as _, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, Scope,
 };
 
 use super::{Access, ConfineError, Plan};
@@ -187,15 +187,38 @@ pub fn prepare(plan: &Plan, abi: i32) -> Result<Prepared, ConfineError> {
     let mut created = ruleset.create().map_err(fail)?;
     let mut absent = Vec::new();
     for rule in &plan.rules {
-        let Ok(meta) = std::fs::metadata(&rule.path) else {
+        // What the plan resolved, opened again with no link followed at all: granted only
+        // if it is still the same file (see walk.rs: a directory swapped for a link between
+        // the plan and this step would otherwise hand over whatever the link names).
+        let Some(planned) = rule.id else {
             absent.push(rule.path.clone());
             continue;
         };
-        let fd = PathFd::new(&rule.path).map_err(|e| ConfineError::Path {
-            path: rule.path.clone(),
-            reason: e.to_string(),
-        })?;
-        let rights = rights(rule.access, level, meta.is_dir());
+        let no_links = [std::path::PathBuf::from("/")];
+        let (fd, is_dir) = match super::walk::resolve(&rule.path, &no_links) {
+            super::walk::Walk::Found { id, fd, .. } if id == planned => {
+                let st = rustix::fs::fstat(&fd).map_err(|e| ConfineError::Path {
+                    path: rule.path.clone(),
+                    reason: e.to_string(),
+                })?;
+                let dir = rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    == rustix::fs::FileType::Directory;
+                (fd, dir)
+            }
+            super::walk::Walk::Absent => {
+                absent.push(rule.path.clone());
+                continue;
+            }
+            _ => {
+                return Err(ConfineError::Path {
+                    path: rule.path.clone(),
+                    reason: "it changed while the confinement was being set up (a link or \
+                             another file was put in its place), so the server was not started"
+                        .into(),
+                });
+            }
+        };
+        let rights = rights(rule.access, level, is_dir);
         if rights.is_empty() {
             continue;
         }

@@ -16,6 +16,8 @@ pub(crate) mod kernel;
 pub(crate) mod reap;
 pub(crate) mod runtime;
 pub(crate) mod seccomp;
+pub(crate) mod tmp;
+pub(crate) mod walk;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -74,6 +76,10 @@ pub struct Rule {
     pub access: Access,
     /// Why it is allowed, for `confine check` and the audit log.
     pub why: String,
+    /// The device and inode the plan resolved the path to ([`walk::resolve`]); the kernel
+    /// step grants the path only if it still is that file. `None`: it did not exist.
+    #[serde(skip)]
+    pub id: Option<(u64, u64)>,
 }
 
 /// A root the server gets nothing of, and why.
@@ -114,8 +120,8 @@ const VERSION_MANAGERS: [&str; 6] = [".pyenv", ".rbenv", ".nodenv", ".asdf", ".v
 /// be granted that way. A grant is narrowed (to the program's own directory, or the script
 /// alone) or dropped, and said so, when its path:
 /// - is `/`, the user's home, or a directory holding the home or a withheld root;
-/// - is a directory every program shares: `/tmp`, `/var/tmp`, `/dev/shm`, `/run`, the
-///   temporary directory and `$XDG_RUNTIME_DIR` (other servers' private directories, the
+/// - is, or holds, a directory every program shares: `/tmp`, `/var/tmp`, `/dev/shm`, `/run`,
+///   the temporary directory and `$XDG_RUNTIME_DIR` (other servers' private directories, the
 ///   user's sockets): `python3 /tmp/server.py` gets the script, not `/tmp`;
 /// - is a directory in a hidden directory of the home (`~/.cargo` for
 ///   `~/.cargo/bin/server`, `~/.config/app` for a configuration named like code: credentials
@@ -171,7 +177,8 @@ impl Guard {
         if path == Path::new("/") {
             return Some("it is the whole file system".into());
         }
-        if self.shared.iter().any(|s| s == path) {
+        // The shared directories, and what holds one (`/var`, `/dev`, `/run/user`).
+        if self.shared.iter().any(|s| s.starts_with(path)) {
             return Some(
                 "every program shares it (temporary files, other servers' private \
                  directories, sockets)"
@@ -213,26 +220,32 @@ impl Guard {
     fn vet(&self, need: runtime::Need, notes: &mut Vec<String>) -> Option<Rule> {
         let runtime::Need { mut rule, narrower } = need;
         let asked = rule.path.clone();
-        let Ok(real) = asked.canonicalize() else {
+        match walk::resolve(&asked, &self.writable) {
             // Absent: the kernel step leaves it out.
-            return Some(rule);
-        };
-        if let Some((link, to)) = runtime::planted_link(&asked, &self.writable) {
-            notes.push(format!(
-                "not granted: {} ({}): it is reached through the link {} -> {}, which lies \
-                 in a writable path",
-                asked.display(),
-                rule.why,
-                link.display(),
-                to.display()
-            ));
-            return None;
+            walk::Walk::Absent => return Some(rule),
+            walk::Walk::Planted { link, to } => {
+                notes.push(format!(
+                    "not granted: {} ({}): it is reached through the link {} -> {}, which \
+                     lies in a writable path",
+                    asked.display(),
+                    rule.why,
+                    link.display(),
+                    to.display()
+                ));
+                return None;
+            }
+            walk::Walk::Found { path, id, .. } => {
+                rule.path = path;
+                rule.id = Some(id);
+            }
         }
-        rule.path = real;
         if let Some(why) = self.too_broad(&rule.path) {
-            let narrower = narrower.and_then(|n| n.canonicalize().ok());
-            match narrower.filter(|n| self.too_broad(n).is_none()) {
-                Some(n) => {
+            let narrower = narrower.and_then(|n| match walk::resolve(&n, &self.writable) {
+                walk::Walk::Found { path, id, .. } => Some((path, id)),
+                _ => None,
+            });
+            match narrower.filter(|(n, _)| self.too_broad(n).is_none()) {
+                Some((n, id)) => {
                     notes.push(format!(
                         "narrowed: {} ({}) to {}: {why}",
                         rule.path.display(),
@@ -240,6 +253,7 @@ impl Guard {
                         n.display()
                     ));
                     rule.path = n;
+                    rule.id = Some(id);
                 }
                 None => {
                     notes.push(format!(
@@ -295,32 +309,36 @@ pub fn plan(
     let writable = writable_paths(policy);
     // The policy's own additions are taken as written, but not through a link the server
     // could have put in their place: `models -> /home/user/.ssh`.
-    let planted = |p: &Path, why: &str, narrowed: &mut Vec<String>| {
-        let (link, to) = runtime::planted_link(p, &writable)?;
-        narrowed.push(format!(
-            "not granted: {} ({why}): it is reached through the link {} -> {}, which lies in \
-             a writable path",
-            p.display(),
-            link.display(),
-            to.display()
-        ));
-        Some(())
+    // Resolved by descriptors, not through a link the server could have put in their place.
+    let mut resolve = |p: &Path, why: &str| match walk::resolve(p, &writable) {
+        walk::Walk::Found { path, id, .. } => Some((path, Some(id))),
+        walk::Walk::Absent => Some((p.to_path_buf(), None)),
+        walk::Walk::Planted { link, to } => {
+            narrowed.push(format!(
+                "not granted: {} ({why}): it is reached through the link {} -> {}, which lies \
+                 in a writable path",
+                p.display(),
+                link.display(),
+                to.display()
+            ));
+            None
+        }
     };
     for p in &config.read {
-        if planted(p, "[confine] read", &mut narrowed).is_some() {
+        let Some((path, id)) = resolve(p, "[confine] read") else {
             continue;
-        }
+        };
         rules.push(Rule {
-            path: p.canonicalize().unwrap_or_else(|_| p.clone()),
+            path,
             access: Access::ReadExec,
             why: "[confine] read".into(),
+            id,
         });
     }
     for p in &config.write {
-        if planted(p, "[confine] write", &mut narrowed).is_some() {
+        let Some((path, id)) = resolve(p, "[confine] write") else {
             continue;
-        }
-        let path = p.canonicalize().unwrap_or_else(|_| p.clone());
+        };
         let mine = own_files_at(policy, &path);
         let access = if mine.is_empty() {
             Access::ReadWrite
@@ -338,13 +356,19 @@ pub fn plan(
             path,
             access,
             why: "[confine] write".into(),
+            id,
         });
     }
     if let Some(tmp) = tmpdir {
+        let (path, id) = match walk::resolve(tmp, &[]) {
+            walk::Walk::Found { path, id, .. } => (path, Some(id)),
+            _ => (tmp.to_path_buf(), None),
+        };
         rules.push(Rule {
-            path: tmp.to_path_buf(),
+            path,
             access: Access::ReadWrite,
             why: "the server's private temporary directory (TMPDIR)".into(),
+            id,
         });
     }
     // Landlock adds rules up: beneath a writable grant, a read-only root is writable too.
@@ -467,18 +491,39 @@ fn root_grants(policy: &Policy) -> RootGrants {
     for root in policy.roots() {
         let dir = root.path().to_path_buf();
         // A root named through a link in a writable path leads where the server, on an
-        // earlier run, may have pointed it (`rename(inner, x); symlink("/etc", inner)`).
-        if let Some((link, to)) = runtime::planted_link(root.configured_path(), &writable) {
-            withheld.push(Withheld {
-                path: dir,
-                why: format!(
-                    "root {} is reached through the link {} -> {}, which lies in a writable \
-                     path: the server could have made it",
-                    root.name(),
-                    link.display(),
-                    to.display()
-                ),
-            });
+        // earlier run, may have pointed it (`rename(inner, x); symlink("/etc", inner)`); and
+        // what the kernel is given must be the directory the broker opened for the root.
+        let mut id = None;
+        let changed = match walk::resolve(root.configured_path(), &writable) {
+            walk::Walk::Planted { link, to } => Some(format!(
+                "root {} is reached through the link {} -> {}, which lies in a writable path: \
+                 the server could have made it",
+                root.name(),
+                link.display(),
+                to.display()
+            )),
+            walk::Walk::Absent => Some(format!(
+                "root {}: {} is no longer there",
+                root.name(),
+                root.configured_path().display()
+            )),
+            walk::Walk::Found { id: now, .. } => {
+                let opened = rustix::fs::fstat(root.dir()).map(|st| (st.st_dev, st.st_ino));
+                if opened.is_ok_and(|o| o == now) {
+                    id = Some(now);
+                    None
+                } else {
+                    Some(format!(
+                        "root {}: {} is no longer the directory the policy opened (another \
+                         was put in its place)",
+                        root.name(),
+                        root.configured_path().display()
+                    ))
+                }
+            }
+        };
+        if let Some(why) = changed {
+            withheld.push(Withheld { path: dir, why });
             continue;
         }
         match root.consent() {
@@ -536,6 +581,7 @@ fn root_grants(policy: &Policy) -> RootGrants {
                     Mode::ReadOnly => "read-only",
                 }
             ),
+            id,
         });
     }
     RootGrants {
@@ -556,9 +602,10 @@ pub struct Gaps {
 }
 
 impl Plan {
-    /// What `policy` (a reload) takes away of the roots this plan granted: each root rule it
-    /// no longer grants at the same access (a removed root, consent turned `deny` or
-    /// `prompt`, read-write turned read-only), described.
+    /// What `policy` (a reload) takes away of what this plan granted, described: each root
+    /// rule it no longer grants at the same access (a removed root, consent turned `deny` or
+    /// `prompt`, read-write turned read-only), each `[confine]` path it no longer lists, the
+    /// network if `net` was turned off, and a root now withheld inside one the server holds.
     pub fn lost(&self, policy: &Policy) -> Vec<String> {
         let now = root_grants(policy);
         let mut lost: Vec<String> = self
@@ -572,6 +619,23 @@ impl Plan {
             })
             .map(|r| format!("{} ({})", r.path.display(), r.why))
             .collect();
+        // The policy's own additions and the network, which the server also started with.
+        let config = policy.confine();
+        let canonical = |p: &PathBuf| p.canonicalize().unwrap_or_else(|_| p.clone());
+        for r in &self.rules {
+            let listed = |paths: &[PathBuf]| paths.iter().any(|p| canonical(p) == r.path);
+            let kept = match r.why.as_str() {
+                "[confine] write" => listed(&config.write),
+                "[confine] read" => listed(&config.read) || listed(&config.write),
+                _ => true,
+            };
+            if !kept {
+                lost.push(format!("{} ({})", r.path.display(), r.why));
+            }
+        }
+        if self.net && !config.net {
+            lost.push("the network ([confine] net)".into());
+        }
         // A root now withheld inside one the server holds (a `deny` root added within it).
         for w in &now.withheld {
             if let Some(r) = self.rules.iter().find(|r| w.path.starts_with(&r.path)) {
@@ -650,57 +714,6 @@ pub fn mode(flag: Option<ConfineMode>, policy: &Policy) -> ConfineMode {
     flag.unwrap_or(policy.confine().mode)
 }
 
-/// The start of the name of a confined server's temporary directory; the proxy's process id
-/// and a random part follow.
-const TEMP_PREFIX: &str = "fsbroker-server-";
-
-/// A private temporary directory for a confined server (owner-only, removed when dropped).
-/// Those a killed proxy left behind (its process gone) are removed first: they may hold what
-/// a server wrote there, which nobody reads again.
-pub fn temp_dir() -> Result<tempfile::TempDir, ConfineError> {
-    use std::os::unix::fs::PermissionsExt;
-    remove_abandoned(&std::env::temp_dir());
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("{TEMP_PREFIX}{}-", std::process::id()))
-        .tempdir()
-        .map_err(ConfineError::Temp)?;
-    // Whatever the umask made of it: the server's files are its own.
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
-        .map_err(ConfineError::Temp)?;
-    Ok(dir)
-}
-
-/// Removes the temporary directories in `tmp` of confined servers whose proxy is gone: this
-/// user's own directories (not links), named with a process id that no longer runs.
-fn remove_abandoned(tmp: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(entries) = std::fs::read_dir(tmp) else {
-        return;
-    };
-    let me = rustix::process::getuid().as_raw();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(TEMP_PREFIX))
-            .and_then(|rest| rest.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
-            continue;
-        };
-        let gone = rustix::process::Pid::from_raw(pid)
-            .is_some_and(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH));
-        if meta.is_dir() && meta.uid() == me && gone {
-            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
-                tracing::debug!(path = %entry.path().display(), error = %e, "cannot remove an abandoned server temporary directory");
-            }
-        }
-    }
-}
-
 /// A confinement ready for the server's process: the plan, what the kernel will enforce of
 /// it, the ruleset, and the server's temporary directory (removed when this is dropped).
 #[derive(Debug)]
@@ -717,7 +730,7 @@ pub struct Confinement {
     pub on_revoke: crate::policy::OnRevoke,
     prepared: kernel::Prepared,
     filter: std::sync::Arc<seccomp::Filter>,
-    tmp: tempfile::TempDir,
+    tmp: tmp::PrivateTmp,
 }
 
 impl Confinement {
@@ -729,7 +742,7 @@ impl Confinement {
         mode: ConfineMode,
         command: &[OsString],
     ) -> Result<Confinement, ConfineError> {
-        let tmp = temp_dir()?;
+        let tmp = tmp::PrivateTmp::new()?;
         let cwd = std::env::current_dir().map_err(|e| ConfineError::Command(e.to_string()))?;
         let path = std::env::var_os("PATH");
         let plan = plan(policy, command, &cwd, path.as_deref(), Some(tmp.path()))?;
@@ -754,6 +767,7 @@ impl Confinement {
             filter: std::sync::Arc::new(seccomp::Filter::new(
                 policy.confine().net,
                 abi >= kernel::Feature::UnixPaths.abi(),
+                rustix::process::geteuid().is_root(),
             )),
             tmp,
         })

@@ -110,7 +110,12 @@ pub fn needs(
     let mut add = |path: PathBuf, access: Access, why: String, narrower: Option<PathBuf>| {
         if !rules.iter().any(|r| r.rule.path == path) {
             rules.push(Need {
-                rule: Rule { path, access, why },
+                rule: Rule {
+                    path,
+                    access,
+                    why,
+                    id: None,
+                },
                 narrower,
             });
         }

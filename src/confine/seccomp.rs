@@ -10,8 +10,13 @@
 //! - `TIOCSTI`/`TIOCLINUX` on a descriptor it inherited: typing commands into the user's
 //!   shell (the proxy gives a confined server a pipe for stderr, not its terminal, but a host
 //!   may hand a terminal on another descriptor);
-//! - set-user-id and set-group-id bits, by `fchmod` or on a file created with `open`:
-//!   a program of the user's that runs as the user for whoever runs it;
+//! - set-user-id and set-group-id bits, by `fchmod` or on a file created with `open`,
+//!   `creat` or `mknod`: a program of the user's that runs as the user for whoever runs it.
+//!   A server started by a proxy running as root gets no `fchmod` at all: it owns the system's
+//!   files, so it could make one it may only read writable for everyone;
+//! - `prlimit64` on another process: resource limits are not signals, so Landlock's signal
+//!   scoping does not cover them, and a limit of no open files on the proxy stops its next
+//!   policy reload (and so a revocation), a CPU limit kills a process outside;
 //! - System V IPC (shared memory, message queues, semaphores): another process's segment is
 //!   found by number and attached, past every file rule;
 //! - netlink other than `NETLINK_ROUTE`: `sock_diag` lists every socket of the machine, and
@@ -217,7 +222,10 @@ fn assemble(insns: &[Insn]) -> Vec<libc::sock_filter> {
 impl Filter {
     /// The filter for a server with the network allowed (`net`) or not, on a kernel whose
     /// Landlock holds Unix sockets by path to the allowed paths (`unix_paths`, ABI 9) or not.
-    pub fn new(net: bool, unix_paths: bool) -> Filter {
+    ///
+    /// `root`: the proxy runs as root, so the server owns the system's files (`fchmod` is
+    /// refused outright).
+    pub fn new(net: bool, unix_paths: bool, root: bool) -> Filter {
         use Insn::*;
         let errno = |e: i32| libc::SECCOMP_RET_ERRNO | (e as u32 & libc::SECCOMP_RET_DATA);
         let mut p = vec![
@@ -253,12 +261,19 @@ impl Filter {
         // creation (`open`'s and `openat`'s mode). `openat2` takes its mode in memory the
         // filter cannot read: it fails as if the kernel lacked it, and the C library falls
         // back to `openat`.
-        p.push(JumpIfEq(libc::SYS_fchmod as u32, "mode1"));
+        p.push(JumpIfEq(
+            libc::SYS_fchmod as u32,
+            if root { "deny" } else { "mode1" },
+        ));
+        p.push(JumpIfEq(libc::SYS_mknodat as u32, "mode2"));
+        // Limits of other processes: only the caller's own (pid 0).
+        p.push(JumpIfEq(libc::SYS_prlimit64 as u32, "prlimit"));
         p.push(JumpIfEq(libc::SYS_openat as u32, "mode3"));
         #[cfg(target_arch = "x86_64")]
         {
             p.push(JumpIfEq(libc::SYS_open as u32, "mode2"));
             p.push(JumpIfEq(libc::SYS_creat as u32, "mode1"));
+            p.push(JumpIfEq(libc::SYS_mknod as u32, "mode1"));
         }
         p.push(JumpIfEq(libc::SYS_openat2 as u32, "nosys"));
         p.extend([
@@ -268,6 +283,10 @@ impl Filter {
             JumpIfEq(libc::TIOCSTI as u32, "deny"),
             JumpIfEq(libc::TIOCLINUX as u32, "deny"),
             Ret(libc::SECCOMP_RET_ALLOW),
+            Label("prlimit"),
+            Load(arg(0)),
+            JumpIfEq(0, "allow"),
+            Ret(errno(libc::EPERM)),
             Label("mode1"),
             Load(arg(1)),
             Insn::And(SET_ID_BITS),
@@ -371,10 +390,10 @@ mod tests {
     #[test]
     fn jumps_land_on_their_labels() {
         for f in [
-            Filter::new(false, false),
-            Filter::new(false, true),
-            Filter::new(true, false),
-            Filter::new(true, true),
+            Filter::new(false, false, false),
+            Filter::new(false, true, true),
+            Filter::new(true, false, false),
+            Filter::new(true, true, true),
         ] {
             // Every jump ends at a return or at a load of what it tests next.
             let n = f.program.len();

@@ -70,24 +70,96 @@ pub struct ProxyOptions {
 }
 
 /// Copies a confined server's stderr to the proxy's until every process holding it is gone.
-/// Once the proxy's stderr fails (closed), the rest is read and dropped, so the server is not
-/// killed by `SIGPIPE` for logging.
+///
+/// The server must not be able to stop the proxy through it, nor reach the user's terminal:
+/// - it writes through a descriptor of its own, not `io::stderr()`, whose lock the proxy's
+///   own log lines take;
+/// - when the proxy's stderr is a pipe, a chunk goes in only while the pipe is less than half
+///   full, else it is dropped (and the loss said once space returns): a host that does not
+///   drain stderr fills it with the server's flood, and the proxy's next log line (the one
+///   before a revocation's signal, say) would block for good;
+/// - control characters (escape sequences: a terminal's clipboard, title, cursor) become `?`;
+/// - once the proxy's stderr fails (closed), the rest is read and dropped, so the server is
+///   not killed by `SIGPIPE` for logging.
 fn copy_stderr(mut from: std::fs::File) {
     use std::io::{Read, Write};
-    let mut buf = [0u8; 8192];
-    let mut to = Some(io::stderr());
+    let Ok(fd) = io::stderr().as_fd().try_clone_to_owned() else {
+        return;
+    };
+    let is_pipe = rustix::fs::fstat(&fd).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
+    });
+    let capacity = if is_pipe {
+        rustix::pipe::fcntl_getpipe_size(&fd).unwrap_or(65536)
+    } else {
+        0
+    };
+    let mut to = Some(std::fs::File::from(fd));
+    let mut buf = [0u8; 4096];
+    let mut dropped = 0usize;
     loop {
-        match from.read(&mut buf) {
+        let n = match from.read(&mut buf) {
             Ok(0) => return,
-            Ok(n) => {
-                if to.as_mut().is_some_and(|t| t.write_all(&buf[..n]).is_err()) {
-                    to = None;
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => return,
+        };
+        let Some(out) = to.as_mut() else { continue };
+        if is_pipe && unread(out) + n > capacity / 2 {
+            dropped += n;
+            continue;
+        }
+        let mut text = Vec::with_capacity(n + 64);
+        if dropped > 0 {
+            text.extend_from_slice(
+                format!("[fsbroker: {dropped} bytes of the server's stderr dropped: the pipe was full]\n")
+                    .as_bytes(),
+            );
+            dropped = 0;
+        }
+        text.extend(defanged(&buf[..n]));
+        if out.write_all(&text).is_err() {
+            to = None;
         }
     }
+}
+
+/// Bytes written to the pipe `fd` and not yet read.
+fn unread(fd: &std::fs::File) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one `c_int` to the pointer, a live local of that type; the
+    // descriptor is `fd`'s, open for the call.
+    #[allow(unsafe_code)]
+    let done = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            libc::FIONREAD,
+            &mut n as *mut libc::c_int,
+        )
+    };
+    if done == 0 { n.max(0) as usize } else { 0 }
+}
+
+/// `bytes` with control characters other than newline and tab (C0, DEL, and C1 as UTF-8)
+/// replaced by `?`: what a terminal would take as a command.
+fn defanged(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == 0xc2 && bytes.get(i + 1).is_some_and(|c| (0x80..=0x9f).contains(c)) {
+            out.push(b'?');
+            i += 2;
+            continue;
+        }
+        out.push(if (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f {
+            b'?'
+        } else {
+            b
+        });
+        i += 1;
+    }
+    out
 }
 
 /// How long a server told to end (SIGTERM) has before it is killed.
@@ -304,8 +376,10 @@ fn live_group(group: i32, reaped: &std::sync::atomic::AtomicBool) -> i32 {
 async fn end_server(end: EndServer, group: i32, reaped: Arc<std::sync::atomic::AtomicBool>) {
     use rustix::process::Signal;
     let reason = end.await;
-    tracing::warn!(%reason, "ending the confined server: access it was started with was revoked");
+    // The signal first: a log line can block (a host that does not drain stderr), and
+    // nothing may hold up a revocation.
     crate::confine::reap::signal_descendants(live_group(group, &reaped), Signal::TERM);
+    tracing::warn!(%reason, "ending the confined server: access it was started with was revoked");
     tokio::time::sleep(END_GRACE).await;
     crate::confine::reap::signal_descendants(live_group(group, &reaped), Signal::KILL);
 }

@@ -86,6 +86,19 @@ def run(op):
             finally:
                 os.close(fd)
             return "ok"
+        if kind == "mknod_setid":
+            import stat
+            os.mknod(arg, stat.S_IFREG | 0o4755)
+            return "ok"
+        if kind == "prlimit_parent":
+            import resource
+            resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (0, 0))
+            return "ok"
+        if kind == "flood":
+            # `arg` bytes to stderr, escape sequences among them.
+            sys.stderr.write(("\x1b]52;c;cHduZWQ=\x07" + "x" * 1000 + "\n") * (arg // 1024))
+            sys.stderr.flush()
+            return "ok"
         if kind == "fd":
             # Read from descriptor `arg`, if the server was handed one.
             return "ok:" + os.pread(arg, 100, 0).decode()
