@@ -107,7 +107,8 @@ pub fn remove_abandoned(base: &Path) {
 /// Removes the directory `path` and everything in it, never following a link, with at most
 /// two descriptors open and no recursion, however deep the tree: each pass empties the
 /// top's subdirectories one level, moving their subdirectories up to the top (renamed, in the
-/// same directory, so nothing leaves the tree), until the top is empty.
+/// same directory, so nothing leaves the tree), until the top is empty. Directories the
+/// server left unreadable or read-only (`mkdir(d, 0)`) are made the owner's again first.
 pub fn remove_tree(path: &Path) -> std::io::Result<()> {
     let open_dir = |at: &OwnedFd, name: &std::ffi::CStr| {
         rustix::fs::openat(
@@ -126,6 +127,7 @@ pub fn remove_tree(path: &Path) -> std::io::Result<()> {
         Err(rustix::io::Errno::NOENT) => return Ok(()),
         Err(e) => return Err(e.into()),
     };
+    make_owners(&top);
     let mut moved = 0u64;
     loop {
         let mut subdirs = Vec::new();
@@ -145,6 +147,14 @@ pub fn remove_tree(path: &Path) -> std::io::Result<()> {
             break;
         }
         for name in subdirs {
+            if let Ok(path) = rustix::fs::openat(
+                &top,
+                name.as_c_str(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                make_owners(&path);
+            }
             let sub = open_dir(&top, &name)?;
             for entry in rustix::fs::Dir::read_from(&sub)? {
                 let entry = entry?;
@@ -166,6 +176,15 @@ pub fn remove_tree(path: &Path) -> std::io::Result<()> {
     }
     drop(top);
     std::fs::remove_dir(path)
+}
+
+/// Makes the directory `dir` (any descriptor of it, `O_PATH` included) readable, writable and
+/// searchable by its owner, through its `/proc/self/fd` entry, which names exactly that
+/// directory (no path to swap). Failures are left to the removal to report.
+fn make_owners(dir: &OwnedFd) {
+    use std::os::fd::AsRawFd;
+    let at = format!("/proc/self/fd/{}", dir.as_raw_fd());
+    let _ = rustix::fs::chmod(at.as_str(), Mode::from_raw_mode(0o700));
 }
 
 /// Whether `name` in `dir` is a directory (not a link to one), asking the file system when
@@ -200,6 +219,13 @@ mod tests {
         }
         drop(dir);
         std::os::unix::fs::symlink(base.path(), top.join("link-out")).unwrap();
+        // What a server can leave: a directory of mode 0, a read-only one holding a file.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(top.join("locked/deeper")).unwrap();
+        std::fs::create_dir(top.join("ro")).unwrap();
+        std::fs::write(top.join("ro/f"), "x").unwrap();
+        std::fs::set_permissions(top.join("locked"), std::fs::Permissions::from_mode(0o0)).unwrap();
+        std::fs::set_permissions(top.join("ro"), std::fs::Permissions::from_mode(0o500)).unwrap();
         std::fs::write(base.path().join("outside"), "kept").unwrap();
         remove_tree(&top).unwrap();
         assert!(!top.exists());

@@ -97,6 +97,7 @@ fn copy_stderr(mut from: std::fs::File) {
     let mut to = Some(std::fs::File::from(fd));
     let mut buf = [0u8; 4096];
     let mut dropped = 0usize;
+    let mut defang = Defang::default();
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) => return,
@@ -117,7 +118,7 @@ fn copy_stderr(mut from: std::fs::File) {
             );
             dropped = 0;
         }
-        text.extend(defanged(&buf[..n]));
+        text.extend(defang.feed(&buf[..n]));
         if out.write_all(&text).is_err() {
             to = None;
         }
@@ -140,26 +141,61 @@ fn unread(fd: &std::fs::File) -> usize {
     if done == 0 { n.max(0) as usize } else { 0 }
 }
 
-/// `bytes` with control characters other than newline and tab (C0, DEL, and C1 as UTF-8)
-/// replaced by `?`: what a terminal would take as a command.
-fn defanged(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if b == 0xc2 && bytes.get(i + 1).is_some_and(|c| (0x80..=0x9f).contains(c)) {
-            out.push(b'?');
-            i += 2;
-            continue;
+/// Makes a byte stream safe to show on a terminal, across reads: valid UTF-8 passes, except
+/// control characters other than newline and tab (C0, DEL and C1, which a terminal takes as
+/// commands), which become `?`, as does every byte that is not valid UTF-8 (a lone `0x9b` is
+/// CSI to a terminal in 8-bit mode). A sequence cut by a read boundary is held for the next.
+#[derive(Default)]
+struct Defang {
+    /// The start of a UTF-8 sequence the last read ended in (at most 3 bytes).
+    held: Vec<u8>,
+}
+
+impl Defang {
+    /// The safe form of `bytes`, which follow the bytes of earlier calls.
+    fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut input = std::mem::take(&mut self.held);
+        input.extend_from_slice(bytes);
+        let mut out = Vec::with_capacity(input.len());
+        let mut rest = &input[..];
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(text) => {
+                    push_safe(&mut out, text);
+                    break;
+                }
+                Err(e) => {
+                    let (good, bad) = rest.split_at(e.valid_up_to());
+                    // `good` is valid UTF-8: `valid_up_to` says so.
+                    push_safe(&mut out, std::str::from_utf8(good).unwrap_or_default());
+                    match e.error_len() {
+                        Some(n) => {
+                            out.push(b'?');
+                            rest = &bad[n..];
+                        }
+                        None => {
+                            // Cut short by the end of this read: the rest comes next time.
+                            self.held = bad.to_vec();
+                            break;
+                        }
+                    }
+                }
+            }
         }
-        out.push(if (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f {
-            b'?'
-        } else {
-            b
-        });
-        i += 1;
+        out
     }
-    out
+}
+
+/// Appends `text` to `out` with control characters other than newline and tab made `?`.
+fn push_safe(out: &mut Vec<u8>, text: &str) {
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.push(b'?');
+        } else {
+            let mut buf = [0u8; 4];
+            out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+        }
+    }
 }
 
 /// How long a server told to end (SIGTERM) has before it is killed.
@@ -751,5 +787,27 @@ impl BrokerSide {
             BrokerSide::Local { notes, .. } => notes.abort(),
             BrokerSide::Remote { tasks, .. } => tasks.iter().for_each(|t| t.abort()),
         }
+    }
+}
+
+#[cfg(test)]
+mod defang_tests {
+    #[test]
+    fn stderr_is_defanged_across_reads() {
+        let mut d = super::Defang::default();
+        // C1 CSI as UTF-8, cut between two reads.
+        let mut out = d.feed(b"A\xc2");
+        out.extend(d.feed(b"\x9b31mRED\n"));
+        assert_eq!(out, b"A?31mRED\n");
+        // Raw 8-bit C1 bytes, ESC, BEL: all `?`; text, newline and tab stay.
+        assert_eq!(
+            d.feed(b"\x9b31m\x90q\x1b]52;c;x\x07 caf\xc3\xa9 \xe2\x82\xac\tok\n"),
+            "?31m?q?]52;c;x? café €\tok\n".as_bytes()
+        );
+        // A multi-byte character cut in three.
+        let mut out = d.feed(b"\xe2");
+        out.extend(d.feed(b"\x82"));
+        out.extend(d.feed(b"\xac"));
+        assert_eq!(out, "€".as_bytes());
     }
 }
