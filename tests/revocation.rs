@@ -1075,3 +1075,39 @@ fn reload_latency() {
             .collect::<Vec<_>>()
     );
 }
+
+/// Rule: a reload reaches every session of a shared broker (`serve --listen`): two sessions
+/// on its socket each get `notifications/roots/list_changed` once, and each sees the new
+/// roots; a file of the removed root is refused to both.
+#[test]
+fn a_reload_reaches_every_session_of_a_shared_broker() {
+    let (_t, base) = common::tempdir();
+    let a = dir_with_file(&base, "a", "in a");
+    let b = dir_with_file(&base, "b", "in b");
+    let ra = root(&a, "a", "read-only", "auto");
+    let rb = root(&b, "b", "read-only", "auto");
+    let mut policy = PolicyFile::new(&format!("{ra}{rb}{LIMITS}"));
+    let pids = common::procs::Pids::default();
+    let broker = common::socket::Listener::start(&policy.path, &base.join("sock"), &[], &pids);
+    let mut sessions: Vec<Live> = (0..2)
+        .map(|_| Live(LiveBroker::connect(&broker.sock, DEADLINE)))
+        .collect();
+    for s in &mut sessions {
+        assert_eq!(s.root_names(), ["a", "b"]);
+        assert_eq!(
+            s.ok("files/read", json!({"path": "b/f.txt"}))["content"],
+            "in b"
+        );
+    }
+    policy.replace(&format!("{ra}{LIMITS}"));
+    for (k, s) in sessions.iter_mut().enumerate() {
+        s.expect_list_changed(&format!("session {k}"));
+        assert_eq!(s.root_names(), ["a"], "session {k}");
+        let e = s.err(
+            "files/read",
+            json!({"path": b.join("f.txt").to_str().unwrap()}),
+        );
+        assert_eq!(common::code(&e), "PERMISSION_DENIED", "session {k}: {e}");
+        s.expect_no_notification(QUIET, &format!("session {k}: a second notification"));
+    }
+}

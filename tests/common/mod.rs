@@ -352,14 +352,18 @@ impl ReadGate {
     }
 }
 
-/// A running `fsbroker` (with `RUST_LOG=fsbroker=info`) whose stdout is read by a thread
-/// (each message stamped with its arrival time; the thread can be paused) and whose stderr is
-/// read by another (kept, offered line by line, and echoed so a failing test shows the
-/// broker's log). Responses are matched to requests by id; notifications read meanwhile are
-/// set aside. Every wait is bounded.
+/// The live driver: a session with a broker whose output is read by a thread (each message
+/// stamped with its arrival time; the thread can be paused). Over stdio
+/// ([`LiveBroker::start`]: `fsbroker serve ...`, or `fsbroker proxy ... -- SERVER`, whose
+/// stdio is the host's side) the process's stderr is read by another thread (kept, offered
+/// line by line, and echoed so a failing test shows the broker's log); over a shared
+/// broker's socket ([`LiveBroker::connect`]) there is no process and no log. Responses are
+/// matched to requests by id; notifications read meanwhile are set aside. Every wait is
+/// bounded.
 pub struct LiveBroker {
-    child: Child,
-    stdin: Option<ChildStdin>,
+    /// The broker's process (none for a connection to a shared broker).
+    child: Option<Child>,
+    stdin: Option<Box<dyn Write + Send>>,
     out: Receiver<(Instant, Value)>,
     err: Receiver<String>,
     gate: Arc<ReadGate>,
@@ -386,9 +390,27 @@ impl LiveBroker {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start fsbroker");
-        let stdin = child.stdin.take();
+        let stdin = child.stdin.take().expect("stdin");
         let stdout = child.stdout.take().expect("stdout");
         let stderr = child.stderr.take().expect("stderr");
+        LiveBroker::over(Some(child), Box::new(stdin), stdout, Some(stderr), deadline)
+    }
+
+    /// A new session with the shared broker listening at `sock` (`serve --listen`).
+    pub fn connect(sock: &Path, deadline: Duration) -> LiveBroker {
+        let stream = std::os::unix::net::UnixStream::connect(sock)
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", sock.display()));
+        let reader = stream.try_clone().expect("clone the socket");
+        LiveBroker::over(None, Box::new(stream), reader, None, deadline)
+    }
+
+    fn over(
+        child: Option<Child>,
+        stdin: Box<dyn Write + Send>,
+        stdout: impl std::io::Read + Send + 'static,
+        stderr: Option<std::process::ChildStderr>,
+        deadline: Duration,
+    ) -> LiveBroker {
         let gate = Arc::new(ReadGate::default());
         let (out_tx, out) = channel();
         let g = Arc::clone(&gate);
@@ -415,6 +437,7 @@ impl LiveBroker {
         let (err_tx, err) = channel();
         let kept = Arc::clone(&log);
         std::thread::spawn(move || {
+            let Some(stderr) = stderr else { return };
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 eprintln!("[fsbroker] {line}");
@@ -426,7 +449,7 @@ impl LiveBroker {
         });
         LiveBroker {
             child,
-            stdin,
+            stdin: Some(stdin),
             out,
             err,
             gate,
@@ -438,19 +461,22 @@ impl LiveBroker {
         }
     }
 
-    /// The child's process id.
+    /// The child's process id (a connection to a shared broker has none).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child
+            .as_ref()
+            .expect("a connection has no process")
+            .id()
     }
 
-    /// The child's exit status, if it has exited.
+    /// The child's exit status, if it has exited (never, for a connection).
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().expect("wait")
+        self.child.as_mut()?.try_wait().expect("wait")
     }
 
-    /// Whether the process is still running.
+    /// Whether the process is still running (a connection: always).
     pub fn alive(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
+        self.try_wait().is_none()
     }
 
     /// Stops reading the broker's stdout (at most the line being read gets through).
@@ -485,7 +511,7 @@ impl LiveBroker {
             Ok(m) => Some(m),
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => {
-                let status = self.child.try_wait().ok().flatten();
+                let status = self.try_wait();
                 panic!("fsbroker closed stdout (exit status {status:?})")
             }
         }
@@ -609,8 +635,10 @@ impl Drop for LiveBroker {
     fn drop(&mut self) {
         self.gate.set(false);
         drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
