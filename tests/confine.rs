@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::confine::{Fixture, check, growing, results};
+use common::confine::{Fixture, check, growing, results, wait_ended};
 use common::{PolicyToml, RootToml, bin};
 use serde_json::{Value, json};
 
@@ -827,16 +827,12 @@ fn a_deny_root_added_inside_a_held_root_ends_the_server() {
     let fx = Fixture::new();
     std::fs::create_dir(fx.dir.join("rw/secret")).unwrap();
     let policy = fx.policy("");
-    let (mut child, _host_stdin, _line) = fx.start(&policy, &json!([]), &[("PROBE_STAY", "1")]);
+    let (child, _host_stdin, _line) = fx.start(&policy, &json!([]), &[("PROBE_STAY", "1")]);
     let tmp = fx
         .roots()
         .root(RootToml::at(&fx.dir.join("rw/secret")).consent("deny"))
         .write_to(&fx.dir.join("policy.toml.new"));
     std::fs::rename(&tmp, &policy).unwrap();
-    let status = common::with_deadline(
-        Duration::from_secs(20),
-        || {},
-        move || child.wait().unwrap(),
-    );
+    let status = wait_ended(child);
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");
 }

@@ -17,25 +17,16 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::confine::{Fixture, PROBE, check, results};
+use common::confine::{Fixture, PROBE, check, results, wait_ended};
 use common::{PolicyToml, RootToml, bin};
-use serde_json::{Value, json};
+use serde_json::json;
 
-/// `fsbroker proxy ARGS -- PROGRAM` with `$PROBE = ops` and `env`, its stdin closed.
-fn run_program(args: &[&str], program: &Path, ops: &Value, env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(bin());
-    cmd.arg("proxy")
-        .args(args)
-        .arg("--")
-        .arg(program)
-        .env("PROBE", ops.to_string())
-        .envs(env.iter().copied())
-        .stdin(Stdio::null());
-    common::with_deadline(
-        Duration::from_secs(60),
-        || {},
-        move || cmd.output().unwrap(),
-    )
+/// `secretdir/keys.txt` ("TOP SECRET") beside the roots; the directory.
+fn secret_dir(fx: &Fixture) -> std::path::PathBuf {
+    let secret = fx.dir.join("secretdir");
+    std::fs::create_dir(&secret).unwrap();
+    std::fs::write(secret.join("keys.txt"), "TOP SECRET").unwrap();
+    secret
 }
 
 fn stderr(out: &Output) -> String {
@@ -157,9 +148,7 @@ fn descriptors_the_host_left_open_do_not_reach_the_server() {
 #[test]
 fn links_a_server_planted_for_its_next_start_grant_nothing() {
     let fx = Fixture::new();
-    let secret = fx.dir.join("secretdir");
-    std::fs::create_dir(&secret).unwrap();
-    std::fs::write(secret.join("keys.txt"), "TOP SECRET").unwrap();
+    let secret = secret_dir(&fx);
     std::os::unix::fs::symlink(&secret, fx.dir.join("rw/models")).unwrap();
     std::os::unix::fs::symlink(fx.dir.join("outside"), fx.dir.join("rw/cache")).unwrap();
     std::os::unix::fs::symlink(&secret, fx.dir.join("rw/inner")).unwrap();
@@ -244,9 +233,7 @@ fn a_read_only_root_inside_a_writable_one_is_named() {
 #[test]
 fn a_hash_bang_line_the_server_can_write_grants_nothing() {
     let fx = Fixture::new();
-    let secret = fx.dir.join("secretdir");
-    std::fs::create_dir(&secret).unwrap();
-    std::fs::write(secret.join("keys.txt"), "TOP SECRET").unwrap();
+    let secret = secret_dir(&fx);
     let tool = secret.join("tool");
     std::fs::write(&tool, "#!/bin/sh\n").unwrap();
     std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -290,7 +277,12 @@ fn a_hash_bang_line_the_server_can_write_grants_nothing() {
         ["read", secret.join("keys.txt").to_str().unwrap()],
         ["read", fx.p("rw/f.txt")]
     ]);
-    let out = run_program(&["--policy", p, "--confine=strict"], &server, &ops, &[]);
+    let out = fx.run_argv(
+        &["--policy", p, "--confine=strict"],
+        &[server.as_os_str()],
+        &ops,
+        &[],
+    );
     assert_eq!(
         results(&out),
         vec!["err:EACCES", "ok:in rw"],
@@ -342,11 +334,7 @@ fn a_reload_adding_a_deny_glob_ends_a_strict_server() {
             .write_to(&fx.dir.join("policy.toml.new"));
         std::fs::rename(&tmp, &policy).unwrap();
         if ends {
-            let status = common::with_deadline(
-                Duration::from_secs(20),
-                || {},
-                move || child.wait().unwrap(),
-            );
+            let status = wait_ended(child);
             assert_eq!(status.code(), Some(128 + 15), "{flag}: {status:?}");
         } else {
             std::thread::sleep(Duration::from_secs(2));
@@ -457,9 +445,7 @@ fn an_abandoned_temporary_directory_is_removed() {
 #[test]
 fn a_directory_swapped_for_a_link_during_start_grants_nothing() {
     let fx = Fixture::new();
-    let secret = fx.dir.join("secretdir");
-    std::fs::create_dir(&secret).unwrap();
-    std::fs::write(secret.join("keys.txt"), "TOP SECRET").unwrap();
+    let secret = secret_dir(&fx);
     std::fs::create_dir(fx.dir.join("rw/models")).unwrap();
     std::os::unix::fs::symlink(&secret, fx.dir.join("rw/lnk")).unwrap();
     let policy = fx
@@ -523,18 +509,14 @@ fn a_reload_taking_a_confine_path_or_the_network_ends_the_server() {
             .roots()
             .table("confine", table(&before))
             .write_to(&fx.dir.join("policy.toml"));
-        let (mut child, _host_stdin, _line) =
+        let (child, _host_stdin, _line) =
             fx.start_with("--confine", &policy, &json!([]), &[("PROBE_STAY", "1")]);
         let tmp = fx
             .roots()
             .table("confine", table(&after))
             .write_to(&fx.dir.join("policy.toml.new"));
         std::fs::rename(&tmp, &policy).unwrap();
-        let status = common::with_deadline(
-            Duration::from_secs(20),
-            || {},
-            move || child.wait().unwrap(),
-        );
+        let status = wait_ended(child);
         assert_eq!(
             status.code(),
             Some(128 + 15),
@@ -575,11 +557,7 @@ fn a_flood_on_stderr_does_not_stop_a_revocation() {
         .root(RootToml::at(&fx.dir.join("ro")))
         .write_to(&fx.dir.join("policy.toml.new"));
     std::fs::rename(&tmp, &policy).unwrap();
-    let status = common::with_deadline(
-        Duration::from_secs(20),
-        || {},
-        move || child.wait().unwrap(),
-    );
+    let status = wait_ended(child);
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");
     // What got through has no escape character.
     // Every writer is gone with the proxy and its server: the pipe reads to its end.

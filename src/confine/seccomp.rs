@@ -287,21 +287,18 @@ impl Filter {
             Load(arg(0)),
             JumpIfEq(0, "allow"),
             Ret(errno(libc::EPERM)),
-            Label("mode1"),
-            Load(arg(1)),
-            Insn::And(SET_ID_BITS),
-            JumpIfEq(0, "allow"),
-            Ret(errno(libc::EPERM)),
-            Label("mode2"),
-            Load(arg(2)),
-            Insn::And(SET_ID_BITS),
-            JumpIfEq(0, "allow"),
-            Ret(errno(libc::EPERM)),
-            Label("mode3"),
-            Load(arg(3)),
-            Insn::And(SET_ID_BITS),
-            JumpIfEq(0, "allow"),
-            Ret(errno(libc::EPERM)),
+        ]);
+        // `modeN`: the mode is argument N; refused when it has a set-id bit.
+        for (label, n) in [("mode1", 1), ("mode2", 2), ("mode3", 3)] {
+            p.extend([
+                Label(label),
+                Load(arg(n)),
+                Insn::And(SET_ID_BITS),
+                JumpIfEq(0, "allow"),
+                Ret(errno(libc::EPERM)),
+            ]);
+        }
+        p.extend([
             // Netlink, whatever `net` says, only for `NETLINK_ROUTE` (`getaddrinfo` and
             // `getifaddrs` ask it which addresses are configured): `sock_diag` lists every
             // socket of the machine, and the other protocols configure it.

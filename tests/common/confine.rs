@@ -283,12 +283,22 @@ impl Fixture {
         ops: &Value,
         env: &[(&str, &str)],
     ) -> Output {
+        self.run_argv(args, &["python3".as_ref(), script.as_os_str()], ops, env)
+    }
+
+    /// `fsbroker proxy ARGS -- ARGV...` with `$PROBE = ops` and `env`, its stdin closed.
+    pub fn run_argv(
+        &self,
+        args: &[&str],
+        argv: &[&std::ffi::OsStr],
+        ops: &Value,
+        env: &[(&str, &str)],
+    ) -> Output {
         let mut cmd = Command::new(bin());
         cmd.arg("proxy")
             .args(args)
             .arg("--")
-            .arg("python3")
-            .arg(script)
+            .args(argv)
             .env("PROBE", ops.to_string())
             .envs(env.iter().copied())
             .stdin(Stdio::null());
@@ -298,6 +308,15 @@ impl Fixture {
             move || cmd.output().unwrap(),
         )
     }
+}
+
+/// Waits (at most 20 s) for a proxy told to end its server (a revocation) to exit.
+pub fn wait_ended(mut child: std::process::Child) -> std::process::ExitStatus {
+    super::with_deadline(
+        Duration::from_secs(20),
+        || {},
+        move || child.wait().unwrap(),
+    )
 }
 
 /// Whether the file at `trace` grows within 0.6 s (something still writes to it).
