@@ -224,14 +224,7 @@ impl Guard {
             // Absent: the kernel step leaves it out.
             walk::Walk::Absent => return Some(rule),
             walk::Walk::Planted { link, to } => {
-                notes.push(format!(
-                    "not granted: {} ({}): it is reached through the link {} -> {}, which \
-                     lies in a writable path",
-                    asked.display(),
-                    rule.why,
-                    link.display(),
-                    to.display()
-                ));
+                notes.push(planted_note(&asked, &rule.why, &link, &to));
                 return None;
             }
             walk::Walk::Found { path, id, .. } => {
@@ -267,6 +260,17 @@ impl Guard {
         }
         Some(rule)
     }
+}
+
+/// Says that `path` (granted for `why`) is left out: it goes through the planted `link`.
+fn planted_note(path: &Path, why: &str, link: &Path, to: &Path) -> String {
+    format!(
+        "not granted: {} ({why}): it is reached through the link {} -> {}, which lies in a \
+         writable path",
+        path.display(),
+        link.display(),
+        to.display()
+    )
 }
 
 /// The home directory of this process's user in `/etc/passwd`.
@@ -314,13 +318,7 @@ pub fn plan(
         walk::Walk::Found { path, id, .. } => Some((path, Some(id))),
         walk::Walk::Absent => Some((p.to_path_buf(), None)),
         walk::Walk::Planted { link, to } => {
-            narrowed.push(format!(
-                "not granted: {} ({why}): it is reached through the link {} -> {}, which lies \
-                 in a writable path",
-                p.display(),
-                link.display(),
-                to.display()
-            ));
+            narrowed.push(planted_note(p, why, &link, &to));
             None
         }
     };

@@ -208,7 +208,7 @@ pub fn needs(
         }
         // Through a link the server could have made, the file stays where it is named, and
         // the rule made of it is refused (`Guard::vet`).
-        let p = if planted_link(&p, writable).is_some() {
+        let p = if planted(&p, writable) {
             p
         } else {
             p.canonicalize().unwrap_or(p)
@@ -240,32 +240,19 @@ pub fn needs(
     Ok(rules)
 }
 
-/// The first symbolic link on the way to `path` (as named) that lies in one of `writable`
-/// (canonical paths), and where it leads. A server that may write there could have made it
-/// on an earlier run, so that what its next start is granted by that name is anything.
-pub fn planted_link(path: &Path, writable: &[PathBuf]) -> Option<(PathBuf, PathBuf)> {
-    let mut at = PathBuf::new();
-    for part in path.components() {
-        at.push(part);
-        let Ok(meta) = std::fs::symlink_metadata(&at) else {
-            return None;
-        };
-        if !meta.file_type().is_symlink() {
-            continue;
-        }
-        let dir = at.parent().and_then(|d| d.canonicalize().ok())?;
-        if writable.iter().any(|w| dir.starts_with(w)) {
-            let to = at.canonicalize().unwrap_or_default();
-            return Some((at, to));
-        }
-    }
-    None
+/// Whether `path` (as named) goes through a symbolic link that lies in one of `writable`
+/// (canonical paths): a server that may write there could have made it on an earlier run.
+fn planted(path: &Path, writable: &[PathBuf]) -> bool {
+    matches!(
+        super::walk::resolve(path, writable),
+        super::walk::Walk::Planted { .. }
+    )
 }
 
 /// Whether the server could have chosen what `file` holds or where it leads: it lies in a
 /// writable path, or is reached through a link made there.
 fn server_made(file: &Path, writable: &[PathBuf]) -> bool {
-    planted_link(file, writable).is_some()
+    planted(file, writable)
         || file
             .canonicalize()
             .is_ok_and(|real| writable.iter().any(|w| real.starts_with(w)))
