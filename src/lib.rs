@@ -42,7 +42,7 @@
 //!   driver every transport shares (`driver.rs`), and pipe writes (`pipe.rs`).
 //! - `jsonrpc.rs`: envelope parsing (id kept raw, params parsed by each method) and response
 //!   frames written straight into a buffer; `outgoing.rs`: a frame on its way out, with a
-//!   large read's base64 body in pages of its own (spliced into a pipe, not copied).
+//!   large read's base64 body in pages of its own, reused by the session's next large read.
 //! - `methods/`: one file per method (`roots.rs`, `read.rs`, `list.rs`, `write.rs`,
 //!   `create.rs`, `delete.rs`, `rename.rs`, `unlock.rs`, `consent.rs`, `watch.rs`,
 //!   `ping.rs`), each with its `Params`, result and `handle`; `methods/mod.rs` dispatches
@@ -89,8 +89,8 @@
 //! # Ok(()) }
 //! ```
 
-// Two `unsafe` calls in the crate (`vmsplice` in `transport::pipe`, `sync_file_range` in
-// `sandbox::mutate`), each allowed where it is, with the argument for its soundness beside it.
+// `unsafe` is allowed only where a call needs it (`sync_file_range` in `sandbox::mutate`, the
+// confinement's system calls), with the argument for its soundness beside it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

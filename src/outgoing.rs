@@ -1,40 +1,59 @@
 //! Frames on their way out: a response's bytes and, for a large read, its base64 body in
 //! pages of its own.
 //!
-//! A chunk of several megabytes is encoded straight into an anonymous mapping ([`Body`]).
-//! When the output is a pipe, the writer hands those pages to the kernel with `vmsplice`
-//! instead of copying them ([`crate::transport::pipe`]) and then unmaps them: the pipe keeps
-//! the pages alive until the peer has read them, and nothing can write to them again, so the
-//! peer reads exactly what was encoded. Everywhere else (sockets, the library's `Vec`
-//! frames) the body is copied like any other bytes, and its pages are reused.
+//! A chunk of hundreds of kilobytes or more is encoded straight into an anonymous mapping
+//! ([`Body`]) that the writer copies to the output between the frame's head and tail, and
+//! that then goes back to its session's [`BodyPool`] for the next chunk. Reused pages are warm:
+//! the cost that bounded large reads before was not the copy into the pipe but the kernel
+//! zeroing fresh pages for every chunk (more than half the broker's CPU at 1 MiB chunks on the
+//! benchmark VM, whose freed memory goes back to the host), see docs/benchmarks.md.
 
 use std::io;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use memmap2::{MmapMut, MmapOptions};
 use tokio::sync::OwnedSemaphorePermit;
 
-/// Huge-page size: bodies start on this boundary and ask for transparent huge pages, so
-/// faulting one in costs one fault (and one zeroing pass) per 2 MiB rather than per 4 KiB.
+/// Huge-page size: bodies at least this large start on this boundary and ask for transparent
+/// huge pages, so faulting one in costs one fault per 2 MiB rather than per 4 KiB. Smaller
+/// bodies do not: a huge page would zero 2 MiB to hold a few hundred kilobytes.
 const HUGE: usize = 2 << 20;
 
-/// Bodies a session keeps for reuse once the peer has read them.
-const POOL_KEEP: usize = 2;
+/// Bytes of bodies a session keeps for reuse: its output budget, so the pool never holds
+/// more than the answers it may already have in flight.
+const POOL_KEEP: usize = crate::session::OUTPUT_BUDGET_KIB << 10;
 
-/// An anonymous mapping whose usable part starts on a huge-page boundary.
+/// A body unused this long is unmapped ([`BodyPool::trim`]): a session that stopped reading
+/// large chunks does not keep their memory.
+const POOL_IDLE: Duration = Duration::from_secs(1);
+
+/// An anonymous mapping whose usable part starts on a huge-page boundary when it is large.
 #[derive(Debug)]
 struct Pages {
     map: MmapMut,
     start: usize,
+    /// When it last went back to the pool.
+    returned: Instant,
 }
 
 impl Pages {
     fn new(capacity: usize) -> io::Result<Pages> {
-        let map = MmapOptions::new().len(capacity.max(1) + HUGE).map_anon()?;
-        // Best effort: without huge pages the body still works, one small page at a time.
-        let _ = map.advise(memmap2::Advice::HugePage);
-        let start = map.as_ptr().align_offset(HUGE).min(HUGE);
-        Ok(Pages { map, start })
+        let huge = capacity >= HUGE;
+        let pad = if huge { HUGE } else { 0 };
+        let map = MmapOptions::new().len(capacity.max(1) + pad).map_anon()?;
+        let start = if huge {
+            // Best effort: without huge pages the body still works, one small page at a time.
+            let _ = map.advise(memmap2::Advice::HugePage);
+            map.as_ptr().align_offset(HUGE).min(HUGE)
+        } else {
+            0
+        };
+        Ok(Pages {
+            map,
+            start,
+            returned: Instant::now(),
+        })
     }
 
     fn capacity(&self) -> usize {
@@ -42,26 +61,27 @@ impl Pages {
     }
 }
 
-/// A session's bodies waiting to be reused.
+/// A session's bodies waiting to be reused, at most [`POOL_KEEP`] bytes of them.
 ///
-/// Reuse saves the kernel zeroing fresh pages, which costs about as much as encoding into
-/// them. A body only comes back here when nothing outside this process can see its pages:
-/// when it was copied out (a socket, [`Outgoing::into_vec`]). A body spliced into a pipe is
-/// discarded (`Body::discard`): the pipe, and whatever its reader splices them on to, may
-/// hold its pages for as long as they like.
+/// A body is only ever written by the request that took it and read by the writer that
+/// copies it out; once copied, nothing outside this process has seen its pages (they are
+/// never spliced), so reusing them cannot change what a peer already received.
 #[derive(Debug, Default)]
 pub struct BodyPool {
     free: Mutex<Vec<Pages>>,
 }
 
 impl BodyPool {
-    /// A body with room for `capacity` bytes: a reused one when one is big enough, else
-    /// fresh pages.
+    /// A body with room for `capacity` bytes: the smallest reused one big enough, else fresh
+    /// pages.
     pub fn take(self: &Arc<Self>, capacity: usize) -> io::Result<Body> {
         let reused = {
             let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
             free.iter()
-                .position(|p| p.capacity() >= capacity)
+                .enumerate()
+                .filter(|(_, p)| p.capacity() >= capacity)
+                .min_by_key(|(_, p)| p.capacity())
+                .map(|(i, _)| i)
                 .map(|i| free.swap_remove(i))
         };
         let pages = match reused {
@@ -75,16 +95,38 @@ impl BodyPool {
         })
     }
 
-    fn put(&self, pages: Pages) {
+    fn put(&self, mut pages: Pages) {
+        pages.returned = Instant::now();
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.len() < POOL_KEEP {
-            free.push(pages);
+        free.push(pages);
+        // Over the bound, the oldest go first.
+        free.sort_by_key(|p| std::cmp::Reverse(p.returned));
+        let mut kept = 0;
+        free.retain(|p| {
+            kept += p.map.len();
+            kept <= POOL_KEEP
+        });
+    }
+
+    /// Unmaps the bodies unused for [`POOL_IDLE`]. Called with every request, so a session
+    /// that turns from large reads to anything else gives their memory back.
+    pub(crate) fn trim(&self) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if !free.is_empty() {
+            free.retain(|p| p.returned.elapsed() < POOL_IDLE);
         }
+    }
+
+    /// Bytes of bodies waiting for reuse.
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.iter().map(|p| p.map.len()).sum()
     }
 }
 
 /// A response body in pages of its own, filled front to back. Dropped, it goes back to its
-/// pool; `Body::discard` unmaps it instead.
+/// pool.
 #[derive(Debug)]
 pub struct Body {
     /// Always `Some` until dropped or discarded.
@@ -120,22 +162,9 @@ impl Body {
         &self.region()[..self.len]
     }
 
-    /// The filled bytes, mutably: `vmsplice` takes them from a unique borrow, so whatever
-    /// the kernel does with the pages, no shared reference observes it.
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        let len = self.len;
-        &mut self.region_mut()[..len]
-    }
-
     /// How many bytes are filled.
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// Unmaps the pages without returning them to the pool: for a body spliced into a pipe,
-    /// whose pages must never be written again.
-    pub(crate) fn discard(mut self) {
-        self.pool = Weak::new();
     }
 }
 
@@ -223,5 +252,26 @@ mod tests {
         assert_eq!(whole, b"{\"c\":\"BBB\"}\n");
         // Copied out, the body went back to the pool and serves the next take.
         assert_eq!(pool.free.lock().unwrap().len(), 1);
+        let again = pool.take(10).unwrap();
+        assert_eq!(pool.free.lock().unwrap().len(), 0);
+        drop(again);
+    }
+
+    #[test]
+    fn the_pool_keeps_at_most_its_bound_and_gives_idle_bodies_back() {
+        let pool = Arc::new(BodyPool::default());
+        let big = POOL_KEEP / 3;
+        let bodies: Vec<Body> = (0..5).map(|_| pool.take(big).unwrap()).collect();
+        drop(bodies);
+        assert!(pool.kept() <= POOL_KEEP, "{} kept", pool.kept());
+        assert!(pool.kept() >= big, "nothing kept");
+        // Fresh bodies are not trimmed; old ones are.
+        pool.trim();
+        assert!(pool.kept() >= big);
+        for p in pool.free.lock().unwrap().iter_mut() {
+            p.returned -= POOL_IDLE;
+        }
+        pool.trim();
+        assert_eq!(pool.kept(), 0);
     }
 }

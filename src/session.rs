@@ -358,6 +358,7 @@ impl Session {
     /// Counts a request as received, for a transport that hands requests to concurrent tasks:
     /// taken in arrival order, before the task is spawned.
     pub(crate) fn received(&self) -> Received {
+        self.bodies.trim();
         let arrival = self
             .state
             .next_arrival

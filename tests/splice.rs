@@ -1,14 +1,13 @@
 //! Large `files/read` chunks in base64 through the real binary. A chunk of at least 256 KiB is
-//! encoded into pages of its own that are spliced into the stdout pipe (`vmsplice`, no copy)
-//! and then given up, never reused (a peer that splices or tees them onward holds them past
-//! its read); over a socket (`serve --listen`) the same pages are copied and reused. Reusing
-//! pages something still holds would show as a response carrying bytes of a later chunk
-//! (the tests with a peer that splices, tees or `std::io::copy`s the output onward were
-//! written against an earlier design that did exactly that, and failed), so every test here decodes
-//! every answer and compares it with the exact bytes of the file — with readers that are slow
-//! and irregular, readers that leave in the middle of a response, and two files at once. Every
-//! 4-KiB page of a test file starts with a tag naming its file and page, so a wrong byte is
-//! reported with where it came from.
+//! encoded into pages of its own, copied into the output and then reused for a later chunk of
+//! the same session (src/outgoing.rs). Pages reused while something still held them would show
+//! as a response carrying bytes of a later chunk: an earlier design handed the pages to the
+//! stdout pipe with `vmsplice` and reused them once the peer had read them, and the tests here
+//! with a peer that splices, tees or `std::io::copy`s the output onward caught exactly that.
+//! So every test here decodes every answer and compares it with the exact bytes of the file —
+//! with readers that are slow and irregular, readers that leave in the middle of a response,
+//! readers that splice onward, and two files at once. Every 4-KiB page of a test file starts
+//! with a tag naming its file and page, so a wrong byte is reported with where it came from.
 
 mod common;
 

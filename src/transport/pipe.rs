@@ -1,15 +1,14 @@
-//! Writing frames to the peer, and the pipe tricks that make large reads cheap.
+//! Writing frames to the peer.
 //!
-//! When stdout is a pipe, two things matter for megabyte-sized responses: the pipe's size
-//! (the default 64 KiB makes writer and reader wake each other 16 times per megabyte; it is
-//! raised to the system's `fs.pipe-max-size`) and copies (a body in its own pages is handed
-//! over with `vmsplice`, so the only copy left is the peer's own `read`). Spliced pages are
-//! given up, never reused; bodies written by copy go back to their session's pool.
+//! When stdout is a pipe, its size matters for megabyte-sized responses: the default 64 KiB
+//! makes writer and reader wake each other 16 times per megabyte, so it is raised to the
+//! system's `fs.pipe-max-size`. Bodies are copied into the output and go back to their
+//! session's pool. (They were once handed over with `vmsplice`, which saves that copy but
+//! needs fresh pages for every chunk, because a peer that splices the pipe onward holds the
+//! pages past its read; zeroing those pages cost more than the copy: docs/benchmarks.md.)
 
 use std::io::{self, BufWriter, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-
-use rustix::io::Errno;
 
 use crate::outgoing::Outgoing;
 
@@ -39,26 +38,17 @@ pub(crate) fn grow(fd: BorrowedFd<'_>) {
     }
 }
 
-/// Writes frames to one output: small ones through a buffer, bodies spliced when the output
-/// is the write end of a pipe.
+/// Writes frames to one output, small ones through a buffer.
 pub(crate) struct FrameWriter<W: Write + AsFd> {
     out: BufWriter<W>,
-    splice: bool,
 }
 
 impl<W: Write + AsFd> FrameWriter<W> {
     /// A writer over `output` (a pipe's buffer is grown on the way).
     pub(crate) fn new(output: W) -> FrameWriter<W> {
-        let fd = output.as_fd();
-        grow(fd);
-        let writable = rustix::fs::fcntl_getfl(fd).is_ok_and(|flags| {
-            let mode = flags & rustix::fs::OFlags::RWMODE;
-            mode == rustix::fs::OFlags::WRONLY || mode == rustix::fs::OFlags::RDWR
-        });
-        let splice = writable && is_pipe(fd);
+        grow(output.as_fd());
         FrameWriter {
             out: BufWriter::with_capacity(256 << 10, output),
-            splice,
         }
     }
 
@@ -66,35 +56,13 @@ impl<W: Write + AsFd> FrameWriter<W> {
     pub(crate) fn write(&mut self, frame: Outgoing) -> io::Result<()> {
         // The budget share goes when this returns: the frame is then out of our memory.
         let (bytes, body, _budget) = frame.into_parts();
-        let Some((at, mut body)) = body else {
+        let Some((at, body)) = body else {
             return self.out.write_all(&bytes);
         };
         self.out.write_all(&bytes[..at])?;
-        if self.splice {
-            self.out.flush()?;
-            let spliced = splice_all(self.out.get_ref().as_fd(), body.as_mut_slice());
-            let done = match spliced {
-                Ok(()) => body.len(),
-                Err(Fallback { done, error }) => {
-                    tracing::debug!(%error, "vmsplice failed; copying bodies instead");
-                    self.splice = false;
-                    done
-                }
-            };
-            let rest = self.out.write_all(&body.as_slice()[done..]);
-            // Spliced pages are never reused: the pipe holds references to them, and a
-            // reader that `splice`s or `tee`s them onward (as `std::io::copy` does between a
-            // pipe and a socket) keeps them after it has "read" them, so no count of bytes
-            // read can tell when they are free. Unmapped here, they live on only in the
-            // kernel's references and are freed with the last of them.
-            if done > 0 {
-                body.discard();
-            }
-            rest?;
-        } else {
-            // Copied: the pages may serve the next large read.
-            self.out.write_all(body.as_slice())?;
-        }
+        // A body larger than the buffer goes straight from its pages to the output; dropped
+        // after, it serves the session's next large read.
+        self.out.write_all(body.as_slice())?;
         self.out.write_all(&bytes[at..])
     }
 
@@ -102,59 +70,6 @@ impl<W: Write + AsFd> FrameWriter<W> {
     pub(crate) fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
     }
-}
-
-/// `vmsplice` stopped part way (or never worked): `done` bytes went, the rest is written the
-/// ordinary way. A failure that is not about splicing (the peer closed the pipe) fails that
-/// write too, and is reported from there.
-struct Fallback {
-    done: usize,
-    error: io::Error,
-}
-
-/// Hands all of `body` to the pipe `fd` without copying it.
-fn splice_all(fd: BorrowedFd<'_>, body: &mut [u8]) -> Result<(), Fallback> {
-    let mut done = 0;
-    while done < body.len() {
-        let rest = &mut body[done..];
-        let iov = [rustix::pipe::IoSliceRaw::from_slice_mut(rest)];
-        // SAFETY: `vmsplice` requires that memory the caller must not see mutated is only
-        // given to the write end of a pipe. The slice is a unique borrow of pages this
-        // process owns (`Body`, an anonymous mapping alive for the whole call), so even if
-        // the kernel wrote into it, no other reference could observe that; and `fd` is the
-        // write end (checked with `F_GETFL` when the writer was made), so it only reads.
-        // Without `SPLICE_F_GIFT` the kernel takes references to the pages; the caller unmaps
-        // them right after and never writes to them again, so the peer reads what was there.
-        #[allow(unsafe_code)]
-        let sent = unsafe { rustix::pipe::vmsplice(fd, &iov, rustix::pipe::SpliceFlags::empty()) };
-        match sent {
-            Ok(0) => {
-                return Err(Fallback {
-                    done,
-                    error: io::Error::from(io::ErrorKind::WriteZero),
-                });
-            }
-            Ok(n) => done += n,
-            Err(Errno::INTR) => {}
-            Err(Errno::AGAIN) => wait_writable(fd),
-            Err(e) => {
-                return Err(Fallback {
-                    done,
-                    error: e.into(),
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Waits until a (non-blocking) pipe has room.
-fn wait_writable(fd: BorrowedFd<'_>) {
-    let mut fds = [rustix::event::PollFd::new(
-        &fd,
-        rustix::event::PollFlags::OUT,
-    )];
-    let _ = rustix::event::poll(&mut fds, None);
 }
 
 /// A blocking writer over a descriptor that may be non-blocking (it shares its open file with

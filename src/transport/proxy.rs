@@ -260,7 +260,7 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         .ok_or_else(|| io::Error::other("no stdout"))?;
 
     // The server's stdin: host lines, broker answers and broker notifications, one writer
-    // thread (large read answers are spliced into the pipe, as `serve` does on stdout).
+    // thread, which writes large read answers straight from their pages, as `serve` does.
     let (to_server, server_rx) = mpsc::channel::<ToServer>(OUTPUT_QUEUE);
     let _server_writer = std::thread::Builder::new()
         .name("fsbroker-server-writer".into())

@@ -81,8 +81,7 @@ pub async fn serve_stdio(session: Arc<Session>, opts: ServeOptions) -> io::Resul
 }
 
 /// Serves `session`: requests from `input`, responses to `output` (written from a thread of
-/// its own, so a large frame goes out in blocking writes without a copy into tokio; when
-/// `output` is a pipe, large read bodies are spliced into it).
+/// its own, so a large frame goes out in blocking writes without a copy into tokio).
 ///
 /// Returns when `input` ends, once the requests in flight are answered.
 ///
