@@ -34,6 +34,7 @@ pub struct Broker {
     rate: RwLock<Arc<RateLimits>>,
     next_session: AtomicU64,
     pool: Arc<FairPool>,
+    fast: Arc<crate::fast::FastPath>,
     prompts: Arc<tokio::sync::Semaphore>,
 }
 
@@ -95,6 +96,7 @@ impl Broker {
             watches: WatchHub::start(me.clone() as Weak<dyn crate::watch::Owner>),
             next_session: AtomicU64::new(first_session),
             pool: FairPool::new(crate::fair::blocking_slots()),
+            fast: Arc::default(),
             prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS)),
         });
         reap_idle_uploads(Arc::downgrade(&broker));
@@ -126,6 +128,11 @@ impl Broker {
     /// The slots of the blocking pool, shared fairly between sessions.
     pub(crate) fn pool(&self) -> &Arc<FairPool> {
         &self.pool
+    }
+
+    /// The fast path small requests take instead of the pool when it is free.
+    pub(crate) fn fast(&self) -> &Arc<crate::fast::FastPath> {
+        &self.fast
     }
 
     /// Turns to ask the person (consent prompts), shared by every session.

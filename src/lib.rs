@@ -107,6 +107,7 @@ pub mod confine;
 mod consent;
 pub mod error;
 mod fair;
+mod fast;
 pub mod jsonrpc;
 mod limits;
 mod locks;

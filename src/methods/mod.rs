@@ -25,6 +25,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{AuditLog, Record};
 use crate::error::{Error, ErrorKind, Result};
+use crate::fast::{FastPath, Late, Sink, Ticket};
 use crate::jsonrpc::{self, Incoming, WriteResult};
 use crate::limits::{self, Deadline};
 use crate::locks::{LockGuard, LockMode, LockTable};
@@ -39,6 +40,8 @@ pub(crate) struct Ctx<'a> {
     pub session: &'a Session,
     /// The request's arrival number in its session (see `SessionState::earlier_unfinished`).
     pub arrival: u64,
+    /// How the fast path's watchdog answers this request if it gets stuck there.
+    pub late: Option<Arc<Late>>,
 }
 
 impl Ctx<'_> {
@@ -54,6 +57,8 @@ impl Ctx<'_> {
             policy: Arc::clone(&self.policy),
             locks: Arc::clone(self.session.broker().locks()),
             pool: Arc::clone(self.session.broker().pool()),
+            fast: Arc::clone(self.session.broker().fast()),
+            late: self.late.clone(),
             state: Arc::clone(self.session.state()),
             deadline: Arc::default(),
             started,
@@ -100,6 +105,10 @@ pub(crate) struct Op {
     pub locks: Arc<LockTable>,
     /// The blocking pool's slots, shared fairly between sessions.
     pub pool: Arc<crate::fair::FairPool>,
+    /// The inline path for small work ([`Op::run_small`]).
+    pub fast: Arc<FastPath>,
+    /// How the fast path's watchdog answers the request if the work gets stuck there.
+    pub late: Option<Arc<Late>>,
     pub state: Arc<SessionState>,
     pub deadline: Arc<Deadline>,
     /// When the request's blocking work was set up: `timeout_ms` counts from here.
@@ -147,6 +156,37 @@ impl Op {
                 format!("worker failed: {e}"),
             ))
         })
+    }
+
+    /// [`Op::run`] for work that is small by construction (a read of a few kilobytes): it
+    /// runs inline on this thread when the broker's fast path is free (`crate::fast`), which
+    /// saves two thread hand-offs, and on the pool otherwise. `timeout_ms` holds either way.
+    async fn run_small<T, F>(self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Op) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let limit = self.policy.limits().timeout;
+        let ticket = Ticket {
+            until: self.started + limit,
+            limit,
+            deadline: Arc::clone(&self.deadline),
+            late: self.late.clone(),
+        };
+        let fast = Arc::clone(&self.fast);
+        let mut work = Some(f);
+        let op = &self;
+        let inline = fast.try_run(ticket, || match work.take() {
+            Some(f) => f(op),
+            None => Err(unreachable_work()),
+        });
+        if let Some(done) = inline {
+            return done;
+        }
+        match work {
+            Some(f) => self.run(f).await,
+            None => Err(unreachable_work()),
+        }
     }
 
     /// The point of no return of a mutation: fails with `TIMEOUT` (and the caller rolls
@@ -290,6 +330,7 @@ pub(crate) async fn call(
     params: Option<&RawValue>,
     id: &RawValue,
     arrival: u64,
+    late: Option<&Arc<Late>>,
 ) -> Outgoing {
     let started = Instant::now();
     let audit = session
@@ -306,10 +347,10 @@ pub(crate) async fn call(
             Outcome { code, bytes: 0 },
         )
     } else if method == "ping" {
-        dispatch(session, method, params, id, arrival).await
+        dispatch(session, method, params, id, arrival, late).await
     } else {
         match session.broker().rate_limits().check_request(session.id()) {
-            Ok(()) => dispatch(session, method, params, id, arrival).await,
+            Ok(()) => dispatch(session, method, params, id, arrival, late).await,
             Err(e) => {
                 let code = e.kind().outcome();
                 (
@@ -391,11 +432,13 @@ async fn dispatch(
     params: Option<&RawValue>,
     id: &RawValue,
     arrival: u64,
+    late: Option<&Arc<Late>>,
 ) -> (Outgoing, Outcome) {
     let ctx = Ctx {
         policy: session.broker().policy(),
         session,
         arrival,
+        late: late.cloned(),
     };
     let c = &ctx;
     match Method::from_name(method) {
@@ -491,6 +534,11 @@ pub(crate) trait ReplyInfo {
     }
 }
 
+/// `try_run` calls its closure at most once, and only when it returns `Some`.
+fn unreachable_work() -> Error {
+    Error::new(ErrorKind::Internal, "fast path ran work twice".to_string())
+}
+
 /// Payload bytes of a serialized result type (most carry none).
 pub(crate) trait PayloadBytes {
     fn payload_bytes(&self) -> u64 {
@@ -551,18 +599,27 @@ impl Session {
     /// [`Session::handle`] for transports: the response as an [`Outgoing`] frame, whose large
     /// body (a base64 chunk) has not been copied into the rest of the frame.
     pub(crate) async fn respond(&self, line: &[u8]) -> Option<Outgoing> {
-        self.respond_received(line, self.received()).await
+        self.respond_received(line, self.received(), None).await
     }
 
-    /// [`Session::respond`] for a request already counted by [`Session::received`].
+    /// [`Session::respond`] for a request already counted by [`Session::received`]. With a
+    /// `sink` (the transport's output), a request stuck on the fast path is answered
+    /// `TIMEOUT` through it at its deadline, and `None` is returned when it finally ends.
     pub(crate) async fn respond_received(
         &self,
         line: &[u8],
         received: Received,
+        sink: Option<&Sink>,
     ) -> Option<Outgoing> {
         match jsonrpc::parse(line) {
             Incoming::Request { id, method, params } => {
-                Some(call(self, &method, params, id, received.arrival()).await)
+                let late = sink.map(|s| Late::new(Arc::clone(s), id));
+                let frame =
+                    call(self, &method, params, id, received.arrival(), late.as_ref()).await;
+                match late {
+                    Some(late) if late.answered() => None,
+                    _ => Some(frame),
+                }
             }
             Incoming::Notification { method, params } => {
                 if method == PEER_NOTIFICATION {

@@ -74,7 +74,14 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Repl
         .reserve_output(wanted(&ctx.policy, &params) / 3 * 4)
         .await;
     let bodies = Arc::clone(ctx.session.bodies());
-    let mut reply = ctx.owned().run(move |op| read(op, params, &bodies)).await?;
+    let small = wanted(&ctx.policy, &params) <= crate::fast::MAX_INLINE_READ;
+    let op = ctx.owned();
+    let work = move |op: &Op| read(op, params, &bodies);
+    let mut reply = if small {
+        op.run_small(work).await?
+    } else {
+        op.run(work).await?
+    };
     // Reserved for what was asked; keep only what the answer holds (a 10-byte file read with
     // the default length must not hold a megabyte of the budget while it waits to be sent).
     reply.budget = budget.map(|mut permit| {

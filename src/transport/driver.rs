@@ -14,6 +14,7 @@ use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
+use crate::fast::Sink;
 use crate::outgoing::Outgoing;
 use crate::session::Session;
 
@@ -27,19 +28,38 @@ pub const INPUT_BUDGET_KIB: usize = 32 << 10;
 pub const OUTPUT_QUEUE: usize = 64;
 
 /// Runs one session's requests within its bounds; answers go to `out`.
-#[derive(Debug)]
 pub(crate) struct Driver<T> {
     session: Arc<Session>,
     in_flight: Arc<Semaphore>,
     held: Arc<Semaphore>,
     tasks: JoinSet<()>,
     out: mpsc::Sender<T>,
+    /// `out` for the fast path's watchdog, which answers stuck requests from its own thread.
+    sink: Sink,
+}
+
+impl<T> std::fmt::Debug for Driver<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("session", &self.session.id())
+            .field("in_flight", &self.in_flight.available_permits())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<T: From<Outgoing> + Send + 'static> Driver<T> {
     /// A driver for `session` running at most `max_in_flight` requests at once.
     pub(crate) fn new(session: Arc<Session>, max_in_flight: usize, out: mpsc::Sender<T>) -> Self {
+        let late_out = out.clone();
+        let sink: Sink = Arc::new(move |frame: Outgoing| {
+            // Full: tried again on the watchdog's next tick. Closed: nobody to answer.
+            !matches!(
+                late_out.try_send(T::from(frame)),
+                Err(mpsc::error::TrySendError::Full(_))
+            )
+        });
         Driver {
+            sink,
             session,
             in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
             held: Arc::new(Semaphore::new(INPUT_BUDGET_KIB)),
@@ -71,8 +91,9 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
         // Counted now, in arrival order: tasks may start in any order.
         let received = session.received();
         let out = self.out.clone();
+        let sink = Arc::clone(&self.sink);
         self.tasks.spawn(async move {
-            if let Some(frame) = session.respond_received(&line, received).await {
+            if let Some(frame) = session.respond_received(&line, received, Some(&sink)).await {
                 let _ = out.send(T::from(frame)).await;
             }
             drop((permit, held));
