@@ -449,13 +449,14 @@ def main() -> int:
                 n += 1
                 report = bench(binary, path, chunk)
                 settings = report.get("settings", settings)
-                run = {"fsbroker_mb_s": report["read"]["mb_per_s"],
-                       "fsbroker_seconds": report["read"]["seconds"],
-                       "fsbroker_requests": report["read"].get("requests"),
+                # One chunk size per bench run: its only transfers entry.
+                transfer = report["transfers"][0]
+                run = {"fsbroker_mb_s": transfer["read"]["mb_per_s"],
+                       "fsbroker_seconds": transfer["read"]["seconds"],
+                       "fsbroker_requests": transfer["read"].get("requests"),
                        "broker_peak_bytes": report.get("memory", {}).get("peak_bytes")}
-                sftp = report.get("sftp") or {}
-                if sftp.get("available") and sftp.get("get"):
-                    run["sftp_default_mb_s"] = sftp["get"]["mb_per_s"]
+                if transfer.get("sftp_get"):
+                    run["sftp_default_mb_s"] = transfer["sftp_get"]["mb_per_s"]
                 if tool:
                     buffer = min(chunk, SFTP_MAX_READ)
                     run["sftp_buffer"] = buffer

@@ -67,9 +67,11 @@ enum Command {
     /// rate limits), makes a test file of random bytes in the temp directory (removed after)
     /// unless --file is given, and prints MB/s, ops/s, latency p50/p99 and the broker's peak
     /// memory (VmHWM). With --compare-sftp, OpenSSH's `sftp -D sftp-server` moves the same file
-    /// in the same run and the ratios are printed.
+    /// in the same run and the ratios are printed. A run can take several chunk sizes: reads
+    /// and uploads run once per size, each followed by sftp's. The report ends with the speed
+    /// goals the run measured, met or not.
     ///
-    /// Example: fsbroker bench --size 1GiB --chunk-size 8MiB --compare-sftp
+    /// Example: fsbroker bench --size 1GiB --chunk-size 256KiB,1MiB,8MiB --compare-sftp --compare-mcp 'rust-mcp-filesystem {dir}'
     Bench(BenchArgs),
 }
 
@@ -82,15 +84,21 @@ struct BenchArgs {
     /// [default: 1GiB; with --quick 64MiB]
     #[arg(long, value_name = "SIZE", value_parser = crate::bench::parse_size)]
     size: Option<u64>,
-    /// Bytes per files/read and files/write request, at most 16MiB
-    /// [default: 8MiB; with --quick 1MiB]
-    #[arg(long, value_name = "SIZE", value_parser = crate::bench::parse_size)]
-    chunk_size: Option<u64>,
+    /// Bytes per files/read and files/write request, at most 16MiB. Several sizes
+    /// (comma-separated or repeated) run the reads and the upload once per size, in the order
+    /// given [default: 8MiB; with --quick 1MiB]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        value_delimiter = ',',
+        value_parser = crate::bench::parse_size
+    )]
+    chunk_size: Vec<u64>,
     /// Encoding of reads and uploads; for utf-8 the file made is random text.
     #[arg(long, value_enum, value_name = "ENCODING", default_value = "base64")]
     encoding: crate::bench::Encoding,
-    /// Read requests in flight at once.
-    #[arg(long, value_name = "N", default_value_t = 4)]
+    /// Read and upload requests in flight at once (the speed goals are set at 8).
+    #[arg(long, value_name = "N", default_value_t = 8)]
     depth: usize,
     /// Small operations (1 KiB reads, lists) per kind and mode
     /// [default: 20000; with --quick 2000]
@@ -139,10 +147,19 @@ impl BenchArgs {
         } else {
             (1 << 30, 8 << 20, 20_000)
         };
+        let mut chunk_sizes = Vec::new();
+        for c in self.chunk_size {
+            if !chunk_sizes.contains(&c) {
+                chunk_sizes.push(c);
+            }
+        }
+        if chunk_sizes.is_empty() {
+            chunk_sizes.push(chunk);
+        }
         crate::bench::Options {
             file: self.file,
             size: self.size.unwrap_or(size),
-            chunk_size: self.chunk_size.unwrap_or(chunk),
+            chunk_sizes,
             encoding: self.encoding,
             depth: self.depth,
             small_ops: self.small_ops.unwrap_or(small),

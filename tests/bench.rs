@@ -46,18 +46,33 @@ fn positive(report: &Value, pointer: &str) -> f64 {
     x
 }
 
-/// Every throughput, ops and latency figure of a full run.
-fn all_positive(report: &Value, size: u64) {
-    for phase in ["/read", "/upload"] {
+/// The reads and the upload of `transfers[i]`, at `chunk` bytes per request, moved `size`
+/// bytes at a positive rate.
+fn transfer_positive(report: &Value, i: usize, chunk: u64, size: u64) {
+    assert_eq!(
+        report.pointer(&format!("/transfers/{i}/chunk_size")),
+        Some(&chunk.into()),
+        "{report:#}"
+    );
+    for phase in ["read", "upload"] {
+        let at = format!("/transfers/{i}/{phase}");
         for key in ["bytes", "seconds", "mb_per_s", "gb_per_s", "requests"] {
-            positive(report, &format!("{phase}/{key}"));
+            positive(report, &format!("{at}/{key}"));
         }
-        assert_eq!(
-            report.pointer(&format!("{phase}/bytes")),
-            Some(&size.into())
-        );
+        assert_eq!(report.pointer(&format!("{at}/bytes")), Some(&size.into()));
     }
-    positive(report, "/upload/last_chunk_seconds");
+    assert_eq!(
+        report.pointer(&format!("/transfers/{i}/read/requests")),
+        Some(&size.div_ceil(chunk).into())
+    );
+    positive(report, &format!("/transfers/{i}/upload/last_chunk_seconds"));
+}
+
+/// Every throughput, ops and latency figure of a full run at one chunk size.
+fn all_positive(report: &Value, chunk: u64, size: u64) {
+    let transfers = report["transfers"].as_array().expect("a transfers array");
+    assert_eq!(transfers.len(), 1, "{report:#}");
+    transfer_positive(report, 0, chunk, size);
     for kind in ["read_1k", "list"] {
         for mode in ["sequential", "pipelined"] {
             for key in ["ops", "seconds", "ops_per_s", "p50_us", "p99_us"] {
@@ -107,18 +122,137 @@ fn quick_json_run_has_positive_numbers() {
         "--list-entries",
         "1500",
     ]);
-    all_positive(&report, 6 << 20);
+    all_positive(&report, 512 << 10, 6 << 20);
     // Every phase ran, the watch and list ones included.
     assert_eq!(report["watch"]["samples"], 5, "{report:#}");
     assert_eq!(report["list"]["entries"], 1500, "{report:#}");
     assert_eq!(report["settings"]["encoding"], "base64");
     assert_eq!(report["settings"]["verify"], "sampled");
-    assert_eq!(report["read"]["requests"], 12);
-    assert_eq!(report["read"]["chunks_base64"], 12);
+    assert_eq!(report["settings"]["depth"], 8);
+    assert_eq!(
+        report["settings"]["chunk_sizes"],
+        serde_json::json!([512 << 10])
+    );
+    assert_eq!(report["transfers"][0]["read"]["chunks_base64"], 12);
     assert_eq!(report["small"]["depth"], 64);
     assert!(report.get("sftp").is_none(), "{report:#}");
+    assert!(
+        report["transfers"][0].get("sftp_get").is_none(),
+        "{report:#}"
+    );
     assert_eq!(report["file"]["generated"], true);
+    // Without sftp and other MCP servers: the goals with no reference to compare with.
+    assert_eq!(
+        goal_figures(&report),
+        [
+            "1 KiB reads, 64 in flight",
+            "broker peak memory (VmHWM)",
+            "files/watch change → notification p99",
+            "recursive files/list (1500 entries) vs find -printf",
+        ]
+    );
     workspace_removed(&report);
+}
+
+/// The `figure` of each entry of `goals`, checking each entry's shape on the way.
+fn goal_figures(report: &Value) -> Vec<String> {
+    let goals = report["goals"].as_array().expect("a goals array");
+    goals
+        .iter()
+        .map(|g| {
+            for key in ["figure", "measured", "goal"] {
+                assert!(
+                    g[key].as_str().is_some_and(|s| !s.is_empty()),
+                    "{key} in {g:#}"
+                );
+            }
+            assert!(g["met"].is_boolean(), "{g:#}");
+            g["figure"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// Two chunk sizes in one run: one `transfers` entry each, in the order given; with
+/// `--compare-sftp` (where sftp is installed) each has sftp's figures, its ratios and its
+/// goals.
+#[test]
+fn several_chunk_sizes_in_one_run() {
+    let mut args = vec![
+        "--json",
+        "--size",
+        "2MiB",
+        "--chunk-size",
+        "256KiB,1MiB",
+        "--chunk-size",
+        "256KiB",
+        "--small-ops",
+        "50",
+        "--only",
+        "read,upload",
+    ];
+    let chunks = [256 << 10, 1 << 20];
+    let report = bench_json(&args);
+    assert_eq!(report["settings"]["chunk_sizes"], serde_json::json!(chunks));
+    assert_eq!(
+        report["transfers"].as_array().map(Vec::len),
+        Some(2),
+        "{report:#}"
+    );
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        transfer_positive(&report, i, chunk, 2 << 20);
+    }
+    positive(&report, "/memory/after_read_bytes");
+    positive(&report, "/memory/after_upload_bytes");
+    let figures = goal_figures(&report);
+    assert!(
+        !figures
+            .iter()
+            .any(|f| f.starts_with("read") || f.starts_with("upload")),
+        "{figures:?}"
+    );
+
+    args.push("--compare-sftp");
+    let report = bench_json(&args);
+    if report["sftp"]["available"] != true {
+        eprintln!(
+            "note: sftp not compared here ({}); the --compare-sftp part is skipped",
+            report["sftp"]["note"]
+        );
+        return;
+    }
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        transfer_positive(&report, i, chunk, 2 << 20);
+        for key in ["sftp_get", "sftp_put", "sftp_put_fsync"] {
+            assert_eq!(
+                report.pointer(&format!("/transfers/{i}/{key}/bytes")),
+                Some(&(2u64 << 20).into()),
+                "{report:#}"
+            );
+            positive(&report, &format!("/transfers/{i}/{key}/mb_per_s"));
+        }
+        for key in ["read_ratio", "upload_ratio", "upload_ratio_fsync"] {
+            positive(&report, &format!("/transfers/{i}/{key}"));
+        }
+    }
+    let goals = report["goals"].as_array().expect("a goals array");
+    let transfer_goals: Vec<(&str, &str)> = goals
+        .iter()
+        .filter(|g| {
+            let f = g["figure"].as_str().unwrap_or("");
+            f.starts_with("read") || f.starts_with("upload")
+        })
+        .map(|g| (g["figure"].as_str().unwrap(), g["goal"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        transfer_goals,
+        [
+            ("read 256 KiB vs sftp get", ">= 0.8x"),
+            ("read 1 MiB vs sftp get", ">= 1.0x"),
+            ("upload 256 KiB vs sftp put -f", ">= 1.0x"),
+            ("upload 1 MiB vs sftp put -f", ">= 1.0x"),
+        ],
+        "{report:#}"
+    );
 }
 
 #[test]
@@ -142,10 +276,13 @@ fn utf8_run_checks_every_byte_through_a_broker_command() {
         "--broker-cmd",
         &command,
     ]);
-    all_positive(&report, 3 << 20);
+    all_positive(&report, 256 << 10, 3 << 20);
     assert_eq!(report["settings"]["verify"], "sha256");
-    assert_eq!(report["read"]["chunks_base64"], 0, "{report:#}");
-    assert_eq!(report["read"]["chunks_utf8"], 12);
+    assert_eq!(
+        report["transfers"][0]["read"]["chunks_base64"], 0,
+        "{report:#}"
+    );
+    assert_eq!(report["transfers"][0]["read"]["chunks_utf8"], 12);
     assert!(
         report["broker"]
             .as_str()
@@ -193,6 +330,16 @@ fn chunks_over_16_mib_are_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("16MiB"), "{err}");
+    // Each of several sizes is checked.
+    for sizes in ["1MiB,17MiB", "0,1MiB"] {
+        let out = Command::new(bin())
+            .args(["bench", "--chunk-size", sizes])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{sizes}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--chunk-size must be between"), "{err}");
+    }
     let out = Command::new(bin())
         .args(["bench", "--size", "12 parsecs"])
         .output()
@@ -254,7 +401,16 @@ fn other_mcp_servers_are_measured() {
         positive(&report, &format!("/mcp/{i}/ratio"));
     }
     positive(&report, "/small/read_1k/sequential/ops_per_s");
-    assert!(report.get("read").is_none() && report.get("upload").is_none());
+    assert!(report.get("transfers").is_none(), "{report:#}");
+    // One goal per server measured.
+    let vs: Vec<String> = goal_figures(&report)
+        .into_iter()
+        .filter(|f| f.contains(" vs "))
+        .collect();
+    assert_eq!(
+        vs, ["1 KiB reads one at a time vs tiny-fs-server"; 2],
+        "{report:#}"
+    );
 }
 
 #[test]
@@ -364,7 +520,7 @@ fn watch_and_list_phases_measure_what_they_say() {
     positive(&report, "/list/find_seconds");
     positive(&report, "/list/ratio_to_find");
     positive(&report, "/list/ratio_to_find_stat");
-    assert!(report.get("read").is_none() && report.get("small").is_none());
+    assert!(report.get("transfers").is_none() && report.get("small").is_none());
     let table = run(
         &[
             "--only",

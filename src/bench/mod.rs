@@ -9,15 +9,22 @@
 //! - `read.rs`: chunked `files/read` of the whole file, `depth` requests in flight, content
 //!   checked (sampled, or a full sha256 with `--verify`);
 //! - `small.rs`: 1 KiB reads and non-recursive lists, sequential (latency p50/p99) and pipelined;
-//! - `upload.rs`: a chunked `files/write` upload of the file (offset/final), size checked;
-//! - `sftp.rs`: with `--compare-sftp`, OpenSSH's `sftp -D sftp-server` on the same file;
+//! - `watch.rs`: change → notification latency of `files/watch`;
+//! - `list.rs`: a recursive `files/list` of a large tree, against `find`;
 //! - `mcp.rs`: with `--compare-mcp`, other MCP filesystem servers (each its own process):
 //!   1 KiB `read_text_file` calls measured like fsbroker's sequential small reads, and one
-//!   large `read_media_file` (MB/s and the server's VmHWM). It runs after the small operations
-//!   and before the upload.
+//!   large `read_media_file` (MB/s and the server's VmHWM);
+//! - `upload.rs`: a chunked `files/write` upload of the file (offset/final), size checked;
+//! - `sftp.rs`: with `--compare-sftp`, OpenSSH's `sftp -D sftp-server` on the same file.
+//!
+//! A run can take several chunk sizes (`--chunk-size 256KiB,1MiB,8MiB`): the reads run once
+//! per size, in the order given, each followed by `sftp get`; the uploads likewise, each
+//! followed by `sftp put` and `sftp put -f`. So every ratio compares with a reference measured
+//! next to it in time, and one run gives every figure of the speed goals with its ratio.
 //!
 //! The broker's peak memory (VmHWM) is read from `/proc` after each phase. [`report`] prints
-//! a table on stdout, or one JSON object with `--json`; progress bars go to stderr.
+//! a table on stdout, or one JSON object with `--json`, ending with the speed goals the run
+//! measured and whether each was met; progress bars go to stderr.
 //!
 //! Beside those: `client.rs` runs the broker process and reads its answer lines, `wire.rs`
 //! finds the parts of an answer without building JSON values, `fixture.rs` makes the files
@@ -111,11 +118,12 @@ pub struct Options {
     pub file: Option<PathBuf>,
     /// Size of the file the bench makes.
     pub size: u64,
-    /// Bytes per read or upload request.
-    pub chunk_size: u64,
+    /// Bytes per read or upload request: the reads and the upload run once per size, in this
+    /// order (no duplicates).
+    pub chunk_sizes: Vec<u64>,
     /// Encoding of reads and uploads.
     pub encoding: Encoding,
-    /// Read requests in flight.
+    /// Read (and upload) requests in flight.
     pub depth: usize,
     /// Small operations per kind and mode.
     pub small_ops: usize,
@@ -180,10 +188,12 @@ pub fn main(opts: Options) -> Result<String, String> {
 }
 
 fn validate(opts: &Options) -> Result<(), String> {
-    if opts.chunk_size == 0 || opts.chunk_size > MAX_CHUNK {
+    if opts.chunk_sizes.is_empty() {
+        return Err("--chunk-size needs at least one size".into());
+    }
+    if let Some(bad) = opts.chunk_sizes.iter().find(|&&c| c == 0 || c > MAX_CHUNK) {
         return Err(format!(
-            "--chunk-size must be between 1 byte and 16MiB (a broker's largest chunk), not {}",
-            opts.chunk_size
+            "--chunk-size must be between 1 byte and 16MiB (a broker's largest chunk), not {bad}"
         ));
     }
     if opts.depth == 0 || opts.small_depth == 0 {
@@ -336,7 +346,15 @@ fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
     let result = phases(opts, &layout, &mut broker, &bars);
     let peak = broker.peak_memory();
     let exit = broker.finish();
-    let (read, small, upload, sftp, mcp, mut memory, watch, list) = result?;
+    let Measured {
+        transfers,
+        small,
+        watch,
+        list,
+        mcp,
+        mut memory,
+        sftp,
+    } = result?;
     memory.peak_bytes = peak;
     memory.exit = exit;
     if let Some(servers) = &mcp {
@@ -352,7 +370,7 @@ fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
             ));
         }
     }
-    Ok(Report {
+    let mut report = Report {
         broker: launch.describe(),
         file: needs_file.then(|| TestFile {
             path: layout.file.display().to_string(),
@@ -360,7 +378,7 @@ fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
             generated,
         }),
         settings: Settings {
-            chunk_size: opts.chunk_size,
+            chunk_sizes: opts.chunk_sizes.clone(),
             encoding: opts.encoding.name(),
             depth: opts.depth,
             small_ops: opts.small_ops,
@@ -368,63 +386,80 @@ fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
             verify: if opts.verify { "sha256" } else { "sampled" },
             mcp_size: opts.runs(Phase::Mcp).then_some(opts.mcp.mcp_size),
         },
-        read,
-        upload,
+        transfers,
         small,
         watch,
         list,
         memory,
         sftp,
         mcp,
-    })
+        goals: Vec::new(),
+    };
+    report.goals = report::goals(&report);
+    Ok(report)
 }
 
-type PhaseResults = (
-    Option<report::Read>,
-    Option<report::Small>,
-    Option<report::Upload>,
-    Option<report::Sftp>,
-    Option<Vec<report::McpServer>>,
-    Memory,
-    Option<report::Watch>,
-    Option<report::List>,
-);
+/// What the phases measured.
+struct Measured {
+    transfers: Vec<report::Transfer>,
+    small: Option<report::Small>,
+    watch: Option<report::Watch>,
+    list: Option<report::List>,
+    mcp: Option<Vec<report::McpServer>>,
+    memory: Memory,
+    sftp: Option<report::Sftp>,
+}
 
 /// The phases, in an order that keeps them from disturbing each other: reads first (the file
-/// is in the page cache), then small operations, then the other MCP servers (the broker idles),
-/// then uploads (whose written-back pages could slow what follows).
+/// is in the page cache), then small operations, watch and list, then the other MCP servers
+/// (the broker idles), then uploads (whose written-back pages could slow what follows). Reads
+/// and uploads run once per chunk size, each followed by sftp's, so a ratio compares two runs
+/// next to each other in time.
 fn phases(
     opts: &Options,
     layout: &Layout,
     broker: &mut Broker,
     bars: &progress::Bars,
-) -> Result<PhaseResults, String> {
+) -> Result<Measured, String> {
     let mut memory = Memory {
         idle_bytes: broker.peak_memory(),
         ..Memory::default()
     };
     let sftp_tool = opts.compare_sftp.then(sftp::find);
-    let mut sftp_report = sftp_tool.as_ref().map(sftp::report);
+    let sftp_report = sftp_tool.as_ref().map(sftp::report);
+    let sftp = match &sftp_tool {
+        Some(sftp::Tool::Found(tool)) => Some(tool),
+        _ => None,
+    };
+    let mut transfers: Vec<report::Transfer> = if opts.runs(Phase::Read) || opts.runs(Phase::Upload)
+    {
+        opts.chunk_sizes
+            .iter()
+            .map(|&c| report::Transfer::new(c))
+            .collect()
+    } else {
+        Vec::new()
+    };
 
-    let mut read_report = None;
     if opts.runs(Phase::Read) {
-        let outcome = read::run(
-            broker,
-            &read::Spec {
-                file: &layout.file,
-                size: layout.size,
-                chunk: opts.chunk_size as usize,
-                depth: opts.depth,
-                encoding: opts.encoding,
-                sha256: layout.sha256,
-            },
-            bars,
-        )?;
-        memory.after_read_bytes = broker.peak_memory();
-        read_report = Some(outcome);
-        if let (Some(sftp::Tool::Found(tool)), Some(rep)) = (&sftp_tool, &mut sftp_report) {
-            rep.get = Some(sftp::get(tool, &layout.file, layout.size, bars)?);
+        for transfer in &mut transfers {
+            transfer.read = Some(read::run(
+                broker,
+                &read::Spec {
+                    file: &layout.file,
+                    size: layout.size,
+                    chunk: transfer.chunk_size as usize,
+                    depth: opts.depth,
+                    encoding: opts.encoding,
+                    sha256: layout.sha256,
+                },
+                bars,
+            )?);
+            if let Some(tool) = sftp {
+                transfer.sftp_get = Some(sftp::get(tool, &layout.file, layout.size, bars)?);
+            }
         }
+        memory.after_read_bytes = broker.peak_memory();
     }
 
     let mut small_report = None;
@@ -494,58 +529,59 @@ fn phases(
         mcp_report = Some(servers);
     }
 
-    let mut upload_report = None;
     if opts.runs(Phase::Upload) {
-        settle(&layout.scratch, layout.size);
-        upload_report = Some(upload::run(
-            broker,
-            &upload::Spec {
-                source: &layout.file,
-                size: layout.size,
-                target: &layout.scratch.join("upload.bin"),
-                chunk: opts.chunk_size as usize,
-                depth: opts.depth,
-                encoding: opts.encoding,
-                sha256: layout.sha256,
-            },
-            bars,
-        )?);
-        memory.after_upload_bytes = broker.peak_memory();
-        if let (Some(sftp::Tool::Found(tool)), Some(rep)) = (&sftp_tool, &mut sftp_report) {
-            let target = layout.scratch.join("sftp-upload.bin");
+        let target = layout.scratch.join("upload.bin");
+        let sftp_target = layout.scratch.join("sftp-upload.bin");
+        for transfer in &mut transfers {
             settle(&layout.scratch, layout.size);
-            rep.put = Some(sftp::put(
-                tool,
-                &layout.file,
-                &target,
-                layout.size,
-                false,
+            transfer.upload = Some(upload::run(
+                broker,
+                &upload::Spec {
+                    source: &layout.file,
+                    size: layout.size,
+                    target: &target,
+                    chunk: transfer.chunk_size as usize,
+                    depth: opts.depth,
+                    encoding: opts.encoding,
+                    sha256: layout.sha256,
+                },
                 bars,
             )?);
-            settle(&layout.scratch, layout.size);
-            rep.put_fsync = Some(sftp::put(
-                tool,
-                &layout.file,
-                &target,
-                layout.size,
-                true,
-                bars,
-            )?);
+            if let Some(tool) = sftp {
+                settle(&layout.scratch, layout.size);
+                transfer.sftp_put = Some(sftp::put(
+                    tool,
+                    &layout.file,
+                    &sftp_target,
+                    layout.size,
+                    false,
+                    bars,
+                )?);
+                settle(&layout.scratch, layout.size);
+                transfer.sftp_put_fsync = Some(sftp::put(
+                    tool,
+                    &layout.file,
+                    &sftp_target,
+                    layout.size,
+                    true,
+                    bars,
+                )?);
+            }
         }
+        memory.after_upload_bytes = broker.peak_memory();
     }
-    if let Some(rep) = &mut sftp_report {
-        rep.ratios(read_report.as_ref(), upload_report.as_ref());
+    for transfer in &mut transfers {
+        transfer.ratios();
     }
-    Ok((
-        read_report,
-        small_report,
-        upload_report,
-        sftp_report,
-        mcp_report,
+    Ok(Measured {
+        transfers,
+        small: small_report,
+        watch: watch_report,
+        list: list_report,
+        mcp: mcp_report,
         memory,
-        watch_report,
-        list_report,
-    ))
+        sftp: sftp_report,
+    })
 }
 
 /// Two roots and no rate limits; chunks up to the broker's maximum.
@@ -563,6 +599,8 @@ fn write_policy(
         Ok(toml::Value::String(s.to_owned()).to_string())
     };
     let in_flight = opts.depth.max(opts.small_depth).max(64);
+    // Only the default for requests without a length; the bench's all give one.
+    let default_chunk = opts.chunk_sizes.iter().copied().max().unwrap_or(MAX_CHUNK);
     let text = format!(
         "# Written by fsbroker bench.\n\
          [[root]]\npath = {}\nname = \"data\"\nmode = \"read-only\"\nconsent = \"auto\"\n\n\
@@ -572,7 +610,7 @@ fn write_policy(
          max_in_flight = {in_flight}\n",
         quote(data)?,
         quote(scratch)?,
-        opts.chunk_size,
+        default_chunk,
         size.max(1 << 30),
     );
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
