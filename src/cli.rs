@@ -516,6 +516,10 @@ impl Running {
     }
 }
 
+/// How long a broker that has answered everything waits for file work still running on the
+/// blocking pool before it exits without it.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How long a stopping broker waits for the requests it took to finish.
 const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -555,6 +559,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             None => transport::serve_stdio(Arc::new(broker.session()), opts).await,
         }
     });
+    // Every request is answered by now; file work still on the blocking pool is stuck in a
+    // file system (its requests were answered `TIMEOUT`). Dropping the runtime would wait
+    // for it forever, keeping a broker whose peer has left alive.
+    running.runtime.shutdown_timeout(SHUTDOWN_WAIT);
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {

@@ -25,13 +25,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 
+use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc;
 use crate::limits::{self, Deadline};
 use crate::outgoing::Outgoing;
+use crate::session::Received;
 
 /// How often the watchdog looks at the running request: the latest a stuck request's
 /// `TIMEOUT` goes out after its deadline.
 const TICK: Duration = Duration::from_millis(10);
+
+/// How often it looks at a request it has already answered and that is still stuck.
+const SETTLED_TICK: Duration = Duration::from_millis(500);
 
 /// Ticks without inline work after which the watchdog parks.
 const IDLE_TICKS: u32 = 100;
@@ -47,8 +52,13 @@ pub(crate) type Sink = Arc<dyn Fn(Outgoing) -> bool + Send + Sync>;
 /// A request that may be answered by the watchdog instead of by its own task.
 pub(crate) struct Late {
     sink: Sink,
-    id: Box<RawValue>,
+    /// The request's id, once parsed.
+    id: OnceLock<Box<RawValue>>,
     answered: AtomicBool,
+    /// The request's place in its session's bookkeeping: given up when the watchdog answers,
+    /// so that requests waiting for earlier ones (upload chunks) do not wait on a request
+    /// that is answered but still stuck.
+    received: Mutex<Option<Received>>,
 }
 
 impl std::fmt::Debug for Late {
@@ -61,13 +71,20 @@ impl std::fmt::Debug for Late {
 }
 
 impl Late {
-    /// A late answer for request `id` through `sink`.
-    pub(crate) fn new(sink: Sink, id: &RawValue) -> Arc<Late> {
+    /// A late answer through `sink`, for the request [`Late::hold`] names.
+    pub(crate) fn new(sink: Sink) -> Arc<Late> {
         Arc::new(Late {
             sink,
-            id: id.to_owned(),
+            id: OnceLock::new(),
             answered: AtomicBool::new(false),
+            received: Mutex::new(None),
         })
+    }
+
+    /// Names the request (its id) and keeps its bookkeeping until it is answered.
+    pub(crate) fn hold(&self, id: &RawValue, received: Received) {
+        let _ = self.id.set(id.to_owned());
+        *self.received.lock().unwrap_or_else(|e| e.into_inner()) = Some(received);
     }
 
     /// Whether the watchdog answered the request: its own answer must then not be sent.
@@ -113,15 +130,15 @@ pub(crate) struct Ticket {
 }
 
 impl FastPath {
-    /// Runs `f` inline when the fast path is free and the runtime can afford a blocked worker;
-    /// `None` (and `f` not run) otherwise. Past the deadline, the watchdog answers `TIMEOUT`
-    /// and the result is `Some(Err(TIMEOUT))` whatever `f` returned.
+    /// Runs `f` inline when the fast path is free, the runtime can afford a blocked worker
+    /// and the watchdog runs; `None` (and `f` not run) otherwise. Past the deadline, the
+    /// watchdog answers `TIMEOUT` and the result is `Some(Err(TIMEOUT))` whatever `f` returned.
     pub(crate) fn try_run<T>(
         &self,
         ticket: Ticket,
-        f: impl FnOnce() -> crate::error::Result<T>,
-    ) -> Option<crate::error::Result<T>> {
-        if !runtime_can_block() {
+        f: impl FnOnce() -> Result<T>,
+    ) -> Option<Result<T>> {
+        if !runtime_can_block() || self.watchdog().is_none() {
             return None;
         }
         let limit = ticket.limit;
@@ -139,7 +156,11 @@ impl FastPath {
                 settled: false,
             });
         }
-        self.wake_watchdog();
+        if self.shared.parked.swap(false, Ordering::SeqCst) {
+            if let Some(thread) = self.watchdog() {
+                thread.unpark();
+            }
+        }
         // Whatever happens in `f` (a panic included), the fast path is given back.
         struct Release<'a>(&'a Shared);
         impl Drop for Release<'_> {
@@ -151,7 +172,13 @@ impl FastPath {
         let out = if deadline.expired() {
             Err(limits::timed_out(limit))
         } else {
-            f()
+            // A panic becomes the answer it would be on the pool, not a request never answered.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+                Err(Error::new(
+                    ErrorKind::Internal,
+                    "worker failed: the operation panicked".to_string(),
+                ))
+            })
         };
         drop(release);
         // Expired by the watchdog while it ran: the answer is `TIMEOUT` (already sent, or to
@@ -163,20 +190,21 @@ impl FastPath {
         Some(out)
     }
 
-    fn wake_watchdog(&self) {
-        let started = self.shared.watchdog.get_or_init(|| {
-            let shared = Arc::clone(&self.shared);
-            std::thread::Builder::new()
-                .name("fsbroker-watchdog".into())
-                .spawn(move || watch(&shared))
-                .ok()
-                .map(|h| h.thread().clone())
-        });
-        if self.shared.parked.swap(false, Ordering::SeqCst) {
-            if let Some(thread) = started {
-                thread.unpark();
-            }
-        }
+    /// The watchdog thread, started on first use; `None` when it could not be started (and
+    /// then nothing runs inline).
+    fn watchdog(&self) -> Option<&Thread> {
+        self.shared
+            .watchdog
+            .get_or_init(|| {
+                let shared = Arc::clone(&self.shared);
+                std::thread::Builder::new()
+                    .name("fsbroker-watchdog".into())
+                    .spawn(move || watch(&shared))
+                    .map_err(|e| tracing::warn!(error = %e, "no watchdog thread; small requests use the pool"))
+                    .ok()
+                    .map(|h| h.thread().clone())
+            })
+            .as_ref()
     }
 }
 
@@ -198,13 +226,13 @@ fn runtime_can_block() -> bool {
 fn watch(shared: &Arc<Shared>) {
     let mut idle = 0;
     while Arc::strong_count(shared) > 1 {
-        let busy = {
+        let (busy, settled) = {
             let mut slot = shared.lock();
             if let Some(running) = slot.as_mut() {
                 settle(running);
-                true
+                (true, running.settled)
             } else {
-                false
+                (false, false)
             }
         };
         idle = if busy { 0 } else { idle + 1 };
@@ -220,7 +248,8 @@ fn watch(shared: &Arc<Shared>) {
             idle = 0;
             continue;
         }
-        std::thread::sleep(TICK);
+        // A request answered and still stuck needs nothing more until it returns.
+        std::thread::sleep(if settled { SETTLED_TICK } else { TICK });
     }
 }
 
@@ -240,10 +269,20 @@ fn settle(running: &mut Running) {
         running.settled = true;
         return;
     };
-    let frame = jsonrpc::error_frame(Some(&late.id), &limits::timed_out(running.limit));
+    let Some(id) = late.id.get() else {
+        running.settled = true;
+        return;
+    };
+    let frame = jsonrpc::error_frame(Some(id), &limits::timed_out(running.limit));
     if (late.sink)(frame.into()) {
         late.answered.store(true, Ordering::Release);
         running.settled = true;
+        drop(
+            late.received
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
     }
 }
 
@@ -270,7 +309,8 @@ mod tests {
             true
         });
         let id = RawValue::from_string("41".into()).unwrap();
-        let late = Late::new(sink, &id);
+        let late = Late::new(sink);
+        let _ = late.id.set(id);
         // The "file system": an operation that blocks until the test lets it go.
         let (release_tx, release_rx) = mpsc::channel::<()>();
         let (started_tx, started_rx) = mpsc::channel::<()>();
@@ -281,7 +321,7 @@ mod tests {
                 fast.try_run(ticket(Duration::from_millis(30), Some(late)), || {
                     started_tx.send(()).unwrap();
                     release_rx.recv().unwrap();
-                    Ok::<_, crate::error::Error>("done")
+                    Ok::<_, Error>("done")
                 })
             })
         };
@@ -326,6 +366,18 @@ mod tests {
             fast.try_run(ticket(Duration::from_secs(1), None), || Ok(()))
                 .is_none()
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_inline_is_an_internal_error_and_gives_the_fast_path_back() {
+        let fast = FastPath::default();
+        let out = fast.try_run(ticket(Duration::from_secs(5), None), || -> Result<()> {
+            panic!("boom")
+        });
+        let err = out.expect("ran inline").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Internal);
+        let again = fast.try_run(ticket(Duration::from_secs(5), None), || Ok(3));
+        assert_eq!(again.map(|r| r.ok()), Some(Some(3)));
     }
 
     #[test]

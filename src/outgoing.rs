@@ -108,8 +108,9 @@ impl BodyPool {
         });
     }
 
-    /// Unmaps the bodies unused for [`POOL_IDLE`]. Called with every request, so a session
-    /// that turns from large reads to anything else gives their memory back.
+    /// Unmaps the bodies unused for [`POOL_IDLE`]. The broker's reaper calls it about once a
+    /// second for every session, so a session that stops reading large chunks gives their
+    /// memory back.
     pub(crate) fn trim(&self) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if !free.is_empty() {

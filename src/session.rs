@@ -34,7 +34,6 @@ pub struct Session {
     state: Arc<SessionState>,
     notifications: Mutex<Option<Notifications>>,
     output_budget: Arc<tokio::sync::Semaphore>,
-    bodies: Arc<BodyPool>,
 }
 
 /// The notifications for one session's peer, in the order they should be sent.
@@ -89,6 +88,9 @@ struct Grant {
 pub(crate) struct SessionState {
     pub(crate) id: u64,
     pub(crate) uploads: Uploads,
+    /// Pages for large response bodies, reused for the next large read; the broker's reaper
+    /// gives back those idle for a second.
+    bodies: Arc<BodyPool>,
     grants: Mutex<Vec<Grant>>,
     notify: mpsc::Sender<Vec<u8>>,
     roots_changed: std::sync::atomic::AtomicBool,
@@ -208,6 +210,8 @@ impl crate::broker::Member for SessionState {
     }
 
     fn reap_idle_uploads(&self, idle: std::time::Duration) -> usize {
+        // The same round gives back output pages a quiet session no longer uses.
+        self.bodies.trim();
         self.uploads.reap(idle)
     }
 }
@@ -239,6 +243,7 @@ impl Session {
         let state = Arc::new(SessionState {
             id,
             uploads: Uploads::new(Arc::clone(&progress)),
+            bodies: Arc::default(),
             grants: Mutex::new(Vec::new()),
             notify: tx,
             roots_changed: std::sync::atomic::AtomicBool::new(false),
@@ -260,7 +265,6 @@ impl Session {
                 wake,
             })),
             output_budget: Arc::new(tokio::sync::Semaphore::new(OUTPUT_BUDGET_KIB)),
-            bodies: Arc::default(),
         };
         (session, state)
     }
@@ -282,7 +286,7 @@ impl Session {
 
     /// Pages for large response bodies, reused once the peer has read them.
     pub(crate) fn bodies(&self) -> &Arc<BodyPool> {
-        &self.bodies
+        &self.state.bodies
     }
 
     /// Reserves room for a response of about `bytes` bytes in this session's output budget;
@@ -358,7 +362,6 @@ impl Session {
     /// Counts a request as received, for a transport that hands requests to concurrent tasks:
     /// taken in arrival order, before the task is spawned.
     pub(crate) fn received(&self) -> Received {
-        self.bodies.trim();
         let arrival = self
             .state
             .next_arrival

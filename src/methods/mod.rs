@@ -25,7 +25,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{AuditLog, Record};
 use crate::error::{Error, ErrorKind, Result};
-use crate::fast::{FastPath, Late, Sink, Ticket};
+use crate::fast::{FastPath, Late, Ticket};
 use crate::jsonrpc::{self, Incoming, WriteResult};
 use crate::limits::{self, Deadline};
 use crate::locks::{LockGuard, LockMode, LockTable};
@@ -51,6 +51,15 @@ impl Ctx<'_> {
         self.owned_since(Instant::now())
     }
 
+    /// [`Ctx::owned`] for small work that may take the fast path ([`Op::run_small`]): it
+    /// carries how the watchdog answers the request if the work gets stuck there.
+    fn owned_inline(&self) -> Op {
+        Op {
+            late: self.late.clone(),
+            ..self.owned()
+        }
+    }
+
     /// [`Ctx::owned`] for an operation whose `timeout_ms` started counting at `started`.
     fn owned_since(&self, started: Instant) -> Op {
         Op {
@@ -58,7 +67,7 @@ impl Ctx<'_> {
             locks: Arc::clone(self.session.broker().locks()),
             pool: Arc::clone(self.session.broker().pool()),
             fast: Arc::clone(self.session.broker().fast()),
-            late: self.late.clone(),
+            late: None,
             state: Arc::clone(self.session.state()),
             deadline: Arc::default(),
             started,
@@ -173,6 +182,10 @@ impl Op {
             deadline: Arc::clone(&self.deadline),
             late: self.late.clone(),
         };
+        if ticket.late.is_none() {
+            // Nobody to answer for it if it got stuck (the library's `Session::handle`).
+            return self.run(f).await;
+        }
         let fast = Arc::clone(&self.fast);
         let mut work = Some(f);
         let op = &self;
@@ -184,7 +197,9 @@ impl Op {
             return done;
         }
         match work {
-            Some(f) => self.run(f).await,
+            // On the pool the request is answered by its own task, which never waits past the
+            // deadline: it needs no late answer.
+            Some(f) => Op { late: None, ..self }.run(f).await,
             None => Err(unreachable_work()),
         }
     }
@@ -602,20 +617,28 @@ impl Session {
         self.respond_received(line, self.received(), None).await
     }
 
-    /// [`Session::respond`] for a request already counted by [`Session::received`]. With a
-    /// `sink` (the transport's output), a request stuck on the fast path is answered
-    /// `TIMEOUT` through it at its deadline, and `None` is returned when it finally ends.
+    /// [`Session::respond`] for a request already counted by [`Session::received`]. With
+    /// `late` (a transport that can take an answer from another thread), a request stuck on
+    /// the fast path is answered `TIMEOUT` through it at its deadline, and `None` is returned
+    /// when it finally ends.
     pub(crate) async fn respond_received(
         &self,
         line: &[u8],
         received: Received,
-        sink: Option<&Sink>,
+        late: Option<&Arc<Late>>,
     ) -> Option<Outgoing> {
         match jsonrpc::parse(line) {
             Incoming::Request { id, method, params } => {
-                let late = sink.map(|s| Late::new(Arc::clone(s), id));
-                let frame =
-                    call(self, &method, params, id, received.arrival(), late.as_ref()).await;
+                let arrival = received.arrival();
+                // Without `late`, `received` lives until the answer is built.
+                let _received = match late {
+                    Some(late) => {
+                        late.hold(id, received);
+                        None
+                    }
+                    None => Some(received),
+                };
+                let frame = call(self, &method, params, id, arrival, late).await;
                 match late {
                     Some(late) if late.answered() => None,
                     _ => Some(frame),

@@ -75,12 +75,11 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Repl
         .await;
     let bodies = Arc::clone(ctx.session.bodies());
     let small = wanted(&ctx.policy, &params) <= crate::fast::MAX_INLINE_READ;
-    let op = ctx.owned();
     let work = move |op: &Op| read(op, params, &bodies);
     let mut reply = if small {
-        op.run_small(work).await?
+        ctx.owned_inline().run_small(work).await?
     } else {
-        op.run(work).await?
+        ctx.owned().run(work).await?
     };
     // Reserved for what was asked; keep only what the answer holds (a 10-byte file read with
     // the default length must not hold a megabyte of the budget while it waits to be sent).

@@ -10,11 +10,13 @@
 //! broker reading its requests, with memory bounded by these three budgets.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use crate::fast::Sink;
+use crate::fast::{Late, Sink};
 use crate::outgoing::Outgoing;
 use crate::session::Session;
 
@@ -27,6 +29,9 @@ pub const INPUT_BUDGET_KIB: usize = 32 << 10;
 /// reading rather than growing its memory.
 pub const OUTPUT_QUEUE: usize = 64;
 
+/// How often [`Driver::finish`] looks whether only stuck, already answered requests are left.
+const STUCK_CHECK: Duration = Duration::from_millis(100);
+
 /// Runs one session's requests within its bounds; answers go to `out`.
 pub(crate) struct Driver<T> {
     session: Arc<Session>,
@@ -36,6 +41,8 @@ pub(crate) struct Driver<T> {
     out: mpsc::Sender<T>,
     /// `out` for the fast path's watchdog, which answers stuck requests from its own thread.
     sink: Sink,
+    /// Requests the watchdog answered whose tasks are still stuck in their work.
+    stuck: Arc<AtomicUsize>,
 }
 
 impl<T> std::fmt::Debug for Driver<T> {
@@ -50,16 +57,29 @@ impl<T> std::fmt::Debug for Driver<T> {
 impl<T: From<Outgoing> + Send + 'static> Driver<T> {
     /// A driver for `session` running at most `max_in_flight` requests at once.
     pub(crate) fn new(session: Arc<Session>, max_in_flight: usize, out: mpsc::Sender<T>) -> Self {
-        let late_out = out.clone();
+        // Weak, like the tasks' own senders: a request stuck in a file system must not keep
+        // the output (and with it the session's end) open.
+        let late_out = out.downgrade();
+        let stuck = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&stuck);
         let sink: Sink = Arc::new(move |frame: Outgoing| {
-            // Full: tried again on the watchdog's next tick. Closed: nobody to answer.
-            !matches!(
-                late_out.try_send(T::from(frame)),
-                Err(mpsc::error::TrySendError::Full(_))
-            )
+            let taken = match late_out.upgrade() {
+                // Full: tried again on the watchdog's next tick.
+                Some(out) => !matches!(
+                    out.try_send(T::from(frame)),
+                    Err(mpsc::error::TrySendError::Full(_))
+                ),
+                // Closed: nobody left to answer.
+                None => true,
+            };
+            if taken {
+                counted.fetch_add(1, Ordering::AcqRel);
+            }
+            taken
         });
         Driver {
             sink,
+            stuck,
             session,
             in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
             held: Arc::new(Semaphore::new(INPUT_BUDGET_KIB)),
@@ -90,10 +110,15 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
         let session = Arc::clone(&self.session);
         // Counted now, in arrival order: tasks may start in any order.
         let received = session.received();
-        let out = self.out.clone();
-        let sink = Arc::clone(&self.sink);
+        let out = self.out.downgrade();
+        let late = Late::new(Arc::clone(&self.sink));
+        let stuck = Arc::clone(&self.stuck);
         self.tasks.spawn(async move {
-            if let Some(frame) = session.respond_received(&line, received, Some(&sink)).await {
+            let frame = session.respond_received(&line, received, Some(&late)).await;
+            if late.answered() {
+                stuck.fetch_sub(1, Ordering::AcqRel);
+            }
+            if let (Some(frame), Some(out)) = (frame, out.upgrade()) {
                 let _ = out.send(T::from(frame)).await;
             }
             drop((permit, held));
@@ -107,8 +132,20 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
         self.out.send(T::from(frame)).await.is_ok()
     }
 
-    /// Waits for the requests in flight to be answered.
+    /// Waits for the requests in flight to be answered. Requests the fast path's watchdog
+    /// already answered `TIMEOUT` and that are still stuck in a file system are not waited
+    /// for: they hold nothing the session's end needs (their output is a weak reference),
+    /// and they end when their system call does.
     pub(crate) async fn finish(mut self) {
-        while self.tasks.join_next().await.is_some() {}
+        while !self.tasks.is_empty() {
+            if self.tasks.len() <= self.stuck.load(Ordering::Acquire) {
+                self.tasks.detach_all();
+                break;
+            }
+            tokio::select! {
+                _ = self.tasks.join_next() => {}
+                () = tokio::time::sleep(STUCK_CHECK) => {}
+            }
+        }
     }
 }

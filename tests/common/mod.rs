@@ -622,6 +622,39 @@ impl LiveBroker {
         log.get(from..).unwrap_or_default().to_vec()
     }
 
+    /// Closes the broker's input (end of the session, as a peer that leaves).
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
+    /// Whether the broker closes its output within `limit` (messages before that are
+    /// dropped): it has ended its session, even where its process cannot be reaped yet.
+    pub fn output_closed_within(&mut self, limit: Duration) -> bool {
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.out.recv_timeout(left) {
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => return false,
+                Err(RecvTimeoutError::Disconnected) => return true,
+            }
+        }
+    }
+
+    /// Waits at most `limit` for the broker's process to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Every stderr line so far, joined by newlines.
     pub fn log_text(&self) -> String {
         self.log

@@ -1,0 +1,169 @@
+//! A file system that never answers a read, as a hung FUSE or network mount under a root
+//! would, through the real binary: `timeout_ms` must hold on the blocking pool and on the fast
+//! path (docs/protocol.md, "The fast path"), the session must go on serving everything else,
+//! and the broker must still end when its peer leaves.
+//!
+//! The file system is `tests/common/stuck_fuse.py`, which speaks FUSE on `/dev/fuse` and
+//! mounts itself, so these tests need root and `/dev/fuse`; without them they say so and pass.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::policy::{PolicyToml, RootToml};
+use common::{LiveBroker, code, python, tempdir};
+use serde_json::json;
+
+const TIMEOUT: i64 = -31005;
+
+/// The mounted file system; unmounted and ended when dropped.
+struct StuckFs {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl StuckFs {
+    /// Mounts the stuck file system at `mnt`, or says why it cannot here.
+    fn mount(mnt: &Path) -> Result<StuckFs, String> {
+        if !Path::new("/dev/fuse").exists() {
+            return Err("no /dev/fuse".into());
+        }
+        if rustix::process::geteuid().as_raw() != 0 {
+            return Err("not root (mounting needs it)".into());
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/stuck_fuse.py");
+        let mut child = Command::new(python())
+            .arg(script)
+            .arg(mnt)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start python: {e}"))?;
+        let stdin = child.stdin.take();
+        let mut line = String::new();
+        let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+        let fs = StuckFs { child, stdin };
+        if line.trim() != "ready" {
+            return Err(format!("the file system did not mount ({line:?})"));
+        }
+        Ok(fs)
+    }
+}
+
+impl Drop for StuckFs {
+    fn drop(&mut self) {
+        // Its stdin closing makes it unmount and exit; the blocked readers then fail.
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// A root holding `fast.txt` and the stuck file system at `mnt`, and a policy with
+/// `timeout_ms` = `timeout_ms`; `None` (with a note) where the file system cannot be mounted.
+fn setup(timeout_ms: u64) -> Option<(tempfile::TempDir, PathBuf, StuckFs)> {
+    let (t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir_all(root.join("mnt")).unwrap();
+    std::fs::write(root.join("fast.txt"), "still here\n").unwrap();
+    let fs = match StuckFs::mount(&root.join("mnt")) {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("SKIPPED: a stuck file system cannot be mounted here: {why}");
+            return None;
+        }
+    };
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&root).name("r"))
+        .table("limits", format!("timeout_ms = {timeout_ms}"))
+        .write_to(&dir.join("policy.toml"));
+    Some((t, policy, fs))
+}
+
+/// A broker over the stuck file system. The file system goes first when this is dropped: a
+/// process whose threads wait in a FUSE read cannot be reaped until that read ends.
+struct Run {
+    fs: StuckFs,
+    b: LiveBroker,
+}
+
+#[test]
+fn reads_stuck_in_a_hung_file_system_are_answered_timeout_and_everything_else_goes_on() {
+    let Some((_t, policy, fs)) = setup(400) else {
+        return;
+    };
+    let b = LiveBroker::start(
+        &["serve", "--policy", policy.to_str().unwrap()],
+        Duration::from_secs(20),
+    );
+    let mut run = Run { fs, b };
+    let b = &mut run.b;
+    let started = Instant::now();
+    // Small reads take the fast path (one of them; the other goes to the pool while the
+    // first holds it), a large one the pool: all three are stuck in the file system.
+    let small = b.send(
+        "files/read",
+        json!({"path": "r/mnt/slow.bin", "length": 1024}),
+    );
+    let small2 = b.send(
+        "files/read",
+        json!({"path": "r/mnt/slow.bin", "length": 2048}),
+    );
+    let large = b.send(
+        "files/read",
+        json!({"path": "r/mnt/slow.bin", "length": 512 << 10, "encoding": "base64"}),
+    );
+    for id in [small, small2, large] {
+        let r = b.response(id);
+        assert_eq!(r["error"]["code"], TIMEOUT, "request {id}: {r}");
+        assert_eq!(code(&r["error"]), "TIMEOUT", "{r}");
+    }
+    let answered = started.elapsed();
+    // While they stay stuck, the session is served: reads of another file, small and large.
+    for i in 0..20 {
+        let r = b.ok("files/read", json!({"path": "r/fast.txt"}));
+        assert_eq!(r["content"], "still here\n", "read {i}: {r}");
+    }
+    let r = b.ok("ping", json!({}));
+    assert!(r.is_object(), "{r}");
+    // No answer twice: nothing more arrives for the stuck requests.
+    if let Some((_, m)) = b.next_raw(Duration::from_millis(300)) {
+        panic!("unexpected message after the TIMEOUT answers: {m}");
+    }
+    // The peer leaves: the broker ends although three reads are still stuck. Its process
+    // cannot be reaped (nor its descriptors closed) while a thread waits in a FUSE read, so
+    // "ended" is its main thread's exit: the process is a zombie waiting for those threads.
+    b.close_stdin();
+    let pid = b.pid();
+    let end = Instant::now() + Duration::from_secs(15);
+    let ended = loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("State:"))
+                    .map(str::to_owned)
+            });
+        match state {
+            None => break true,
+            Some(s) if s.contains('Z') => break true,
+            Some(_) if Instant::now() >= end => break false,
+            Some(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    println!(
+        "stuck reads: TIMEOUT after {answered:?} (timeout_ms 400); ended after the peer left: {ended}"
+    );
+    assert!(
+        ended,
+        "the broker did not end while reads were stuck: {}",
+        b.log_text()
+    );
+    // Once the file system goes, the stuck threads end and so does the process.
+    drop(run.fs);
+    let status = run.b.wait_exit(Duration::from_secs(15));
+    assert!(status.is_some_and(|s| s.success()), "exit: {status:?}");
+}
