@@ -167,3 +167,36 @@ fn reads_stuck_in_a_hung_file_system_are_answered_timeout_and_everything_else_go
     let status = run.b.wait_exit(Duration::from_secs(15));
     assert!(status.is_some_and(|s| s.success()), "exit: {status:?}");
 }
+
+#[test]
+fn a_request_answered_for_while_stuck_no_longer_holds_up_upload_chunks_behind_it() {
+    // An upload chunk waits for its turn while any request that arrived before it is
+    // unanswered, with no deadline of its own. A read stuck on the fast path and answered
+    // `TIMEOUT` by the watchdog must stop counting as unanswered, or the chunk would wait for
+    // as long as the file system hangs.
+    let Some((_t, policy, fs)) = setup(300) else {
+        return;
+    };
+    let b = LiveBroker::start(
+        &["serve", "--policy", policy.to_str().unwrap()],
+        Duration::from_secs(20),
+    );
+    let mut run = Run { fs, b };
+    let b = &mut run.b;
+    let stuck = b.send(
+        "files/read",
+        json!({"path": "r/mnt/slow.bin", "length": 1024}),
+    );
+    let chunk = b.send(
+        "files/write",
+        json!({"path": "r/up.bin", "content": "aGVsbG8=", "encoding": "base64",
+               "offset": 5, "final": false}),
+    );
+    let r = b.response(stuck);
+    assert_eq!(r["error"]["code"], TIMEOUT, "{r}");
+    // Answered (the chunk has no upload to join), not left waiting on the stuck read.
+    let r = b.response(chunk);
+    assert!(r["error"].is_object(), "{r}");
+    assert_ne!(r["error"]["code"], TIMEOUT, "{r}");
+    println!("chunk behind a stuck read: {}", r["error"]["message"]);
+}
