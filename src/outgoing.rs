@@ -20,9 +20,10 @@ use tokio::sync::OwnedSemaphorePermit;
 /// bodies do not: a huge page would zero 2 MiB to hold a few hundred kilobytes.
 const HUGE: usize = 2 << 20;
 
-/// Bytes of bodies a session keeps for reuse: its output budget, so the pool never holds
-/// more than the answers it may already have in flight.
-const POOL_KEEP: usize = crate::session::OUTPUT_BUDGET_KIB << 10;
+/// Bytes of mappings a session keeps for reuse: its output budget (the answers it may have in
+/// flight at once), plus the huge-page alignment of up to four of them, so that a session
+/// reading large chunks with as many in flight as its budget allows finds every body warm.
+const POOL_KEEP: usize = (crate::session::OUTPUT_BUDGET_KIB << 10) + 4 * HUGE;
 
 /// A body unused this long is unmapped ([`BodyPool::trim`]): a session that stopped reading
 /// large chunks does not keep their memory.
