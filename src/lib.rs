@@ -59,7 +59,8 @@
 //!   fsbroker's own files (`protected.rs`), safe opens (`open.rs`) and the building blocks of
 //!   mutations (`mutate.rs`).
 //! - `locks.rs` (path locks, SEP-1708), `limits.rs` (rate limits and deadlines), `fair.rs`
-//!   (the blocking pool shared fairly between sessions), `upload.rs` (chunked uploads
+//!   (the blocking pool shared fairly between sessions), `fast.rs` (small reads run inline,
+//!   with a watchdog that answers `TIMEOUT` for one stuck there), `upload.rs` (chunked uploads
 //!   staged beside their targets), `watch/` (`files/watch`: one notify watcher per broker),
 //!   `random.rs` (ids and nonces), `rfc3339.rs` (timestamps).
 //! - [`confine`]: `proxy --confine`, the Landlock domain and seccomp filter a server runs in.
