@@ -87,6 +87,16 @@ impl Late {
         *self.received.lock().unwrap_or_else(|e| e.into_inner()) = Some(received);
     }
 
+    /// Gives up the request's place once its answer is built (or sent by the watchdog).
+    pub(crate) fn release(&self) {
+        drop(
+            self.received
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+    }
+
     /// Whether the watchdog answered the request: its own answer must then not be sent.
     pub(crate) fn answered(&self) -> bool {
         self.answered.load(Ordering::Acquire)
@@ -277,12 +287,7 @@ fn settle(running: &mut Running) {
     if (late.sink)(frame.into()) {
         late.answered.store(true, Ordering::Release);
         running.settled = true;
-        drop(
-            late.received
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(),
-        );
+        late.release();
     }
 }
 

@@ -639,6 +639,10 @@ impl Session {
                     None => Some(received),
                 };
                 let frame = call(self, &method, params, id, arrival, late).await;
+                // Answered: its place goes now, as `_received` does for the pool's callers.
+                if let Some(late) = late {
+                    late.release();
+                }
                 match late {
                     Some(late) if late.answered() => None,
                     _ => Some(frame),
