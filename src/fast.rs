@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 
+use crate::audit::{AuditLog, Record};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc;
 use crate::limits::{self, Deadline};
@@ -59,6 +60,27 @@ pub(crate) struct Late {
     /// so that requests waiting for earlier ones (upload chunks) do not wait on a request
     /// that is answered but still stuck.
     received: Mutex<Option<Received>>,
+    /// The request's audit line, for the watchdog to write when it answers (its own task
+    /// writes it otherwise): the log must have the request even if its work never returns.
+    audit: Mutex<Option<LateAudit>>,
+    /// The watchdog wrote the audit line; the task must not write another.
+    audited: AtomicBool,
+}
+
+/// What the audit line of a request answered by the watchdog says.
+pub(crate) struct LateAudit {
+    /// The broker's log.
+    pub log: Arc<AuditLog>,
+    /// The session's number.
+    pub session: u64,
+    /// The method (only `files/read` takes the fast path).
+    pub method: &'static str,
+    /// The request's `path`.
+    pub path: Option<String>,
+    /// The MCP server's name.
+    pub server: Option<String>,
+    /// When the request began.
+    pub started: Instant,
 }
 
 impl std::fmt::Debug for Late {
@@ -78,7 +100,19 @@ impl Late {
             id: OnceLock::new(),
             answered: AtomicBool::new(false),
             received: Mutex::new(None),
+            audit: Mutex::new(None),
+            audited: AtomicBool::new(false),
         })
+    }
+
+    /// Hands the watchdog the request's audit line, in case it answers the request.
+    pub(crate) fn audit_with(&self, line: LateAudit) {
+        *self.audit.lock().unwrap_or_else(|e| e.into_inner()) = Some(line);
+    }
+
+    /// Whether the watchdog wrote the request's audit line.
+    pub(crate) fn audited(&self) -> bool {
+        self.audited.load(Ordering::Acquire)
     }
 
     /// Names the request (its id) and keeps its bookkeeping until it is answered.
@@ -258,8 +292,17 @@ fn watch(shared: &Arc<Shared>) {
             idle = 0;
             continue;
         }
-        // A request answered and still stuck needs nothing more until it returns.
-        std::thread::sleep(if settled { SETTLED_TICK } else { TICK });
+        if settled {
+            // Answered and still stuck: nothing to do until it returns, but the next inline
+            // request, which may start the moment it does, wakes the watchdog at once.
+            shared.parked.store(true, Ordering::SeqCst);
+            if shared.lock().as_ref().is_some_and(|r| r.settled) {
+                std::thread::park_timeout(SETTLED_TICK);
+            }
+            shared.parked.store(false, Ordering::SeqCst);
+            continue;
+        }
+        std::thread::sleep(TICK);
     }
 }
 
@@ -283,7 +326,29 @@ fn settle(running: &mut Running) {
         running.settled = true;
         return;
     };
-    let frame = jsonrpc::error_frame(Some(id), &limits::timed_out(running.limit));
+    let error = limits::timed_out(running.limit);
+    // The line first, under the lock the work's end waits for: the request's own task then
+    // finds it written and writes none, and the session cannot end (and the log be sealed)
+    // before it is written, because the answer, which lets the session end, comes after.
+    let line = late.audit.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(a) = line {
+        let record = Record {
+            session: a.session,
+            method: a.method,
+            path: a.path.as_deref(),
+            new_path: None,
+            paths: None,
+            outcome: error.kind().outcome(),
+            bytes: 0,
+            duration: a.started.elapsed(),
+            server: a.server.as_deref(),
+        };
+        if let Err(e) = a.log.record(&record) {
+            tracing::error!(session = a.session, error = %e, "the audit line of a request stuck past its deadline could not be written");
+        }
+        late.audited.store(true, Ordering::Release);
+    }
+    let frame = jsonrpc::error_frame(Some(id), &error);
     if (late.sink)(frame.into()) {
         late.answered.store(true, Ordering::Release);
         running.settled = true;

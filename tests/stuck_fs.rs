@@ -65,6 +65,14 @@ impl Drop for StuckFs {
 /// A root holding `fast.txt` and the stuck file system at `mnt`, and a policy with
 /// `timeout_ms` = `timeout_ms`; `None` (with a note) where the file system cannot be mounted.
 fn setup(timeout_ms: u64) -> Option<(tempfile::TempDir, PathBuf, StuckFs)> {
+    setup_with(timeout_ms, None)
+}
+
+/// [`setup`], with an audit log at `audit` when given.
+fn setup_with(
+    timeout_ms: u64,
+    audit: Option<&Path>,
+) -> Option<(tempfile::TempDir, PathBuf, StuckFs)> {
     let (t, dir) = tempdir();
     let root = dir.join("root");
     std::fs::create_dir_all(root.join("mnt")).unwrap();
@@ -76,11 +84,36 @@ fn setup(timeout_ms: u64) -> Option<(tempfile::TempDir, PathBuf, StuckFs)> {
             return None;
         }
     };
-    let policy = PolicyToml::new()
+    let mut policy = PolicyToml::new()
         .root(RootToml::at(&root).name("r"))
-        .table("limits", format!("timeout_ms = {timeout_ms}"))
-        .write_to(&dir.join("policy.toml"));
+        .table("limits", format!("timeout_ms = {timeout_ms}"));
+    if let Some(log) = audit {
+        policy = policy.audit(log, "");
+    }
+    let policy = policy.write_to(&dir.join("policy.toml"));
     Some((t, policy, fs))
+}
+
+/// Waits at most `limit` for the process `pid` to end: gone, or a zombie whose main thread
+/// has exited (a process with a thread stuck in a FUSE read cannot be reaped before that read
+/// ends).
+fn ended_within(pid: u32, limit: Duration) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("State:"))
+                    .map(str::to_owned)
+            });
+        match state {
+            None => return true,
+            Some(s) if s.contains('Z') => return true,
+            Some(_) if Instant::now() >= end => return false,
+            Some(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
 }
 
 /// A broker over the stuck file system. The file system goes first when this is dropped: a
@@ -90,28 +123,34 @@ struct Run {
     b: LiveBroker,
 }
 
+impl Run {
+    /// `fsbroker serve --policy POLICY` over the mounted `fs`.
+    fn start(fs: StuckFs, policy: &Path) -> Run {
+        let b = LiveBroker::start(
+            &["serve", "--policy", policy.to_str().unwrap()],
+            Duration::from_secs(20),
+        );
+        Run { fs, b }
+    }
+}
+
+/// The params of a read of `length` bytes of the file whose reads never end.
+fn stuck_read(length: u64) -> serde_json::Value {
+    json!({"path": "r/mnt/slow.bin", "length": length})
+}
+
 #[test]
 fn reads_stuck_in_a_hung_file_system_are_answered_timeout_and_everything_else_goes_on() {
     let Some((_t, policy, fs)) = setup(400) else {
         return;
     };
-    let b = LiveBroker::start(
-        &["serve", "--policy", policy.to_str().unwrap()],
-        Duration::from_secs(20),
-    );
-    let mut run = Run { fs, b };
+    let mut run = Run::start(fs, &policy);
     let b = &mut run.b;
     let started = Instant::now();
     // Small reads take the fast path (one of them; the other goes to the pool while the
     // first holds it), a large one the pool: all three are stuck in the file system.
-    let small = b.send(
-        "files/read",
-        json!({"path": "r/mnt/slow.bin", "length": 1024}),
-    );
-    let small2 = b.send(
-        "files/read",
-        json!({"path": "r/mnt/slow.bin", "length": 2048}),
-    );
+    let small = b.send("files/read", stuck_read(1024));
+    let small2 = b.send("files/read", stuck_read(2048));
     let large = b.send(
         "files/read",
         json!({"path": "r/mnt/slow.bin", "length": 512 << 10, "encoding": "base64"}),
@@ -137,23 +176,7 @@ fn reads_stuck_in_a_hung_file_system_are_answered_timeout_and_everything_else_go
     // cannot be reaped (nor its descriptors closed) while a thread waits in a FUSE read, so
     // "ended" is its main thread's exit: the process is a zombie waiting for those threads.
     b.close_stdin();
-    let pid = b.pid();
-    let end = Instant::now() + Duration::from_secs(15);
-    let ended = loop {
-        let state = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("State:"))
-                    .map(str::to_owned)
-            });
-        match state {
-            None => break true,
-            Some(s) if s.contains('Z') => break true,
-            Some(_) if Instant::now() >= end => break false,
-            Some(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    };
+    let ended = ended_within(b.pid(), Duration::from_secs(15));
     println!(
         "stuck reads: TIMEOUT after {answered:?} (timeout_ms 400); ended after the peer left: {ended}"
     );
@@ -177,16 +200,9 @@ fn a_request_answered_for_while_stuck_no_longer_holds_up_upload_chunks_behind_it
     let Some((_t, policy, fs)) = setup(300) else {
         return;
     };
-    let b = LiveBroker::start(
-        &["serve", "--policy", policy.to_str().unwrap()],
-        Duration::from_secs(20),
-    );
-    let mut run = Run { fs, b };
+    let mut run = Run::start(fs, &policy);
     let b = &mut run.b;
-    let stuck = b.send(
-        "files/read",
-        json!({"path": "r/mnt/slow.bin", "length": 1024}),
-    );
+    let stuck = b.send("files/read", stuck_read(1024));
     let chunk = b.send(
         "files/write",
         json!({"path": "r/up.bin", "content": "aGVsbG8=", "encoding": "base64",
@@ -199,4 +215,50 @@ fn a_request_answered_for_while_stuck_no_longer_holds_up_upload_chunks_behind_it
     assert!(r["error"].is_object(), "{r}");
     assert_ne!(r["error"]["code"], TIMEOUT, "{r}");
     println!("chunk behind a stuck read: {}", r["error"]["message"]);
+}
+
+#[test]
+fn a_read_answered_by_the_watchdog_is_in_the_sealed_audit_log() {
+    // The request's own task writes its audit line when its work returns, which a stuck read
+    // never does; the broker may end (and seal its log) before that. The watchdog writes it.
+    let (_logs, logs) = tempdir();
+    let log = logs.join("audit.log");
+    let Some((_t, policy, fs)) = setup_with(300, Some(&log)) else {
+        return;
+    };
+    let mut run = Run::start(fs, &policy);
+    let b = &mut run.b;
+    let stuck = b.send("files/read", stuck_read(1024));
+    let r = b.response(stuck);
+    assert_eq!(r["error"]["code"], TIMEOUT, "{r}");
+    let r = b.ok("files/read", json!({"path": "r/fast.txt"}));
+    assert_eq!(r["content"], "still here\n", "{r}");
+    b.close_stdin();
+    assert!(
+        ended_within(b.pid(), Duration::from_secs(15)),
+        "{}",
+        b.log_text()
+    );
+    drop(run.fs);
+    let status = run.b.wait_exit(Duration::from_secs(15));
+    assert!(status.is_some_and(|s| s.success()), "exit: {status:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let reads: Vec<&str> = text.lines().filter(|l| l.contains("files/read")).collect();
+    assert_eq!(reads.len(), 2, "one line per read, no more:\n{text}");
+    assert!(
+        reads
+            .iter()
+            .any(|l| l.contains("slow.bin") && l.contains("TIMEOUT")),
+        "no TIMEOUT line for the stuck read:\n{text}"
+    );
+    let verify = Command::new(common::bin())
+        .args(["audit", "verify", log.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "audit verify: {}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
 }

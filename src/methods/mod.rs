@@ -25,7 +25,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{AuditLog, Record};
 use crate::error::{Error, ErrorKind, Result};
-use crate::fast::{FastPath, Late, Ticket};
+use crate::fast::{FastPath, Late, LateAudit, Ticket};
 use crate::jsonrpc::{self, Incoming, WriteResult};
 use crate::limits::{self, Deadline};
 use crate::locks::{LockGuard, LockMode, LockTable};
@@ -352,6 +352,21 @@ pub(crate) async fn call(
         .broker()
         .audit()
         .filter(|_| method == "roots/list" || method.starts_with("files/"));
+    // A read may take the fast path, where the watchdog may answer it: it writes the line
+    // then, so it needs it now (a read's params are small).
+    if let (Some(log), Some(late), "files/read") = (audit, late, method) {
+        let paths: AuditPaths = params
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .unwrap_or_default();
+        late.audit_with(LateAudit {
+            log: Arc::clone(log),
+            session: session.id(),
+            method: "files/read",
+            path: paths.path,
+            server: session.state().peer_name(),
+            started,
+        });
+    }
     let (frame, outcome) = if audit.is_some_and(|a| !a.is_healthy()) {
         // Refused before it runs. The refusal is still recorded when only a required copy
         // was lost: the file itself takes lines.
@@ -375,6 +390,10 @@ pub(crate) async fn call(
             }
         }
     };
+    if late.is_some_and(|l| l.audited()) {
+        // Answered and recorded by the watchdog; this answer is dropped.
+        return frame;
+    }
     if let Some(log) = audit {
         let server = session.state().peer_name();
         let paths: AuditPaths = params

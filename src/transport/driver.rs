@@ -29,6 +29,17 @@ pub const INPUT_BUDGET_KIB: usize = 32 << 10;
 /// reading rather than growing its memory.
 pub const OUTPUT_QUEUE: usize = 64;
 
+/// A task's share of [`Driver`]'s count of answered, stuck requests, given back when it ends.
+struct Unstuck(Arc<Late>, Arc<AtomicUsize>);
+
+impl Drop for Unstuck {
+    fn drop(&mut self) {
+        if self.0.answered() {
+            self.1.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 /// How often [`Driver::finish`] looks whether only stuck, already answered requests are left.
 const STUCK_CHECK: Duration = Duration::from_millis(100);
 
@@ -114,10 +125,9 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
         let late = Late::new(Arc::clone(&self.sink));
         let stuck = Arc::clone(&self.stuck);
         self.tasks.spawn(async move {
+            // Uncounted when the task ends, however it ends (a panic included).
+            let _counted = Unstuck(Arc::clone(&late), stuck);
             let frame = session.respond_received(&line, received, Some(&late)).await;
-            if late.answered() {
-                stuck.fetch_sub(1, Ordering::AcqRel);
-            }
             if let (Some(frame), Some(out)) = (frame, out.upgrade()) {
                 let _ = out.send(T::from(frame)).await;
             }
