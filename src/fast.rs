@@ -156,7 +156,7 @@ struct Running {
     until: Instant,
     limit: Duration,
     deadline: Arc<Deadline>,
-    late: Option<Arc<Late>>,
+    late: Arc<Late>,
     /// The watchdog has acted on the deadline (answered, or found the work committing).
     settled: bool,
 }
@@ -170,27 +170,34 @@ pub(crate) struct Ticket {
     /// Shared with the operation's commit point.
     pub deadline: Arc<Deadline>,
     /// How to answer the request if the watchdog must.
-    pub late: Option<Arc<Late>>,
+    pub late: Arc<Late>,
 }
 
 impl FastPath {
-    /// Runs `f` inline when the fast path is free, the runtime can afford a blocked worker
-    /// and the watchdog runs; `None` (and `f` not run) otherwise. Past the deadline, the
-    /// watchdog answers `TIMEOUT` and the result is `Some(Err(TIMEOUT))` whatever `f` returned.
-    pub(crate) fn try_run<T>(
+    /// Runs `f(arg)` inline when the fast path is free, the runtime can afford a blocked
+    /// worker and the watchdog runs; otherwise gives `f` back, not run (for the pool). Past
+    /// the deadline, the watchdog answers `TIMEOUT` and the result is `Ok(Err(TIMEOUT))`
+    /// whatever `f` returned.
+    pub(crate) fn try_run<A, T, F>(
         &self,
         ticket: Ticket,
-        f: impl FnOnce() -> Result<T>,
-    ) -> Option<Result<T>> {
+        arg: &A,
+        f: F,
+    ) -> std::result::Result<Result<T>, F>
+    where
+        F: FnOnce(&A) -> Result<T>,
+    {
         if !runtime_can_block() || self.watchdog().is_none() {
-            return None;
+            return Err(f);
         }
         let limit = ticket.limit;
         let deadline = Arc::clone(&ticket.deadline);
         {
-            let mut slot = self.shared.running.try_lock().ok()?;
+            let Ok(mut slot) = self.shared.running.try_lock() else {
+                return Err(f);
+            };
             if slot.is_some() {
-                return None;
+                return Err(f);
             }
             *slot = Some(Running {
                 until: ticket.until,
@@ -217,7 +224,7 @@ impl FastPath {
             Err(limits::timed_out(limit))
         } else {
             // A panic becomes the answer it would be on the pool, not a request never answered.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(arg))).unwrap_or_else(|_| {
                 Err(Error::new(
                     ErrorKind::Internal,
                     "worker failed: the operation panicked".to_string(),
@@ -229,9 +236,9 @@ impl FastPath {
         // be sent by the caller), as for work on the pool. A mutation checks the deadline at
         // its commit point, so it rolled back.
         if deadline.expired() {
-            return Some(Err(limits::timed_out(limit)));
+            return Ok(Err(limits::timed_out(limit)));
         }
-        Some(out)
+        Ok(out)
     }
 
     /// The watchdog thread, started on first use; `None` when it could not be started (and
@@ -316,12 +323,7 @@ fn settle(running: &mut Running) {
         running.settled = true;
         return;
     }
-    let Some(late) = &running.late else {
-        // No way to answer from here (the library's `Session::handle`): its caller gets
-        // `TIMEOUT` when the work returns.
-        running.settled = true;
-        return;
-    };
+    let late = &running.late;
     let Some(id) = late.id.get() else {
         running.settled = true;
         return;
@@ -362,6 +364,8 @@ mod tests {
     use std::sync::mpsc;
 
     fn ticket(after: Duration, late: Option<Arc<Late>>) -> Ticket {
+        // Without a late answer to watch, one whose frames go nowhere.
+        let late = late.unwrap_or_else(|| Late::new(Arc::new(|_: Outgoing| true)));
         Ticket {
             until: Instant::now() + after,
             limit: after,
@@ -388,18 +392,22 @@ mod tests {
             let fast = Arc::clone(&fast);
             let late = Arc::clone(&late);
             tokio::spawn(async move {
-                fast.try_run(ticket(Duration::from_millis(30), Some(late)), || {
-                    started_tx.send(()).unwrap();
-                    release_rx.recv().unwrap();
-                    Ok::<_, Error>("done")
-                })
+                fast.try_run(
+                    ticket(Duration::from_millis(30), Some(late)),
+                    &(),
+                    move |_| {
+                        started_tx.send(()).unwrap();
+                        release_rx.recv().unwrap();
+                        Ok::<_, Error>("done")
+                    },
+                )
             })
         };
         started_rx.recv().unwrap();
         // While it is stuck, nothing else runs inline: the caller goes to the pool.
         assert!(
-            fast.try_run(ticket(Duration::from_secs(5), None), || Ok(()))
-                .is_none()
+            fast.try_run(ticket(Duration::from_secs(5), None), &(), |_| Ok(()))
+                .is_err()
         );
         // The TIMEOUT answer goes out while the operation is still stuck.
         let frame = sent_rx.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -408,11 +416,11 @@ mod tests {
         assert_eq!(v["error"]["data"]["code"], "TIMEOUT", "{v}");
         assert!(late.answered());
         release_tx.send(()).unwrap();
-        let out = stuck.await.unwrap().expect("it ran inline");
+        let out = stuck.await.unwrap().ok().expect("it ran inline");
         assert!(out.is_err(), "its own result is dropped: {out:?}");
         // Given back: the next request runs inline again.
-        let again = fast.try_run(ticket(Duration::from_secs(5), None), || Ok(7));
-        assert_eq!(again.map(|r| r.ok()), Some(Some(7)));
+        let again = fast.try_run(ticket(Duration::from_secs(5), None), &(), |_| Ok(7));
+        assert_eq!(again.ok().map(|r| r.ok()), Some(Some(7)));
         assert!(sent_rx.try_recv().is_err(), "answered twice");
     }
 
@@ -421,41 +429,43 @@ mod tests {
         let fast = FastPath::default();
         let t = ticket(Duration::from_millis(20), None);
         let deadline = Arc::clone(&t.deadline);
-        let out = fast.try_run(t, || {
+        let out = fast.try_run(t, &(), |_| {
             deadline.commit(Duration::from_millis(20))?;
             std::thread::sleep(Duration::from_millis(100));
             Ok(5)
         });
-        assert_eq!(out.map(|r| r.ok()), Some(Some(5)));
+        assert_eq!(out.ok().map(|r| r.ok()), Some(Some(5)));
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn never_inline_where_a_blocked_thread_would_stall_everything() {
         let fast = FastPath::default();
         assert!(
-            fast.try_run(ticket(Duration::from_secs(1), None), || Ok(()))
-                .is_none()
+            fast.try_run(ticket(Duration::from_secs(1), None), &(), |_| Ok(()))
+                .is_err()
         );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_panic_inline_is_an_internal_error_and_gives_the_fast_path_back() {
         let fast = FastPath::default();
-        let out = fast.try_run(ticket(Duration::from_secs(5), None), || -> Result<()> {
-            panic!("boom")
-        });
-        let err = out.expect("ran inline").unwrap_err();
+        let out = fast.try_run(
+            ticket(Duration::from_secs(5), None),
+            &(),
+            |_| -> Result<()> { panic!("boom") },
+        );
+        let err = out.ok().expect("ran inline").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Internal);
-        let again = fast.try_run(ticket(Duration::from_secs(5), None), || Ok(3));
-        assert_eq!(again.map(|r| r.ok()), Some(Some(3)));
+        let again = fast.try_run(ticket(Duration::from_secs(5), None), &(), |_| Ok(3));
+        assert_eq!(again.ok().map(|r| r.ok()), Some(Some(3)));
     }
 
     #[test]
     fn never_inline_outside_a_runtime() {
         let fast = FastPath::default();
         assert!(
-            fast.try_run(ticket(Duration::from_secs(1), None), || Ok(()))
-                .is_none()
+            fast.try_run(ticket(Duration::from_secs(1), None), &(), |_| Ok(()))
+                .is_err()
         );
     }
 }

@@ -175,32 +175,22 @@ impl Op {
         F: FnOnce(&Op) -> Result<T> + Send + 'static,
         T: Send + 'static,
     {
+        let Some(late) = self.late.clone() else {
+            // Nobody to answer for it if it got stuck (the library's `Session::handle`).
+            return self.run(f).await;
+        };
         let limit = self.policy.limits().timeout;
         let ticket = Ticket {
             until: self.started + limit,
             limit,
             deadline: Arc::clone(&self.deadline),
-            late: self.late.clone(),
+            late,
         };
-        if ticket.late.is_none() {
-            // Nobody to answer for it if it got stuck (the library's `Session::handle`).
-            return self.run(f).await;
-        }
-        let fast = Arc::clone(&self.fast);
-        let mut work = Some(f);
-        let op = &self;
-        let inline = fast.try_run(ticket, || match work.take() {
-            Some(f) => f(op),
-            None => Err(unreachable_work()),
-        });
-        if let Some(done) = inline {
-            return done;
-        }
-        match work {
+        match Arc::clone(&self.fast).try_run(ticket, &self, f) {
+            Ok(done) => done,
             // On the pool the request is answered by its own task, which never waits past the
             // deadline: it needs no late answer.
-            Some(f) => Op { late: None, ..self }.run(f).await,
-            None => Err(unreachable_work()),
+            Err(f) => Op { late: None, ..self }.run(f).await,
         }
     }
 
@@ -352,17 +342,19 @@ pub(crate) async fn call(
         .broker()
         .audit()
         .filter(|_| method == "roots/list" || method.starts_with("files/"));
-    // A read may take the fast path, where the watchdog may answer it: it writes the line
-    // then, so it needs it now (a read's params are small).
-    if let (Some(log), Some(late), "files/read") = (audit, late, method) {
-        let paths: AuditPaths = params
+    // The paths the audit line names, read once: a read may take the fast path, where the
+    // watchdog may answer it and write its line, so it needs them before the work runs.
+    let paths: Option<AuditPaths> = audit.map(|_| {
+        params
             .and_then(|p| serde_json::from_str(p.get()).ok())
-            .unwrap_or_default();
+            .unwrap_or_default()
+    });
+    if let (Some(log), Some(late), Some(paths), "files/read") = (audit, late, &paths, method) {
         late.audit_with(LateAudit {
             log: Arc::clone(log),
             session: session.id(),
             method: "files/read",
-            path: paths.path,
+            path: paths.path.clone(),
             server: session.state().peer_name(),
             started,
         });
@@ -394,11 +386,8 @@ pub(crate) async fn call(
         // Answered and recorded by the watchdog; this answer is dropped.
         return frame;
     }
-    if let Some(log) = audit {
+    if let (Some(log), Some(paths)) = (audit, paths) {
         let server = session.state().peer_name();
-        let paths: AuditPaths = params
-            .and_then(|p| serde_json::from_str(p.get()).ok())
-            .unwrap_or_default();
         let record = Record {
             session: session.id(),
             method,
@@ -566,11 +555,6 @@ pub(crate) trait ReplyInfo {
     fn take_budget(&mut self) -> Option<OwnedSemaphorePermit> {
         None
     }
-}
-
-/// `try_run` calls its closure at most once, and only when it returns `Some`.
-fn unreachable_work() -> Error {
-    Error::new(ErrorKind::Internal, "fast path ran work twice".to_string())
 }
 
 /// Payload bytes of a serialized result type (most carry none).
