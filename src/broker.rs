@@ -36,7 +36,15 @@ pub struct Broker {
     pool: Arc<FairPool>,
     fast: Arc<crate::fast::FastPath>,
     prompts: Arc<tokio::sync::Semaphore>,
+    /// The key a proxy proves its link with (`serve --listen`); without one, no link is a
+    /// proxy's, and what a peer says about its server is not taken.
+    proxy_key: std::sync::OnceLock<crate::rundir::ProxyKey>,
+    /// Every root is withdrawn because the policy file is held ([`PolicyError::Held`]).
+    held: std::sync::atomic::AtomicBool,
 }
+
+/// How often a broker whose policy file is held tries to read it again.
+pub const HELD_RETRY: Duration = Duration::from_millis(250);
 
 /// What a policy reload changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -98,6 +106,8 @@ impl Broker {
             pool: FairPool::new(crate::fair::blocking_slots()),
             fast: Arc::default(),
             prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS)),
+            proxy_key: std::sync::OnceLock::new(),
+            held: Default::default(),
         });
         reap_idle_uploads(Arc::downgrade(&broker));
         Ok(broker)
@@ -159,6 +169,17 @@ impl Broker {
         }
     }
 
+    /// Takes proxies on the links that offer `key` (a shared broker's socket). The first key
+    /// stands.
+    pub(crate) fn accept_proxies(&self, key: crate::rundir::ProxyKey) {
+        let _ = self.proxy_key.set(key);
+    }
+
+    /// Whether `offered` is the key of this broker's proxies.
+    pub(crate) fn is_proxy_key(&self, offered: &str) -> bool {
+        self.proxy_key.get().is_some_and(|k| k.matches(offered))
+    }
+
     /// The audit log, when auditing is on.
     pub fn audit(&self) -> Option<&Arc<AuditLog>> {
         self.audit.as_ref()
@@ -185,9 +206,22 @@ impl Broker {
 
     /// Loads the policy file again (with the same command-line overrides) and applies it.
     /// A policy that fails to load leaves the current one in force; the error says why.
-    pub fn reload(&self) -> Result<ReloadReport, PolicyError> {
+    ///
+    /// A policy file that cannot be read without waiting on another process (a lease on it,
+    /// [`PolicyError::Held`]) fails closed: the file is being changed and the broker cannot
+    /// see to what, so every root is withdrawn (revoked, as a reload that removed them) until
+    /// a later reload reads it; a thread tries again every [`HELD_RETRY`].
+    pub fn reload(self: &Arc<Self>) -> Result<ReloadReport, PolicyError> {
         let old = self.policy();
-        let new = Policy::load(old.source(), &self.overrides)?;
+        let new = match Policy::load(old.source(), &self.overrides) {
+            Ok(new) => new,
+            Err(e @ PolicyError::Held { .. }) => {
+                self.withdraw_all();
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        self.held.store(false, Ordering::Release);
         if new.audit() != old.audit() {
             tracing::warn!("the [audit] table changed; the audit log in use stays until restart");
         }
@@ -195,6 +229,53 @@ impl Broker {
             tracing::warn!("max_pending_input changed; the budget in use stays until restart");
         }
         Ok(self.apply(new))
+    }
+
+    /// Withdraws every root (a held policy file: see [`Broker::reload`]), and tries the file
+    /// again from a thread of its own until it reads, or fails for another reason (then the
+    /// next change of the file, or SIGHUP, tries again).
+    fn withdraw_all(self: &Arc<Self>) {
+        let current = self.policy();
+        if !current.roots().is_empty() {
+            tracing::error!(
+                roots = current.roots().len(),
+                "the policy file is held by another process: withdrawing every root until it can be read"
+            );
+            self.apply(current.without_roots());
+        }
+        if self.held.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        let retry = move || {
+            loop {
+                std::thread::sleep(HELD_RETRY);
+                let Some(broker) = me.upgrade() else { return };
+                if !broker.held.load(Ordering::Acquire) {
+                    return;
+                }
+                match broker.reload() {
+                    Ok(_) => {
+                        tracing::info!("the policy file can be read again; its roots are back");
+                        return;
+                    }
+                    Err(PolicyError::Held { .. }) => {}
+                    Err(_) => {
+                        // Readable, but not a policy: the roots stay withdrawn until the file
+                        // changes again (the watcher) or SIGHUP; this retry is done.
+                        broker.held.store(false, Ordering::Release);
+                        return broker.reload_and_log();
+                    }
+                }
+            }
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("fsbroker-policy-held".into())
+            .spawn(retry)
+        {
+            tracing::error!(error = %e, "cannot start retrying the held policy file; reload with SIGHUP");
+            self.held.store(false, Ordering::Release);
+        }
     }
 
     /// Puts `new` in force: roots that were removed, or whose consent turned `deny`, lose
@@ -286,7 +367,7 @@ impl Broker {
     }
 
     /// Reloads, logging the outcome: what a signal or a file change calls.
-    pub fn reload_and_log(&self) {
+    pub fn reload_and_log(self: &Arc<Self>) {
         if let Err(e) = self.reload() {
             // One log line: a TOML error's code snippet spans several.
             let text = e.to_string();

@@ -344,8 +344,11 @@ fn settle(running: &mut Running) {
             bytes: 0,
             duration: a.started.elapsed(),
             server: a.server.as_deref(),
+            also_refused: 0,
         };
-        if let Err(e) = a.log.record(&record) {
+        // The watchdog answers for every stuck request: its wait for the log is bounded too.
+        let until = Instant::now() + running.limit.min(crate::audit::OWN_LINE_WAIT);
+        if let Err(e) = a.log.record_until(&record, until) {
             tracing::error!(session = a.session, error = %e, "the audit line of a request stuck past its deadline could not be written");
         }
         late.audited.store(true, Ordering::Release);

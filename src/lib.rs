@@ -61,8 +61,11 @@
 //! - `locks.rs` (path locks, SEP-1708), `limits.rs` (rate limits and deadlines), `fair.rs`
 //!   (the blocking pool shared fairly between sessions), `fast.rs` (small reads run inline,
 //!   with a watchdog that answers `TIMEOUT` for one stuck there), `upload.rs` (chunked uploads
-//!   staged beside their targets), `watch/` (`files/watch`: one notify watcher per broker),
-//!   `random.rs` (ids and nonces), `rfc3339.rs` (timestamps).
+//!   staged beside their targets), `watch/` (`files/watch`: one notify watcher per broker,
+//!   registered and unregistered by a thread of its own, `registrar.rs`), `random.rs` (ids
+//!   and nonces), `rfc3339.rs` (timestamps), `rundir.rs` (the user's private runtime
+//!   directory: the audit log's lock, and the key a proxy proves its link to a shared broker
+//!   with).
 //! - [`confine`]: `proxy --confine`, the Landlock domain and seccomp filter a server runs in.
 //! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`Policy`].
 //! - [`codec`]: UTF-8 and base64 content, with the SIMD base64 engine.
@@ -117,6 +120,7 @@ mod outgoing;
 pub mod policy;
 mod random;
 mod rfc3339;
+mod rundir;
 pub mod sandbox;
 mod session;
 pub mod transport;

@@ -14,6 +14,13 @@ use crate::upload::Uploads;
 /// behind it: `{"name": "…"}`, the server's own `serverInfo.name`.
 pub const PEER_NOTIFICATION: &str = "notifications/fsbroker/peer";
 
+/// The largest [`PEER_NOTIFICATION`] taken: a proxy's note (a name, a revision, the rules of
+/// a sandbox) is a few KiB.
+pub(crate) const MAX_PEER_NOTE: usize = 64 << 10;
+
+/// How often a session's refusals over the request rate get an audit line.
+pub(crate) const RATE_REFUSAL_LINES: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The longest server name kept (consent prompts show it).
 const MAX_PEER_NAME: usize = 256;
 
@@ -98,6 +105,11 @@ pub(crate) struct SessionState {
     peer: Mutex<Option<String>>,
     /// Whether the peer speaks MCP 2026-07-28 (results then carry `resultType`).
     modern: std::sync::atomic::AtomicBool,
+    /// Refusals over the request rate since the last one written to the audit log, and when
+    /// that one was: see [`SessionState::rate_refusal_line`].
+    rate_refused: Mutex<(u64, Option<std::time::Instant>)>,
+    /// Whether a proxy's account of the server's confinement was recorded (one per session).
+    confinement_recorded: std::sync::atomic::AtomicBool,
     /// Whether the session's `prompt` roots were offered to the person (on its first
     /// `roots/list`).
     pub(crate) roots_offered: std::sync::atomic::AtomicBool,
@@ -185,6 +197,31 @@ impl SessionState {
         self.progress.subscribe()
     }
 
+    /// Counts a refusal over the request rate; returns whether it gets an audit line, and how
+    /// many earlier ones that line stands for. A peer past its rate would otherwise fill the
+    /// log as fast as it can write: one line a second, each counting the refusals folded
+    /// into it (`alsoRefused`), keeps the log's growth to the rate.
+    pub(crate) fn rate_refusal_line(&self) -> Option<u64> {
+        let mut r = self.rate_refused.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        if r.1
+            .is_some_and(|last| now.duration_since(last) < RATE_REFUSAL_LINES)
+        {
+            r.0 += 1;
+            return None;
+        }
+        r.1 = Some(now);
+        Some(std::mem::take(&mut r.0))
+    }
+
+    /// Refusals over the request rate that no line has counted yet.
+    pub(crate) fn rate_refusals_unwritten(&self) -> u64 {
+        self.rate_refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+    }
+
     /// The MCP server's name, when the transport learned it.
     pub(crate) fn peer_name(&self) -> Option<String> {
         self.peer.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -251,6 +288,8 @@ impl Session {
             peer: Mutex::new(None),
             modern: std::sync::atomic::AtomicBool::new(false),
             roots_offered: Default::default(),
+            confinement_recorded: Default::default(),
+            rate_refused: Mutex::default(),
             in_flight: Mutex::default(),
             next_arrival: Default::default(),
             progress,
@@ -324,32 +363,73 @@ impl Session {
     }
 
     /// Takes what a proxy reported ([`PEER_NOTIFICATION`]): the server's name (the first one
-    /// stands, so the name a person saw in one prompt is the name they see in the next), and
-    /// the revision its connection speaks (`protocolVersion`).
-    pub(crate) fn learn_peer(&self, params: Option<&serde_json::value::RawValue>) {
+    /// stands, so the name a person saw in one prompt is the name they see in the next), the
+    /// revision its connection speaks (`protocolVersion`), and the sandbox it started the
+    /// server in (`confinement`, recorded in the audit log as the proxy's account).
+    ///
+    /// Only a proxy's link is heard: the note must carry the key of the shared broker's socket
+    /// (`key`), which a proxy reads from the user's private runtime directory and a server,
+    /// confined or talking to `serve` directly, does not have. Anything else (a plain `serve`
+    /// peer is the server itself) is dropped with a warning, as is a note over
+    /// [`MAX_PEER_NOTE`] bytes or beyond the session's request rate. A session records one
+    /// confinement, the first.
+    pub(crate) async fn learn_peer(&self, params: Option<&serde_json::value::RawValue>) {
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Peer {
+            key: Option<String>,
             name: Option<String>,
             protocol_version: Option<String>,
             confinement: Option<serde_json::Value>,
         }
-        let Some(peer) = params.and_then(|p| serde_json::from_str::<Peer>(p.get()).ok()) else {
-            tracing::debug!(session = self.id(), "a peer notification without a name");
-            return;
+        let ignore = |why: &str| {
+            tracing::warn!(
+                session = self.id(),
+                why,
+                "ignoring a notifications/fsbroker/peer"
+            );
         };
+        let text = params.map_or("", |p| p.get());
+        if text.len() > MAX_PEER_NOTE {
+            return ignore("it is larger than a proxy's note can be");
+        }
+        let Ok(peer) = serde_json::from_str::<Peer>(text) else {
+            return ignore("it is not a proxy's note");
+        };
+        if !peer
+            .key
+            .as_deref()
+            .is_some_and(|k| self.broker.is_proxy_key(k))
+        {
+            return ignore(
+                "this link is not a proxy's (only `fsbroker proxy --connect` to a shared \
+                 broker's socket, with the socket's key, may send it)",
+            );
+        }
+        if self.broker.rate_limits().check_request(self.id()).is_err() {
+            return ignore("the session is over its request rate");
+        }
         if let Some(version) = &peer.protocol_version {
             self.set_modern(crate::jsonrpc::is_modern(version));
         }
-        if let Some(mut confinement) = peer.confinement {
-            // The proxy's account of the sandbox it started its server in (`--confine`).
-            if let Some(c) = confinement.as_object_mut() {
-                c.insert("session".into(), serde_json::Value::from(self.id()));
-            }
-            if let Some(log) = self.broker.audit() {
-                if let Err(e) = log.confinement(confinement) {
-                    tracing::error!(error = %e, "cannot record a server's confinement");
+        if let Some(confinement) = peer.confinement {
+            let first = !self
+                .state
+                .confinement_recorded
+                .swap(true, std::sync::atomic::Ordering::AcqRel);
+            match (first, self.broker.audit()) {
+                (false, _) => ignore("the session's confinement is already recorded"),
+                (true, Some(log)) => {
+                    let until = std::time::Instant::now() + crate::audit::OWN_LINE_WAIT;
+                    let log = Arc::clone(log);
+                    if let Err(e) =
+                        crate::audit::AuditLog::proxy_account(log, self.id(), confinement, until)
+                            .await
+                    {
+                        tracing::error!(error = %e, "cannot record a server's confinement");
+                    }
                 }
+                (true, None) => {}
             }
         }
         let Some(name) = peer.name else { return };
@@ -417,6 +497,15 @@ impl Drop for Received {
 /// uploads remove their staging files.
 impl Drop for Session {
     fn drop(&mut self) {
+        let unwritten = self.state.rate_refusals_unwritten();
+        if unwritten > 0 && self.broker.audit().is_some() {
+            // Folded into no line (the session ended within a second of its last one).
+            tracing::warn!(
+                session = self.id(),
+                refused = unwritten,
+                "requests over the rate refused in the session's last second, not in the audit log"
+            );
+        }
         self.broker.locks().release_session(self.id());
         self.broker.watches().remove_session(self.id());
         self.broker.rate_limits().prune();

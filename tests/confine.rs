@@ -436,7 +436,9 @@ fn a_proxy_of_a_shared_broker_confines_and_the_broker_records_it() {
     let _ = broker.wait();
     let c = found.expect("the shared broker recorded the confinement");
     assert_eq!(c["confinement"]["enforced"], true, "{c}");
-    assert!(c["confinement"]["session"].is_u64(), "{c}");
+    // Recorded as the proxy's account of its server, for the proxy's session.
+    assert_eq!(c["account"], "proxy", "{c}");
+    assert!(c["session"].is_u64(), "{c}");
 }
 
 /// Rule: what a confined server leaves running (a daemon: fork, setsid, fork) ends with it,

@@ -642,8 +642,8 @@ fn server_messages_reach_the_host_byte_for_byte() {
         r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"héllo \u00e9 \ud83d\ude00 😀"}}"#,
         r#"{"result":{"tools":[],"unknown":{"deep":[true,false,null]}},"id":"not-a-host-request","jsonrpc":"2.0"}"#,
         r#"{"jsonrpc":"2.0","id":123,"method":"elicitation/create","params":{"message":"m","requestedSchema":{"type":"object"}}}"#,
-        r#"{"jsonrpc":"2.0","method":"files/notAnswered-notification-is-not-a-request"}"#,
     ];
+    // (A `files/*` line, even a notification, is never the host's: `proxy_hostile.rs`.)
     let result = p.tool(json!("raw-1"), "raw", json!({"lines": lines}));
     assert_eq!(result["written"], json!(lines.len()));
     // The lines came before the tool result, in order, exactly as written.
@@ -657,7 +657,7 @@ fn server_messages_reach_the_host_byte_for_byte() {
     let last = String::from_utf8(p.received.last().unwrap().clone()).unwrap();
     assert_eq!(
         last,
-        "{\"jsonrpc\": \"2.0\", \"id\": \"raw-1\", \"result\": {\"written\": 7}}\n"
+        "{\"jsonrpc\": \"2.0\", \"id\": \"raw-1\", \"result\": {\"written\": 6}}\n"
     );
     p.close_stdin();
     assert_eq!(p.wait_exit().code(), Some(0));

@@ -6,7 +6,8 @@
 //! or inserting a line breaks the chain at that line, which [`verify`] names. File contents are
 //! never logged; with `redact_paths`, neither are paths (their sha256 is).
 //!
-//! Several brokers may append to one file (each append holds the file's `flock`); a log with
+//! Several brokers may append to one file (each append holds the log's lock, a file in the
+//! user's private runtime directory that no server can reach: [`crate::rundir`]); a log with
 //! `max_bytes` rolls over to a new file that continues the chain (`rotate.rs`); every line can
 //! also be sent, as it is written, to the machine's log collector (`copy.rs`).
 //!
@@ -23,12 +24,13 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::policy::AuditConfig;
+use crate::rundir::LockFile;
 use copy::{Copies, Notice};
 pub use verify::{Summary, verify, verify_anchored, verify_files};
 
@@ -89,6 +91,15 @@ pub enum AuditError {
         /// Why it could not be sent.
         error: String,
     },
+    /// The line could not be written before its deadline: another process holds the log's
+    /// lock, or a lease on its file. Nothing was written; the log still takes lines.
+    #[error("audit log {path}: not written in time: {reason}")]
+    Late {
+        /// The log file.
+        path: PathBuf,
+        /// What it waited for.
+        reason: String,
+    },
     /// The chain is broken (or the file is not an audit log).
     #[error("audit log {path}: line {line}: {reason}")]
     Broken {
@@ -122,6 +133,9 @@ pub struct Record<'a> {
     pub duration: Duration,
     /// The MCP server's name, when its transport learnt it (its own `serverInfo.name`).
     pub server: Option<&'a str>,
+    /// Refusals over the session's request rate folded into this line (`alsoRefused`): they
+    /// came since the session's previous such line, and got no line of their own.
+    pub also_refused: u64,
 }
 
 struct Chain {
@@ -138,30 +152,9 @@ struct Chain {
     carry: Option<String>,
 }
 
-/// Holds the file's advisory lock (`flock`, exclusive) until dropped: every broker appending
-/// to one log takes it, so their lines form one chain. It keeps a duplicate of the file's
-/// descriptor (the lock belongs to the open file, which both share), so the chain can change
-/// while the lock is held.
-struct FileLock(std::os::fd::OwnedFd);
-
-impl FileLock {
-    fn take(file: &File) -> std::io::Result<FileLock> {
-        let fd = std::os::fd::AsFd::as_fd(file).try_clone_to_owned()?;
-        loop {
-            match rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive) {
-                Ok(()) => return Ok(FileLock(fd)),
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-}
-
-impl Drop for FileLock {
-    fn drop(&mut self) {
-        let _ = rustix::fs::flock(&self.0, rustix::fs::FlockOperation::Unlock);
-    }
-}
+/// How long the broker's own lines (its start, a seal, a proxy's account) wait for the log:
+/// they have no request deadline of their own, and must not wait forever either.
+pub const OWN_LINE_WAIT: Duration = Duration::from_secs(10);
 
 /// An open, append-only audit log.
 pub struct AuditLog {
@@ -184,6 +177,9 @@ pub struct Health {
     /// True while a copy is down and `require_copies` is set: requests are refused, but the
     /// file still takes the broker's own lines (the loss itself, the seal, refusals).
     copy_down: AtomicBool,
+    /// The lock every broker appending to this log takes (by the log's path, so it also
+    /// orders a roll-over against the appends of other brokers).
+    lock: LockFile,
 }
 
 impl Health {
@@ -194,6 +190,13 @@ impl Health {
 
     fn file_ok(&self) -> bool {
         self.file.load(Ordering::Acquire)
+    }
+
+    /// Waits until `until` at most for the log to be free to take a line: work about to act
+    /// checks this at its point of no return, so that a log held elsewhere makes it answer
+    /// `TIMEOUT` without acting, rather than act and then find its line cannot be written.
+    pub(crate) fn wait_free(&self, until: Instant) -> bool {
+        self.lock.wait_free(until).is_ok()
     }
 }
 
@@ -228,7 +231,9 @@ impl AuditLog {
             path: path.clone(),
             source,
         };
-        let file = rotate::open(&path).map_err(io)?;
+        let until = Instant::now() + OWN_LINE_WAIT;
+        let file = rotate::open(&path, Some(until)).map_err(io)?;
+        let lock = LockFile::for_file(&path).map_err(io)?;
         let copies = Copies::new(&config.copies).map_err(io)?;
         // The chain's head is read under the lock each append takes anyway ([`AuditLog::append`]).
         let log = AuditLog {
@@ -246,6 +251,7 @@ impl AuditLog {
             health: Arc::new(Health {
                 file: AtomicBool::new(true),
                 copy_down: AtomicBool::new(false),
+                lock,
             }),
             path: path.clone(),
         };
@@ -257,7 +263,7 @@ impl AuditLog {
             // (A log whose last line was torn by a broker killed mid-write is mended by the
             // start line's append: see `AuditLog::settle`.)
             let chain = log.chain.lock().unwrap_or_else(|e| e.into_inner());
-            let _lock = FileLock::take(&chain.file).map_err(io)?;
+            let _lock = log.health.lock.take(Some(until)).map_err(io)?;
             if let Tail::Torn { complete, .. } = tail(&chain.file, &log.path)? {
                 let mendable = complete > 0
                     && matches!(
@@ -280,7 +286,7 @@ impl AuditLog {
         if let Some(first) = first_session {
             start.insert("firstSession", Value::from(first));
         }
-        let _ = log.append(start);
+        let _ = log.append(start, Some(until));
         Ok(log)
     }
 
@@ -304,16 +310,35 @@ impl AuditLog {
     /// Appends one line. On failure the log turns unhealthy for good and the error is logged;
     /// with `require_copies`, a lost copy also fails it (the line is in the file).
     pub fn record(&self, r: &Record<'_>) -> Result<(), AuditError> {
-        self.append(self.line(r))
+        self.append(self.line(r), None)
     }
 
-    /// [`AuditLog::record`] off the async threads: the line is built here, and written (which
-    /// may wait for another broker's lock on the file, or for a slow log collector) on the
-    /// blocking pool, so a stalled log holds up audited requests, not the broker.
-    pub async fn record_async(log: Arc<AuditLog>, r: &Record<'_>) -> Result<(), AuditError> {
+    /// [`AuditLog::record`], waiting for the log until `until` at most ([`AuditError::Late`]
+    /// past it, with nothing written).
+    pub fn record_until(&self, r: &Record<'_>, until: Instant) -> Result<(), AuditError> {
+        self.append(self.line(r), Some(until))
+    }
+
+    /// [`AuditLog::record_until`] off the async threads: the line is built here, and written
+    /// (which may wait for another broker's lock on the log, or for a slow log collector) on
+    /// the blocking pool, so a stalled log holds up audited requests, not the broker.
+    pub async fn record_async(
+        log: Arc<AuditLog>,
+        r: &Record<'_>,
+        until: Instant,
+    ) -> Result<(), AuditError> {
         let fields = log.line(r);
+        Self::append_async(log, fields, until).await
+    }
+
+    /// Appends on the blocking pool, waiting for the log until `until` at most.
+    async fn append_async(
+        log: Arc<AuditLog>,
+        fields: Fields,
+        until: Instant,
+    ) -> Result<(), AuditError> {
         let path = log.path.clone();
-        tokio::task::spawn_blocking(move || log.append(fields))
+        tokio::task::spawn_blocking(move || log.append(fields, Some(until)))
             .await
             .unwrap_or_else(|e| {
                 Err(AuditError::Io {
@@ -382,6 +407,9 @@ impl AuditLog {
                 256,
             );
         }
+        if r.also_refused > 0 {
+            fields.insert("alsoRefused", Value::from(r.also_refused));
+        }
         fields.insert("outcome", Value::from(r.outcome));
         fields.insert("bytes", Value::from(r.bytes));
         fields.insert(
@@ -391,15 +419,41 @@ impl AuditLog {
         fields
     }
 
-    /// Chains and appends one line, and sends it to the copies. On failure the log turns
-    /// unhealthy for good.
-    fn append(&self, fields: Fields) -> Result<(), AuditError> {
+    /// Turns the log unhealthy for good: a request acted and its line could not be written
+    /// even given a second deadline, so the log no longer tells everything that was done.
+    pub(crate) fn fail_closed(&self, why: &AuditError) {
+        self.health.file.store(false, Ordering::Release);
+        tracing::error!(path = %self.path.display(), error = %why, "audit log unavailable: refusing every audited request from now on");
+    }
+
+    /// Chains and appends one line, and sends it to the copies, waiting for the log until
+    /// `until` at most (`None`: as long as it takes). On a failed write the log turns
+    /// unhealthy for good; a line that only came too late ([`AuditError::Late`]) leaves it
+    /// as it was.
+    fn append(&self, fields: Fields, until: Option<Instant>) -> Result<(), AuditError> {
         if !self.health.file_ok() {
             return Err(AuditError::Unavailable {
                 path: self.path.clone(),
             });
         }
-        let mut guard = self.chain.lock().unwrap_or_else(|e| e.into_inner());
+        let late = |reason: String| AuditError::Late {
+            path: self.path.clone(),
+            reason,
+        };
+        // Other threads of this broker wait for their lines here: the wait is bounded like
+        // the one for the file's lock (each holder waits until its own deadline at most).
+        let mut guard = loop {
+            match self.chain.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if until.is_some_and(|u| Instant::now() >= u) {
+                        return Err(late("other lines of this broker are still waiting".into()));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        };
         let chain = &mut *guard;
         let mut result = Ok(());
         // A lost or resumed copy is itself recorded; the bound only guards against a copy
@@ -407,8 +461,12 @@ impl AuditLog {
         let mut notices_left = 8;
         let mut queue = VecDeque::from([fields]);
         while let Some(fields) = queue.pop_front() {
-            let notices = match self.write(chain, fields) {
+            let notices = match self.write(chain, fields, until) {
                 Ok(notices) => notices,
+                Err(source) if source.kind() == std::io::ErrorKind::TimedOut => {
+                    tracing::warn!(path = %self.path.display(), error = %source, "an audit line waited past its deadline");
+                    return Err(late(source.to_string()));
+                }
                 Err(source) => {
                     self.health.file.store(false, Ordering::Release);
                     tracing::error!(path = %self.path.display(), error = %source, "audit log unavailable: refusing every audited request from now on");
@@ -451,11 +509,16 @@ impl AuditLog {
     /// `max_bytes`. Each line written is sent to the copies before the lock is let go, so the
     /// copies get the lines of every broker in the file's order (a copy is itself a chain).
     /// Returns the changes in the copies' state, to be recorded.
-    fn write(&self, chain: &mut Chain, fields: Fields) -> std::io::Result<Vec<Notice>> {
+    fn write(
+        &self,
+        chain: &mut Chain,
+        fields: Fields,
+        until: Option<Instant>,
+    ) -> std::io::Result<Vec<Notice>> {
         let mut notices = Vec::new();
         let mut rolled = false;
         loop {
-            let lock = FileLock::take(&chain.file)?;
+            let lock = self.health.lock.take(until)?;
             if rotate::moved_away(&chain.file, &self.path)? {
                 // Another broker rolled the log over, or the file was moved away or removed
                 // (logrotate, a person): the log goes on in the file now at the path. The
@@ -463,7 +526,7 @@ impl AuditLog {
                 // the path), links a new empty file to it.
                 chain.carry = last_hash(&chain.file, &self.path).ok();
                 drop(lock);
-                chain.file = rotate::open(&self.path)?;
+                chain.file = rotate::open(&self.path, until)?;
                 chain.len = u64::MAX;
                 continue;
             }
@@ -725,7 +788,24 @@ impl AuditLog {
     pub fn confinement(&self, details: Value) -> Result<(), AuditError> {
         let mut line = event("confine");
         line.insert("confinement", details);
-        self.append(line)
+        self.append(line, Some(Instant::now() + OWN_LINE_WAIT))
+    }
+
+    /// What a proxy reported about the server behind it, on a shared broker (the proxy's
+    /// account, not the broker's own knowledge): `{"event":"confine","account":"proxy",
+    /// "session":N,"confinement":{…}}`, written on the blocking pool. `details` is bounded by
+    /// the caller.
+    pub(crate) async fn proxy_account(
+        log: Arc<AuditLog>,
+        session: u64,
+        details: Value,
+        until: Instant,
+    ) -> Result<(), AuditError> {
+        let mut line = event("confine");
+        line.insert("account", Value::from("proxy"));
+        line.insert("session", Value::from(session));
+        line.insert("confinement", details);
+        Self::append_async(log, line, until).await
     }
 
     /// Seals this run's part of the log (at a clean exit): a last line,
@@ -736,7 +816,7 @@ impl AuditLog {
         if let Some(first) = self.first_session {
             seal.insert("firstSession", Value::from(first));
         }
-        if let Err(e) = self.append(seal) {
+        if let Err(e) = self.append(seal, Some(Instant::now() + OWN_LINE_WAIT)) {
             tracing::error!(error = %e, "cannot seal the audit log");
         }
         self.sync();

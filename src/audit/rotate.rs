@@ -11,20 +11,41 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 /// Opens (or creates, owner-only) the log file at `path` for reading and appending. A symlink
 /// at the path (to `/dev/null`, to another file) is refused rather than followed, so the log
 /// cannot be diverted by a link, and so is a FIFO or socket put there (a writer would block or
 /// lose its lines). A regular file, or a device the user named (`/dev/full` in tests), is used.
-pub fn open(path: &Path) -> std::io::Result<File> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
+///
+/// A process that may read the log (a confined server whose root holds it) can take a lease
+/// on it, which would make a plain open wait out the kernel's `lease-break-time` (45 s). The
+/// open is therefore non-blocking, tried again until `until` (`None`: until it succeeds), then
+/// `TimedOut`.
+pub fn open(path: &Path, until: Option<Instant>) -> std::io::Result<File> {
+    let mut nap = Duration::from_millis(1);
+    let file = loop {
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path);
+        match opened {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if until.is_some_and(|u| Instant::now() >= u) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("{}: another process holds a lease on it", path.display()),
+                    ));
+                }
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(Duration::from_millis(50));
+            }
+            other => break other?,
+        }
+    };
     let kind = file.metadata()?.file_type();
     if !(kind.is_file() || std::os::unix::fs::FileTypeExt::is_char_device(&kind)) {
         return Err(std::io::Error::other(format!(

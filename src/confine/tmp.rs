@@ -7,17 +7,39 @@
 //!   ([`remove_tree`]), so it can neither run out of descriptors nor overflow the stack;
 //! - a proxy in another process-id namespace sharing `/tmp` would look gone by its process id:
 //!   liveness is the directory's lock, which the kernel drops only when its holder is gone.
+//!
+//! And one thing proxies started at the same moment (a host starting all its servers) would do
+//! to each other: a directory is unlocked between its `mkdir` and its `flock`, and another
+//! proxy's clean-up would take it for abandoned and remove it. So a directory is made under a
+//! [`STAGING`] name, which clean-up leaves alone until it is long past that moment
+//! ([`STAGING_GRACE`]), and only locked is it renamed to its [`PREFIX`] name: a directory
+//! under that name is locked from the moment it has it. A proxy whose staging directory was
+//! taken all the same (it was stopped past the grace) starts over under a fresh name.
 
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, CWD, FileType, FlockOperation, Mode, OFlags, RenameFlags};
 
 use super::ConfineError;
 
 /// The start of the name of a confined server's temporary directory; the proxy's process id
 /// (for people reading `/tmp`) and a random part follow.
 pub const PREFIX: &str = "fsbroker-server-";
+
+/// The start of the name a proxy makes the directory under, before it holds its lock; the
+/// proxy's process id and a random part follow.
+pub const STAGING: &str = "fsbroker-staging-";
+
+/// How old (by its modification time: nothing is written into it while it is staged) an
+/// unlocked staging directory must be before clean-up takes it for abandoned: its proxy
+/// needs microseconds between making it and locking it, this leaves room for a stalled one.
+pub const STAGING_GRACE: Duration = Duration::from_secs(60);
+
+/// How many fresh names a proxy tries when the directory it made is taken from it.
+const ATTEMPTS: usize = 8;
 
 /// The directory, locked while this lives, removed when it is dropped.
 #[derive(Debug)]
@@ -27,28 +49,86 @@ pub struct PrivateTmp {
     _lock: OwnedFd,
 }
 
+/// Why one attempt at making the directory failed.
+enum Failed {
+    /// The directory made was taken away, or its lock or final name was: a fresh name may do.
+    Taken(io::Error),
+    /// Nothing can be made here.
+    Fatal(io::Error),
+}
+
 impl PrivateTmp {
     /// Removes what killed proxies left in the system's temporary directory, then makes a
     /// new directory there (mode 0700) and locks it.
     pub fn new() -> Result<PrivateTmp, ConfineError> {
         let base = std::env::temp_dir();
         remove_abandoned(&base);
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{PREFIX}{}-", std::process::id()))
-            .tempdir_in(&base)
-            .map_err(ConfineError::Temp)?;
-        let path = dir.keep();
-        let lock = rustix::fs::open(
-            &path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| ConfineError::Temp(e.into()))?;
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-            .map_err(|e| ConfineError::Temp(e.into()))?;
+        let mut last = None;
+        for _ in 0..ATTEMPTS {
+            match PrivateTmp::make(&base) {
+                Ok(tmp) => return Ok(tmp),
+                Err(Failed::Taken(e)) => {
+                    tracing::debug!(error = %e, "the server's temporary directory was taken while being made; trying a fresh name");
+                    last = Some(e);
+                }
+                Err(Failed::Fatal(e)) => return Err(ConfineError::Temp(e)),
+            }
+        }
+        Err(ConfineError::Temp(last.unwrap_or_else(|| {
+            io::Error::other(format!("{}: no attempt made", base.display()))
+        })))
+    }
+
+    /// One attempt: made under a staging name, opened, locked, made owner-only, renamed to
+    /// its final name (never over another), and checked to be the directory locked.
+    fn make(base: &Path) -> Result<PrivateTmp, Failed> {
+        use std::os::unix::fs::PermissionsExt;
+        let pid = std::process::id();
+        let staged = tempfile::Builder::new()
+            .prefix(&format!("{STAGING}{pid}-"))
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir_in(base)
+            .map_err(Failed::Fatal)?
+            .keep();
+        // Gone (removed as abandoned), held by the clean-up removing it, or its final name
+        // taken: a fresh name may do. Anything else would fail again.
+        let taken = |e: rustix::io::Errno, at: &Path| {
+            use rustix::io::Errno;
+            let again = matches!(
+                e,
+                Errno::NOENT | Errno::WOULDBLOCK | Errno::EXIST | Errno::NOTEMPTY
+            );
+            let e = at_path(e.into(), at);
+            if again {
+                Failed::Taken(e)
+            } else {
+                Failed::Fatal(e)
+            }
+        };
+        let lock = open_dir(&staged).map_err(|e| taken(e, &staged))?;
+        rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive)
+            .map_err(|e| taken(e, &staged))?;
+        let fail = |e: Failed| {
+            // Locked by this proxy and still at the staging name: removed, so that a failed
+            // attempt leaves nothing behind.
+            if same_file(&lock, &staged) {
+                let _ = remove_tree(&staged);
+            }
+            e
+        };
         // Whatever the umask made of it: the server's files are its own.
         rustix::fs::fchmod(&lock, Mode::from_raw_mode(0o700))
-            .map_err(|e| ConfineError::Temp(e.into()))?;
+            .map_err(|e| fail(Failed::Fatal(at_path(e.into(), &staged))))?;
+        let path = base.join(format!("{PREFIX}{pid}-{}", crate::random::hex(8)));
+        rename_noreplace(&staged, &path).map_err(|e| fail(taken(e, &staged)))?;
+        // The rename went by name: the staging name may have been removed (past the grace)
+        // and made again by then. Only the directory this proxy locked is its own.
+        if !same_file(&lock, &path) {
+            return Err(Failed::Taken(at_path(
+                io::Error::other("the directory renamed into place is not the one locked"),
+                &path,
+            )));
+        }
         Ok(PrivateTmp { path, _lock: lock })
     }
 
@@ -66,41 +146,97 @@ impl Drop for PrivateTmp {
     }
 }
 
-/// Removes the directories in `base` that confined servers' proxies left behind: named with
-/// [`PREFIX`], owned by this user, real directories (not links), and not locked by a running
-/// proxy.
+/// `e` with the path it is about in its text, for the error the host shows.
+fn at_path(e: io::Error, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+/// Opens the directory `path` (never a link to one) as a descriptor to lock.
+fn open_dir(path: &Path) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Whether `path` (not followed if a link) names the file `fd` is open on.
+fn same_file(fd: &OwnedFd, path: &Path) -> bool {
+    let (Ok(held), Ok(named)) = (
+        rustix::fs::fstat(fd),
+        rustix::fs::statat(CWD, path, AtFlags::SYMLINK_NOFOLLOW),
+    ) else {
+        return false;
+    };
+    (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+}
+
+/// Renames `from` to `to`, failing (`EEXIST`) rather than replacing what is at `to`. On a file
+/// system without `RENAME_NOREPLACE`, a plain rename: `to` is a fresh random name, and a
+/// rename replaces only an empty directory.
+fn rename_noreplace(from: &Path, to: &Path) -> rustix::io::Result<()> {
+    match rustix::fs::renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE) {
+        Err(rustix::io::Errno::INVAL) => rustix::fs::renameat(CWD, from, CWD, to),
+        other => other,
+    }
+}
+
+/// Removes the directories in `base` that confined servers' proxies left behind: owned by
+/// this user, real directories (not links), and not locked by a running proxy; named with
+/// [`PREFIX`], or with [`STAGING`] and older than [`STAGING_GRACE`] (a younger one may be
+/// about to be locked). A directory is removed only while this holds its lock, and only if it
+/// still is the directory at that name.
 pub fn remove_abandoned(base: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
     let me = rustix::process::getuid().as_raw();
+    let now = SystemTime::now();
     for entry in entries.flatten() {
         let path = entry.path();
-        let ours = entry
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.starts_with(PREFIX));
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        let staged = name.starts_with(STAGING);
+        if !staged && !name.starts_with(PREFIX) {
+            continue;
+        }
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
             continue;
         };
-        if !ours || !meta.is_dir() || meta.uid() != me {
+        if !meta.is_dir() || meta.uid() != me {
             continue;
         }
-        let Ok(dir) = rustix::fs::open(
-            &path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) else {
+        // A clock set back makes every staging directory young: kept, never taken early.
+        if staged
+            && meta
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .is_none_or(|age| age < STAGING_GRACE)
+        {
+            continue;
+        }
+        let Ok(dir) = open_dir(&path) else {
             continue;
         };
         // Held by a running proxy (in any process-id namespace): not abandoned.
-        if rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        if rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive).is_err() {
             continue;
         }
+        // Removed, or replaced, since it was opened: what is there now is not the directory
+        // this holds the lock of.
+        if !same_file(&dir, &path) {
+            continue;
+        }
+        // The lock is held (`dir`) until the tree is gone, so a proxy still setting this
+        // directory up cannot lock it meanwhile and take it for its own.
         if let Err(e) = remove_tree(&path) {
             tracing::warn!(path = %path.display(), error = %e, "cannot remove an abandoned server temporary directory");
         }
+        drop(dir);
     }
 }
 

@@ -6,7 +6,7 @@
 //! output that is not such an object, or no answer within the timeout is a denial.
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -31,7 +31,9 @@ pub(super) fn ask(
     timeout: Duration,
 ) -> Result<Vec<String>, String> {
     let (program, args) = argv.split_first().ok_or("empty consent command")?;
-    let mut child = Command::new(program)
+    let deadline = Instant::now() + timeout;
+    let mut command = Command::new(program);
+    command
         .args(args)
         // Nothing the command runs may come from where a server can write: not the broker's
         // working directory (hosts start it inside the project; `python -m`, `-c` and Node
@@ -46,8 +48,8 @@ pub(super) fn ask(
         .env_remove("NODE_OPTIONS")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
+        .stderr(Stdio::inherit());
+    let mut child = spawn_until(command, deadline)
         .map_err(|e| format!("cannot start the consent command {program:?}: {e}"))?;
     let input = serde_json::to_vec(req).map_err(|e| e.to_string())?;
     if let Some(mut stdin) = child.stdin.take() {
@@ -60,7 +62,6 @@ pub(super) fn ask(
         let _ = (&mut stdout).take(MAX_OUTPUT).read_to_end(&mut out);
         out
     });
-    let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -85,4 +86,30 @@ pub(super) fn ask(
         return Ok(Vec::new());
     }
     Ok(decision.approved_paths)
+}
+
+/// Starts `command`, waiting until `deadline` at most. `spawn` returns only once the program
+/// is running, and `exec` waits out a lease on the program's file (up to the kernel's
+/// `lease-break-time`, 45 s): a server that can read the command's files (a read-only root)
+/// could take one. So the start runs on a thread of its own; past the deadline the prompt is
+/// a denial, and the child, if it starts after all, is killed there.
+fn spawn_until(mut command: Command, deadline: Instant) -> std::io::Result<Child> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("fsbroker-consent-start".into())
+        .spawn(move || {
+            let started = command.spawn();
+            if let Err(std::sync::mpsc::SendError(Ok(mut late))) = tx.send(started) {
+                let _ = late.kill();
+                let _ = late.wait();
+            }
+        })?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    match rx.recv_timeout(left) {
+        Ok(started) => started,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "it did not start before the consent timeout",
+        )),
+    }
 }

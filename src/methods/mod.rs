@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::audit::{AuditLog, Record};
+use crate::audit::{AuditError, AuditLog, Record};
 use crate::error::{Error, ErrorKind, Result};
 use crate::fast::{FastPath, Late, LateAudit, Ticket};
 use crate::jsonrpc::{self, Incoming, WriteResult};
@@ -201,11 +201,22 @@ impl Op {
     /// the log has failed since the request began: requests already in flight when the log
     /// fails (pipelined deletes, say) must not act unrecorded. Only work past its commit point
     /// when the log failed can still complete; it is named on stderr when its line fails.
+    ///
+    /// And it waits, until the deadline at most, for the log to be free to take the request's
+    /// line (another broker may hold it): `TIMEOUT` means "not done", so a request must not
+    /// act and then find that its line cannot be written in time.
     fn commit(&self) -> Result<()> {
-        if self.audit.as_ref().is_some_and(|h| !h.ok()) {
-            return Err(audit_unavailable());
+        let limit = self.policy.limits().timeout;
+        if let Some(health) = &self.audit {
+            if !health.ok() {
+                return Err(audit_unavailable());
+            }
+            if !health.wait_free(self.started + limit) {
+                self.deadline.expire();
+                return Err(limits::timed_out(limit));
+            }
         }
-        self.deadline.commit(self.policy.limits().timeout)
+        self.deadline.commit(limit)
     }
 
     /// Resolves a request path (docs/protocol.md, "Paths") and checks that this session may touch it: a path where
@@ -359,6 +370,7 @@ pub(crate) async fn call(
             started,
         });
     }
+    let mut also_refused = 0;
     let (frame, outcome) = if audit.is_some_and(|a| !a.is_healthy()) {
         // Refused before it runs. The refusal is still recorded when only a required copy
         // was lost: the file itself takes lines.
@@ -374,11 +386,16 @@ pub(crate) async fn call(
         match session.broker().rate_limits().check_request(session.id()) {
             Ok(()) => dispatch(session, method, params, id, arrival, late).await,
             Err(e) => {
+                let frame = jsonrpc::error_frame(Some(id), &e).into();
+                if audit.is_some() {
+                    match session.state().rate_refusal_line() {
+                        Some(folded) => also_refused = folded,
+                        // Counted in the session's next such line.
+                        None => return frame,
+                    }
+                }
                 let code = e.kind().outcome();
-                (
-                    jsonrpc::error_frame(Some(id), &e).into(),
-                    Outcome { code, bytes: 0 },
-                )
+                (frame, Outcome { code, bytes: 0 })
             }
         }
     };
@@ -398,11 +415,27 @@ pub(crate) async fn call(
             bytes: outcome.bytes,
             duration: started.elapsed(),
             server: server.as_deref(),
+            also_refused,
         };
-        if AuditLog::record_async(Arc::clone(log), &record)
-            .await
-            .is_err()
-        {
+        // The line waits for the log no longer than the request's own deadline: past it a
+        // request that only looked (a read, a listing) answers TIMEOUT and its content is not
+        // sent. One that acted (its commit point found the log free) gets a second deadline,
+        // and if its line still cannot be written the log fails closed.
+        let limit = session.broker().policy().limits().timeout;
+        let acted =
+            outcome.code == "ok" && !matches!(method, "files/read" | "files/list" | "roots/list");
+        let mut written = AuditLog::record_async(Arc::clone(log), &record, started + limit).await;
+        if acted && matches!(written, Err(AuditError::Late { .. })) {
+            written =
+                AuditLog::record_async(Arc::clone(log), &record, Instant::now() + limit).await;
+            if let Err(e) = &written {
+                log.fail_closed(e);
+            }
+        }
+        if let Err(e) = written {
+            if matches!(e, AuditError::Late { .. }) && !acted {
+                return jsonrpc::error_frame(Some(id), &limits::timed_out(limit)).into();
+            }
             if outcome.code == "ok" {
                 // It acted and its line is not in the log: say what it did, where it can be read.
                 tracing::error!(
@@ -653,7 +686,7 @@ impl Session {
             }
             Incoming::Notification { method, params } => {
                 if method == PEER_NOTIFICATION {
-                    self.learn_peer(params);
+                    self.learn_peer(params).await;
                 } else {
                     tracing::debug!(session = self.id(), %method, "notification");
                 }

@@ -14,7 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::methods::ping::Empty;
 use crate::sandbox::open;
-use crate::watch::{EventSet, Spec};
+use crate::watch::{Asker, EventSet, Spec, Subscriber};
 
 /// `files/watch` parameters.
 #[derive(Debug, Deserialize)]
@@ -81,16 +81,18 @@ fn watch(op: &Op, hub: &crate::watch::WatchHub, p: &Params) -> Result<Reply> {
         recursive: p.recursive,
         events,
     };
-    op.commit()?;
-    let me = std::sync::Arc::downgrade(&op.state) as std::sync::Weak<dyn crate::watch::Subscriber>;
-    let watch_id = hub.add(
-        me,
-        op.state.id,
-        root,
-        spec,
-        op.policy.limits().max_watches,
+    let limit = op.policy.limits().timeout;
+    let who = Asker {
+        session: std::sync::Arc::downgrade(&op.state) as std::sync::Weak<dyn Subscriber>,
+        session_id: op.state.id,
+        max_watches: op.policy.limits().max_watches,
         raw,
-    )?;
+        until: op.started + limit,
+        limit,
+    };
+    // The commit comes once the watch is registered: a registration that outlasts
+    // `timeout_ms` is undone rather than kept behind a TIMEOUT answer.
+    let watch_id = hub.add(who, root, spec, || op.commit())?;
     Ok(Reply { watch_id })
 }
 
@@ -103,6 +105,8 @@ pub(crate) struct UnwatchParams {
     _meta: Option<serde::de::IgnoredAny>,
 }
 
+/// Answered on the async worker: it only takes the watch out of the session's reach; notify's
+/// removal (a system call per directory of a recursive watch) is left to the hub's registrar.
 pub(crate) fn unwatch(ctx: &Ctx<'_>, params: Result<UnwatchParams>) -> Result<Json<Empty>> {
     let p = params?;
     ctx.session

@@ -375,6 +375,12 @@ impl Policy {
         let mut own: Vec<PathBuf> = source.map(Path::to_path_buf).into_iter().collect();
         own.extend(command.iter().cloned());
         own.extend(overrides.listen.clone());
+        let logs: Vec<PathBuf> = audit
+            .iter()
+            .map(|a| a.path.clone())
+            .chain(overrides.audit_in_use.clone())
+            .collect();
+        own.extend(crate::rundir::own_files(&logs, overrides.listen.as_deref()));
         let protected = Arc::new(Protected::new(&ProtectedSpec {
             files: own,
             command: command.clone(),
@@ -474,6 +480,14 @@ impl Policy {
     /// fsbroker's own files and the paths that hold them or the roots.
     pub fn protected(&self) -> &Arc<Protected> {
         &self.protected
+    }
+
+    /// This policy without any root (a policy file the broker cannot read in time).
+    pub fn without_roots(&self) -> Policy {
+        Policy {
+            roots: Vec::new(),
+            ..self.without_root(Path::new(""))
+        }
     }
 
     /// This policy without the root at `path` (a root whose directory is gone).

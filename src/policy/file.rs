@@ -175,6 +175,9 @@ pub struct RootEntry {
 /// closes their connection). 8 MiB of base64 is 11.2 MB.
 pub const DEFAULT_MAX_CHUNK: u64 = 7 << 20;
 
+/// The largest policy file read. Real ones are a few KiB.
+pub const MAX_POLICY_BYTES: u64 = 4 << 20;
+
 /// The `[limits]` table. Sizes are bytes, times milliseconds.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -238,11 +241,41 @@ impl Default for LimitsFile {
 
 impl PolicyFile {
     /// Reads and parses a policy file.
+    ///
+    /// The read never waits on another process: the file is opened non-blocking, so a lease
+    /// on it is [`PolicyError::Held`] at once instead of a wait of up to the kernel's
+    /// `lease-break-time`, and a FIFO or device put in its place is refused, as is a file
+    /// over [`MAX_POLICY_BYTES`].
     pub fn load(path: &Path) -> Result<PolicyFile, PolicyError> {
-        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let read = |source| PolicyError::Read {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::WouldBlock => PolicyError::Held {
+                    path: path.to_owned(),
+                },
+                _ => read(e),
+            })?;
+        let meta = file.metadata().map_err(read)?;
+        if !meta.is_file() {
+            return Err(read(std::io::Error::other("not a regular file")));
+        }
+        let mut text = String::new();
+        file.take(MAX_POLICY_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(read)?;
+        if text.len() as u64 > MAX_POLICY_BYTES {
+            return Err(read(std::io::Error::other(format!(
+                "larger than {MAX_POLICY_BYTES} bytes: not a policy"
+            ))));
+        }
         Self::parse(&text, path)
     }
 

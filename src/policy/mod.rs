@@ -31,6 +31,17 @@ pub enum PolicyError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// Another process holds a lease on the file, so reading it would wait out the kernel's
+    /// `lease-break-time`: a server trying to delay a reload (its own revocation). The broker
+    /// withdraws every root until it can read the file again ([`crate::Broker::reload`]).
+    #[error(
+        "cannot read policy {path}: another process holds a lease on it, which would delay the \
+         read; every root is withdrawn until it can be read"
+    )]
+    Held {
+        /// The policy file.
+        path: PathBuf,
+    },
     /// The TOML is malformed, has an unknown key or a value of the wrong type.
     #[error("invalid policy {path}: {message}")]
     Parse {

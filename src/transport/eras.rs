@@ -25,7 +25,7 @@ use super::relay::ToServer;
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
 use crate::outgoing::Outgoing;
-use crate::session::{PEER_NOTIFICATION, Session};
+use crate::session::Session;
 
 /// Host requests kept for a retry at once (each answered or cancelled lets go of its own).
 pub const MAX_KEPT: usize = 1024;
@@ -68,6 +68,8 @@ pub(super) enum Asker {
     Remote {
         to_broker: mpsc::Sender<Outgoing>,
         waiting: Waiting,
+        /// The shared broker's key, which its notes about the server carry.
+        key: Option<Arc<str>>,
     },
 }
 
@@ -131,7 +133,9 @@ impl Asker {
         let line = request.to_string().into_bytes();
         match self {
             Asker::Local(session) => session.handle(&line).await,
-            Asker::Remote { to_broker, waiting } => {
+            Asker::Remote {
+                to_broker, waiting, ..
+            } => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 waiting
                     .lock()
@@ -150,19 +154,14 @@ impl Asker {
     async fn set_modern(&self, modern: bool) {
         match self {
             Asker::Local(session) => session.set_modern(modern),
-            Asker::Remote { to_broker, .. } => {
+            Asker::Remote { to_broker, key, .. } => {
                 let version = if modern {
                     modern::MODERN_VERSION
                 } else {
                     "2025-11-25"
                 };
-                let note = serde_json::json!({
-                    "jsonrpc": "2.0",
-                    "method": PEER_NOTIFICATION,
-                    "params": { "protocolVersion": version },
-                });
-                let mut line = note.to_string().into_bytes();
-                line.push(b'\n');
+                let params = serde_json::json!({ "protocolVersion": version });
+                let line = super::peer_note(key.as_deref(), params);
                 let _ = to_broker.send(line.into()).await;
             }
         }

@@ -27,7 +27,12 @@ use crate::jsonrpc;
 /// same way (a descriptor kept in reserve makes room to accept it and say so), and `accept`
 /// errors are waited out.
 pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io::Result<()> {
-    let listener = bind_private(path)?;
+    // The proxies that connect here prove their link with a key (see `crate::rundir`), made
+    // before the socket appears, so a proxy that can connect finds it.
+    let listener = bind_private(path, || {
+        broker.accept_proxies(crate::rundir::ProxyKey::create(path)?);
+        Ok(())
+    })?;
     tracing::info!(path = %path.display(), "listening");
     let _cleanup = RemoveOnDrop(path.to_path_buf());
     // Stopping (SIGTERM, SIGINT: see `cli`) ends accepting; each connection then stops
@@ -202,29 +207,141 @@ impl Drop for Counted {
     }
 }
 
-/// Binds a socket only its owner can connect to. The umask is narrowed for the `bind` itself,
-/// so there is no moment when the socket exists with wider permissions.
-fn bind_private(path: &Path) -> io::Result<UnixListener> {
+/// Binds a socket only its owner can connect to, and makes its path appear only once it
+/// listens: a host or proxy that connects the moment the path exists is served, never refused
+/// (`ECONNREFUSED` between `bind` and `listen`). So it is bound and listening under a
+/// temporary name in the same directory first, then renamed into place, never over anything
+/// already there. The umask is narrowed for the `bind` itself, so there is no moment when the
+/// socket exists with wider permissions.
+///
+/// The kernel keeps the name a socket was bound to: `/proc/net/unix` and `getsockname` show
+/// the temporary name, not `path`.
+fn bind_private(
+    path: &Path,
+    before_ready: impl FnOnce() -> io::Result<()>,
+) -> io::Result<UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if meta.file_type().is_socket() && std::os::unix::net::UnixStream::connect(path).is_err() {
             // A stale socket from a broker that is gone.
             std::fs::remove_file(path)?;
         } else {
+            return Err(already_there(path));
+        }
+    }
+    // Checked here: nothing is bound at `path` itself, which would have said so.
+    if path.as_os_str().len() >= SUN_PATH {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: a Unix socket's path must be shorter than {SUN_PATH} bytes",
+                path.display()
+            ),
+        ));
+    }
+    let mut attempts = 0;
+    let (listener, at) = loop {
+        let staging = staging_path(path)?;
+        let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+        // `bind` makes the file and fails if anything is at that name (a link included), so
+        // the temporary name cannot be taken over; `listen` follows at once.
+        let bound = UnixListener::bind(&staging);
+        rustix::process::umask(old);
+        match bound {
+            Ok(listener) => break (listener, staging),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && attempts < 8 => attempts += 1,
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", staging.display()),
+                ));
+            }
+        }
+    };
+    let staged = Staged(Some(at.clone()));
+    std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", at.display())))?;
+    before_ready()?;
+    match rustix::fs::renameat_with(
+        rustix::fs::CWD,
+        &at,
+        rustix::fs::CWD,
+        path,
+        rustix::fs::RenameFlags::NOREPLACE,
+    ) {
+        Ok(()) => staged.renamed(),
+        // A file system without RENAME_NOREPLACE: a hard link fails the same way on a name
+        // already taken (and the temporary name goes with `staged`).
+        Err(rustix::io::Errno::INVAL) => match std::fs::hard_link(&at, path) {
+            Ok(()) => drop(staged),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(already_there(path)),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        },
+        // Another broker started on the same path at the same time, and got there first.
+        Err(rustix::io::Errno::EXIST) => return Err(already_there(path)),
+        Err(e) => {
             return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!(
-                    "{} exists (another broker, or not a socket)",
-                    path.display()
-                ),
+                io::Error::from(e).kind(),
+                format!("{}: {e}", path.display()),
             ));
         }
     }
-    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
-    let bound = UnixListener::bind(path);
-    rustix::process::umask(old);
-    let listener = bound?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(listener)
+}
+
+/// The size of `sun_path` (Linux), its terminating NUL included: a socket's path is shorter.
+const SUN_PATH: usize = 108;
+
+/// A temporary name for the socket, in `path`'s directory (a rename stays in one file
+/// system), random, and short enough to bind wherever `path` itself could be bound.
+fn staging_path(path: &Path) -> io::Result<PathBuf> {
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let sep = usize::from(!dir.as_os_str().is_empty());
+    let room = (SUN_PATH - 1).saturating_sub(dir.as_os_str().len() + sep);
+    let random = crate::random::hex(8);
+    let full = format!(".fsbroker-{random}");
+    let name = if full.len() <= room {
+        full
+    } else if room >= 5 {
+        format!(".{}", &random[..(room - 1).min(random.len())])
+    } else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: too long for a temporary name beside it in a socket's {SUN_PATH} bytes; use a shorter path",
+                path.display()
+            ),
+        ));
+    };
+    Ok(dir.join(name))
+}
+
+fn already_there(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "{} exists (another broker, or not a socket)",
+            path.display()
+        ),
+    )
+}
+
+/// The socket's temporary name, removed when this is dropped (a failed start leaves nothing
+/// behind) unless [`Staged::renamed`] says the name is gone already.
+struct Staged(Option<PathBuf>);
+
+impl Staged {
+    /// Renamed into place: the name may be another's by now, and is left alone.
+    fn renamed(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if let Some(at) = self.0.take() {
+            let _ = std::fs::remove_file(at);
+        }
+    }
 }
 
 struct RemoveOnDrop(PathBuf);

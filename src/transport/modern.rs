@@ -91,9 +91,35 @@ pub fn declare_roots(line: &[u8]) -> Option<Vec<u8>> {
     serde_json::to_vec(&msg).ok()
 }
 
-/// Whether an input request is the broker's to answer.
+/// Whether a method is the broker's to answer (`roots/list`, `files/…`), as a lenient reader
+/// might dispatch it ([`lenient_name`]): a host that matches methods loosely must never get
+/// one of the broker's.
 pub fn is_broker_method(method: &str) -> bool {
-    method == "roots/list" || method.starts_with("files/")
+    let name = lenient_name(method);
+    name == "roots/list" || name.starts_with("files/")
+}
+
+/// The start of the methods of the proxy's own control messages to a shared broker
+/// (`notifications/fsbroker/peer`): a server's own messages under it are never passed on, to
+/// the host or to the broker.
+pub const CONTROL_PREFIX: &str = "notifications/fsbroker/";
+
+/// Whether a method is one of the proxy's own control messages ([`CONTROL_PREFIX`]), read as
+/// leniently as [`is_broker_method`].
+pub fn is_control_method(method: &str) -> bool {
+    lenient_name(method).starts_with(CONTROL_PREFIX)
+}
+
+/// A method name as the loosest reader might dispatch it: cut at the first NUL (a C string
+/// ends there), trimmed, in ASCII lower case. No legitimate method differs from its lenient
+/// name only in these ways, so reading loosely costs nothing but the hostile lines.
+fn lenient_name(method: &str) -> std::borrow::Cow<'_, str> {
+    let cut = method.split('\0').next().unwrap_or_default().trim();
+    if cut.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(cut.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(cut)
+    }
 }
 
 /// A result asking for input.
@@ -192,14 +218,13 @@ pub fn check_response(line: &[u8]) -> Checked {
             request,
         };
     }
-    // A request of the broker's would have been handed to it, had its envelope been sound
-    // (a notification, with no id, is not the broker's and passes).
-    if !sk.ids.is_empty()
-        && sk
-            .method
-            .as_ref()
-            .and_then(Value::as_str)
-            .is_some_and(is_broker_method)
+    // The relay's gate (`proxy::route`) keeps every message whose method is the broker's or
+    // the proxy's away from here; should one come all the same, it is not the host's.
+    if sk
+        .method
+        .as_ref()
+        .and_then(Value::as_str)
+        .is_some_and(is_claimed)
     {
         return Checked::Unreadable {
             ids: sk.ids,
@@ -320,13 +345,17 @@ pub fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
 
 /// Just past the end of the string whose opening quote is at `start` (or the line's end).
 fn string_end(line: &[u8], start: usize) -> usize {
+    // Every line from the server is scanned: long strings (a file's content) are skipped
+    // a word at a time.
     let mut i = start + 1;
-    while i < line.len() {
-        match line[i] {
-            b'\\' => i += 2,
-            b'"' => return i + 1,
-            _ => i += 1,
+    while let Some(at) = line
+        .get(i..)
+        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+    {
+        if line[i + at] == b'"' {
+            return i + at + 1;
         }
+        i += at + 2;
     }
     line.len()
 }
@@ -796,20 +825,28 @@ pub fn input_response(frame: &[u8]) -> Option<Box<RawValue>> {
     raw(&wrapped)
 }
 
-/// Whether any string in `line`, decoded the way a lenient reader would, is a method the
-/// broker answers (`roots/list`, `files/…`). Bytes that are not UTF-8 and lone surrogates are
-/// read both ways lenient readers have: as U+FFFD (Node, Python's `replace`) and as nothing
-/// (Python's `ignore`). For lines the proxy cannot read as one JSON-RPC message: a host's
-/// reader might still read one into them.
+/// Whether `line`, read as leniently as a host's reader might, names a method of the broker's
+/// (`roots/list`, `files/…`) or of the proxy's own ([`CONTROL_PREFIX`]): any string in it,
+/// decoded; and when it is not JSON at all (a `NaN`, a cut-off end, single quotes), any
+/// mention of one in its text, escapes resolved, where a token may start (a reader that
+/// repairs broken JSON could make a method of it). Bytes that are not UTF-8 and lone
+/// surrogates are read both ways lenient readers have: as U+FFFD (Node, Python's `replace`)
+/// and as nothing (Python's `ignore`). For lines the proxy cannot read as one JSON-RPC
+/// message: a host's reader might still read one into them.
 pub(super) fn names_broker_method(line: &[u8]) -> bool {
+    let json = std::str::from_utf8(line)
+        .is_ok_and(|text| serde_json::from_str::<IgnoredAny>(text).is_ok());
     let replaced = String::from_utf8_lossy(line);
     let dropped: String = line.utf8_chunks().map(|c| c.valid()).collect();
     [(&*replaced, false), (&*dropped, true)]
         .into_iter()
         .any(|(text, drop)| {
+            if !json && mentions_claimed(&decode_escapes(&mut text.chars(), drop, false)) {
+                return true;
+            }
             let mut chars = text.chars();
             while let Some(c) = chars.next() {
-                if c == '"' && is_broker_method(&json_string(&mut chars, drop)) {
+                if c == '"' && is_claimed(&json_string(&mut chars, drop)) {
                     return true;
                 }
             }
@@ -817,10 +854,170 @@ pub(super) fn names_broker_method(line: &[u8]) -> bool {
         })
 }
 
+/// Whether a method is the broker's or the proxy's own: never the host's.
+fn is_claimed(method: &str) -> bool {
+    is_broker_method(method) || is_control_method(method)
+}
+
+/// Whether `text` mentions a claimed method where a token may start (not inside a word or a
+/// path: `profiles/`, `/home/u/files/`).
+fn mentions_claimed(text: &str) -> bool {
+    let text = text.to_ascii_lowercase();
+    ["roots/list", "files/", CONTROL_PREFIX].iter().any(|name| {
+        text.match_indices(name).any(|(at, _)| {
+            !text[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || "_/.-\\".contains(c))
+        })
+    })
+}
+
+/// Whose the messages in a line are, by their `method` members as the loosest reader might
+/// take them ([`message_methods`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Claims {
+    /// A `method` names one of the broker's (`roots/list`, `files/…`).
+    pub broker: bool,
+    /// A `method` names one of the proxy's own control messages ([`CONTROL_PREFIX`]).
+    pub control: bool,
+}
+
+impl Claims {
+    /// A `method` member's value as written (the opening quote first): each reading of it.
+    fn add(&mut self, literal: &[u8]) {
+        for name in string_readings(literal) {
+            self.broker |= is_broker_method(&name);
+            self.control |= is_control_method(&name);
+        }
+    }
+}
+
+/// The methods of every message a line may hold, read by a scan no line can escape: it
+/// follows only strings and nesting, so it reads JSON, broken JSON (a `NaN`, a cut-off end,
+/// junk after the message, two messages on one line), bytes that are not UTF-8 and lone
+/// surrogates (both ways: U+FFFD, nothing), and batches. A message is an object at the top
+/// level or in a top-level array; every member of one whose name reads as `method` (escapes
+/// decoded; in any case: `"METHOD"`) and whose value is a string counts, however many there
+/// are, with the value read as [`is_broker_method`] reads it. What lies deeper (params,
+/// results, an `input_required`'s input requests) is not a message's method.
+pub fn message_methods(line: &[u8]) -> Claims {
+    #[derive(Clone, Copy)]
+    enum Expect {
+        Key,
+        Colon { method: bool },
+        Value { method: bool },
+        Next,
+    }
+    struct Level {
+        message: bool,
+        expect: Expect,
+    }
+    let mut claims = Claims::default();
+    // The containers open at the message levels (at most two: a batch and a message in it);
+    // anything below them is only counted, to find its end.
+    let mut levels: Vec<Level> = Vec::with_capacity(2);
+    let mut deeper = 0usize;
+    let mut i = 0;
+    while i < line.len() {
+        let b = line[i];
+        if b == b'"' {
+            let end = string_end(line, i);
+            if deeper == 0 {
+                if let Some(level) = levels.last_mut().filter(|l| l.message) {
+                    level.expect = match level.expect {
+                        Expect::Key => Expect::Colon {
+                            method: string_readings(&line[i..end])
+                                .iter()
+                                .any(|k| lenient_name(k) == "method"),
+                        },
+                        // A missing colon is read as there: nothing valid is missed.
+                        Expect::Colon { method: true } | Expect::Value { method: true } => {
+                            claims.add(&line[i..end]);
+                            Expect::Next
+                        }
+                        _ => Expect::Next,
+                    };
+                }
+            }
+            i = end;
+            continue;
+        }
+        if deeper > 0 {
+            match b {
+                b'{' | b'[' => deeper += 1,
+                b'}' | b']' => deeper -= 1,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        match b {
+            b':' => {
+                if let Some(level) = levels.last_mut() {
+                    if let Expect::Colon { method } = level.expect {
+                        level.expect = Expect::Value { method };
+                    }
+                }
+            }
+            b',' => {
+                if let Some(level) = levels.last_mut() {
+                    level.expect = Expect::Key;
+                }
+            }
+            b'{' | b'[' => {
+                let object = b == b'{';
+                let batch = levels.len() == 1 && !levels[0].message;
+                if let Some(level) = levels.last_mut() {
+                    level.expect = Expect::Next;
+                }
+                if object && (levels.is_empty() || batch) {
+                    levels.push(Level {
+                        message: true,
+                        expect: Expect::Key,
+                    });
+                } else if !object && levels.is_empty() {
+                    levels.push(Level {
+                        message: false,
+                        expect: Expect::Next,
+                    });
+                } else {
+                    deeper = 1;
+                }
+            }
+            b'}' | b']' => {
+                levels.pop();
+            }
+            // Whitespace, numbers, literals, stray bytes: a value that is not a string.
+            _ => {}
+        }
+        i += 1;
+    }
+    claims
+}
+
+/// A JSON string literal as written (from its opening quote), decoded each way a lenient
+/// reader may: bytes that are not UTF-8 and lone surrogates as U+FFFD, and as nothing.
+fn string_readings(literal: &[u8]) -> [String; 2] {
+    let body = literal.get(1..).unwrap_or_default();
+    let replaced = String::from_utf8_lossy(body);
+    let dropped: String = body.utf8_chunks().map(|c| c.valid()).collect();
+    [
+        json_string(&mut replaced.chars(), false),
+        json_string(&mut dropped.chars(), true),
+    ]
+}
+
 /// The rest of a JSON string literal whose opening quote was just read, decoded; stops after
 /// the closing quote or at the end of the text. A lone surrogate becomes U+FFFD, or nothing
 /// when `drop`.
 fn json_string(chars: &mut std::str::Chars, drop: bool) -> String {
+    decode_escapes(chars, drop, true)
+}
+
+/// `chars` with JSON's escapes decoded, up to and past a closing quote when `quote_ends`
+/// (else to the end). A lone surrogate becomes U+FFFD, or nothing when `drop`.
+fn decode_escapes(chars: &mut std::str::Chars, drop: bool, quote_ends: bool) -> String {
     let mut out = String::new();
     let lone = |out: &mut String| {
         if !drop {
@@ -830,7 +1027,7 @@ fn json_string(chars: &mut std::str::Chars, drop: bool) -> String {
     let mut high: Option<u32> = None;
     while let Some(c) = chars.next() {
         let unit = match c {
-            '"' => break,
+            '"' if quote_ends => break,
             '\\' => match chars.next() {
                 Some('u') => {
                     let hex: String = chars.by_ref().take(4).collect();
@@ -957,6 +1154,66 @@ mod tests {
             lenient_envelope(format!("{{{many}}}").as_bytes()).0.len(),
             MAX_IDS
         );
+    }
+
+    #[test]
+    fn a_messages_method_is_read_however_it_is_written() {
+        let broker = Claims {
+            broker: true,
+            control: false,
+        };
+        let control = Claims {
+            broker: false,
+            control: true,
+        };
+        for line in [
+            &br#"{"jsonrpc":"2.0","id":[9],"method":"roots/list"}"#[..],
+            br#"{"method":"ping","method":"files/x"}"#,
+            br#"{"m\u0065thod":"roots\/list"}"#,
+            br#"[{"id":1},{"METHOD":" Roots/List\u0000x"}]"#,
+            b"{\"method\":\"roots/\xfflist\"}",
+            br#"{"method":"roots/list\ud800"}"#,
+            br#"{"a":NaN,"method":"files/read""#,
+            br#"{"result":{}}{"method":"roots/list"}"#,
+            br#"{"method" "roots/list"}"#,
+        ] {
+            assert_eq!(
+                message_methods(line),
+                broker,
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+        assert_eq!(
+            message_methods(br#"{"method":"notifications\/fsbroker/peer"}"#),
+            control
+        );
+        // Below the message level, and in strings, a method is content.
+        for line in [
+            &br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"r":{"method":"roots/list"}}}}"#[..],
+            br#"{"method":"tools/call","params":{"method":"roots/list"}}"#,
+            br#"{"id":1,"result":[{"method":"files/read"}]}"#,
+            br#"[[{"method":"roots/list"}]]"#,
+            br#"{"text":"\"method\":\"roots/list\"","method":"x"}"#,
+            br#"{"method":["roots/list"]}"#,
+            br#"{"xmethod":"roots/list"}"#,
+        ] {
+            assert_eq!(
+                message_methods(line),
+                Claims::default(),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+        // Not JSON: a mention anywhere that does not continue a word.
+        assert!(names_broker_method(
+            br#"{'jsonrpc':'2.0','id':[9],'method':'roots/list'}"#
+        ));
+        assert!(names_broker_method(br#"{"a":NaN,"b":"x"} roots\u002flist"#));
+        assert!(!names_broker_method(br#"{"a":NaN,"b":"Profiles/x"}"#));
+        assert!(!names_broker_method(br#"{"a":NaN,"b":"/home/u/files/x"}"#));
+        assert!(names_broker_method(br#"{"a":NaN,"b":" Files/x"}"#));
+        assert!(!names_broker_method(br#"{"text":"see roots/list"}"#));
     }
 
     #[test]

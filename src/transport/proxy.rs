@@ -4,7 +4,8 @@
 //! (method, id) — never a full MCP model that could drop fields it does not know. It rewrites
 //! one message, the host's `initialize`, to declare `roots.listChanged` and
 //! `roots.filesystemBrokering`; it hands the server's `roots/list` and `files/*` requests to the
-//! broker (they never reach the host); it sends the broker's notifications to the server.
+//! broker (they never reach the host, in any form: [`route`]); it sends the broker's
+//! notifications to the server.
 //! Everything else passes through verbatim and in order, per direction: one writer owns each
 //! output, and the server may send its requests at any moment — before `initialized`, while
 //! host requests are in flight, many at once.
@@ -34,13 +35,14 @@ use tokio::sync::mpsc;
 use super::driver::{Driver, OUTPUT_QUEUE};
 use super::eras::{self, Asker, Eras, Outputs, Waiting};
 use super::framing::{Frame, LineReader};
+use super::modern;
 use super::pipe::BlockingWriter;
 pub use super::relay::RELAY_BUDGET_KIB;
 use super::relay::{Budget, ToServer};
 use super::serve::{spawn_writer, too_long, write_frames};
 use crate::jsonrpc::{self, Incoming};
 use crate::outgoing::Outgoing;
-use crate::session::{PEER_NOTIFICATION, Session};
+use crate::session::Session;
 
 /// How the proxy reaches a broker.
 #[derive(Debug)]
@@ -280,15 +282,10 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     // Makes the proxy's own ids (its questions to the broker, its retries) its own.
     let nonce = crate::random::hex(8);
     let (mut broker, asker) = BrokerSide::start(link, to_server.clone(), &opts, &nonce).await?;
-    if let (BrokerSide::Remote { to_broker, .. }, Some(confine)) = (&broker, &opts.confine) {
+    if let (BrokerSide::Remote { to_broker, key, .. }, Some(confine)) = (&broker, &opts.confine) {
         // A shared broker records the confinement in its audit log, as a local one does.
-        let note = serde_json::json!({
-            "jsonrpc": "2.0",
-            "method": PEER_NOTIFICATION,
-            "params": { "confinement": confine.audit_record() },
-        });
-        let mut line = note.to_string().into_bytes();
-        line.push(b'\n');
+        let params = serde_json::json!({ "confinement": confine.audit_record() });
+        let line = super::peer_note(key.as_deref(), params);
         let _ = to_broker.send(line.into()).await;
     }
     let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
@@ -514,9 +511,11 @@ struct Relay {
     eras: Arc<Eras>,
 }
 
-/// Server → host: verbatim, except the requests the broker answers, the lines the proxy cannot
-/// classify (the host could read a `roots/list` request into them: they are answered with an
-/// error, or dropped), and (2026-07-28 era) what [`Eras::server_message`] takes over.
+/// Server → host: verbatim, except what [`route`] keeps away from the host (the broker's
+/// requests, any other line whose method a lenient reader takes for the broker's or the
+/// proxy's own), the lines the proxy cannot classify (the host could read a `roots/list`
+/// request into them: they are answered with an error, or dropped), and (2026-07-28 era) what
+/// [`Eras::server_message`] takes over.
 async fn relay_server<R: AsyncRead + Unpin>(
     output: R,
     relay: &Relay,
@@ -528,7 +527,7 @@ async fn relay_server<R: AsyncRead + Unpin>(
     let budget = Budget::new();
     let mut reader = LineReader::new(output, max);
     while let Ok(Some(frame)) = reader.next_frame().await {
-        let mut line = match frame {
+        let line = match frame {
             Frame::Line(line) => line,
             Frame::Refused { .. } => continue,
             Frame::TooLong { len } => {
@@ -537,15 +536,28 @@ async fn relay_server<R: AsyncRead + Unpin>(
                 continue;
             }
         };
-        match jsonrpc::parse(&line) {
-            Incoming::Request { method, .. }
-                if method == "roots/list" || method.starts_with("files/") =>
-            {
+        let mut line = match route(line) {
+            Route::Relay(line) => line,
+            Route::Broker(line) => {
                 broker.request(line).await;
                 continue;
             }
-            Incoming::Response => learn_server_name(&line, init_id, broker),
-            _ => {}
+            Route::Refused { ids, why, len } => {
+                tracing::warn!(len, why, "a line from the server was not relayed");
+                let err = crate::error::Error::new(
+                    crate::error::ErrorKind::InvalidRequest,
+                    format!("fsbroker: {why}"),
+                );
+                for id in ids {
+                    broker
+                        .answer(jsonrpc::error_frame(Some(&id), &err).into())
+                        .await;
+                }
+                continue;
+            }
+        };
+        if let Incoming::Response = jsonrpc::parse(&line) {
+            learn_server_name(&line, init_id, broker);
         }
         match relay.eras.server_message(line, &relay.out).await {
             Some(passed) => line = passed,
@@ -558,6 +570,66 @@ async fn relay_server<R: AsyncRead + Unpin>(
         if to_host.send(frame).await.is_err() {
             break;
         }
+    }
+}
+
+/// Where a line from the server goes.
+enum Route {
+    /// On towards the host (through [`Eras::server_message`], which reads what it carries).
+    Relay(Vec<u8>),
+    /// A request for the broker: it answers the server.
+    Broker(Vec<u8>),
+    /// Neither: the server's ids that can be echoed get an error; the line goes nowhere.
+    Refused {
+        ids: Vec<Box<RawValue>>,
+        why: &'static str,
+        len: usize,
+    },
+}
+
+/// The one decision of where a server's line goes, made on every line before anything else
+/// reads it (the rest of the relay gets the line only back from here).
+///
+/// A line is the broker's when any message in it has a `method` that any lenient reading
+/// takes for `roots/list` or `files/…` ([`modern::message_methods`]: escapes decoded, every
+/// `method` member counted, batches and broken JSON scanned). The broker gets it when it is
+/// also a sound request ([`jsonrpc::parse`], the broker's own reader); any other form (an id
+/// that is an array or a fraction, no `jsonrpc`, params of the wrong type, a notification,
+/// `method` twice, a batch, bytes or JSON no parser reads) is refused: a host that reads it
+/// loosely would answer it with its own roots. The same holds for a `method` under
+/// `notifications/fsbroker/`: those are the proxy's own words to a shared broker (the
+/// server's name, its era, its confinement, recorded in the audit log), never the server's,
+/// so they reach neither the broker nor the host. Lines naming such a method elsewhere (a
+/// result's content) go on to [`Eras::server_message`], which passes them as written when
+/// they read one way only, and refuses them otherwise.
+fn route(line: Vec<u8>) -> Route {
+    let claims = modern::message_methods(&line);
+    if !claims.broker && !claims.control {
+        return Route::Relay(line);
+    }
+    let why = if claims.control {
+        "notifications/fsbroker/* are the proxy's own messages; the server's are not relayed"
+    } else {
+        match jsonrpc::parse(&line) {
+            Incoming::Request { method, .. } if modern::is_broker_method(&method) => {
+                return Route::Broker(line);
+            }
+            _ => {
+                "a message naming roots/list or files/* that is not a sound request is not relayed"
+            }
+        }
+    };
+    // Whatever ids its top level carries, if the server can match them: strings and
+    // numbers (a fraction too), each once, and a few.
+    let (ids, _) = modern::lenient_envelope(&line);
+    let ids = ids
+        .iter()
+        .filter_map(|id| RawValue::from_string(id.to_string()).ok())
+        .collect();
+    Route::Refused {
+        ids,
+        why,
+        len: line.len(),
     }
 }
 
@@ -602,6 +674,8 @@ enum BrokerSide {
         alive: Arc<std::sync::atomic::AtomicBool>,
         tasks: Vec<tokio::task::JoinHandle<()>>,
         named: bool,
+        /// The shared broker's key, which the proxy's notes about its server carry.
+        key: Option<Arc<str>>,
     },
 }
 
@@ -640,6 +714,16 @@ impl BrokerSide {
                         format!("cannot connect to {}: {e}", path.display()),
                     )
                 })?;
+                // The key that makes the broker take this link for a proxy's. Without it the
+                // proxy still works; the broker just does not learn the server's name, era
+                // or confinement from it.
+                let key: Option<Arc<str>> = match crate::rundir::ProxyKey::read(&path) {
+                    Ok(key) => Some(key.into()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the shared broker's proxy key; it will not record this server's name or confinement");
+                        None
+                    }
+                };
                 let (read, mut write) = stream.into_split();
                 let (to_broker, mut rx) = mpsc::channel::<Outgoing>(OUTPUT_QUEUE);
                 let writer = tokio::spawn(async move {
@@ -689,6 +773,7 @@ impl BrokerSide {
                 let asker = Asker::Remote {
                     to_broker: to_broker.clone(),
                     waiting,
+                    key: key.clone(),
                 };
                 Ok((
                     BrokerSide::Remote {
@@ -698,6 +783,7 @@ impl BrokerSide {
                         alive,
                         tasks: vec![writer, reader],
                         named: false,
+                        key,
                     },
                     asker,
                 ))
@@ -763,18 +849,15 @@ impl BrokerSide {
         match self {
             BrokerSide::Local { driver, .. } => driver.session().set_peer_name(name),
             BrokerSide::Remote {
-                to_broker, named, ..
+                to_broker,
+                named,
+                key,
+                ..
             } => {
                 if std::mem::replace(named, true) {
                     return;
                 }
-                let note = serde_json::json!({
-                    "jsonrpc": "2.0",
-                    "method": PEER_NOTIFICATION,
-                    "params": { "name": name },
-                });
-                let mut line = note.to_string().into_bytes();
-                line.push(b'\n');
+                let line = super::peer_note(key.as_deref(), serde_json::json!({ "name": name }));
                 // Best effort: a full queue means the broker is busy, and the name is only
                 // for prompts.
                 let _ = to_broker.try_send(line.into());

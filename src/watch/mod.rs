@@ -8,23 +8,35 @@
 //! globs, grants), coalesces bursts per path, rescans after an overflow, and notices roots
 //! that disappear.
 //!
+//! A second thread, the registrar (`registrar.rs`), owns the notify watcher and does every
+//! registration and removal: for a recursive watch that is one system call per directory,
+//! seconds for a large tree, and it must cost the session that asked for it, never an async
+//! worker or another session's request. Nothing that async code waits on is held while it
+//! runs, and the worker holds the registry (shared with the registrar and `files/watch`) only
+//! between listings, never across a walk of a tree.
+//!
 //! notify's callback never blocks: it `try_send`s into a bounded queue, and when that queue
-//! is full it raises a flag that makes the worker rescan instead.
+//! is full it raises a flag that makes the worker rescan instead. Events the worker ignores
+//! (a directory opened, as listing a watched tree opens every directory in it) never enter
+//! the queue, so listing a large tree does not flood it into a rescan.
 
+mod registrar;
 mod snapshot;
 mod worker;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
+use std::time::{Duration, Instant};
 
-use notify::{RecursiveMode, Watcher as _};
+use notify::RecursiveMode;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::Policy;
 use crate::sandbox::Root;
 
+use registrar::Job;
 pub use snapshot::Snapshot;
 
 /// What the watch worker needs of the broker that owns the hub: the policy in force, and a
@@ -164,6 +176,13 @@ struct Watch {
     snapshot: Snapshot,
     /// Set when events for this watch had to be dropped: the next quiet moment rescans it.
     lost: bool,
+    /// Cleared the moment the watch is ended (its [`Entry`] shares it): an unwatch, a
+    /// session's end or a revoked root takes effect at once, while the registrar takes the
+    /// watch out of the registry later, and nothing may be reported for it in between.
+    live: Arc<AtomicBool>,
+    /// When it was added, in the hub's order: a revoked root ends only the watches made
+    /// before the revocation, not those of a root added back since.
+    serial: u64,
 }
 
 #[derive(Debug, Default)]
@@ -171,16 +190,173 @@ struct Registry {
     watches: HashMap<String, Watch>,
     /// Registered path → (recursive users, flat users).
     registered: HashMap<PathBuf, (usize, usize)>,
-    /// What notify has been given (see [`WatchHub::sync_registrations`]).
-    in_notify: HashMap<PathBuf, RecursiveMode>,
+}
+
+impl Registry {
+    /// Counts one more use of `path`.
+    fn count(&mut self, path: &Path, recursive: bool) {
+        let counts = self.registered.entry(path.to_path_buf()).or_default();
+        if recursive {
+            counts.0 += 1;
+        } else {
+            counts.1 += 1;
+        }
+    }
+
+    /// Counts one use of `path` fewer.
+    fn uncount(&mut self, path: &Path, recursive: bool) {
+        let Some(c) = self.registered.get_mut(path) else {
+            return;
+        };
+        if recursive {
+            c.0 = c.0.saturating_sub(1);
+        } else {
+            c.1 = c.1.saturating_sub(1);
+        }
+        if c.0 + c.1 == 0 {
+            self.registered.remove(path);
+        }
+    }
+
+    /// notify keeps one watch per directory: registering a directory that a recursive
+    /// registration of an ancestor already covers would overwrite that watch, and
+    /// unregistering it would blind the ancestor's watch. So notify is given only the
+    /// *effective* set: every watched path not covered by a recursive ancestor, recursive if
+    /// any watch of it is.
+    fn effective(&self) -> HashMap<PathBuf, RecursiveMode> {
+        self.registered
+            .iter()
+            .filter(|(p, _)| {
+                !self
+                    .registered
+                    .iter()
+                    .any(|(a, c)| c.0 > 0 && a != *p && p.starts_with(a))
+            })
+            .map(|(p, c)| {
+                let mode = if c.0 > 0 {
+                    RecursiveMode::Recursive
+                } else {
+                    RecursiveMode::NonRecursive
+                };
+                (p.clone(), mode)
+            })
+            .collect()
+    }
+}
+
+/// Whose a live watch is: what `files/unwatch` and the `max_watches` count need, kept apart
+/// from the registry so that they never wait for the watch worker (which holds the registry
+/// across system calls on the watched trees).
+#[derive(Debug)]
+struct Entry {
+    session: u64,
+    /// The root's canonical path, as in [`Watch::root`].
+    root: PathBuf,
+    live: Arc<AtomicBool>,
+}
+
+/// What the hub, its worker and its registrar share.
+#[derive(Debug, Default)]
+struct Shared {
+    registry: Mutex<Registry>,
+    /// Watch id → its owner. Locked only for map operations, never across a system call;
+    /// when both are needed, the registry is taken first.
+    ledger: Mutex<HashMap<String, Entry>>,
+}
+
+impl Shared {
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ledger(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes every watch `doomed` selects out of the registry and the ledger, and gives back
+    /// their uses of registered paths; the caller hands them to the registrar, which brings
+    /// notify in line.
+    fn take_where(&self, doomed: impl Fn(&str, &Watch) -> bool) -> Vec<Watch> {
+        let mut reg = self.registry();
+        let ids: Vec<String> = reg
+            .watches
+            .iter()
+            .filter(|(id, w)| doomed(id, w))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let gone: Vec<Watch> = ids.iter().filter_map(|id| reg.watches.remove(id)).collect();
+        for w in &gone {
+            w.live.store(false, Ordering::Release);
+            reg.uncount(&w.registered, w.recursive);
+        }
+        let mut ledger = self.ledger();
+        for id in &ids {
+            ledger.remove(id);
+        }
+        gone
+    }
+}
+
+/// Which watches to end.
+#[derive(Debug)]
+enum Doomed {
+    /// `files/unwatch`.
+    Ids(Vec<String>),
+    /// A session that ended.
+    Session(u64),
+    /// A revoked root: the watches under it made before `before` (a [`Watch::serial`]).
+    Root { root: PathBuf, before: u64 },
+}
+
+impl Doomed {
+    fn covers(&self, id: &str, w: &Watch) -> bool {
+        match self {
+            Doomed::Ids(ids) => ids.iter().any(|i| i == id),
+            Doomed::Session(s) => w.session_id == *s,
+            Doomed::Root { root, before } => w.root == *root && w.serial < *before,
+        }
+    }
+
+    /// [`Doomed::covers`] for the ledger, which holds only watches already made.
+    fn covers_entry(&self, id: &str, e: &Entry) -> bool {
+        match self {
+            Doomed::Ids(ids) => ids.iter().any(|i| i == id),
+            Doomed::Session(s) => e.session == *s,
+            Doomed::Root { root, .. } => e.root == *root,
+        }
+    }
+}
+
+/// Who asks for a watch, and how long they wait for it.
+pub(crate) struct Asker<'a> {
+    /// The session the watch reports to.
+    pub session: Weak<dyn Subscriber>,
+    /// Its id.
+    pub session_id: u64,
+    /// How many watches it may hold.
+    pub max_watches: u32,
+    /// The path as the request spelled it, for errors.
+    pub raw: &'a str,
+    /// When the request's `timeout_ms` runs out.
+    pub until: Instant,
+    /// `timeout_ms`, for the `TIMEOUT` error.
+    pub limit: Duration,
 }
 
 /// The broker's watch hub.
+///
+/// Registering a recursive watch with notify, or ending one, costs a system call per
+/// directory of the tree: seconds for a large one. That work runs on the hub's registrar
+/// thread (`registrar.rs`), which alone holds the notify watcher. A `files/watch` waits for
+/// it on the blocking pool (bounded by `timeout_ms`); `files/unwatch`, a session's end and a
+/// revoked root only queue the removal, so no async worker, and no other session, waits for
+/// a large tree's registrations.
 pub struct WatchHub {
-    watcher: Mutex<Option<notify::RecommendedWatcher>>,
-    registry: Mutex<Registry>,
-    events: std::sync::mpsc::SyncSender<notify::Event>,
+    shared: Arc<Shared>,
+    jobs: mpsc::Sender<Job>,
     overflow: Arc<AtomicBool>,
+    /// The next [`Watch::serial`].
+    serials: AtomicU64,
 }
 
 impl std::fmt::Debug for WatchHub {
@@ -207,65 +383,36 @@ fn identity_of(root: &Root, path: &Path) -> Option<(u64, u64)> {
 const EVENT_QUEUE: usize = 16 * 1024;
 
 impl WatchHub {
-    /// Starts the hub and its worker thread for `broker`.
+    /// Starts the hub, its worker thread and its registrar thread for `broker`.
     pub(crate) fn start(owner: Weak<dyn Owner>) -> Arc<WatchHub> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(EVENT_QUEUE);
+        let (tx, rx) = mpsc::sync_channel(EVENT_QUEUE);
+        let shared = Arc::new(Shared::default());
+        let overflow = Arc::new(AtomicBool::new(false));
+        let jobs = registrar::spawn(Arc::clone(&shared), tx, Arc::clone(&overflow));
         let hub = Arc::new(WatchHub {
-            watcher: Mutex::new(None),
-            registry: Mutex::new(Registry::default()),
-            events: tx,
-            overflow: Arc::new(AtomicBool::new(false)),
+            shared,
+            jobs,
+            overflow,
+            serials: AtomicU64::new(0),
         });
         worker::spawn(Arc::downgrade(&hub), owner, rx);
         hub
     }
 
     fn registry(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.registry()
     }
 
-    /// The one notify watcher, created on first use.
-    fn with_watcher<T>(
-        &self,
-        f: impl FnOnce(&mut notify::RecommendedWatcher) -> notify::Result<T>,
-    ) -> notify::Result<T> {
-        let mut slot = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() {
-            let tx = self.events.clone();
-            let overflow = Arc::clone(&self.overflow);
-            let config = notify::Config::default().with_follow_symlinks(false);
-            let watcher = notify::RecommendedWatcher::new(
-                move |ev: notify::Result<notify::Event>| match ev {
-                    // Never block notify's thread: a full queue becomes a rescan.
-                    Ok(ev) => {
-                        if tx.try_send(ev).is_err() {
-                            overflow.store(true, Ordering::Release);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "file watcher error; rescanning");
-                        overflow.store(true, Ordering::Release);
-                    }
-                },
-                config,
-            )?;
-            *slot = Some(watcher);
-        }
-        match slot.as_mut() {
-            Some(w) => f(w),
-            None => Err(notify::Error::generic("no watcher")),
-        }
-    }
-
-    /// Adds a watch for `session` on `rel` (symlinks resolved) in `root`; returns its id.
+    /// Adds a watch on `rel` (symlinks resolved) in `root` for `who`; returns its id. Runs on
+    /// the blocking pool: it waits for notify's registration (at most until `who.until`) and
+    /// lists the tree. `commit` is the request's point of no return, called once everything
+    /// is in place: when it fails (the request timed out meanwhile), nothing is left behind.
     pub(crate) fn add(
         &self,
-        session: Weak<dyn Subscriber>,
-        session_id: u64,
+        who: Asker<'_>,
         root: &Root,
         spec: Spec,
-        max_watches: u32,
-        raw: &str,
+        commit: impl FnOnce() -> Result<()>,
     ) -> Result<String> {
         let Spec {
             rel,
@@ -273,6 +420,7 @@ impl WatchHub {
             recursive,
             events,
         } = spec;
+        let raw = who.raw;
         let abs = if rel.is_empty() {
             root.path().to_path_buf()
         } else {
@@ -284,25 +432,23 @@ impl WatchHub {
             abs.parent().map_or_else(|| abs.clone(), Path::to_path_buf)
         };
         let recursive = recursive && is_dir;
-        {
-            let reg = self.registry();
-            let mine = reg
-                .watches
-                .values()
-                .filter(|w| w.session_id == session_id)
-                .count();
-            if mine >= max_watches as usize {
-                return Err(Error::new(
-                    ErrorKind::QuotaExceeded,
-                    format!("this session already has {mine} watches (max_watches)"),
-                )
-                .with_path(raw));
-            }
+        let mine = self
+            .shared
+            .ledger()
+            .values()
+            .filter(|e| e.session == who.session_id)
+            .count();
+        if mine >= who.max_watches as usize {
+            return Err(Error::new(
+                ErrorKind::QuotaExceeded,
+                format!("this session already has {mine} watches (max_watches)"),
+            )
+            .with_path(raw));
         }
-        self.register(&registered, recursive, raw)?;
+        self.register(&registered, recursive, &who)?;
         let identity = identity_of(root, &registered);
         let Ok(snapshot) = snapshot::scan(root, &rel, is_dir, recursive) else {
-            self.unregister(&registered, recursive);
+            self.release(&registered, recursive, Vec::new());
             return Err(Error::new(
                 ErrorKind::QuotaExceeded,
                 format!(
@@ -314,12 +460,18 @@ impl WatchHub {
             )
             .with_path(raw));
         };
+        if let Err(e) = commit() {
+            self.release(&registered, recursive, vec![]);
+            return Err(e);
+        }
         let id = crate::random::hex(8);
-        self.registry().watches.insert(
+        let live = Arc::new(AtomicBool::new(true));
+        let mut reg = self.registry();
+        reg.watches.insert(
             id.clone(),
             Watch {
-                session,
-                session_id,
+                session: who.session,
+                session_id: who.session_id,
                 root: root.path().to_path_buf(),
                 rel,
                 is_dir,
@@ -329,164 +481,141 @@ impl WatchHub {
                 identity,
                 snapshot,
                 lost: false,
+                live: Arc::clone(&live),
+                serial: self.serials.fetch_add(1, Ordering::AcqRel),
+            },
+        );
+        // Under the registry's lock, so a session's end taking its watches out of both
+        // cannot fall between the two.
+        self.shared.ledger().insert(
+            id.clone(),
+            Entry {
+                session: who.session_id,
+                root: root.path().to_path_buf(),
+                live,
             },
         );
         Ok(id)
     }
 
-    /// Counts one more use of `path` and brings notify's registrations in line.
-    fn register(&self, path: &Path, recursive: bool, raw: &str) -> Result<()> {
+    /// Counts one more use of `path` and waits (at most until `who.until`) for the registrar
+    /// to register it with notify.
+    fn register(&self, path: &Path, recursive: bool, who: &Asker<'_>) -> Result<()> {
+        self.registry().count(path, recursive);
+        let (reply, answer) = mpsc::channel();
+        let check = registrar::Check {
+            path: path.to_path_buf(),
+            reply,
+        };
+        let not_running = || {
+            Error::new(
+                ErrorKind::Io,
+                "cannot watch: the file watcher is not running",
+            )
+            .with_path(who.raw)
+        };
+        let outcome = if self
+            .jobs
+            .send(Job::Sync {
+                check: Some(check),
+                discard: Vec::new(),
+            })
+            .is_err()
         {
-            let mut reg = self.registry();
-            let counts = reg.registered.entry(path.to_path_buf()).or_default();
-            if recursive {
-                counts.0 += 1;
-            } else {
-                counts.1 += 1;
-            }
-        }
-        if let Err(e) = self.sync_registrations() {
-            self.uncount(path, recursive);
-            let _ = self.sync_registrations();
-            let kind = match e.kind {
-                notify::ErrorKind::MaxFilesWatch => ErrorKind::QuotaExceeded,
-                notify::ErrorKind::PathNotFound => ErrorKind::FileNotFound,
-                _ => ErrorKind::Io,
-            };
-            return Err(Error::new(kind, format!("cannot watch: {e}")).with_path(raw));
-        }
-        Ok(())
-    }
-
-    /// Counts one use of `path` fewer and brings notify's registrations in line.
-    fn unregister(&self, path: &Path, recursive: bool) {
-        self.uncount(path, recursive);
-        if let Err(e) = self.sync_registrations() {
-            tracing::debug!(path = %path.display(), error = %e, "unwatch");
-        }
-    }
-
-    fn uncount(&self, path: &Path, recursive: bool) {
-        let mut reg = self.registry();
-        let Some(c) = reg.registered.get_mut(path) else {
-            return;
-        };
-        if recursive {
-            c.0 = c.0.saturating_sub(1);
+            Err(not_running())
         } else {
-            c.1 = c.1.saturating_sub(1);
-        }
-        if c.0 + c.1 == 0 {
-            reg.registered.remove(path);
-        }
-    }
-
-    /// notify keeps one watch per directory: registering a directory that a recursive
-    /// registration of an ancestor already covers would overwrite that watch, and
-    /// unregistering it would blind the ancestor's watch. So notify is given only the
-    /// *effective* set — every watched path not covered by a recursive ancestor, recursive if
-    /// any watch of it is — and that set is recomputed on every change.
-    fn sync_registrations(&self) -> notify::Result<()> {
-        let (want, have) = {
-            let reg = self.registry();
-            let want: HashMap<PathBuf, RecursiveMode> = reg
-                .registered
-                .iter()
-                .filter(|(p, _)| {
-                    !reg.registered
-                        .iter()
-                        .any(|(a, c)| c.0 > 0 && a != *p && p.starts_with(a))
-                })
-                .map(|(p, c)| {
-                    let mode = if c.0 > 0 {
-                        RecursiveMode::Recursive
-                    } else {
-                        RecursiveMode::NonRecursive
-                    };
-                    (p.clone(), mode)
-                })
-                .collect();
-            (want, reg.in_notify.clone())
+            let wait = who.until.saturating_duration_since(Instant::now());
+            match answer.recv_timeout(wait) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(f)) => {
+                    Err(Error::new(f.kind, format!("cannot watch: {}", f.message))
+                        .with_path(who.raw))
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => Err(crate::limits::timed_out(who.limit)),
+                Err(mpsc::RecvTimeoutError::Disconnected) => Err(not_running()),
+            }
         };
-        self.with_watcher(|w| {
-            // Removals first: unwatching a recursive directory drops the watches of its whole
-            // tree, which the additions below may need again.
-            for (path, mode) in &have {
-                if want.get(path) != Some(mode) {
-                    let _ = w.unwatch(path);
-                }
-            }
-            let mut result = Ok(());
-            for (path, mode) in &want {
-                // `have` never holds a path beneath a recursive one (the effective set
-                // excludes those), so a path is new or changed exactly when its mode differs.
-                let stale = have.get(path) != Some(mode);
-                if stale {
-                    if let Err(e) = w.watch(path, *mode) {
-                        result = Err(e);
-                    }
-                }
-            }
-            result
-        })?;
-        self.registry().in_notify = want;
-        Ok(())
+        if outcome.is_err() {
+            // Also after a TIMEOUT: the registrar may still be registering it; the sync this
+            // asks for undoes that once it is done.
+            self.release(path, recursive, Vec::new());
+        }
+        outcome
     }
 
-    /// Ends a watch of `session`; unknown ids and other sessions' ids answer alike.
+    /// Gives back one use of `path`, and hands `discard` (watches already taken out) to the
+    /// registrar, which unregisters what is no longer used and frees them.
+    fn release(&self, path: &Path, recursive: bool, discard: Vec<Watch>) {
+        self.registry().uncount(path, recursive);
+        self.resync(discard);
+    }
+
+    /// Asks the registrar to bring notify in line with the registry, freeing `discard` (a
+    /// large tree's snapshot takes a while to free) on its thread.
+    fn resync(&self, discard: Vec<Watch>) {
+        let _ = self.jobs.send(Job::Sync {
+            check: None,
+            discard,
+        });
+    }
+
+    /// Ends the watches `doomed` selects: at once for reporting (nothing more is reported for
+    /// them), and on the registrar's thread for notify. Never waits for either, so it may be
+    /// called on an async worker, or outside any runtime.
+    fn end(&self, doomed: Doomed) {
+        self.shared.ledger().retain(|id, e| {
+            let ends = doomed.covers_entry(id, e);
+            if ends {
+                e.live.store(false, Ordering::Release);
+            }
+            !ends
+        });
+        if let Err(mpsc::SendError(Job::End(doomed))) = self.jobs.send(Job::End(doomed)) {
+            // No registrar: notify was never given anything, so only the registry is left.
+            drop(self.shared.take_where(|id, w| doomed.covers(id, w)));
+        }
+    }
+
+    /// Ends a watch of `session` (`files/unwatch`, answered on an async worker): unknown ids
+    /// and other sessions' ids answer alike. Nothing is reported for the watch once this
+    /// returns; the registrar unregisters it shortly after.
     pub(crate) fn remove(&self, session: u64, id: &str) -> Result<()> {
-        let watch = {
-            let mut reg = self.registry();
-            match reg.watches.get(id) {
-                Some(w) if w.session_id == session => reg.watches.remove(id),
-                _ => None,
-            }
-        };
-        let Some(w) = watch else {
+        let mine = self
+            .shared
+            .ledger()
+            .get(id)
+            .is_some_and(|e| e.session == session);
+        if !mine {
             return Err(Error::invalid_params(
                 "no watch with this watchId in this session",
             ));
-        };
-        self.unregister(&w.registered, w.recursive);
+        }
+        self.end(Doomed::Ids(vec![id.to_owned()]));
         Ok(())
     }
 
-    /// Ends the watches with these ids (their path is gone).
+    /// Ends the watches with these ids (their path is gone). Called by the worker.
     fn remove_ids(&self, ids: &[String]) {
         if !ids.is_empty() {
-            let n = self.remove_where(|id, _| ids.iter().any(|i| i == id));
-            tracing::debug!(watches = n, "watches ended: their path is gone");
+            let gone = self.shared.take_where(|id, _| ids.iter().any(|i| i == id));
+            tracing::debug!(watches = gone.len(), "watches ended: their path is gone");
+            self.resync(gone);
         }
     }
 
-    /// Ends every watch matching `doomed`.
-    fn remove_where(&self, doomed: impl Fn(&str, &Watch) -> bool) -> usize {
-        let gone: Vec<Watch> = {
-            let mut reg = self.registry();
-            let ids: Vec<String> = reg
-                .watches
-                .iter()
-                .filter(|(id, w)| doomed(id, w))
-                .map(|(id, _)| id.clone())
-                .collect();
-            ids.iter().filter_map(|id| reg.watches.remove(id)).collect()
-        };
-        for w in &gone {
-            self.unregister(&w.registered, w.recursive);
-        }
-        gone.len()
-    }
-
-    /// Ends the watches of a session that has ended.
+    /// Ends the watches of a session that has ended. Never waits (see [`WatchHub::end`]): a
+    /// session may be dropped on an async worker, or by a library user outside any runtime.
     pub(crate) fn remove_session(&self, session: u64) {
-        self.remove_where(|_, w| w.session_id == session);
+        self.end(Doomed::Session(session));
     }
 
-    /// Ends the watches made under the revoked root at `root`.
+    /// Ends the watches made under the revoked root at `root`. Never waits (see
+    /// [`WatchHub::end`]); the worker already reports nothing under a root the policy no
+    /// longer has.
     pub(crate) fn remove_root(&self, root: &Path) {
-        let n = self.remove_where(|_, w| w.root == root);
-        if n > 0 {
-            tracing::info!(root = %root.display(), watches = n, "watches ended with their root");
-        }
+        self.end(Doomed::Root {
+            root: root.to_path_buf(),
+            before: self.serials.load(Ordering::Acquire),
+        });
     }
 }

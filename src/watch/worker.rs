@@ -1,8 +1,10 @@
 //! The watch worker: notify events in, `notifications/files/changed` out.
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
 use std::sync::Weak;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -10,16 +12,19 @@ use notify::EventKind;
 use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 use serde::Serialize;
 
-use super::Owner;
 use super::snapshot::{self, Diff, Stamp};
-use super::{Change, Watch, WatchHub};
+use super::{Change, Owner, Subscriber, Watch, WatchHub};
 use crate::jsonrpc::{self, Json};
 use crate::policy::Policy;
 use crate::sandbox::is_staging_name;
 use crate::sandbox::{ConsentMode, Root};
 
-/// When a new directory is listed again (see `Worker::rechecks`).
-const RECHECK_AFTER: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(500)];
+/// When a new directory is listed (see `Worker::rechecks`): at once, and twice again.
+const RECHECK_AFTER: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+];
 /// A burst of events on one path within this window is one notification.
 const COALESCE: Duration = Duration::from_millis(50);
 /// How often the worker wakes with nothing to read.
@@ -53,8 +58,9 @@ struct Worker {
     pending: HashMap<(String, String), Pending>,
     /// Sessions already warned about not reading, so the log says it once per episode.
     stalled: HashSet<u64>,
-    /// New directories to list again shortly: notify reports a directory before it has placed
-    /// its watches inside, so files created in that gap are found by a second look.
+    /// New directories to list, once the batch that reported them is handled and again
+    /// shortly: notify reports a directory before it has placed its watches inside, so files
+    /// created in that gap are found by a later look.
     rechecks: Vec<(Instant, String, String)>,
     /// Watches whose watched path is gone, to end once their last notification is out.
     ended: Vec<String>,
@@ -165,13 +171,16 @@ impl Worker {
     fn path_changed(&mut self, hub: &WatchHub, policy: &Policy, path: &Path, change: Change) {
         let mut reg = hub.registry();
         for (id, w) in reg.watches.iter_mut() {
+            if !w.live.load(Ordering::Acquire) {
+                continue;
+            }
             // The watched directory itself (or a watched file's directory) deleted or moved:
             // report the watched path gone and end the watch — notify would go on reporting
             // the moved directory's changes under its old path.
             if change == Change::Deleted && path == w.registered {
                 self.ended.push(id.clone());
                 if let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) {
-                    if visible(root, w, &w.rel) {
+                    if visible(root, &w.session, &w.rel) {
                         let rel = w.rel.clone();
                         merge(&mut self.pending, w, id, rel, Change::Deleted);
                     }
@@ -187,7 +196,7 @@ impl Worker {
             let Some(rel) = path.strip_prefix(&w.root).ok().and_then(|r| r.to_str()) else {
                 continue;
             };
-            if !visible(root, w, rel) {
+            if !visible(root, &w.session, rel) {
                 continue;
             }
             let stamp = if rel.is_empty() {
@@ -214,58 +223,72 @@ impl Worker {
             };
             match (change, stamp) {
                 (Change::Deleted, _) | (_, None) => {
+                    // A path's subtree is one run of keys in the map: a tree deleted entry by
+                    // entry costs each deletion its own entries, not the whole snapshot.
+                    w.snapshot.remove(rel);
                     let prefix = format!("{rel}/");
-                    w.snapshot
-                        .retain(|k, _| k != rel && !k.starts_with(&prefix));
+                    let inside: Vec<String> = w
+                        .snapshot
+                        .range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
+                        .take_while(|(k, _)| k.starts_with(&prefix))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for k in inside {
+                        w.snapshot.remove(&k);
+                    }
                 }
                 (_, Some(s)) => {
                     w.snapshot.insert(rel.to_owned(), s);
                 }
             }
-            let mut changes = vec![(rel.to_owned(), change)];
             // notify misses files created right after their directory: list a new
-            // directory and report what is already inside.
+            // directory (once this batch is done, without the registry's lock: it may hold
+            // a whole tree moved in) and report what is already inside, then again shortly.
             if change == Change::Created && w.recursive && stamp.is_some_and(|s| s.is_dir()) {
-                // A new folder too large to list is reported alone.
-                for (inner, s) in snapshot::scan(root, rel, true, true).unwrap_or_default() {
-                    if w.snapshot.insert(inner.clone(), s).is_none() {
-                        changes.push((inner, Change::Created));
-                    }
-                }
                 let now = Instant::now();
                 for delay in RECHECK_AFTER {
                     self.rechecks
                         .push((now + delay, id.clone(), rel.to_owned()));
                 }
             }
-            for (rel, change) in changes {
-                merge(&mut self.pending, w, id, rel, change);
-            }
+            merge(&mut self.pending, w, id, rel.to_owned(), change);
         }
     }
 
-    /// Lists again the new directories whose second look is due, reporting what appeared in
-    /// them since the first.
+    /// Lists the new directories whose look is due, reporting what appeared in them. The
+    /// listing runs without the registry's lock: a directory may hold a whole tree.
     fn recheck_new_dirs(&mut self, hub: &WatchHub, policy: &Policy) {
         let now = Instant::now();
         let (due, later): (Vec<_>, Vec<_>) =
             self.rechecks.drain(..).partition(|(t, _, _)| *t <= now);
         self.rechecks = later;
-        if due.is_empty() {
-            return;
-        }
-        let mut reg = hub.registry();
         for (_, id, rel) in due {
+            let Some((root, session)) = hub
+                .registry()
+                .watches
+                .get(&id)
+                .filter(|w| w.live.load(Ordering::Acquire))
+                .map(|w| (w.root.clone(), w.session.clone()))
+            else {
+                continue;
+            };
+            let Some(root) = policy.roots().iter().find(|r| r.path() == root) else {
+                continue;
+            };
+            // A new folder too large to list is reported alone.
+            let found: Vec<(String, Stamp)> = snapshot::scan(root, &rel, true, true)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(inner, _)| visible(root, &session, inner))
+                .collect();
+            if found.is_empty() {
+                continue;
+            }
+            let mut reg = hub.registry();
             let Some(w) = reg.watches.get_mut(&id) else {
                 continue;
             };
-            let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) else {
-                continue;
-            };
-            for (inner, s) in snapshot::scan(root, &rel, true, true).unwrap_or_default() {
-                if !visible(root, w, &inner) {
-                    continue;
-                }
+            for (inner, s) in found {
                 if w.snapshot.insert(inner.clone(), s).is_none() {
                     merge(&mut self.pending, w, &id, inner, Change::Created);
                 }
@@ -274,20 +297,45 @@ impl Worker {
     }
 
     /// Ends watches whose watched path no longer leads to the directory they watch (moved or
-    /// deleted, possibly through an ancestor), reporting the path `deleted`.
+    /// deleted, possibly through an ancestor), reporting the path `deleted`. The paths are
+    /// looked at without the registry's lock.
     fn check_watched_paths(&mut self, hub: &WatchHub, policy: &Policy) {
-        let mut reg = hub.registry();
-        for (id, w) in reg.watches.iter_mut() {
-            let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) else {
+        /// A watch's id, root, registered directory and that directory's identity.
+        type Placed = (String, PathBuf, PathBuf, Option<(u64, u64)>);
+        let watches: Vec<Placed> = hub
+            .registry()
+            .watches
+            .iter()
+            .map(|(id, w)| (id.clone(), w.root.clone(), w.registered.clone(), w.identity))
+            .collect();
+        let moved: Vec<String> = watches
+            .into_iter()
+            .filter(|(_, root, registered, identity)| {
+                policy
+                    .roots()
+                    .iter()
+                    .find(|r| r.path() == root)
+                    .is_some_and(|root| super::identity_of(root, registered) != *identity)
+            })
+            .map(|(id, ..)| id)
+            .collect();
+        for id in moved {
+            let Some((root, session, rel)) = hub
+                .registry()
+                .watches
+                .get(&id)
+                .map(|w| (w.root.clone(), w.session.clone(), w.rel.clone()))
+            else {
                 continue;
             };
-            if super::identity_of(root, &w.registered) == w.identity {
-                continue;
-            }
             self.ended.push(id.clone());
-            if visible(root, w, &w.rel) {
-                let rel = w.rel.clone();
-                merge(&mut self.pending, w, id, rel, Change::Deleted);
+            let Some(root) = policy.roots().iter().find(|r| r.path() == root) else {
+                continue;
+            };
+            if visible(root, &session, &rel) {
+                if let Some(w) = hub.registry().watches.get_mut(&id) {
+                    merge(&mut self.pending, w, &id, rel, Change::Deleted);
+                }
             }
         }
     }
@@ -306,32 +354,70 @@ impl Worker {
     }
 
     /// Rescans the watches `which` selects and queues what changed since their snapshots.
+    /// A watch's snapshot is taken out of the registry while its tree is walked and compared,
+    /// so the registry's lock is never held across a walk; only this thread reads snapshots.
     fn rescan(&mut self, hub: &WatchHub, policy: &Policy, which: impl Fn(&Watch) -> bool) {
-        let mut reg = hub.registry();
-        for (id, w) in reg.watches.iter_mut().filter(|(_, w)| which(w)) {
-            let Some(root) = policy.roots().iter().find(|r| r.path() == w.root) else {
+        /// A watch's id, root, path, whether a directory, whether recursive, and session.
+        type Chosen = (String, PathBuf, String, bool, bool, Weak<dyn Subscriber>);
+        let chosen: Vec<Chosen> = hub
+            .registry()
+            .watches
+            .iter()
+            .filter(|(_, w)| which(w) && w.live.load(Ordering::Acquire))
+            .map(|(id, w)| {
+                let session = w.session.clone();
+                (
+                    id.clone(),
+                    w.root.clone(),
+                    w.rel.clone(),
+                    w.is_dir,
+                    w.recursive,
+                    session,
+                )
+            })
+            .collect();
+        for (id, root, rel, is_dir, recursive, session) in chosen {
+            let Some(root) = policy.roots().iter().find(|r| r.path() == root) else {
                 continue;
             };
-            let Ok(now) = snapshot::scan(root, &w.rel, w.is_dir, w.recursive) else {
+            let Ok(now) = snapshot::scan(root, &rel, is_dir, recursive) else {
                 // Grown too large to compare since it was set up: its events still come, but
                 // a lost one is not recovered by a rescan.
-                tracing::warn!(path = %w.rel, "a watched tree grew too large to rescan");
-                w.lost = false;
+                tracing::warn!(path = %rel, "a watched tree grew too large to rescan");
+                if let Some(w) = hub.registry().watches.get_mut(&id) {
+                    w.lost = false;
+                }
                 continue;
             };
-            let diffs = snapshot::diff(&w.snapshot, &now);
+            let Some(before) = hub
+                .registry()
+                .watches
+                .get_mut(&id)
+                .map(|w| std::mem::take(&mut w.snapshot))
+            else {
+                continue;
+            };
+            let diffs: Vec<(String, Change)> = snapshot::diff(&before, &now)
+                .into_iter()
+                .filter(|(rel, _)| visible(root, &session, rel))
+                .map(|(rel, d)| {
+                    let change = match d {
+                        Diff::Created => Change::Created,
+                        Diff::Modified => Change::Modified,
+                        Diff::Deleted => Change::Deleted,
+                    };
+                    (rel, change)
+                })
+                .collect();
+            drop(before);
+            let mut reg = hub.registry();
+            let Some(w) = reg.watches.get_mut(&id) else {
+                continue;
+            };
             w.snapshot = now;
             w.lost = false;
-            for (rel, d) in diffs {
-                if !visible(root, w, &rel) {
-                    continue;
-                }
-                let change = match d {
-                    Diff::Created => Change::Created,
-                    Diff::Modified => Change::Modified,
-                    Diff::Deleted => Change::Deleted,
-                };
-                merge(&mut self.pending, w, id, rel, change);
+            for (rel, change) in diffs {
+                merge(&mut self.pending, w, &id, rel, change);
             }
         }
     }
@@ -366,7 +452,11 @@ impl Worker {
         }
         let reg = hub.registry();
         for key in due {
-            let Some(w) = reg.watches.get(&key.0) else {
+            let Some(w) = reg
+                .watches
+                .get(&key.0)
+                .filter(|w| w.live.load(Ordering::Acquire))
+            else {
                 self.pending.remove(&key);
                 continue;
             };
@@ -429,7 +519,7 @@ fn covers(w: &Watch, path: &Path) -> bool {
 /// cover, with the rules of every root covering the path, and only a path whose
 /// directories are, right now, real directories beneath the root (a watch that ended up on
 /// a directory reached through a swapped-in symlink reports nothing).
-fn visible(root: &Root, w: &Watch, rel: &str) -> bool {
+fn visible(root: &Root, session: &Weak<dyn Subscriber>, rel: &str) -> bool {
     if rel.split('/').any(is_staging_name) || root.is_denied(rel) {
         return false;
     }
@@ -440,7 +530,7 @@ fn visible(root: &Root, w: &Watch, rel: &str) -> bool {
     let granted = match root.consent_at(rel) {
         ConsentMode::Auto => true,
         ConsentMode::Deny => false,
-        ConsentMode::Prompt => w.session.upgrade().is_some_and(|s| s.is_granted(&abs)),
+        ConsentMode::Prompt => session.upgrade().is_some_and(|s| s.is_granted(&abs)),
     };
     if !granted {
         return false;

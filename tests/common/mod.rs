@@ -28,9 +28,14 @@ pub struct Broker {
     pub last_raw: String,
 }
 
-/// The `fsbroker` binary Cargo built for these tests.
+/// The `fsbroker` binary Cargo built for these tests, or the one `FSBROKER_TEST_BIN` names
+/// (to show that a new test fails on an earlier build: docs/testing.md).
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_fsbroker")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("FSBROKER_TEST_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_fsbroker").to_owned())
+    })
 }
 
 impl Broker {
@@ -487,6 +492,13 @@ impl LiveBroker {
     /// Undoes [`LiveBroker::pause_reading`].
     pub fn resume_reading(&self) {
         self.gate.set(false);
+    }
+
+    /// Writes `bytes` as they are (a forged or malformed line, a notification).
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(bytes).expect("write to fsbroker");
+        stdin.flush().expect("flush");
     }
 
     /// Sends a request; returns its id.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::bin;
-use super::procs::{Pids, is_listening, kill_group};
+use super::procs::{Pids, kill_group};
 
 /// `fsbroker serve --listen SOCK --policy POLICY [EXTRA...]` in a process group of its own;
 /// dropping it kills the whole group (consent commands included) and reaps the broker.
@@ -84,8 +84,13 @@ impl Listener {
                 );
             }
             // Not probed by connecting: a probe would be a session of its own, counted
-            // against max_sessions until the broker sees it close.
-            if is_listening(&l.sock) {
+            // against max_sessions until the broker sees it close. The socket's path appears
+            // only once the broker listens (it binds under a temporary name and renames), so
+            // its existence says enough; `/proc/net/unix` shows the temporary name.
+            if std::fs::symlink_metadata(&l.sock).is_ok_and(|m| {
+                use std::os::unix::fs::FileTypeExt;
+                m.file_type().is_socket()
+            }) {
                 return l;
             }
             assert!(Instant::now() < end, "no socket at {}", l.sock.display());

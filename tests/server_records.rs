@@ -1,0 +1,214 @@
+//! What a server can make the broker record.
+//!
+//! - `notifications/fsbroker/peer`, the note a proxy sends a shared broker about the server
+//!   behind it (its name, its MCP era, its sandbox), is taken only from a proxy's link. A
+//!   server talking to `serve` on stdio, or connecting to a shared broker's socket itself,
+//!   cannot write `confine` records, name itself, switch its era, or grow the log with it,
+//!   however large or frequent its notes.
+//! - Requests refused over the session's request rate get one line a second, counting the
+//!   rest (`alsoRefused`): a flood cannot grow the log faster than the rate allows.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::audit::{log_lines, verify_files};
+use common::policy::{PolicyToml, RootToml};
+use common::procs::Pids;
+use common::socket::Listener;
+use common::{LiveBroker, tempdir};
+use serde_json::{Value, json};
+
+/// A forged note: a name, an era, and a `confinement` object of `pad` bytes, with `key` if
+/// given (a guess at the socket's key).
+fn forged(pad: usize, key: Option<&str>) -> Vec<u8> {
+    let mut params = json!({
+        "name": "FORGED-NAME",
+        "protocolVersion": "2026-07-28",
+        "confinement": { "mode": "strict", "enforced": true, "forged": "x".repeat(pad) },
+    });
+    if let Some(k) = key {
+        params["key"] = json!(k);
+    }
+    let mut line = serde_json::to_vec(&json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/fsbroker/peer",
+        "params": params,
+    }))
+    .unwrap();
+    line.push(b'\n');
+    line
+}
+
+fn policy(dir: &Path, root: &Path) -> std::path::PathBuf {
+    PolicyToml::new()
+        .root(RootToml::at(root).name("r"))
+        .table("limits", "requests_per_second = 5\nrequest_burst = 5\n")
+        .table("audit", "path = \"audit.jsonl\"\n")
+        .write_to(&dir.join("policy.toml"))
+}
+
+/// What the log holds, after the broker has ended (and sealed it).
+fn check_log(log: &Path) {
+    let lines = log_lines(log);
+    for line in &lines {
+        assert!(
+            line.len() < 8192,
+            "a line of {} bytes was written",
+            line.len()
+        );
+        let v: Value = serde_json::from_str(line).unwrap();
+        assert_ne!(v["event"], "confine", "a forged confine record: {line}");
+        assert!(
+            !line.contains("FORGED"),
+            "a forged name reached the log: {line}"
+        );
+    }
+    let (code, out) = verify_files(&[log], &[]);
+    assert_eq!(code, 0, "{out}");
+}
+
+/// Rule: a plain `serve` peer is the server itself: its notes are dropped, whatever their size
+/// or number, and change neither its name nor its era.
+#[test]
+fn a_serve_peer_cannot_write_records_or_name_itself() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hi").unwrap();
+    let policy = policy(&dir, &root);
+    let log = dir.join("audit.jsonl");
+    let mut b = LiveBroker::start(
+        &["serve", "--policy", policy.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    // One note of 4 MiB (it was once written whole, and broke `audit verify`), then a flood
+    // far past the request rate (5 per second), some with a guessed key.
+    b.send_raw(&forged(4 << 20, None));
+    for i in 0..300 {
+        let key = (i % 2 == 0).then_some("00".repeat(32));
+        b.send_raw(&forged(1024, key.as_deref()));
+    }
+    // The era did not change: a 2025-era result has no `resultType`.
+    let list = b.ok("files/list", json!({"path": "r"}));
+    assert!(
+        list.get("resultType").is_none(),
+        "the era was switched: {list}"
+    );
+    b.close_stdin();
+    b.wait_exit(Duration::from_secs(20)).expect("serve exits");
+    let text = b.log_text();
+    assert!(
+        text.contains("ignoring a notifications/fsbroker/peer"),
+        "the refusal is logged: {text}"
+    );
+    check_log(&log);
+    let size = std::fs::metadata(&log).unwrap().len();
+    assert!(size < 64 << 10, "the notes grew the log to {size} bytes");
+}
+
+/// Rule: on a shared broker, a connection that is not a proxy's (it has not the socket's key)
+/// cannot write records or name itself either; the session's own requests are recorded
+/// without the forged name.
+#[test]
+fn a_socket_peer_without_the_key_cannot_write_records() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hi").unwrap();
+    let policy = policy(&dir, &root);
+    let log = dir.join("audit.jsonl");
+    let pids = Pids::default();
+    let sock = dir.join("b.sock");
+    let mut listener = Listener::start(&policy, &sock, &[], &pids);
+    let mut c = listener.connect();
+    c.send(&forged(4 << 20, None));
+    for i in 0..300 {
+        let key = (i % 2 == 0).then_some("ab".repeat(32));
+        c.send(&forged(512, key.as_deref()));
+    }
+    let read = c.ok("files/read", json!({"path": "r/f.txt"}));
+    assert_eq!(read["content"], "hi");
+    drop(c);
+    listener.terminate(Duration::from_secs(20));
+    check_log(&log);
+    let reads: Vec<Value> = log_lines(&log)
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["method"] == "files/read")
+        .collect();
+    assert_eq!(reads.len(), 1, "{reads:?}");
+    assert!(reads[0].get("server").is_none(), "{:?}", reads[0]);
+}
+
+/// Rule: a flood of requests over the session's rate cannot grow the log faster than the
+/// rate: refusals get one line a second, which counts those folded into it (`alsoRefused`).
+/// Each refused `files/consent` here names 16 paths of 4000 bytes (about 64 KiB a line):
+/// before, every refusal wrote such a line.
+#[test]
+fn refusals_over_the_rate_get_one_line_a_second() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    let policy = policy(&dir, &root);
+    let log = dir.join("audit.jsonl");
+    let mut b = LiveBroker::start(
+        &["serve", "--policy", policy.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    let paths: Vec<String> = (0..16)
+        .map(|i| format!("r/{i}{}", "p".repeat(4000)))
+        .collect();
+    let started = std::time::Instant::now();
+    let sent = 2000;
+    let mut ids = Vec::new();
+    for _ in 0..sent {
+        ids.push(b.send(
+            "files/consent",
+            json!({"requestedPaths": paths, "message": "m"}),
+        ));
+    }
+    let mut refused = 0u64;
+    for id in ids {
+        let answer = b.response(id);
+        if answer["error"]["data"]["code"] == "RATE_LIMITED" {
+            refused += 1;
+        }
+    }
+    let secs = started.elapsed().as_secs() + 2;
+    b.close_stdin();
+    b.wait_exit(Duration::from_secs(20)).expect("serve exits");
+    assert!(
+        refused > 1000,
+        "only {refused} of {sent} were over the rate"
+    );
+    let lines: Vec<Value> = log_lines(&log)
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .collect();
+    let limited: Vec<&Value> = lines
+        .iter()
+        .filter(|v| v["outcome"] == "RATE_LIMITED")
+        .collect();
+    let folded: u64 = limited
+        .iter()
+        .map(|v| v["alsoRefused"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(
+        (limited.len() as u64) <= secs,
+        "{} lines for refusals over {secs} s",
+        limited.len()
+    );
+    assert!(!limited.is_empty() && limited.len() as u64 + folded <= refused);
+    let size = std::fs::metadata(&log).unwrap().len();
+    // What the rate lets through (a burst of 5, then 5 a second), one refusal line a second,
+    // and the broker's own few lines, each at most about 70 KB.
+    let bound = (5 + 5 * secs + secs + 4) * 70_000;
+    assert!(
+        size < bound,
+        "the log grew to {size} bytes in {secs} s (bound {bound})"
+    );
+    let (code, out) = verify_files(&[&log], &[]);
+    assert_eq!(code, 0, "{out}");
+}
