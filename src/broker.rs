@@ -41,6 +41,18 @@ pub struct Broker {
     proxy_key: std::sync::OnceLock<crate::rundir::ProxyKey>,
     /// Every root is withdrawn because the policy file is held ([`PolicyError::Held`]).
     held: std::sync::atomic::AtomicBool,
+    /// The policy file as it was when the policy in force was read from it ([`stamp`]).
+    read_stamp: Mutex<Option<Stamp>>,
+}
+
+/// What identifies one version of a file without opening it: device, inode, size and
+/// modification time (a `stat`, which no lease delays).
+type Stamp = (u64, u64, u64, i64, i64);
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
 }
 
 /// How often a broker whose policy file is held tries to read it again.
@@ -82,6 +94,9 @@ impl Broker {
         mut overrides: Overrides,
     ) -> Result<Arc<Broker>, AuditError> {
         let first_session = first_session_id();
+        // Taken after the policy was read: a file changed in between is read again at the
+        // next change anyway (its stamp then differs).
+        let source_stamp = policy.source().and_then(stamp);
         let audit = policy
             .audit()
             .map(|c| AuditLog::open_run(c, Some(first_session)).map(Arc::new))
@@ -108,6 +123,7 @@ impl Broker {
             prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS)),
             proxy_key: std::sync::OnceLock::new(),
             held: Default::default(),
+            read_stamp: Mutex::new(source_stamp),
         });
         reap_idle_uploads(Arc::downgrade(&broker));
         Ok(broker)
@@ -159,6 +175,13 @@ impl Broker {
     /// are recorded), then the transports end.
     pub fn stop(&self) {
         self.stop.send_replace(true);
+        // Watches not yet made are abandoned, so the run can end (and seal its log) in time.
+        self.watches.stop();
+    }
+
+    /// Whether [`Broker::stop`] was called, as a receiver that sees it happen.
+    pub(crate) fn stop_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.stop.subscribe()
     }
 
     /// Resolves once [`Broker::stop`] was called.
@@ -210,17 +233,30 @@ impl Broker {
     /// A policy file that cannot be read without waiting on another process (a lease on it,
     /// [`PolicyError::Held`]) fails closed: the file is being changed and the broker cannot
     /// see to what, so every root is withdrawn (revoked, as a reload that removed them) until
-    /// a later reload reads it; a thread tries again every [`HELD_RETRY`].
+    /// a later reload reads it; a thread tries again every 250 ms (`HELD_RETRY`).
     pub fn reload(self: &Arc<Self>) -> Result<ReloadReport, PolicyError> {
         let old = self.policy();
+        // What the file is before it is read: if a lease holds it, and it is still exactly
+        // the file the policy in force was read from, nothing changed and nothing is
+        // withdrawn.
+        let stamp = old.source().and_then(stamp);
         let new = match Policy::load(old.source(), &self.overrides) {
             Ok(new) => new,
             Err(e @ PolicyError::Held { .. }) => {
+                let same = stamp.is_some()
+                    && stamp == *self.read_stamp.lock().unwrap_or_else(|e| e.into_inner());
+                if same && !self.held.load(Ordering::Acquire) {
+                    tracing::warn!(
+                        "the policy file is held by another process but has not changed since it was read; the policy stays in force"
+                    );
+                    return Ok(ReloadReport::default());
+                }
                 self.withdraw_all();
                 return Err(e);
             }
             Err(e) => return Err(e),
         };
+        *self.read_stamp.lock().unwrap_or_else(|e| e.into_inner()) = stamp;
         self.held.store(false, Ordering::Release);
         if new.audit() != old.audit() {
             tracing::warn!("the [audit] table changed; the audit log in use stays until restart");
@@ -376,6 +412,11 @@ impl Broker {
                 .map(str::trim)
                 .filter(|l| !l.is_empty())
                 .collect();
+            if matches!(e, PolicyError::Held { .. }) {
+                // Said by `withdraw_all`: the roots are withdrawn, not kept.
+                tracing::debug!(error = %flat.join(" "), "policy reload failed");
+                return;
+            }
             tracing::error!(
                 error = %flat.join(" "),
                 "policy reload failed; the previous policy stays in force"
@@ -475,11 +516,20 @@ impl PolicyWatcher {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
             let Ok(ev) = ev else { return };
-            // Opens and reads (the reload's own among them) are not changes.
-            if !matches!(
+            // Opens and reads (the reload's own among them) are not changes, and neither is
+            // a change of times or mode: anyone who can name the file may `touch` it, and a
+            // reload costs every broker on the policy (and, when a lease holds the file,
+            // withdraws every root).
+            let metadata = matches!(
                 ev.kind,
-                EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
-            ) {
+                EventKind::Modify(notify::event::ModifyKind::Metadata(_))
+            );
+            if metadata
+                || !matches!(
+                    ev.kind,
+                    EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
+                )
+            {
                 return;
             }
             let ours = |p: &PathBuf| p.file_name().is_some_and(|n| names.iter().any(|m| m == n));

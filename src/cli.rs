@@ -465,7 +465,9 @@ impl Running {
     ///
     /// SIGTERM or SIGINT (how hosts stop their servers) stops `main` cleanly: the transports
     /// take no more requests and let the ones they took finish and be recorded ([`Broker::stop`]),
-    /// then the log is sealed. Work still running [`STOP_GRACE`] after the signal is not waited
+    /// except watches not yet made, which are abandoned ([`crate::watch::WatchHub::stop`]); the
+    /// proxy ends its server within the grace (`transport::proxy::CLOSE_GRACE`); then the log
+    /// is sealed. Work still running [`STOP_GRACE`] after the signal is not waited
     /// for: the result is then `Err(signal number)` and the log is left unsealed, which is
     /// what it is (`audit verify` reports the run, exit 3).
     fn run<T>(&self, main: impl std::future::Future<Output = T>) -> Result<T, i32> {
@@ -492,6 +494,9 @@ impl Running {
                 signal = stop => {
                     tracing::info!(signal, "stopping: no new requests; the running ones finish first");
                     self.broker.stop();
+                    // Watches not yet made are abandoned (answered `TIMEOUT`): registering a
+                    // large tree takes seconds the stop's grace does not have.
+                    self.broker.watches().stop();
                     match tokio::time::timeout(STOP_GRACE, &mut main).await {
                         Ok(result) => Ok(result),
                         Err(_) => {
@@ -522,6 +527,13 @@ const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long a stopping broker waits for the requests it took to finish.
 const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+// A stopping proxy ends its server (stdin closed, SIGTERM, SIGKILL) with time left in the
+// grace for the broker to finish and seal the log.
+const _: () = assert!(
+    transport::proxy::CLOSE_GRACE.as_millis() + transport::proxy::STOP_KILL_GRACE.as_millis()
+        < STOP_GRACE.as_millis()
+);
 
 /// Installs the SIGTERM and SIGINT handlers now; the future waits for either and returns its
 /// number.

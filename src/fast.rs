@@ -30,7 +30,6 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc;
 use crate::limits::{self, Deadline};
 use crate::outgoing::Outgoing;
-use crate::session::Received;
 
 /// How often the watchdog looks at the running request: the latest a stuck request's
 /// `TIMEOUT` goes out after its deadline.
@@ -59,7 +58,9 @@ pub(crate) struct Late {
     /// The request's place in its session's bookkeeping: given up when the watchdog answers,
     /// so that requests waiting for earlier ones (upload chunks) do not wait on a request
     /// that is answered but still stuck.
-    received: Mutex<Option<Received>>,
+    /// (The session's `Received`; kept opaque here, so this layer does not reach up into the
+    /// session's.)
+    received: Mutex<Option<Box<dyn Send>>>,
     /// The request's audit line, for the watchdog to write when it answers (its own task
     /// writes it otherwise): the log must have the request even if its work never returns.
     audit: Mutex<Option<LateAudit>>,
@@ -116,9 +117,9 @@ impl Late {
     }
 
     /// Names the request (its id) and keeps its bookkeeping until it is answered.
-    pub(crate) fn hold(&self, id: &RawValue, received: Received) {
+    pub(crate) fn hold(&self, id: &RawValue, received: impl Send + 'static) {
         let _ = self.id.set(id.to_owned());
-        *self.received.lock().unwrap_or_else(|e| e.into_inner()) = Some(received);
+        *self.received.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(received));
     }
 
     /// Gives up the request's place once its answer is built (or sent by the watchdog).

@@ -29,7 +29,8 @@
 //! # Layout
 //!
 //! A message travels one way through layers that each do one thing, and each layer imports
-//! only the ones below it:
+//! only the ones below it (`tests/layers.rs` checks every `crate::` path against its table of
+//! which module may use which, and the table for circles):
 //!
 //! ```text
 //! bytes ─► transport ─► jsonrpc ─► methods (dispatch) ─► methods/<name> ─► sandbox (cap-std) ─► disk

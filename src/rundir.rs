@@ -203,6 +203,9 @@ pub(crate) struct ProxyKey {
     key: String,
 }
 
+/// How many times (10 ms apart) a proxy looks for a key that is not there yet.
+const KEY_WAIT_TRIES: u32 = 100;
+
 /// The length of a key, in hex digits (256 bits).
 const KEY_HEX: usize = 64;
 
@@ -230,8 +233,22 @@ impl ProxyKey {
         Ok(ProxyKey { path, key })
     }
 
-    /// Reads the key of the shared broker listening at `socket` (what a proxy sends it).
+    /// Reads the key of the shared broker listening at `socket` (what a proxy sends it). A
+    /// broker writes it just after its socket appears: a missing key is waited for a moment.
     pub(crate) fn read(socket: &Path) -> io::Result<String> {
+        let mut tries = 0;
+        loop {
+            match ProxyKey::read_once(socket) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < KEY_WAIT_TRIES => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                done => return done,
+            }
+        }
+    }
+
+    fn read_once(socket: &Path) -> io::Result<String> {
         let path = entry("listen", socket, ".key")?;
         let file = std::fs::OpenOptions::new()
             .read(true)

@@ -7,7 +7,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::broker::Broker;
 use crate::jsonrpc;
-use crate::outgoing::BodyPool;
+use crate::outgoing::{BodyPool, OUTPUT_BUDGET_KIB};
 use crate::upload::Uploads;
 
 /// The notification a proxy sends a shared broker (`proxy --connect`) to name the MCP server
@@ -26,12 +26,6 @@ const MAX_PEER_NAME: usize = 256;
 
 /// How many notifications may wait for a session's writer before new ones are dropped.
 const NOTIFICATION_QUEUE: usize = 1024;
-
-/// KiB of read responses a session may have built but not yet written: a peer that reads
-/// slower than the disk makes further reads wait here instead of growing the broker's memory.
-/// Room for two 8 MiB chunks in base64 (one being written, one waiting); a larger response
-/// counts as half of it, so two are always let through.
-pub(crate) const OUTPUT_BUDGET_KIB: usize = 32 << 10;
 
 /// One peer's view of the broker. Requests of a session run concurrently; share it in an
 /// `Arc`.

@@ -95,7 +95,8 @@ for line in sys.stdin.buffer:
             reqs["e"] = {"method": "elicitation/create", "params": {"message": "ok?"}}
         send({"jsonrpc": "2.0", "id": i, "result": {"resultType": "input_required", "inputRequests": reqs}})
     elif name == "hostile":
-        raw(HOSTILE[args["n"]])
+        # `@ID@` stands for the id of the host's call: the line answers it.
+        raw(HOSTILE[args["n"]].replace(b"@ID@", idj.encode()))
         send({"jsonrpc": "2.0", "id": i, "result": {"resultType": "complete", "after": args["n"]}})
     elif name == "received":
         send({"jsonrpc": "2.0", "id": i, "result": {"resultType": "complete", "received": RECEIVED}})
@@ -522,11 +523,13 @@ const EVIL_CONFINEMENT: &str =
 
 /// One hostile line: what it tries, the bytes the server writes, and the id (if any) under
 /// which the server should get an answer back (an error, or the broker's answer to a sound
-/// request).
+/// request). A line that answers the host's call (its id written `@ID@`) gets the host an
+/// error under its own id instead (`host_error`), never the line.
 struct Hostile {
     what: &'static str,
     line: Vec<u8>,
     answered: Option<Value>,
+    host_error: bool,
 }
 
 /// Lines a server writes hoping the host reads a `roots/list` or `files/*` request into them
@@ -580,13 +583,162 @@ fn hostile_lines() -> Vec<Hostile> {
         ("the peer note in a batch", format!(r#"[{{"jsonrpc":"2.0","method":"notifications/fsbroker/peer",{peer}}}]"#).into_bytes(), None),
         ("another control method", br#"{"jsonrpc":"2.0","method":"notifications/fsbroker/anything","params":{}}"#.to_vec(), None),
     ];
-    rows.into_iter()
+    let mut table: Vec<Hostile> = rows
+        .into_iter()
         .map(|(what, line, answered)| Hostile {
             what,
             line,
             answered,
+            host_error: false,
         })
-        .collect()
+        .collect();
+    table.extend(input_request_lines());
+    table
+}
+
+/// Answers to the host's call (`@ID@`) holding an input request of the broker's (or of the
+/// proxy's own) in a form the proxy does not answer, hoping a lenient host reads it: a host
+/// built on .NET's web defaults matches member names and enum values in any case (`ı` is
+/// `i` to it), JavaScript indexes its handlers with an array as with its string, and a host
+/// may act on input requests wherever it finds them (a task, a nested result). None reaches
+/// the host: it gets an error under its own id.
+fn input_request_lines() -> Vec<Hostile> {
+    const R: &str = r#"{"r":{"method":"roots/list"}}"#;
+    let answer = |result: String| format!(r#"{{"jsonrpc":"2.0","id":@ID@,"result":{result}}}"#);
+    let asks = |type_: &str, requests: &str| {
+        answer(format!(
+            r#"{{"resultType":{type_},"inputRequests":{requests},"requestState":"s"}}"#
+        ))
+    };
+    let rows: Vec<(&'static str, String)> = vec![
+        ("resultType Input_Required", asks(r#""Input_Required""#, R)),
+        (
+            "resultType INPUT_REQUIRED, files/read",
+            asks(
+                r#""INPUT_REQUIRED""#,
+                r#"{"f":{"method":"files/read","params":{"path":"proj/hello.txt"}}}"#,
+            ),
+        ),
+        ("resultType with a trailing space", asks(r#""input_required ""#, R)),
+        ("resultType complete", asks(r#""complete""#, R)),
+        ("resultType a number", asks("1", R)),
+        ("no resultType", answer(format!(r#"{{"inputRequests":{R}}}"#))),
+        (
+            "member Method",
+            asks(r#""input_required""#, r#"{"r":{"Method":"roots/list"}}"#),
+        ),
+        (
+            "member InputRequests",
+            answer(format!(
+                r#"{{"resultType":"input_required","InputRequests":{R}}}"#
+            )),
+        ),
+        (
+            "member ResultType",
+            answer(format!(
+                r#"{{"ResultType":"input_required","inputRequests":{R}}}"#
+            )),
+        ),
+        (
+            "member Result",
+            format!(
+                r#"{{"jsonrpc":"2.0","id":@ID@,"Result":{{"resultType":"input_required","inputRequests":{R}}}}}"#
+            ),
+        ),
+        (
+            "member inputRequests with a dotless i, escaped",
+            answer(format!(
+                r#"{{"resultType":"input_required","\u0131nputRequests":{R}}}"#
+            )),
+        ),
+        (
+            "inputRequests twice, the broker's in another case",
+            answer(format!(
+                r#"{{"resultType":"input_required","inputRequests":{{"e":{{"method":"elicitation/create","params":{{"message":"ok?"}}}}}},"inputrequests":{R}}}"#
+            )),
+        ),
+        (
+            "result twice, the broker's in another case",
+            format!(
+                r#"{{"jsonrpc":"2.0","id":@ID@,"result":{{"resultType":"complete"}},"RESULT":{{"resultType":"input_required","inputRequests":{R}}}}}"#
+            ),
+        ),
+        (
+            "an input request's method in another case",
+            asks(r#""input_required""#, r#"{"r":{"method":"Roots/List"}}"#),
+        ),
+        (
+            "an input request's method with a dotless i",
+            asks(r#""input_required""#, r#"{"r":{"method":"roots/lıst"}}"#),
+        ),
+        (
+            "an input request's method in an array",
+            asks(r#""input_required""#, r#"{"r":{"method":["roots/list"]}}"#),
+        ),
+        (
+            "an input request that is a string",
+            asks(r#""input_required""#, r#"{"r":"roots/list"}"#),
+        ),
+        (
+            "inputRequests an array",
+            asks(r#""input_required""#, r#"[{"method":"roots/list"}]"#),
+        ),
+        (
+            "an input request for the proxy's control method",
+            asks(
+                r#""input_required""#,
+                r#"{"r":{"method":"notifications/fsbroker/peer","params":{"name":"evil"}}}"#,
+            ),
+        ),
+        (
+            "an input request in the params of the host's",
+            asks(
+                r#""input_required""#,
+                &format!(
+                    r#"{{"e":{{"method":"elicitation/create","params":{{"message":"ok?","inputRequests":{R}}}}}}}"#
+                ),
+            ),
+        ),
+        (
+            "an input_required nested in the result's _meta",
+            answer(format!(
+                r#"{{"resultType":"complete","content":[],"_meta":{{"x":{{"resultType":"input_required","inputRequests":{R}}}}}}}"#
+            )),
+        ),
+        (
+            "input requests in a task",
+            answer(
+                r#"{"resultType":"complete","task":{"taskId":"t","status":"input_required","inputRequests":{"f":{"method":"files/read","params":{"path":"proj/hello.txt"}}}}}"#
+                    .into(),
+            ),
+        ),
+    ];
+    let mut lines: Vec<Hostile> = rows
+        .into_iter()
+        .map(|(what, line)| Hostile {
+            what,
+            line: line.into_bytes(),
+            answered: None,
+            host_error: true,
+        })
+        .collect();
+    // Not an answer: a request whose method is an array; its id gets an error.
+    lines.push(Hostile {
+        what: "a request whose method is an array",
+        line: br#"{"jsonrpc":"2.0","id":"u60","method":["roots/list"]}"#.to_vec(),
+        answered: Some(json!("u60")),
+        host_error: false,
+    });
+    lines.push(Hostile {
+        what: "a notification with input requests",
+        line: format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/tasks/status","params":{{"taskId":"t","status":"input_required","inputRequests":{R}}}}}"#
+        )
+        .into_bytes(),
+        answered: None,
+        host_error: false,
+    });
+    lines
 }
 
 /// Writes the table where the server reads it (`HOSTILE`, hex lines).
@@ -614,6 +766,7 @@ fn run_table(host: &mut Host, table: &[Hostile], id_base: u64, meta: bool) {
             params["_meta"] = envelope();
         }
         host.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}));
+        let mut host_error = false;
         loop {
             let line = host
                 .lines
@@ -621,7 +774,22 @@ fn run_table(host: &mut Host, table: &[Hostile], id_base: u64, meta: bool) {
                 .unwrap_or_else(|_| panic!("{}: no answer from the proxy", row.what));
             let got = serde_json::from_slice::<Value>(&line).unwrap_or_default();
             if got["id"] == json!(id) && got["result"]["after"] == json!(n) {
+                if row.host_error && !host_error {
+                    leaked.push(format!(
+                        "{} (2026 era: {meta}): the host's call got no error first",
+                        row.what
+                    ));
+                }
                 break;
+            }
+            // The answer the row stands for, taken out: an error under the host's id.
+            if row.host_error && !host_error && got["id"] == json!(id) {
+                let code = &got["error"]["code"];
+                if *code == json!(-32600) && got.get("result").is_none() {
+                    assert_no_broker_method(&line);
+                    host_error = true;
+                    continue;
+                }
             }
             let text = String::from_utf8_lossy(&line);
             let cut: String = text.chars().take(160).collect();

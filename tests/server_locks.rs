@@ -320,3 +320,55 @@ fn a_lease_on_the_policy_does_not_delay_a_confined_servers_revocation() {
     );
     eprintln!("confined server ended {took:?} after the revocation, lease held");
 }
+
+/// Rule: touching the policy file (anyone who can name it can set its times) reloads nothing,
+/// and a lease on a policy file that has not changed since it was read withdraws nothing:
+/// only a change the broker cannot read fails closed. (A server that could read the policy
+/// could otherwise take a lease, touch the file, and withdraw every root of every broker on
+/// that policy.)
+#[test]
+fn a_touch_of_a_leased_policy_withdraws_nothing() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hi").unwrap();
+    let path = dir.join("policy.toml");
+    PolicyToml::new()
+        .root(RootToml::at(&root).name("r"))
+        .unlimited()
+        .write_to(&path);
+    let mut b = LiveBroker::start(
+        &["serve", "--policy", path.to_str().unwrap()],
+        Duration::from_secs(10),
+    );
+    b.ok("ping", json!({}));
+    let held = Held::take(&path, "write-lease");
+    for secs in [1_000_000_000, 1_100_000_000] {
+        let t = rustix::fs::Timespec {
+            tv_sec: secs,
+            tv_nsec: 0,
+        };
+        rustix::fs::utimensat(
+            rustix::fs::CWD,
+            &path,
+            &rustix::fs::Timestamps {
+                last_access: t,
+                last_modification: t,
+            },
+            rustix::fs::AtFlags::empty(),
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        b.next_notification(Duration::from_secs(2)).is_none(),
+        "a touch changed the roots"
+    );
+    let roots = b.ok("roots/list", json!({}));
+    assert_eq!(roots["roots"][0]["name"], "r", "{roots}");
+    assert_eq!(
+        b.ok("files/read", json!({"path": "r/f.txt"}))["content"],
+        "hi"
+    );
+    drop(held);
+}

@@ -212,3 +212,48 @@ fn refusals_over_the_rate_get_one_line_a_second() {
     let (code, out) = verify_files(&[&log], &[]);
     assert_eq!(code, 0, "{out}");
 }
+
+/// Rule: a request's line stays small whatever its strings hold: each is cut at 4 KiB as
+/// written (a control character takes six bytes escaped), and consent paths at 16 KiB in all.
+/// Before, 4,096 U+0001 characters in each of `path`, `newPath` and 16 `requestedPaths` of an
+/// unknown `files/` method made one line of 444,234 bytes.
+#[test]
+fn a_request_line_is_small_whatever_its_strings_hold() {
+    let (_t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    let policy = policy(&dir, &root);
+    let log = dir.join("audit.jsonl");
+    let mut b = LiveBroker::start(
+        &["serve", "--policy", policy.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    let nasty = "\u{1}".repeat(4096);
+    let method = format!("files/{}", "\u{1}".repeat(4096));
+    for m in [method.as_str(), "files/consent", "files/rename"] {
+        b.request(
+            m,
+            json!({"path": nasty, "oldPath": nasty, "newPath": nasty,
+                   "requestedPaths": vec![nasty.clone(); 16]}),
+        );
+    }
+    b.close_stdin();
+    b.wait_exit(Duration::from_secs(20)).expect("serve exits");
+    let lines = log_lines(&log);
+    let longest = lines.iter().map(String::len).max().unwrap();
+    assert!(longest < 40_000, "a line of {longest} bytes");
+    let cut: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v.get("method").is_some())
+        .collect();
+    assert_eq!(cut.len(), 3, "{cut:?}");
+    for v in &cut {
+        assert_eq!(v["pathBytes"], 4096, "the full length is kept: {v}");
+        assert!(v["pathDigest"].is_string(), "{v}");
+    }
+    let consent = cut.iter().find(|v| v["method"] == "files/consent").unwrap();
+    assert_eq!(consent["pathsCount"], 16, "{consent}");
+    let (code, out) = verify_files(&[&log], &[]);
+    assert_eq!(code, 0, "{out}");
+}

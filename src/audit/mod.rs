@@ -7,7 +7,7 @@
 //! never logged; with `redact_paths`, neither are paths (their sha256 is).
 //!
 //! Several brokers may append to one file (each append holds the log's lock, a file in the
-//! user's private runtime directory that no server can reach: [`crate::rundir`]); a log with
+//! user's private runtime directory that no server can reach: `crate::rundir`); a log with
 //! `max_bytes` rolls over to a new file that continues the chain (`rotate.rs`); every line can
 //! also be sent, as it is written, to the machine's log collector (`copy.rs`).
 //!
@@ -377,23 +377,36 @@ impl AuditLog {
             );
         }
         if let Some(ps) = r.paths {
-            // A server chooses how many paths it asks consent for: the line keeps the first
-            // few, the count and a digest of them all.
-            let kept = ps.iter().take(MAX_LOGGED_PATHS);
+            // A server chooses how many paths it asks consent for, and how long: the line
+            // keeps the first few (at most MAX_LOGGED_PATHS, and MAX_LOGGED_PATHS_BYTES of
+            // them as written), the count and a digest of them all.
             let (key, list): (&str, Vec<Value>) = if self.redact {
+                let kept = ps.iter().take(MAX_LOGGED_PATHS);
                 (
                     "pathsSha256",
                     kept.map(|p| Value::from(sha256_hex(p.as_bytes())))
                         .collect(),
                 )
             } else {
-                (
-                    "paths",
-                    kept.map(|p| Value::from(cap(p, MAX_LOGGED_PATH))).collect(),
-                )
+                let mut room = MAX_LOGGED_PATHS_BYTES;
+                let mut list = Vec::new();
+                for p in ps.iter().take(MAX_LOGGED_PATHS) {
+                    let kept = cap_escaped(p, MAX_LOGGED_PATH.min(room));
+                    if kept.is_empty() && !p.is_empty() {
+                        break;
+                    }
+                    room -= escaped_len(kept);
+                    list.push(Value::from(kept));
+                }
+                ("paths", list)
             };
+            let whole = list.len() == ps.len()
+                && list
+                    .iter()
+                    .zip(ps)
+                    .all(|(kept, p)| self.redact || kept.as_str() == Some(p.as_str()));
             fields.insert(key, Value::from(list));
-            if ps.len() > MAX_LOGGED_PATHS || ps.iter().any(|p| p.len() > MAX_LOGGED_PATH) {
+            if !whole {
                 fields.insert("pathsCount", Value::from(ps.len()));
                 let all = serde_json::to_vec(ps).unwrap_or_default();
                 fields.insert("pathsDigest", Value::from(sha256_hex(&all)));
@@ -837,6 +850,37 @@ pub const MAX_LOGGED_PATH: usize = 4096;
 /// How many of a consent request's paths a line lists.
 pub const MAX_LOGGED_PATHS: usize = 16;
 
+/// How many bytes of the consent paths a line lists, as written (escapes included).
+pub const MAX_LOGGED_PATHS_BYTES: usize = 16 << 10;
+
+/// The bytes `value` takes in a line once escaped: a control character is written as
+/// `\u00XX`, six bytes for one, so a cut by the value's own length would let a server's
+/// string grow sixfold in the log.
+fn escaped_len(value: &str) -> usize {
+    value.chars().map(escaped_char_len).sum()
+}
+
+fn escaped_char_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if (c as u32) < 0x20 => 6,
+        '\u{85}' | '\u{2028}' | '\u{2029}' => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// `value` cut where its escaped form reaches `max` bytes, at a character boundary.
+fn cap_escaped(value: &str, max: usize) -> &str {
+    let mut used = 0;
+    for (i, c) in value.char_indices() {
+        used += escaped_char_len(c);
+        if used > max {
+            return &value[..i];
+        }
+    }
+    value
+}
+
 /// `value` cut to at most `max` bytes, at a character boundary.
 pub fn cap(value: &str, max: usize) -> &str {
     if value.len() <= max {
@@ -849,12 +893,14 @@ pub fn cap(value: &str, max: usize) -> &str {
     &value[..end]
 }
 
-/// Puts `value` under `keys[0]`, cut to `max` bytes: a server decides how long its strings
-/// are, and a line must stay small enough to be written (and copied) whole. A cut value comes
+/// Puts `value` under `keys[0]`, cut to `max` bytes as written (escapes counted): a server
+/// decides how long its strings are, and a line must stay small enough to be written (and
+/// copied) whole. A cut value comes
 /// with its full length (`keys[1]`) and the sha256 of it all (`keys[2]`).
 fn put_capped(fields: &mut Fields, keys: [&'static str; 3], value: &str, max: usize) {
-    fields.insert(keys[0], Value::from(cap(value, max)));
-    if value.len() > max {
+    let kept = cap_escaped(value, max);
+    fields.insert(keys[0], Value::from(kept));
+    if kept.len() < value.len() {
         fields.insert(keys[1], Value::from(value.len()));
         fields.insert(keys[2], Value::from(sha256_hex(value.as_bytes())));
     }

@@ -76,7 +76,7 @@ pub struct Rule {
     pub access: Access,
     /// Why it is allowed, for `confine check` and the audit log.
     pub why: String,
-    /// The device and inode the plan resolved the path to ([`walk::resolve`]); the kernel
+    /// The device and inode the plan resolved the path to (`walk::resolve`); the kernel
     /// step grants the path only if it still is that file. `None`: it did not exist.
     #[serde(skip)]
     pub id: Option<(u64, u64)>,

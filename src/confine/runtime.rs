@@ -307,9 +307,24 @@ fn looks_like_code(file: &Path) -> bool {
 }
 
 /// Whether `file` starts with `#!`.
+/// Opens a regular file of the server's command line for reading without waiting: the
+/// server, or what it left running, may hold a lease on its own files (an open would wait out
+/// the kernel's `lease-break-time`), or have put a FIFO there. Anything else fails.
+fn open_now(file: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(file)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
+}
+
 fn has_hash_bang(file: &Path) -> bool {
     let mut head = [0u8; 2];
-    std::fs::File::open(file)
+    open_now(file)
         .and_then(|mut f| f.read_exact(&mut head))
         .is_ok_and(|()| &head == b"#!")
 }
@@ -371,7 +386,7 @@ fn installation(exe: &Path) -> Vec<PathBuf> {
 /// The interpreter a `#!` line names, looked up as the kernel (and `env`) would.
 fn interpreter(exe: &Path, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
     let mut head = [0u8; 256];
-    let n = std::fs::File::open(exe).ok()?.read(&mut head).ok()?;
+    let n = open_now(exe).ok()?.read(&mut head).ok()?;
     let head = &head[..n];
     let line = head.strip_prefix(b"#!")?;
     let line = &line[..line.iter().position(|&b| b == b'\n').unwrap_or(line.len())];

@@ -72,6 +72,7 @@ impl Ctx<'_> {
             deadline: Arc::default(),
             started,
             audit: self.session.broker().audit().map(|a| a.health()),
+            stopping: self.session.broker().stop_signal(),
         }
     }
 }
@@ -124,6 +125,9 @@ pub(crate) struct Op {
     pub started: Instant,
     /// The audit log's health, checked again at the commit point.
     pub audit: Option<Arc<crate::audit::Health>>,
+    /// Resolves when the broker is asked to stop: work that has not committed then answers
+    /// `TIMEOUT` at once, so the run ends (and seals its log) within its grace.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Op {
@@ -139,10 +143,18 @@ impl Op {
         let limit = self.policy.limits().timeout;
         let until = tokio::time::Instant::from_std(self.started + limit);
         let deadline = Arc::clone(&self.deadline);
+        let mut stop = self.stopping.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        tokio::pin!(stopped);
         // A slot first (waiting counts against the deadline), then a thread; the slot stays
         // with the work until it ends, also past a TIMEOUT answer.
-        let Ok(slot) = tokio::time::timeout_at(until, self.pool.acquire(self.state.id)).await
-        else {
+        let slot = tokio::select! {
+            slot = tokio::time::timeout_at(until, self.pool.acquire(self.state.id)) => slot.ok(),
+            () = &mut stopped => None,
+        };
+        let Some(slot) = slot else {
             deadline.expire();
             return Err(limits::timed_out(limit));
         };
@@ -154,10 +166,17 @@ impl Op {
             }
             f(&self)
         });
-        let joined = match tokio::time::timeout_at(until, &mut task).await {
-            Ok(joined) => joined,
-            Err(_) if deadline.expire() => return Err(limits::timed_out(limit)),
-            Err(_) => task.await,
+        // Past the deadline, or once the broker is stopping, work that has not reached its
+        // commit point answers TIMEOUT (and rolls back there); work already committing is
+        // waited for.
+        let ended = tokio::select! {
+            joined = tokio::time::timeout_at(until, &mut task) => joined.ok(),
+            () = &mut stopped => None,
+        };
+        let joined = match ended {
+            Some(joined) => joined,
+            None if deadline.expire() => return Err(limits::timed_out(limit)),
+            None => task.await,
         };
         joined.unwrap_or_else(|e| {
             Err(Error::new(

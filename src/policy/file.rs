@@ -245,7 +245,7 @@ impl PolicyFile {
     /// The read never waits on another process: the file is opened non-blocking, so a lease
     /// on it is [`PolicyError::Held`] at once instead of a wait of up to the kernel's
     /// `lease-break-time`, and a FIFO or device put in its place is refused, as is a file
-    /// over [`MAX_POLICY_BYTES`].
+    /// over `MAX_POLICY_BYTES` (4 MiB).
     pub fn load(path: &Path) -> Result<PolicyFile, PolicyError> {
         use std::io::Read;
         use std::os::unix::fs::OpenOptionsExt;

@@ -106,7 +106,11 @@ fn envelope_of(line: &[u8]) -> (Option<String>, bool) {
         method: Option<serde::de::IgnoredAny>,
     }
     match serde_json::from_slice::<Envelope>(line) {
-        Ok(env) => (env.id.map(|id| id.get().to_owned()), env.method.is_some()),
+        // A `method` in another case (`"Method"`) makes it a request to a lenient reader too.
+        Ok(env) => (
+            env.id.map(|id| id.get().to_owned()),
+            env.method.is_some() || modern::lenient_envelope(line).1,
+        ),
         Err(_) => (None, true),
     }
 }
@@ -405,8 +409,12 @@ impl Eras {
                     _ => Some(line),
                 };
             }
-            Checked::Unreadable { ids, request } => {
-                return self.unreadable(line, ids, request, out).await;
+            Checked::Unreadable {
+                ids,
+                request,
+                broker,
+            } => {
+                return self.unreadable(line, ids, request, broker, out).await;
             }
             Checked::Input(ir) => ir,
         };
@@ -441,14 +449,15 @@ impl Eras {
     }
 
     /// A message the proxy cannot read one way only ([`Checked::Unreadable`]): as written when
-    /// no reading of it names a broker method; else not passed on, and its request gets an
-    /// error: the server's own (it reads as a request), or else the host's under each id the
-    /// message carries.
+    /// no reading of it names a broker method (and it is not known to hold one, `broker`);
+    /// else not passed on, and its request gets an error: the server's own (it reads as a
+    /// request), or else the host's under each id the message carries.
     async fn unreadable(
         &self,
         line: Vec<u8>,
         mut ids: Vec<Value>,
         mut request: bool,
+        broker: bool,
         out: &Outputs,
     ) -> Option<Vec<u8>> {
         if ids.is_empty() {
@@ -475,7 +484,7 @@ impl Eras {
                 .filter_map(|k| state.take(&k))
                 .collect()
         };
-        let names = super::modern::names_broker_method(&line);
+        let names = broker || super::modern::names_broker_method(&line);
         let err = Error::new(
             ErrorKind::InvalidRequest,
             if names {

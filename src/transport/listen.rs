@@ -27,14 +27,14 @@ use crate::jsonrpc;
 /// same way (a descriptor kept in reserve makes room to accept it and say so), and `accept`
 /// errors are waited out.
 pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io::Result<()> {
-    // The proxies that connect here prove their link with a key (see `crate::rundir`), made
-    // before the socket appears, so a proxy that can connect finds it.
-    let listener = bind_private(path, || {
-        broker.accept_proxies(crate::rundir::ProxyKey::create(path)?);
-        Ok(())
-    })?;
-    tracing::info!(path = %path.display(), "listening");
+    let listener = bind_private(path)?;
     let _cleanup = RemoveOnDrop(path.to_path_buf());
+    // The proxies that connect here prove their link with a key (see `crate::rundir`). It is
+    // made once the socket is this broker's, so a broker that loses a race for the path never
+    // replaces the winner's; a proxy that connects in between waits for it
+    // (`ProxyKey::read`).
+    broker.accept_proxies(crate::rundir::ProxyKey::create(path)?);
+    tracing::info!(path = %path.display(), "listening");
     // Stopping (SIGTERM, SIGINT: see `cli`) ends accepting; each connection then stops
     // taking requests, finishes those it took, and the socket file is removed.
     let stop = broker.stopped();
@@ -216,10 +216,7 @@ impl Drop for Counted {
 ///
 /// The kernel keeps the name a socket was bound to: `/proc/net/unix` and `getsockname` show
 /// the temporary name, not `path`.
-fn bind_private(
-    path: &Path,
-    before_ready: impl FnOnce() -> io::Result<()>,
-) -> io::Result<UnixListener> {
+fn bind_private(path: &Path) -> io::Result<UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if meta.file_type().is_socket() && std::os::unix::net::UnixStream::connect(path).is_err() {
             // A stale socket from a broker that is gone.
@@ -260,7 +257,6 @@ fn bind_private(
     let staged = Staged(Some(at.clone()));
     std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", at.display())))?;
-    before_ready()?;
     match rustix::fs::renameat_with(
         rustix::fs::CWD,
         &at,

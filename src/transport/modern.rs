@@ -110,16 +110,48 @@ pub fn is_control_method(method: &str) -> bool {
     lenient_name(method).starts_with(CONTROL_PREFIX)
 }
 
-/// A method name as the loosest reader might dispatch it: cut at the first NUL (a C string
-/// ends there), trimmed, in ASCII lower case. No legitimate method differs from its lenient
-/// name only in these ways, so reading loosely costs nothing but the hostile lines.
+/// A method name (or a member name) as the loosest reader might take it: cut at the first
+/// NUL (a C string ends there), trimmed, and case-folded ([`fold_case`]). No legitimate name
+/// differs from its lenient name only in these ways, so reading loosely costs nothing but the
+/// hostile lines.
 fn lenient_name(method: &str) -> std::borrow::Cow<'_, str> {
     let cut = method.split('\0').next().unwrap_or_default().trim();
-    if cut.bytes().any(|b| b.is_ascii_uppercase()) {
-        std::borrow::Cow::Owned(cut.to_ascii_lowercase())
-    } else {
+    if cut.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase()) {
         std::borrow::Cow::Borrowed(cut)
+    } else {
+        std::borrow::Cow::Owned(fold_case(cut))
     }
+}
+
+/// `text` with every letter that any case-insensitive reader equates with an ASCII letter
+/// made that letter, in lower case: ASCII by itself; `K` (Kelvin) and `İ` by their lower case
+/// (JavaScript, Python, .NET's `ToLowerInvariant`); `ı`, `ſ` and ligatures such as `ﬁ` by
+/// their upper case (.NET's `OrdinalIgnoreCase` compares upper cases: `"ı"` is `"i"` to it).
+/// Other characters stay as they are.
+fn fold_case(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c.to_ascii_lowercase());
+            continue;
+        }
+        let lower: String = c.to_lowercase().collect();
+        if lower.is_ascii() {
+            out.push_str(&lower);
+            continue;
+        }
+        let upper: String = c.to_uppercase().collect();
+        if upper.is_ascii() {
+            out.push_str(&upper.to_ascii_lowercase());
+            continue;
+        }
+        // A simple mapping that keeps a mark in the full one (`İ` → `i̇`): the letter.
+        match lower.chars().next().filter(char::is_ascii_alphabetic) {
+            Some(letter) => out.push(letter),
+            None => out.push(c),
+        }
+    }
+    out
 }
 
 /// A result asking for input.
@@ -175,15 +207,20 @@ pub enum Checked {
     /// [`id_key`] of its id, if it has one.
     Plain(Option<String>),
     /// Not JSON that reads one way only where it matters (a member written twice at the
-    /// levels that decide where it goes, bytes that are not UTF-8, a lone surrogate, not an
-    /// object, a result that is also a request, a request for the broker with a malformed
-    /// envelope, too many input requests): the host could read into it what the proxy did
-    /// not.
+    /// levels that decide where it goes, in any case; a deciding member spelled other than
+    /// exactly; bytes that are not UTF-8, a lone surrogate, not an object, a result that is
+    /// also a request, a request for the broker with a malformed envelope, too many input
+    /// requests): the host could read into it what the proxy did not.
     Unreadable {
         /// Every id it was seen to carry (ids written twice: each).
         ids: Vec<Value>,
         /// Whether it reads as a request (it has a `method`), or might.
         request: bool,
+        /// Whether it is known to hold a method that is the broker's or the proxy's
+        /// ([`is_claimed`]) where a lenient host would act on it: its `method`, or the
+        /// `method` of an input request anywhere in it ([`input_claims`]). Such a message
+        /// never reaches the host.
+        broker: bool,
     },
     /// An `input_required` result.
     Input(InputRequired),
@@ -191,13 +228,27 @@ pub enum Checked {
 
 /// Reads a message from the server for what matters to the host: whether it asks for input.
 ///
-/// It is read the way the peers' parsers read it: escapes are decoded (`"input_\u0072equired"`
-/// is `input_required`), ids are compared by value ([`id_key`]), and a member written twice
-/// where it decides anything (the message's, its result's, the input requests' and each input
-/// request's members) makes it unreadable (JavaScript and Python keep the last, other parsers
-/// the first; the proxy cannot know which the host uses). No byte pattern decides anything.
-/// Only those members are kept while reading ([`Skeleton`]): the rest of a large result is
+/// It is read the way the peers' parsers read it, the most lenient of them included: escapes
+/// are decoded (`"input_\u0072equired"` is `input_required`), ids are compared by value
+/// ([`id_key`]), member names as a case-insensitive reader matches them ([`lenient_name`]:
+/// `"Result"`, `"InputRequests"` and `"Method"` are `result`, `inputRequests` and `method` to
+/// .NET's web defaults), and a member written twice where it decides anything (the message's,
+/// its result's, each input request's members, in any case; the input requests' keys as
+/// written) makes it unreadable (JavaScript and Python keep the last, other parsers the
+/// first; the proxy cannot know which the host uses). No byte pattern decides anything. Only
+/// the deciding members are kept while reading ([`Skeleton`]): the rest of a large result is
 /// skipped over, not built.
+///
+/// A message holding an input request whose `method` any lenient reading takes for the
+/// broker's or the proxy's ([`input_claims`]: under any spelling of `inputRequests`, at any
+/// depth, as an object, an array or a string) is an [`Checked::Input`] only in the one form
+/// the proxy answers: the message's `result` (spelled so) with `"resultType":"input_required"`
+/// (exactly) and `inputRequests` (spelled so, an object) whose input requests of the
+/// broker's are objects with `method` (spelled so) written exactly as the broker's method
+/// (`roots/list`, `files/…`), not a request, not an error, nothing written twice. Any other
+/// is [`Checked::Unreadable`] with `broker` set: it never reaches the host, whatever its
+/// `resultType` says (a reader may take `"INPUT_REQUIRED"`, `"input_required "` or `1` for
+/// `input_required`).
 pub fn check_response(line: &[u8]) -> Checked {
     // Readers disagree on bytes that are not UTF-8 (replaced, dropped, refused), and
     // serde_json does not check the strings it skips.
@@ -209,56 +260,70 @@ pub fn check_response(line: &[u8]) -> Checked {
         return Checked::Unreadable {
             ids: Vec::new(),
             request: false,
+            broker: false,
         };
     };
     let request = sk.method.is_some();
-    if sk.dup {
-        return Checked::Unreadable {
-            ids: sk.ids,
-            request,
-        };
-    }
+    let claims = input_claims(line);
+    let broker = sk.method_claimed || claims.top || claims.other;
     // The relay's gate (`proxy::route`) keeps every message whose method is the broker's or
-    // the proxy's away from here; should one come all the same, it is not the host's.
-    if sk
-        .method
-        .as_ref()
-        .and_then(Value::as_str)
-        .is_some_and(is_claimed)
-    {
+    // the proxy's away from here; should one come all the same (a method in an array, which
+    // a JavaScript reader indexing its handlers with it takes for the string), it is not the
+    // host's.
+    if sk.dup || sk.odd || sk.method_claimed || claims.other {
         return Checked::Unreadable {
             ids: sk.ids,
             request,
+            broker,
         };
     }
     let key = sk.ids.first().and_then(id_key);
-    let asks = sk
-        .result
-        .as_ref()
-        .and_then(|r| r.result_type.as_ref())
-        .and_then(Value::as_str)
-        == Some("input_required");
-    if !asks {
+    let result = sk.result.unwrap_or_default();
+    let asks = result.result_type.as_ref().and_then(Value::as_str) == Some("input_required");
+    if claims.top {
+        // Only the form the proxy answers: the broker's input requests, each written exactly
+        // as the broker's method (never the proxy's own).
+        let exact = |m: &str| is_broker_method(m) && lenient_name(m) == m;
+        let sound = asks
+            && !request
+            && !sk.error
+            && result.requests_object
+            && result
+                .methods
+                .iter()
+                .any(|(_, m)| m.as_deref().is_some_and(is_claimed))
+            && result
+                .methods
+                .iter()
+                .all(|(_, m)| m.as_deref().is_none_or(|m| !is_claimed(m) || exact(m)));
+        if !sound {
+            return Checked::Unreadable {
+                ids: sk.ids,
+                request,
+                broker: true,
+            };
+        }
+    } else if !asks {
         return Checked::Plain(key);
     }
     if request || sk.error {
         return Checked::Unreadable {
             ids: sk.ids,
             request,
+            broker,
         };
     }
-    let methods = sk
-        .result
-        .map(|r| r.methods)
-        .unwrap_or_default()
+    let methods = result
+        .methods
         .into_iter()
         .filter_map(|(k, m)| Some((k, m?)))
         .collect();
-    // The same line, its members kept as written: with no deciding member written twice,
-    // they say what the skeleton says.
+    // The same line, its members kept as written: with no deciding member written twice or
+    // spelled otherwise, they say what the skeleton says.
     let unreadable = || Checked::Unreadable {
         ids: Vec::new(),
         request: false,
+        broker,
     };
     let Ok(raw_msg) = serde_json::from_slice::<Members>(line) else {
         return unreadable();
@@ -283,10 +348,218 @@ pub fn check_response(line: &[u8]) -> Checked {
     })
 }
 
+/// Where a line's input requests name a method that is the broker's or the proxy's
+/// ([`is_claimed`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct InputClaims {
+    /// In the place the proxy answers them: an object under the message's `result`'s
+    /// `inputRequests` (either in any spelling), its `method` (in any spelling) a string.
+    pub top: bool,
+    /// Anywhere else, or in another form: under an `inputRequests` member at any other depth
+    /// (a result's `_meta`, a nested result, a task, an input request's `params`), in an
+    /// `inputRequests` that is an array, an input request that is a string or an array, a
+    /// `method` that is an array or an object.
+    pub other: bool,
+}
+
+/// The input requests of a line that name a claimed method, found by a scan that follows
+/// only strings and nesting (as [`message_methods`]), so no line escapes it: every object
+/// member whose name reads as `inputRequests` to a lenient reader ([`lenient_name`]: escapes
+/// decoded, in any case, trimmed; bytes that are not UTF-8 and lone surrogates read both
+/// ways), at any depth and however many there are, is read as input requests. Each of its
+/// members (or elements) is an input request: an object's members whose names read as
+/// `method` count; an input request, or a `method`, that is not an object or a string counts
+/// by every string in it (a JavaScript reader that indexes its handlers with `["roots/list"]`
+/// takes it for `"roots/list"`). A host that reads no such structure loses nothing: no peer
+/// writes one for the broker's methods but in the one place the proxy answers.
+pub fn input_claims(line: &[u8]) -> InputClaims {
+    /// What a value is, by where it stands.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Slot {
+        /// The top-level object.
+        Message,
+        /// The message's `result`.
+        Result,
+        /// Input requests; `top` when they are the message's `result.inputRequests`.
+        Requests { top: bool },
+        /// One input request.
+        Entry { top: bool },
+        /// An input request's `method`.
+        Method { top: bool },
+        /// Every string in it, at any depth, counts.
+        Any,
+        /// Anything else.
+        Plain,
+    }
+    #[derive(Clone, Copy)]
+    enum Expect {
+        Key,
+        Colon(Slot),
+        Value(Slot),
+        Next,
+    }
+    struct Frame {
+        object: bool,
+        role: Slot,
+        expect: Expect,
+    }
+    /// A value of a member named by `key` (its literal) in an object of `role`.
+    fn member_slot(role: Slot, key: &[u8]) -> Slot {
+        match role {
+            Slot::Any | Slot::Method { .. } => Slot::Any,
+            Slot::Requests { top } => Slot::Entry { top },
+            Slot::Entry { top } if key_is(key, "method") => Slot::Method { top },
+            Slot::Message if key_is(key, "result") => Slot::Result,
+            Slot::Result if key_is(key, "inputrequests") => Slot::Requests { top: true },
+            _ if key_is(key, "inputrequests") => Slot::Requests { top: false },
+            _ => Slot::Plain,
+        }
+    }
+    /// An element of an array of `role`.
+    fn element_slot(role: Slot) -> Slot {
+        match role {
+            Slot::Any | Slot::Method { .. } => Slot::Any,
+            // Input requests in an array are never the proxy's to answer.
+            Slot::Requests { .. } => Slot::Entry { top: false },
+            _ => Slot::Plain,
+        }
+    }
+    /// The role of a container standing in `slot`.
+    fn role(slot: Slot, object: bool) -> Slot {
+        match (slot, object) {
+            (Slot::Message | Slot::Result, false) => Slot::Plain,
+            (Slot::Requests { .. }, false) => Slot::Requests { top: false },
+            (Slot::Entry { .. }, false) | (Slot::Method { .. }, _) => Slot::Any,
+            (slot, _) => slot,
+        }
+    }
+    /// A string standing in `slot`.
+    fn string(claims: &mut InputClaims, slot: Slot, literal: &[u8]) {
+        let top = match slot {
+            Slot::Method { top } => top,
+            Slot::Entry { .. } | Slot::Any => false,
+            _ => return,
+        };
+        if string_readings(literal).iter().any(|s| is_claimed(s)) {
+            if top {
+                claims.top = true;
+            } else {
+                claims.other = true;
+            }
+        }
+    }
+    // Deeper than any JSON reader in the proxy goes (serde_json stops at 128): past this,
+    // containers are only counted.
+    const MAX_DEPTH: usize = 256;
+    let mut claims = InputClaims::default();
+    let mut frames: Vec<Frame> = Vec::new();
+    let mut deeper = 0usize;
+    let mut i = 0;
+    while i < line.len() {
+        let b = line[i];
+        if b == b'"' {
+            let end = string_end(line, i);
+            let literal = &line[i..end];
+            i = end;
+            let Some(frame) = frames.last_mut() else {
+                continue;
+            };
+            if deeper > 0 {
+                if frame.role == Slot::Any {
+                    string(&mut claims, Slot::Any, literal);
+                }
+                continue;
+            }
+            if !frame.object {
+                string(&mut claims, element_slot(frame.role), literal);
+                continue;
+            }
+            frame.expect = match frame.expect {
+                Expect::Key => Expect::Colon(member_slot(frame.role, literal)),
+                // A missing colon is read as there: nothing valid is missed.
+                Expect::Colon(slot) | Expect::Value(slot) => {
+                    string(&mut claims, slot, literal);
+                    Expect::Next
+                }
+                Expect::Next => Expect::Next,
+            };
+            continue;
+        }
+        match b {
+            b'{' | b'[' => {
+                let object = b == b'{';
+                let slot = match frames.last_mut() {
+                    None => Slot::Message,
+                    Some(frame) if frame.object => {
+                        let slot = match frame.expect {
+                            Expect::Colon(slot) | Expect::Value(slot) => slot,
+                            _ if frame.role == Slot::Any => Slot::Any,
+                            _ => Slot::Plain,
+                        };
+                        frame.expect = Expect::Next;
+                        slot
+                    }
+                    Some(frame) => element_slot(frame.role),
+                };
+                if deeper > 0 || frames.len() >= MAX_DEPTH {
+                    deeper += 1;
+                } else {
+                    frames.push(Frame {
+                        object,
+                        role: role(slot, object),
+                        expect: Expect::Key,
+                    });
+                }
+            }
+            b'}' | b']' => {
+                if deeper > 0 {
+                    deeper -= 1;
+                } else {
+                    frames.pop();
+                }
+            }
+            b':' if deeper == 0 => {
+                if let Some(frame) = frames.last_mut().filter(|f| f.object) {
+                    if let Expect::Colon(slot) = frame.expect {
+                        frame.expect = Expect::Value(slot);
+                    }
+                }
+            }
+            b',' if deeper == 0 => {
+                if let Some(frame) = frames.last_mut().filter(|f| f.object) {
+                    frame.expect = Expect::Key;
+                }
+            }
+            // Whitespace, numbers, literals, stray bytes: a value that is not a string.
+            _ => {}
+        }
+        i += 1;
+    }
+    claims
+}
+
+/// Whether a member name (its literal, from the opening quote) reads as `name` (in lower
+/// case) to a lenient reader ([`lenient_name`]). Plain ASCII names are compared as they are,
+/// the rest decoded both ways ([`string_readings`]).
+fn key_is(literal: &[u8], name: &str) -> bool {
+    let body = literal.get(1..).unwrap_or_default();
+    let body = body.strip_suffix(b"\"").unwrap_or(body);
+    if body
+        .iter()
+        .all(|&b| (0x20..0x7f).contains(&b) && b != b'\\')
+    {
+        return body.trim_ascii().eq_ignore_ascii_case(name.as_bytes());
+    }
+    string_readings(literal)
+        .iter()
+        .any(|k| lenient_name(k) == name)
+}
+
 /// The `id` members at the top level of a line no JSON parser reads (a `NaN`, a stray byte,
 /// a cut-off end), and whether it has a top-level `method` (may be a request), found by a
 /// scan that follows only strings and nesting, so the request it answers can still get an
-/// error. At most [`MAX_IDS`] ids, distinct; ids that do not parse (`NaN`) are left out.
+/// error. Member names are read as a lenient reader reads them ([`lenient_name`]: `"ID"` is
+/// an id). At most [`MAX_IDS`] ids, distinct; ids that do not parse (`NaN`) are left out.
 pub fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
     let mut ids: Vec<Value> = Vec::new();
     let mut method = false;
@@ -306,6 +579,7 @@ pub fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
                 } else {
                     None
                 };
+                let name = name.as_deref().map(lenient_name);
                 method |= name.as_deref() == Some("method");
                 if name.as_deref() == Some("id") {
                     let at = skip_ws(line, end);
@@ -346,16 +620,22 @@ pub fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
 /// Just past the end of the string whose opening quote is at `start` (or the line's end).
 fn string_end(line: &[u8], start: usize) -> usize {
     // Every line from the server is scanned: long strings (a file's content) are skipped
-    // a word at a time.
-    let mut i = start + 1;
-    while let Some(at) = line
-        .get(i..)
-        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
-    {
-        if line[i + at] == b'"' {
-            return i + at + 1;
+    // a word at a time, from quote to quote. A quote ends the string unless an odd number of
+    // backslashes stands before it (each backslash escapes the byte after it); the runs
+    // counted back lie between consecutive quotes, so the scan stays linear.
+    let body = start + 1;
+    let mut i = body;
+    while let Some(at) = line.get(i..).and_then(|rest| memchr::memchr(b'"', rest)) {
+        let quote = i + at;
+        let backslashes = line[body..quote]
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b'\\')
+            .count();
+        if backslashes % 2 == 0 {
+            return quote + 1;
         }
-        i += at + 2;
+        i = quote + 1;
     }
     line.len()
 }
@@ -426,27 +706,49 @@ impl<'de> serde::Deserialize<'de> for NoDuplicates {
 }
 
 /// The members of a server message that decide where it goes, read in one pass; everything
-/// else is skipped.
+/// else is skipped. Members are matched by their lenient names ([`lenient_name`]), as a
+/// case-insensitive reader matches them.
 #[derive(Default)]
 struct Skeleton {
     /// Every `id` (a scalar; more than one when written twice).
     ids: Vec<Value>,
-    /// Its `method`, if it has one (any scalar).
+    /// Its `method`, if it has one (any scalar; `null` for an array or an object).
     method: Option<Value>,
+    /// Whether its `method` (a string, or a string in an array) is claimed ([`is_claimed`]).
+    method_claimed: bool,
     /// Whether it has an `error`.
     error: bool,
     /// Its `result`, when that is an object.
     result: Option<ResultSkeleton>,
-    /// Whether a deciding member is written twice.
+    /// Whether a deciding member is written twice (in any case).
     dup: bool,
+    /// Whether a deciding member is spelled other than exactly (`"Result"`, `"ID"`), or
+    /// `inputRequests` is an array.
+    odd: bool,
 }
 
 #[derive(Default)]
 struct ResultSkeleton {
     result_type: Option<Value>,
+    /// Whether `inputRequests` is an object.
+    requests_object: bool,
     /// Each input request's key and method (when it names one as a string).
     methods: Vec<(String, Option<String>)>,
     dup: bool,
+    odd: bool,
+}
+
+/// The deciding member that `key` names to a lenient reader, among `names` (as spelled
+/// exactly), and whether it is spelled exactly so.
+fn deciding(key: &str, names: &[&'static str]) -> Option<(&'static str, bool)> {
+    if let Some(name) = names.iter().find(|n| **n == key) {
+        return Some((name, true));
+    }
+    let folded = lenient_name(key);
+    names
+        .iter()
+        .find(|n| n.eq_ignore_ascii_case(&folded))
+        .map(|n| (*n, false))
 }
 
 /// A scalar member (`None` for an object or an array, skipped).
@@ -491,9 +793,74 @@ impl<'de> serde::Deserialize<'de> for Scalar {
     }
 }
 
-/// Calls `member` for each member of an object (`Ok(None)` for anything else, skipped),
-/// noting members written twice.
-fn each_member<'de, A, F>(mut map: A, mut member: F) -> Result<bool, A::Error>
+/// A `method` member: the string it is (`None` for anything else), and whether a lenient
+/// reader may take it for a claimed method ([`is_claimed`]): the string, or any string in it
+/// when it is an array (JavaScript makes `["roots/list"]` the key `"roots/list"`).
+struct MethodValue {
+    text: Option<String>,
+    claimed: bool,
+}
+
+impl<'de> serde::Deserialize<'de> for MethodValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MethodValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<MethodValue, E> {
+                Ok(MethodValue::none())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<MethodValue, E> {
+                Ok(MethodValue::none())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<MethodValue, E> {
+                Ok(MethodValue::none())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<MethodValue, E> {
+                Ok(MethodValue::none())
+            }
+            fn visit_str<E>(self, v: &str) -> Result<MethodValue, E> {
+                Ok(MethodValue {
+                    text: Some(v.to_owned()),
+                    claimed: is_claimed(v),
+                })
+            }
+            fn visit_unit<E>(self) -> Result<MethodValue, E> {
+                Ok(MethodValue::none())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<MethodValue, A::Error> {
+                let mut claimed = false;
+                while let Some(v) = seq.next_element::<MethodValue>()? {
+                    claimed |= v.claimed;
+                }
+                Ok(MethodValue {
+                    text: None,
+                    claimed,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MethodValue, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(MethodValue::none())
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl MethodValue {
+    fn none() -> MethodValue {
+        MethodValue {
+            text: None,
+            claimed: false,
+        }
+    }
+}
+
+/// Calls `member` for each member of an object, noting members written twice: by their
+/// lenient names ([`lenient_name`]) when `fold`, else as written.
+fn each_member<'de, A, F>(mut map: A, fold: bool, mut member: F) -> Result<bool, A::Error>
 where
     A: MapAccess<'de>,
     F: FnMut(&str, &mut A) -> Result<(), A::Error>,
@@ -505,7 +872,12 @@ where
             return Err(serde::de::Error::custom("too many members"));
         }
         member(&key, &mut map)?;
-        dup |= !seen.insert(key);
+        let name = if fold {
+            lenient_name(&key).into_owned()
+        } else {
+            key
+        };
+        dup |= !seen.insert(name);
     }
     Ok(dup)
 }
@@ -565,55 +937,133 @@ macro_rules! object_or_skip {
     };
 }
 
-// One input request: its `method`, and whether a member is written twice.
-object_or_skip!(EntrySkeleton, (Option<String>, bool), |map| {
-    let mut method = None;
-    let dup = each_member(map, |key, map| {
-        if key == "method" {
-            method = map.next_value::<Scalar>()?.0;
-        } else {
-            map.next_value::<IgnoredAny>()?;
+/// One input request, as read: its `method` (a string, as written), whether a member is
+/// written twice (in any case), and whether `method` or `params` is spelled otherwise.
+#[derive(Default)]
+struct Entry {
+    method: Option<String>,
+    dup: bool,
+    odd: bool,
+}
+
+object_or_skip!(EntrySkeleton, Entry, |map| {
+    let mut entry = Entry::default();
+    entry.dup = each_member(map, true, |key, map| {
+        match deciding(key, &["method", "params"]) {
+            Some((name, exact)) => {
+                entry.odd |= !exact;
+                if name == "method" {
+                    entry.method = map.next_value::<MethodValue>()?.text;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            None => {
+                map.next_value::<IgnoredAny>()?;
+            }
         }
         Ok(())
     })?;
-    let method = method.and_then(|m| m.as_str().map(str::to_owned));
-    Ok((method, dup))
+    Ok(entry)
 });
 
-// `inputRequests`: each key's method; at most MAX_INPUT_REQUESTS of them.
-object_or_skip!(
-    RequestsSkeleton,
-    (Vec<(String, Option<String>)>, bool),
-    |map| {
-        let mut entries = Vec::new();
-        let mut inner = false;
-        let dup = each_member(map, |key, map| {
-            if entries.len() >= MAX_INPUT_REQUESTS {
-                return Err(serde::de::Error::custom("too many input requests"));
+/// `inputRequests`: each key's method (at most [`MAX_INPUT_REQUESTS`] of them), whether a
+/// key or an input request's member is written twice, whether one is spelled otherwise; or,
+/// for an array, nothing but that it is one. `None` for anything else.
+struct RequestsSkeleton(Option<Requests>);
+
+#[derive(Default)]
+struct Requests {
+    entries: Vec<(String, Option<String>)>,
+    array: bool,
+    dup: bool,
+    odd: bool,
+}
+
+impl<'de> serde::Deserialize<'de> for RequestsSkeleton {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RequestsSkeleton;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
             }
-            let (method, dup) = map.next_value::<EntrySkeleton>()?.0.unwrap_or_default();
-            inner |= dup;
-            entries.push((key.to_owned(), method));
-            Ok(())
-        })?;
-        Ok((entries, dup || inner))
+            fn visit_bool<E>(self, _: bool) -> Result<RequestsSkeleton, E> {
+                Ok(RequestsSkeleton(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<RequestsSkeleton, E> {
+                Ok(RequestsSkeleton(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<RequestsSkeleton, E> {
+                Ok(RequestsSkeleton(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<RequestsSkeleton, E> {
+                Ok(RequestsSkeleton(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<RequestsSkeleton, E> {
+                Ok(RequestsSkeleton(None))
+            }
+            fn visit_unit<E>(self) -> Result<RequestsSkeleton, E> {
+                Ok(RequestsSkeleton(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<RequestsSkeleton, A::Error> {
+                // What the elements name is [`input_claims`]'s to find.
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(RequestsSkeleton(Some(Requests {
+                    array: true,
+                    ..Requests::default()
+                })))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RequestsSkeleton, A::Error> {
+                let mut r = Requests::default();
+                let mut inner = false;
+                // The keys are the server's own names for its requests: compared as written
+                // by every reader.
+                let dup = each_member(map, false, |key, map| {
+                    if r.entries.len() >= MAX_INPUT_REQUESTS {
+                        return Err(serde::de::Error::custom("too many input requests"));
+                    }
+                    let entry = map.next_value::<EntrySkeleton>()?.0.unwrap_or_default();
+                    inner |= entry.dup;
+                    r.odd |= entry.odd;
+                    r.entries.push((key.to_owned(), entry.method));
+                    Ok(())
+                })?;
+                r.dup = dup || inner;
+                Ok(RequestsSkeleton(Some(r)))
+            }
+        }
+        d.deserialize_any(V)
     }
-);
+}
 
 // `result`: its `resultType` and input requests.
 object_or_skip!(ResultOrSkip, ResultSkeleton, |map| {
     let mut r = ResultSkeleton::default();
     let mut inner = false;
-    let dup = each_member(map, |key, map| {
-        match key {
-            "resultType" => r.result_type = map.next_value::<Scalar>()?.0,
-            "inputRequests" => {
-                if let Some((methods, dup)) = map.next_value::<RequestsSkeleton>()?.0 {
-                    r.methods = methods;
-                    inner |= dup;
+    let dup = each_member(map, true, |key, map| {
+        match deciding(key, &["resultType", "inputRequests", "requestState"]) {
+            Some((name, exact)) => {
+                r.odd |= !exact;
+                match name {
+                    "resultType" => r.result_type = map.next_value::<Scalar>()?.0,
+                    "inputRequests" => {
+                        if let Some(requests) = map.next_value::<RequestsSkeleton>()?.0 {
+                            r.requests_object = !requests.array;
+                            r.odd |= requests.odd || requests.array;
+                            inner |= requests.dup;
+                            r.methods = requests.entries;
+                        }
+                    }
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
                 }
             }
-            _ => {
+            None => {
                 map.next_value::<IgnoredAny>()?;
             }
         }
@@ -634,8 +1084,14 @@ impl<'de> serde::Deserialize<'de> for Skeleton {
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Skeleton, A::Error> {
                 let mut sk = Skeleton::default();
                 let mut inner = false;
-                let dup = each_member(map, |key, map| {
-                    match key {
+                let dup = each_member(map, true, |key, map| {
+                    let Some((name, exact)) = deciding(key, &["id", "method", "error", "result"])
+                    else {
+                        map.next_value::<IgnoredAny>()?;
+                        return Ok(());
+                    };
+                    sk.odd |= !exact;
+                    match name {
                         "id" => {
                             if let Some(id) = map.next_value::<Scalar>()?.0 {
                                 if sk.ids.len() < MAX_IDS && !sk.ids.contains(&id) {
@@ -643,17 +1099,21 @@ impl<'de> serde::Deserialize<'de> for Skeleton {
                                 }
                             }
                         }
-                        "method" => sk.method = map.next_value::<Scalar>()?.0.or(Some(Value::Null)),
+                        "method" => {
+                            let method = map.next_value::<MethodValue>()?;
+                            sk.method_claimed |= method.claimed;
+                            sk.method = Some(method.text.map_or(Value::Null, Value::String));
+                        }
                         "error" => {
                             sk.error = true;
                             map.next_value::<IgnoredAny>()?;
                         }
-                        "result" => {
-                            sk.result = map.next_value::<ResultOrSkip>()?.0;
-                            inner |= sk.result.as_ref().is_some_and(|r| r.dup);
-                        }
                         _ => {
-                            map.next_value::<IgnoredAny>()?;
+                            sk.result = map.next_value::<ResultOrSkip>()?.0;
+                            if let Some(r) = &sk.result {
+                                inner |= r.dup;
+                                sk.odd |= r.odd;
+                            }
                         }
                     }
                     Ok(())
@@ -862,7 +1322,7 @@ fn is_claimed(method: &str) -> bool {
 /// Whether `text` mentions a claimed method where a token may start (not inside a word or a
 /// path: `profiles/`, `/home/u/files/`).
 fn mentions_claimed(text: &str) -> bool {
-    let text = text.to_ascii_lowercase();
+    let text = fold_case(text);
     ["roots/list", "files/", CONTROL_PREFIX].iter().any(|name| {
         text.match_indices(name).any(|(at, _)| {
             !text[..at]
@@ -898,9 +1358,11 @@ impl Claims {
 /// junk after the message, two messages on one line), bytes that are not UTF-8 and lone
 /// surrogates (both ways: U+FFFD, nothing), and batches. A message is an object at the top
 /// level or in a top-level array; every member of one whose name reads as `method` (escapes
-/// decoded; in any case: `"METHOD"`) and whose value is a string counts, however many there
-/// are, with the value read as [`is_broker_method`] reads it. What lies deeper (params,
-/// results, an `input_required`'s input requests) is not a message's method.
+/// decoded; in any case: `"METHOD"`) counts, however many there are: its value when it is a
+/// string, and every string in it when it is an array (a JavaScript reader that indexes its
+/// handlers with `["roots/list"]` takes it for `"roots/list"`), each read as
+/// [`is_broker_method`] reads it. What lies deeper (params, results, an `input_required`'s
+/// input requests: [`input_claims`]) is not a message's method.
 pub fn message_methods(line: &[u8]) -> Claims {
     #[derive(Clone, Copy)]
     enum Expect {
@@ -918,11 +1380,16 @@ pub fn message_methods(line: &[u8]) -> Claims {
     // anything below them is only counted, to find its end.
     let mut levels: Vec<Level> = Vec::with_capacity(2);
     let mut deeper = 0usize;
+    // Whether the container being skipped is a message's `method`.
+    let mut method_array = false;
     let mut i = 0;
     while i < line.len() {
         let b = line[i];
         if b == b'"' {
             let end = string_end(line, i);
+            if deeper > 0 && method_array {
+                claims.add(&line[i..end]);
+            }
             if deeper == 0 {
                 if let Some(level) = levels.last_mut().filter(|l| l.message) {
                     level.expect = match level.expect {
@@ -946,7 +1413,10 @@ pub fn message_methods(line: &[u8]) -> Claims {
         if deeper > 0 {
             match b {
                 b'{' | b'[' => deeper += 1,
-                b'}' | b']' => deeper -= 1,
+                b'}' | b']' => {
+                    deeper -= 1;
+                    method_array &= deeper > 0;
+                }
                 _ => {}
             }
             i += 1;
@@ -969,6 +1439,12 @@ pub fn message_methods(line: &[u8]) -> Claims {
                 let object = b == b'{';
                 let batch = levels.len() == 1 && !levels[0].message;
                 if let Some(level) = levels.last_mut() {
+                    method_array = !object
+                        && level.message
+                        && matches!(
+                            level.expect,
+                            Expect::Colon { method: true } | Expect::Value { method: true }
+                        );
                     level.expect = Expect::Next;
                 }
                 if object && (levels.is_empty() || batch) {
@@ -1176,6 +1652,8 @@ mod tests {
             br#"{"a":NaN,"method":"files/read""#,
             br#"{"result":{}}{"method":"roots/list"}"#,
             br#"{"method" "roots/list"}"#,
+            br#"{"method":["x",["roots/list"]]}"#,
+            br#"{"method":"Roots/L\u0131st"}"#,
         ] {
             assert_eq!(
                 message_methods(line),
@@ -1195,7 +1673,8 @@ mod tests {
             br#"{"id":1,"result":[{"method":"files/read"}]}"#,
             br#"[[{"method":"roots/list"}]]"#,
             br#"{"text":"\"method\":\"roots/list\"","method":"x"}"#,
-            br#"{"method":["roots/list"]}"#,
+            br#"{"method":{"roots/list":1}}"#,
+            br#"{"params":["roots/list"],"method":"x"}"#,
             br#"{"xmethod":"roots/list"}"#,
         ] {
             assert_eq!(
@@ -1214,6 +1693,145 @@ mod tests {
         assert!(!names_broker_method(br#"{"a":NaN,"b":"/home/u/files/x"}"#));
         assert!(names_broker_method(br#"{"a":NaN,"b":" Files/x"}"#));
         assert!(!names_broker_method(br#"{"text":"see roots/list"}"#));
+    }
+
+    #[test]
+    fn input_requests_are_read_however_they_are_written() {
+        // The one form the proxy answers (escapes decoded; an unknown files/ method the
+        // broker refuses itself; the host's own input requests beside them).
+        for line in [
+            &br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"r":{"method":"roots/list"}},"requestState":"s"}}"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_\u0072equired","inputRequests":{"r":{"method":"roots\/list"},"e":{"method":"elicitation/create","params":{"message":"files/x"}}}}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"r":{"method":"files/steal","params":{"path":"roots/list"}}}}}"#,
+        ] {
+            assert!(
+                matches!(check_response(line), Checked::Input(_)),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+        // Every other form of a claimed input request: never the host's.
+        let r = r#"{"r":{"method":"roots/list"}}"#;
+        for line in [
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"result":{{"resultType":"Input_Required","inputRequests":{r}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"result":{{"resultType":"input_required ","inputRequests":{r}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"result":{{"resultType":"complete","inputRequests":{r}}}}}"#
+            ),
+            format!(r#"{{"jsonrpc":"2.0","id":1,"result":{{"inputRequests":{r}}}}}"#),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"result":{{"resultType":1,"inputRequests":{r}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"Result":{{"resultType":"input_required","inputRequests":{r}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"result":{{"ResultType":"input_required","inputRequests":{r}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"result":{{"resultType":"input_required","InputRequests":{r}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"result":{{"resultType":"input_required","\u0131nputRequests":{r}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"result":{{"resultType":"input_required","inputRequests":{{"e":{{"method":"elicitation/create"}}}},"inputrequests":{r}}}}}"#
+            ),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"r":{"Method":"roots/list"}}}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"r":{"method":"Roots/List"}}}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"r":{"method":"roots/l\u0131st"}}}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"r":{"method":["roots/list"]}}}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"r":"roots/list"}}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":[{"method":"roots/list"}]}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"r":{"method":"notifications/fsbroker/peer"}}}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"e":{"method":"elicitation/create","params":{"inputRequests":{"r":{"method":"roots/list"}}}}}}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","_meta":{"x":{"resultType":"input_required","inputRequests":{"r":{"method":"files/read"}}}}}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"task":{"status":"input_required","INPUTREQUESTS":{"r":{"method":"roots/list"}}}}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"inputRequests":{"r":{"METHOD":" files/read "}}}]}}"#.into(),
+            r#"{"jsonrpc":"2.0","method":"notifications/tasks/status","params":{"inputRequests":{"r":{"method":"roots/list"}}}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":1,"method":["roots/list"]}"#.into(),
+        ] {
+            match check_response(line.as_bytes()) {
+                Checked::Unreadable { broker: true, .. } => {}
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+        // Content that merely mentions the broker's methods, and the host's own input
+        // requests however the result is spelled, pass as written.
+        for line in [
+            &br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"roots/list"}],"structuredContent":{"method":"roots/list","requests":{"r":{"method":"files/read"}}}}}"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"INPUT_REQUIRED","inputRequests":{"e":{"method":"elicitation/create"}}}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"\ud800 files/x"}]}}"#,
+            br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":{"method":"roots/list"}}}"#,
+        ] {
+            assert!(
+                matches!(check_response(line), Checked::Plain(_)),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+        // Spelled otherwise, naming nothing of the broker's: unreadable, relayed as written.
+        assert!(matches!(
+            check_response(br#"{"jsonrpc":"2.0","ID":1,"result":{}}"#),
+            Checked::Unreadable { broker: false, .. }
+        ));
+        // The scan finds input requests in lines no parser reads, and only where they are.
+        assert_eq!(
+            input_claims(b"{\"id\":1,\"result\":{\"x\":NaN,\"inputRequests\":{\"r\":{\"method\":\"roots/\xfflist\"}}}}"),
+            InputClaims {
+                top: true,
+                other: false
+            }
+        );
+        assert_eq!(
+            input_claims(br#"{"id":1,"result":{"inputRequests":{"r":{"params":{"method":"roots/list"}}}},"method":"files/x"}"#),
+            InputClaims::default()
+        );
+    }
+
+    #[test]
+    fn strings_end_at_their_first_unescaped_quote() {
+        // The scan that stops at every backslash and skips the byte after it.
+        fn reference(line: &[u8], start: usize) -> usize {
+            let mut i = start + 1;
+            while i < line.len() {
+                match line[i] {
+                    b'"' => return i + 1,
+                    b'\\' => i += 2,
+                    _ => i += 1,
+                }
+            }
+            line.len()
+        }
+        let alphabet = [b'"', b'\\', b'a', 0xff];
+        let mut checked = 0;
+        for len in 0..=8u32 {
+            for n in 0..4usize.pow(len) {
+                let mut line = vec![b'"'];
+                line.extend((0..len).map(|k| alphabet[n / 4usize.pow(k) % 4]));
+                assert_eq!(string_end(&line, 0), reference(&line, 0), "{line:?}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 87381);
+        assert_eq!(string_end(br#"x "a\\\"b" y"#, 2), 10);
+    }
+
+    #[test]
+    fn names_are_folded_as_case_insensitive_readers_fold_them() {
+        assert_eq!(lenient_name("Roots/L\u{131}st"), "roots/list");
+        assert_eq!(lenient_name(" \u{17f}\u{130}"), "si");
+        assert_eq!(
+            lenient_name("notifications/fsbro\u{212a}er/x"),
+            "notifications/fsbroker/x"
+        );
+        assert_eq!(lenient_name("\u{fb01}les/read"), "files/read");
+        assert_eq!(lenient_name("caf\u{e9}"), "caf\u{e9}");
+        assert!(is_broker_method("\u{fb01}les/read\u{0}x"));
     }
 
     #[test]

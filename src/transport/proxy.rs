@@ -4,7 +4,7 @@
 //! (method, id) — never a full MCP model that could drop fields it does not know. It rewrites
 //! one message, the host's `initialize`, to declare `roots.listChanged` and
 //! `roots.filesystemBrokering`; it hands the server's `roots/list` and `files/*` requests to the
-//! broker (they never reach the host, in any form: [`route`]); it sends the broker's
+//! broker (they never reach the host, in any form: `route`); it sends the broker's
 //! notifications to the server.
 //! Everything else passes through verbatim and in order, per direction: one writer owns each
 //! output, and the server may send its requests at any moment — before `initialized`, while
@@ -16,8 +16,11 @@
 //! that stops reading its stdin, or a host that stops reading the proxy's stdout, stops the
 //! proxy reading the other side instead of growing its memory.
 //!
-//! Either side closing ends the proxy: host EOF closes the server's stdin; the server's exit
-//! ends the relay. The proxy exits with the server's exit code.
+//! Either side closing ends the proxy: host EOF (or a stop signal) closes the server's stdin,
+//! and a server that does not exit by itself is ended (`end_server`: SIGTERM after
+//! [`HOST_GONE_GRACE`], or [`CLOSE_GRACE`] when the proxy is stopping, then SIGKILL after
+//! [`STOP_KILL_GRACE`]); the server's exit ends the relay. The proxy exits with the server's
+//! exit code.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -25,8 +28,10 @@ use std::io;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use rustix::process::{Pid, PidfdFlags, Signal};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWriteExt};
@@ -237,14 +242,41 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     let group = child.id().map_or(0, |id| id as i32);
     // Once the server is reaped its number may go to another process (pid_max can be as low
     // as 32768): from then on nothing signals the group but the kill right after the reap.
-    let reaped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reaped = Arc::new(AtomicBool::new(false));
     let _ends_group = opts.confine.is_some().then(|| GroupGuard {
         group,
         reaped: Arc::clone(&reaped),
     });
-    if let (Some(end), true) = (opts.end_server.take(), opts.confine.is_some()) {
-        tokio::spawn(end_server(end, group, Arc::clone(&reaped)));
-    }
+    // Whom the end of the server is signalled to: a confined server's whole tree, else the
+    // server itself (it shares the proxy's process group).
+    let target = if opts.confine.is_some() {
+        Target::Tree {
+            group,
+            reaped: Arc::clone(&reaped),
+        }
+    } else {
+        Target::Server {
+            pidfd: Pid::from_raw(group)
+                .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok()),
+            pid: group,
+            reaped: Arc::clone(&reaped),
+        }
+    };
+    // Set once the server is to end: the host has gone (its EOF) or the broker stops (the
+    // server's stdin is then closed), or the server closed its stdout. A server that does not
+    // exit by itself is then ended ([`end_server`]).
+    let (ending, gone) = tokio::sync::watch::channel(false);
+    let revoked = opts.end_server.take().filter(|_| opts.confine.is_some());
+    let stopped: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
+        Link::Local(session) => Box::pin(session.broker().stopped()),
+        Link::Remote(_) => Box::pin(std::future::pending()),
+    };
+    let ender = tokio::spawn(end_server(
+        revoked,
+        wait_gone(gone.clone()),
+        stopped,
+        target,
+    ));
     if let Some(err) = child.stderr.take() {
         let err = std::fs::File::from(err.into_owned_fd()?);
         std::thread::Builder::new()
@@ -274,14 +306,25 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     let host_writer = spawn_writer("fsbroker-host-writer", host_rx, stdout)?;
 
     // A local broker asked to stop (SIGTERM, SIGINT) stops reading the host, as at the host's
-    // EOF: the server's stdin is closed and the proxy ends when the server does.
+    // EOF: the server's stdin is closed and the server is ended ([`end_server`]) in time for
+    // the broker to seal its log; the server's file requests are no longer taken.
+    let stopping = Arc::new(AtomicBool::new(false));
     let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
-        Link::Local(session) => Box::pin(session.broker().stopped()),
+        Link::Local(session) => {
+            let stopped = session.broker().stopped();
+            let flag = Arc::clone(&stopping);
+            tokio::spawn(async move {
+                stopped.await;
+                flag.store(true, Ordering::Release);
+            });
+            Box::pin(session.broker().stopped())
+        }
         Link::Remote(_) => Box::pin(std::future::pending()),
     };
     // Makes the proxy's own ids (its questions to the broker, its retries) its own.
     let nonce = crate::random::hex(8);
-    let (mut broker, asker) = BrokerSide::start(link, to_server.clone(), &opts, &nonce).await?;
+    let (mut broker, asker) =
+        BrokerSide::start(link, to_server.clone(), &opts, &nonce, stopping).await?;
     if let (BrokerSide::Remote { to_broker, key, .. }, Some(confine)) = (&broker, &opts.confine) {
         // A shared broker records the confinement in its audit log, as a local one does.
         let params = serde_json::json!({ "confinement": confine.audit_record() });
@@ -300,11 +343,15 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         let init_id = Arc::clone(&init_id);
         let eras = Arc::clone(&eras);
         let max = opts.max_line;
+        let ending = ending.clone();
         tokio::spawn(async move {
             tokio::select! {
                 () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init_id, eras, budget, max) => {}
                 () = stop => {}
             }
+            // Before the close is queued: a server that stopped reading its stdin leaves no
+            // room for it, and must be ended all the same.
+            ending.send_replace(true);
             let _ = to_server.send(ToServer::Close).await;
         })
     };
@@ -321,20 +368,31 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     {
         let relayed = relay_server(server_out, &relay, &mut broker, &init_id, opts.max_line);
         tokio::pin!(relayed);
-        if confined {
-            // A confined server's descendants may hold its stdout open after it exits (and
-            // keep its access): once it exits, they are ended, and the relay drains.
-            tokio::select! {
-                () = &mut relayed => {}
-                status = child.wait() => {
-                    reaped.store(true, std::sync::atomic::Ordering::SeqCst);
-                    exited = Some(status);
+        tokio::select! {
+            () = &mut relayed => {}
+            status = child.wait() => {
+                reaped.store(true, Ordering::SeqCst);
+                exited = Some(status);
+                if confined {
+                    // A confined server's descendants may hold its stdout open after it exits
+                    // (and keep its access): they are ended, and the relay drains.
                     end_orphans(group).await;
                     relayed.await;
+                } else {
+                    // What an unconfined server started may hold its stdout open after it
+                    // exits: their lines are relayed while the host is there; once it has
+                    // gone, for [`DRAIN`] at most.
+                    tokio::select! {
+                        () = &mut relayed => {}
+                        () = async {
+                            wait_gone(gone).await;
+                            tokio::time::sleep(DRAIN).await;
+                        } => {
+                            tracing::warn!("the server exited, but what it started still holds its stdout open; not waiting for it");
+                        }
+                    }
                 }
             }
-        } else {
-            relayed.await;
         }
     }
 
@@ -344,21 +402,26 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     // The relay's senders go too: the host's writer ends once every sender is gone.
     drop(relay);
     drop(to_server);
-    broker.stop();
     // The group is signalled only at the moment its leader is reaped: here, unless that was
     // done above.
     let just_reaped = if exited.is_some() { 0 } else { group };
     let status = match exited {
         Some(status) => status?,
         None => {
+            // It closed its stdout; it is ended if it does not exit by itself.
+            ending.send_replace(true);
             let status = child.wait().await;
-            reaped.store(true, std::sync::atomic::Ordering::SeqCst);
+            reaped.store(true, Ordering::SeqCst);
             status?
         }
     };
+    ender.abort();
     if confined {
         end_orphans(just_reaped).await;
     }
+    // The server's requests still running finish, and are recorded, before the proxy ends
+    // (and its broker seals the log): a request past its commit point has acted.
+    broker.finish().await;
     drop(to_host);
     if let Ok(Err(e)) = host_writer.await {
         tracing::debug!(error = %e, "host output");
@@ -382,7 +445,7 @@ async fn end_orphans(group: i32) {
 /// signal's grace ran out) with the server and its children still running.
 struct GroupGuard {
     group: i32,
-    reaped: Arc<std::sync::atomic::AtomicBool>,
+    reaped: Arc<AtomicBool>,
 }
 
 impl Drop for GroupGuard {
@@ -395,26 +458,150 @@ impl Drop for GroupGuard {
 }
 
 /// `group` while the server that leads it is not reaped, else 0 (no group).
-fn live_group(group: i32, reaped: &std::sync::atomic::AtomicBool) -> i32 {
-    if reaped.load(std::sync::atomic::Ordering::SeqCst) {
+fn live_group(group: i32, reaped: &AtomicBool) -> i32 {
+    if reaped.load(Ordering::SeqCst) {
         0
     } else {
         group
     }
 }
 
-/// Ends the confined server once `end` resolves: SIGTERM to it and to everything it started,
-/// then SIGKILL to whatever is left after [`END_GRACE`]. (What it forks in between lands in
-/// the proxy's tree too, and is ended when the server's exit is seen.)
-async fn end_server(end: EndServer, group: i32, reaped: Arc<std::sync::atomic::AtomicBool>) {
-    use rustix::process::Signal;
-    let reason = end.await;
-    // The signal first: a log line can block (a host that does not drain stderr), and
-    // nothing may hold up a revocation.
-    crate::confine::reap::signal_descendants(live_group(group, &reaped), Signal::TERM);
-    tracing::warn!(%reason, "ending the confined server: access it was started with was revoked");
-    tokio::time::sleep(END_GRACE).await;
-    crate::confine::reap::signal_descendants(live_group(group, &reaped), Signal::KILL);
+/// Whom the proxy signals to end its server.
+enum Target {
+    /// A confined server: its process group and everything below the proxy
+    /// (crate::confine::reap), while the server is not reaped; after, the tree only.
+    Tree { group: i32, reaped: Arc<AtomicBool> },
+    /// An unconfined server: the server itself. It runs in the proxy's process group, so its
+    /// group is not signalled, and what it starts is its own, as without the proxy.
+    Server {
+        /// Pins the server (never another process given its number once it is reaped).
+        pidfd: Option<std::os::fd::OwnedFd>,
+        /// Its number, used only where pidfds are missing (Linux before 5.3) and while the
+        /// server is not reaped.
+        pid: i32,
+        reaped: Arc<AtomicBool>,
+    },
+}
+
+impl Target {
+    /// Sends `signal`; whether it reached a process.
+    fn signal(&self, signal: Signal) -> bool {
+        match self {
+            Target::Tree { group, reaped } => {
+                crate::confine::reap::signal_descendants(live_group(*group, reaped), signal) > 0
+            }
+            Target::Server {
+                pidfd: Some(fd), ..
+            } => rustix::process::pidfd_send_signal(fd, signal).is_ok(),
+            Target::Server {
+                pidfd: None,
+                pid,
+                reaped,
+            } => Pid::from_raw(*pid)
+                .filter(|_| !reaped.load(Ordering::SeqCst))
+                .is_some_and(|p| rustix::process::kill_process(p, signal).is_ok()),
+        }
+    }
+}
+
+/// Resolves once `gone` is set (never, if its sender goes without setting it).
+async fn wait_gone(mut gone: tokio::sync::watch::Receiver<bool>) {
+    if gone.wait_for(|g| *g).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// How long a server has to exit by itself once the host has gone (the proxy's stdin closed,
+/// and with it the server's) before it is sent SIGTERM, when nothing stops the proxy. Longer
+/// than the grace a stopping proxy gives ([`CLOSE_GRACE`]): no stop grace runs, and a server
+/// may still be finishing what it was asked (a host that wants it gone sooner sends the proxy
+/// SIGTERM, as the MCP SDKs do 2 s after closing its stdin).
+pub const HOST_GONE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long the server of a proxy stopped by a signal has, from the moment its stdin closed,
+/// before it is sent SIGTERM (the MCP stdio transport's shutdown: close the server's input,
+/// wait, SIGTERM, wait, SIGKILL). A server whose stdin closed longer ago (the host closed the
+/// proxy's stdin, then sent SIGTERM) is sent SIGTERM at once.
+pub const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a server sent SIGTERM because the host has gone or the proxy stops has before
+/// SIGKILL. With [`CLOSE_GRACE`], it fits in the grace a stopping broker gives its work (5 s,
+/// `crate::cli`), so a proxy stopped by a signal seals its audit log whatever its server does.
+pub const STOP_KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long the relay drains an unconfined server's stdout after the server exited and the
+/// host has gone, when what the server started still holds it open.
+const DRAIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How long past `timeout_ms` the proxy waits for its server's last requests once the server
+/// is gone ([`BrokerSide::finish`]).
+const FINISH_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Ends the server when it must go, through `target`:
+/// - once `revoked` resolves (a reload took away access a confined server holds): SIGTERM at
+///   once, SIGKILL after [`END_GRACE`];
+/// - once `gone` resolves (the host has gone, or the server closed its stdout): SIGTERM after
+///   [`HOST_GONE_GRACE`] if it is still running;
+/// - once `stopped` resolves (SIGTERM or SIGINT to the proxy, whose stdin is then closed):
+///   SIGTERM [`CLOSE_GRACE`] after its stdin closed (at once if that was longer ago);
+/// - after either SIGTERM, SIGKILL [`STOP_KILL_GRACE`] later.
+///
+/// A signal to a server that has exited is harmless (see [`Target`]); the proxy aborts this
+/// once the server is reaped. (What a confined server forks in between lands in the proxy's
+/// tree too, and is ended when the server's exit is seen.)
+async fn end_server(
+    revoked: Option<EndServer>,
+    gone: impl std::future::Future<Output = ()>,
+    stopped: impl std::future::Future<Output = ()>,
+    target: Target,
+) {
+    use tokio::time::Instant;
+    let revoked = async move {
+        match revoked {
+            Some(end) => end.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(revoked, gone, stopped);
+    // When the server's stdin closed, and when it is sent SIGTERM.
+    let mut closed: Option<Instant> = None;
+    let mut term_at: Option<Instant> = None;
+    let mut stopping = false;
+    let grace = loop {
+        let due = term_at.unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(3600));
+        tokio::select! {
+            reason = &mut revoked => {
+                // The signal first, then the log line: a log line can block (a host that
+                // does not drain stderr), and nothing may hold up a revocation.
+                target.signal(Signal::TERM);
+                tracing::warn!(%reason, "ending the confined server: access it was started with was revoked");
+                break END_GRACE;
+            }
+            () = &mut gone, if closed.is_none() => {
+                let now = Instant::now();
+                closed = Some(now);
+                let grace = if stopping { CLOSE_GRACE } else { HOST_GONE_GRACE };
+                term_at = Some(term_at.map_or(now + grace, |t| t.min(now + grace)));
+            }
+            () = &mut stopped, if !stopping => {
+                stopping = true;
+                // The stdin closes now if it has not yet (the host's reader stops too).
+                let at = closed.unwrap_or_else(Instant::now) + CLOSE_GRACE;
+                term_at = Some(term_at.map_or(at, |t| t.min(at)));
+            }
+            () = tokio::time::sleep_until(due), if term_at.is_some() => {
+                if target.signal(Signal::TERM) {
+                    let waited = closed.map_or(CLOSE_GRACE, |c| c.elapsed());
+                    tracing::warn!("the server did not exit within {waited:.1?} of the end of its input; sent SIGTERM");
+                }
+                break STOP_KILL_GRACE;
+            }
+        }
+    };
+    tokio::time::sleep(grace).await;
+    if target.signal(Signal::KILL) {
+        tracing::warn!("the server did not exit within {grace:?} of SIGTERM; sent SIGKILL");
+    }
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
@@ -666,12 +853,14 @@ enum BrokerSide {
     Local {
         driver: Driver<ToServer>,
         notes: tokio::task::JoinHandle<()>,
+        /// Set when the broker stops: the server's requests are no longer taken.
+        stopping: Arc<AtomicBool>,
     },
     Remote {
         to_broker: mpsc::Sender<Outgoing>,
         to_broker_budget: Budget,
         to_server: mpsc::Sender<ToServer>,
-        alive: Arc<std::sync::atomic::AtomicBool>,
+        alive: Arc<AtomicBool>,
         tasks: Vec<tokio::task::JoinHandle<()>>,
         named: bool,
         /// The shared broker's key, which the proxy's notes about its server carry.
@@ -685,6 +874,7 @@ impl BrokerSide {
         to_server: mpsc::Sender<ToServer>,
         opts: &ProxyOptions,
         nonce: &str,
+        stopping: Arc<AtomicBool>,
     ) -> io::Result<(BrokerSide, Asker)> {
         match link {
             Link::Local(session) => {
@@ -703,6 +893,7 @@ impl BrokerSide {
                     BrokerSide::Local {
                         driver: Driver::new(session, opts.max_in_flight, to_server),
                         notes,
+                        stopping,
                     },
                     asker,
                 ))
@@ -717,9 +908,12 @@ impl BrokerSide {
                 // The key that makes the broker take this link for a proxy's. Without it the
                 // proxy still works; the broker just does not learn the server's name, era
                 // or confinement from it.
-                let key: Option<Arc<str>> = match crate::rundir::ProxyKey::read(&path) {
-                    Ok(key) => Some(key.into()),
-                    Err(e) => {
+                let socket = path.clone();
+                let read_key =
+                    tokio::task::spawn_blocking(move || crate::rundir::ProxyKey::read(&socket));
+                let key: Option<Arc<str>> = match read_key.await.map_err(io::Error::other) {
+                    Ok(Ok(key)) => Some(key.into()),
+                    Ok(Err(e)) | Err(e) => {
                         tracing::warn!(error = %e, "cannot read the shared broker's proxy key; it will not record this server's name or confinement");
                         None
                     }
@@ -736,7 +930,7 @@ impl BrokerSide {
                 });
                 // Answers and notifications from the shared broker go to the server as they
                 // are: the broker echoes the server's own ids.
-                let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+                let alive = Arc::new(AtomicBool::new(true));
                 let waiting: Waiting = Arc::default();
                 let ask_prefix = eras::ask_prefix(nonce);
                 let reader = {
@@ -762,7 +956,7 @@ impl BrokerSide {
                                 break;
                             }
                         }
-                        alive.store(false, std::sync::atomic::Ordering::Release);
+                        alive.store(false, Ordering::Release);
                         // Questions still waiting get no answer: let them know.
                         waiting.lock().unwrap_or_else(|e| e.into_inner()).clear();
                         tracing::error!(
@@ -794,7 +988,18 @@ impl BrokerSide {
     /// Hands one server request to the broker; its answer goes to the server.
     async fn request(&mut self, line: Vec<u8>) {
         match self {
-            BrokerSide::Local { driver, .. } => {
+            BrokerSide::Local {
+                driver, stopping, ..
+            } => {
+                // A stopping broker takes no more requests (as `serve` stops reading): what
+                // the server asks now could outlast the stop's grace, and the log would go
+                // unsealed. The server is being ended; it gets no answer.
+                if stopping.load(Ordering::Acquire) {
+                    tracing::debug!(
+                        "the broker is stopping: a request from the server was not taken"
+                    );
+                    return;
+                }
                 driver.submit(line).await;
             }
             BrokerSide::Remote {
@@ -804,7 +1009,7 @@ impl BrokerSide {
                 alive,
                 ..
             } => {
-                let gone = !alive.load(std::sync::atomic::Ordering::Acquire);
+                let gone = !alive.load(Ordering::Acquire);
                 let id = match jsonrpc::parse(&line) {
                     Incoming::Request { id, .. } => Some(id.to_owned()),
                     _ => None,
@@ -865,9 +1070,21 @@ impl BrokerSide {
         }
     }
 
-    fn stop(&self) {
+    /// Ends the broker side once the server is gone: a local session's requests still
+    /// running finish (and are recorded); a shared broker's link closes.
+    async fn finish(self) {
         match self {
-            BrokerSide::Local { notes, .. } => notes.abort(),
+            BrokerSide::Local { notes, driver, .. } => {
+                notes.abort();
+                // Each request ends by its `timeout_ms`. Past it, what is left only waits to
+                // hand its answer (recorded already) to a server that is gone, through a
+                // pipe something it started may hold open and unread.
+                let limit = driver.session().broker().policy().limits().timeout;
+                let waited = tokio::time::timeout(limit + FINISH_SLACK, driver.finish()).await;
+                if waited.is_err() {
+                    tracing::warn!("answers to the server's last requests could not be delivered");
+                }
+            }
             BrokerSide::Remote { tasks, .. } => tasks.iter().for_each(|t| t.abort()),
         }
     }

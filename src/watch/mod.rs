@@ -15,6 +15,11 @@
 //! runs, and the worker holds the registry (shared with the registrar and `files/watch`) only
 //! between listings, never across a walk of a tree.
 //!
+//! A broker that stops ([`WatchHub::stop`]) abandons the watches it has not made: a
+//! `files/watch` waiting for the registrar or walking its tree is answered `TIMEOUT` at once,
+//! and the registrar registers nothing more, so a huge tree cannot hold the stop past its
+//! grace (and leave the audit log unsealed).
+//!
 //! notify's callback never blocks: it `try_send`s into a bounded queue, and when that queue
 //! is full it raises a flag that makes the worker rescan instead. Events the worker ignores
 //! (a directory opened, as listing a watched tree opens every directory in it) never enter
@@ -255,6 +260,9 @@ struct Entry {
     live: Arc<AtomicBool>,
 }
 
+/// Where the registrar tells a waiting `files/watch` how its path fared.
+type Reply = mpsc::Sender<std::result::Result<(), registrar::Failure>>;
+
 /// What the hub, its worker and its registrar share.
 #[derive(Debug, Default)]
 struct Shared {
@@ -262,9 +270,23 @@ struct Shared {
     /// Watch id → its owner. Locked only for map operations, never across a system call;
     /// when both are needed, the registry is taken first.
     ledger: Mutex<HashMap<String, Entry>>,
+    /// Set for good when the broker stops ([`WatchHub::stop`]).
+    stopping: AtomicBool,
+    /// The `files/watch` requests waiting for the registrar, by ticket: a stop answers them
+    /// at once, whatever the registrar is busy with.
+    waiting: Mutex<HashMap<u64, Reply>>,
+    next_ticket: AtomicU64,
 }
 
 impl Shared {
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    fn waiting(&self) -> MutexGuard<'_, HashMap<u64, Reply>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn registry(&self) -> MutexGuard<'_, Registry> {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -379,6 +401,15 @@ fn identity_of(root: &Root, path: &Path) -> Option<(u64, u64)> {
     Some((meta.dev(), meta.ino()))
 }
 
+/// The answer to a `files/watch` the broker's stop abandoned: `TIMEOUT`, "not done".
+fn abandoned(raw: &str) -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        "the broker is stopping: the watch was not made",
+    )
+    .with_path(raw)
+}
+
 /// Raw events waiting for the worker; beyond this the worker rescans instead.
 const EVENT_QUEUE: usize = 16 * 1024;
 
@@ -447,20 +478,33 @@ impl WatchHub {
         }
         self.register(&registered, recursive, &who)?;
         let identity = identity_of(root, &registered);
-        let Ok(snapshot) = snapshot::scan(root, &rel, is_dir, recursive) else {
-            self.release(&registered, recursive, Vec::new());
-            return Err(Error::new(
-                ErrorKind::QuotaExceeded,
-                format!(
-                    "the tree is too large to watch (over {} entries or {} MiB of paths); \
-                     watch a smaller part of it",
-                    snapshot::MAX_ENTRIES,
-                    snapshot::MAX_PATH_BYTES >> 20
-                ),
-            )
-            .with_path(raw));
+        let snapshot =
+            match snapshot::scan_unless(root, &rel, is_dir, recursive, &self.shared.stopping) {
+                Ok(snapshot) => snapshot,
+                Err(cut) => {
+                    self.release(&registered, recursive, Vec::new());
+                    return Err(match cut {
+                        snapshot::Cut::Stopped => abandoned(raw),
+                        snapshot::Cut::TooLarge => Error::new(
+                            ErrorKind::QuotaExceeded,
+                            format!(
+                                "the tree is too large to watch (over {} entries or {} MiB of \
+                             paths); watch a smaller part of it",
+                                snapshot::MAX_ENTRIES,
+                                snapshot::MAX_PATH_BYTES >> 20
+                            ),
+                        )
+                        .with_path(raw),
+                    });
+                }
+            };
+        // The last moment a stop abandons the watch: past the commit it is made.
+        let committed = if self.shared.stopping() {
+            Err(abandoned(raw))
+        } else {
+            commit()
         };
-        if let Err(e) = commit() {
+        if let Err(e) = committed {
             self.release(&registered, recursive, vec![]);
             return Err(e);
         }
@@ -498,11 +542,18 @@ impl WatchHub {
         Ok(id)
     }
 
-    /// Counts one more use of `path` and waits (at most until `who.until`) for the registrar
-    /// to register it with notify.
+    /// Counts one more use of `path` and waits (at most until `who.until`, or until the
+    /// broker stops) for the registrar to register it with notify.
     fn register(&self, path: &Path, recursive: bool, who: &Asker<'_>) -> Result<()> {
+        if self.shared.stopping() {
+            return Err(abandoned(who.raw));
+        }
         self.registry().count(path, recursive);
         let (reply, answer) = mpsc::channel();
+        // Listed before the flag is looked at again, so a stop either finds the ticket or is
+        // seen here (both sides order their steps with `SeqCst`).
+        let ticket = self.shared.next_ticket.fetch_add(1, Ordering::Relaxed);
+        self.shared.waiting().insert(ticket, reply.clone());
         let check = registrar::Check {
             path: path.to_path_buf(),
             reply,
@@ -514,7 +565,9 @@ impl WatchHub {
             )
             .with_path(who.raw)
         };
-        let outcome = if self
+        let outcome = if self.shared.stopping() {
+            Err(abandoned(who.raw))
+        } else if self
             .jobs
             .send(Job::Sync {
                 check: Some(check),
@@ -527,6 +580,7 @@ impl WatchHub {
             let wait = who.until.saturating_duration_since(Instant::now());
             match answer.recv_timeout(wait) {
                 Ok(Ok(())) => Ok(()),
+                Ok(Err(f)) if f.is_stop() => Err(abandoned(who.raw)),
                 Ok(Err(f)) => {
                     Err(Error::new(f.kind, format!("cannot watch: {}", f.message))
                         .with_path(who.raw))
@@ -535,12 +589,26 @@ impl WatchHub {
                 Err(mpsc::RecvTimeoutError::Disconnected) => Err(not_running()),
             }
         };
+        self.shared.waiting().remove(&ticket);
         if outcome.is_err() {
             // Also after a TIMEOUT: the registrar may still be registering it; the sync this
             // asks for undoes that once it is done.
             self.release(path, recursive, Vec::new());
         }
         outcome
+    }
+
+    /// Stops taking watches, for good (the broker stops): a `files/watch` not yet made is
+    /// answered `TIMEOUT` ("not done") at once, whether it waits for the registrar (queued
+    /// behind, or on, a large tree's registration, which runs on regardless: notify cannot
+    /// cut it short) or walks its tree; one that comes later gets the same. The registrar
+    /// registers nothing more. Watches already made stay until their sessions end.
+    pub(crate) fn stop(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let waiting = std::mem::take(&mut *self.shared.waiting());
+        for reply in waiting.into_values() {
+            let _ = reply.send(Err(registrar::Failure::stopped()));
+        }
     }
 
     /// Gives back one use of `path`, and hands `discard` (watches already taken out) to the

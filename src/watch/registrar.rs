@@ -50,6 +50,20 @@ pub(super) struct Failure {
 }
 
 impl Failure {
+    /// The broker stops: the registration is abandoned ([`super::WatchHub::stop`]).
+    pub(super) fn stopped() -> Failure {
+        Failure {
+            kind: ErrorKind::Timeout,
+            message: "the broker is stopping".into(),
+            mode: RecursiveMode::NonRecursive,
+        }
+    }
+
+    /// Whether this is [`Failure::stopped`] (notify's own failures are never `Timeout`).
+    pub(super) fn is_stop(&self) -> bool {
+        self.kind == ErrorKind::Timeout
+    }
+
     fn of(e: &notify::Error, mode: RecursiveMode) -> Failure {
         let kind = match e.kind {
             notify::ErrorKind::MaxFilesWatch => ErrorKind::QuotaExceeded,
@@ -146,6 +160,15 @@ impl Registrar {
                 } else {
                     None
                 };
+            }
+            if self.shared.stopping() {
+                // The broker stops: nothing more is registered (or unregistered: the process
+                // is ending, and a large tree's removal costs as much as its registration).
+                for c in checks {
+                    let _ = c.reply.send(Err(Failure::stopped()));
+                }
+                drop(garbage);
+                continue;
             }
             self.sync();
             for c in checks {

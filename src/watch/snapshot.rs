@@ -5,6 +5,7 @@
 //! last known state reports every difference, so nothing is lost silently.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, Metadata};
@@ -66,10 +67,30 @@ pub const MAX_PATH_BYTES: usize = 16 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TooLarge;
 
+/// Why [`scan_unless`] gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// [`TooLarge`].
+    TooLarge,
+    /// Its `stop` flag was set.
+    Stopped,
+}
+
 /// Walks `rel` beneath `root` (its entries; all the way down when `recursive`, at most
 /// [`crate::sandbox::MAX_WALK_DEPTH`] levels), without following symlinks and skipping staging
 /// files and denied paths. Fails when the tree is too large to keep a snapshot of.
 pub fn scan(root: &Root, rel: &str, is_dir: bool, recursive: bool) -> Result<Snapshot, TooLarge> {
+    scan_unless(root, rel, is_dir, recursive, &AtomicBool::new(false)).map_err(|_| TooLarge)
+}
+
+/// [`scan`], given up as soon as `stop` is set (the broker stops).
+pub fn scan_unless(
+    root: &Root,
+    rel: &str,
+    is_dir: bool,
+    recursive: bool,
+    stop: &AtomicBool,
+) -> Result<Snapshot, Cut> {
     let mut snap = Snapshot::new();
     let path = if rel.is_empty() { "." } else { rel };
     if !is_dir {
@@ -89,6 +110,9 @@ pub fn scan(root: &Root, rel: &str, is_dir: bool, recursive: bool) -> Result<Sna
     let mut stack: Vec<(Dir, cap_std::fs::ReadDir, String)> = vec![(top, listing, rel.to_owned())];
     let mut bytes = 0usize;
     loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(Cut::Stopped);
+        }
         let depth = stack.len();
         let Some((dir, listing, base)) = stack.last_mut() else {
             break;
@@ -115,7 +139,7 @@ pub fn scan(root: &Root, rel: &str, is_dir: bool, recursive: bool) -> Result<Sna
         let stamp = Stamp::of(&meta);
         bytes += child.len();
         if snap.len() >= MAX_ENTRIES || bytes > MAX_PATH_BYTES {
-            return Err(TooLarge);
+            return Err(Cut::TooLarge);
         }
         let descend = recursive
             && stamp.is_dir
