@@ -69,6 +69,14 @@ impl Drop for Held {
     }
 }
 
+/// `fsbroker serve --policy POLICY`, its answers waited for 10 s at most.
+fn serve(policy: &Path) -> LiveBroker {
+    LiveBroker::start(
+        &["serve", "--policy", policy.to_str().unwrap()],
+        Duration::from_secs(10),
+    )
+}
+
 /// The lock brokers take to append to the log at `log` (the user's private runtime
 /// directory; see `src/rundir.rs`).
 fn broker_lock(log: &Path) -> PathBuf {
@@ -111,10 +119,7 @@ fn audited_setup() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf, PathBuf) {
 #[test]
 fn a_lock_on_the_log_file_holds_up_nothing() {
     let (_t, _dir, policy, log, root) = audited_setup();
-    let mut b = LiveBroker::start(
-        &["serve", "--policy", policy.to_str().unwrap()],
-        Duration::from_secs(10),
-    );
+    let mut b = serve(&policy);
     b.ok("ping", json!({}));
     let held = Held::take(&log, "flock");
     let started = Instant::now();
@@ -151,10 +156,7 @@ fn a_lock_on_the_log_file_holds_up_nothing() {
 #[test]
 fn a_held_audit_lock_times_out_requests_and_nothing_is_done() {
     let (_t, _dir, policy, log, root) = audited_setup();
-    let mut b = LiveBroker::start(
-        &["serve", "--policy", policy.to_str().unwrap()],
-        Duration::from_secs(10),
-    );
+    let mut b = serve(&policy);
     b.ok("ping", json!({}));
     let lock = broker_lock(&log);
     assert!(lock.exists(), "the broker's lock is at {lock:?}");
@@ -204,10 +206,7 @@ fn a_lease_on_the_policy_withdraws_every_root_until_it_is_read() {
         .root(RootToml::at(&root).name("r").rw())
         .unlimited()
         .write_to(&path);
-    let mut b = LiveBroker::start(
-        &["serve", "--policy", path.to_str().unwrap()],
-        Duration::from_secs(10),
-    );
+    let mut b = serve(&path);
     let roots = b.ok("roots/list", json!({}));
     assert_eq!(roots["roots"][0]["name"], "r", "{roots}");
     // The person's edit: the root becomes read-only and is renamed `r2`. The server leases
@@ -337,10 +336,7 @@ fn a_touch_of_a_leased_policy_withdraws_nothing() {
         .root(RootToml::at(&root).name("r"))
         .unlimited()
         .write_to(&path);
-    let mut b = LiveBroker::start(
-        &["serve", "--policy", path.to_str().unwrap()],
-        Duration::from_secs(10),
-    );
+    let mut b = serve(&path);
     b.ok("ping", json!({}));
     let held = Held::take(&path, "write-lease");
     for secs in [1_000_000_000, 1_100_000_000] {

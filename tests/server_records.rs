@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::audit::{log_lines, verify_files};
@@ -41,12 +41,28 @@ fn forged(pad: usize, key: Option<&str>) -> Vec<u8> {
     line
 }
 
-fn policy(dir: &Path, root: &Path) -> std::path::PathBuf {
-    PolicyToml::new()
-        .root(RootToml::at(root).name("r"))
+/// A root `r` holding `f.txt`, audited, 5 requests a second: (temp dir, its path, the policy,
+/// the log).
+fn setup() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let (t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hi").unwrap();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&root).name("r"))
         .table("limits", "requests_per_second = 5\nrequest_burst = 5\n")
         .table("audit", "path = \"audit.jsonl\"\n")
-        .write_to(&dir.join("policy.toml"))
+        .write_to(&dir.join("policy.toml"));
+    let log = dir.join("audit.jsonl");
+    (t, dir, policy, log)
+}
+
+/// `fsbroker serve --policy POLICY`, its answers waited for a minute at most.
+fn serve(policy: &Path) -> LiveBroker {
+    LiveBroker::start(
+        &["serve", "--policy", policy.to_str().unwrap()],
+        Duration::from_secs(60),
+    )
 }
 
 /// What the log holds, after the broker has ended (and sealed it).
@@ -73,16 +89,8 @@ fn check_log(log: &Path) {
 /// or number, and change neither its name nor its era.
 #[test]
 fn a_serve_peer_cannot_write_records_or_name_itself() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hi").unwrap();
-    let policy = policy(&dir, &root);
-    let log = dir.join("audit.jsonl");
-    let mut b = LiveBroker::start(
-        &["serve", "--policy", policy.to_str().unwrap()],
-        Duration::from_secs(60),
-    );
+    let (_t, _dir, policy, log) = setup();
+    let mut b = serve(&policy);
     // One note of 4 MiB (it was once written whole, and broke `audit verify`), then a flood
     // far past the request rate (5 per second), some with a guessed key.
     b.send_raw(&forged(4 << 20, None));
@@ -113,12 +121,7 @@ fn a_serve_peer_cannot_write_records_or_name_itself() {
 /// without the forged name.
 #[test]
 fn a_socket_peer_without_the_key_cannot_write_records() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hi").unwrap();
-    let policy = policy(&dir, &root);
-    let log = dir.join("audit.jsonl");
+    let (_t, dir, policy, log) = setup();
     let pids = Pids::default();
     let sock = dir.join("b.sock");
     let mut listener = Listener::start(&policy, &sock, &[], &pids);
@@ -148,15 +151,8 @@ fn a_socket_peer_without_the_key_cannot_write_records() {
 /// before, every refusal wrote such a line.
 #[test]
 fn refusals_over_the_rate_get_one_line_a_second() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    let policy = policy(&dir, &root);
-    let log = dir.join("audit.jsonl");
-    let mut b = LiveBroker::start(
-        &["serve", "--policy", policy.to_str().unwrap()],
-        Duration::from_secs(60),
-    );
+    let (_t, _dir, policy, log) = setup();
+    let mut b = serve(&policy);
     let paths: Vec<String> = (0..16)
         .map(|i| format!("r/{i}{}", "p".repeat(4000)))
         .collect();
@@ -219,15 +215,8 @@ fn refusals_over_the_rate_get_one_line_a_second() {
 /// unknown `files/` method made one line of 444,234 bytes.
 #[test]
 fn a_request_line_is_small_whatever_its_strings_hold() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    let policy = policy(&dir, &root);
-    let log = dir.join("audit.jsonl");
-    let mut b = LiveBroker::start(
-        &["serve", "--policy", policy.to_str().unwrap()],
-        Duration::from_secs(60),
-    );
+    let (_t, _dir, policy, log) = setup();
+    let mut b = serve(&policy);
     let nasty = "\u{1}".repeat(4096);
     let method = format!("files/{}", "\u{1}".repeat(4096));
     for m in [method.as_str(), "files/consent", "files/rename"] {
