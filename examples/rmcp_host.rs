@@ -31,6 +31,9 @@
 //!
 //! [rmcp]: https://docs.rs/rmcp
 
+// Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
+// it out of the library's request paths).
+#![allow(clippy::disallowed_methods)]
 // rmcp 3.9 marks roots deprecated (SEP-2577, which moves them out of the core protocol); they
 // are still how servers ask a client for its directories, and what this example is about.
 #![allow(deprecated)]

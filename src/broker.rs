@@ -49,6 +49,7 @@ pub struct Broker {
 /// modification time (a `stat`, which no lease delays).
 type Stamp = (u64, u64, u64, i64, i64);
 
+#[allow(clippy::disallowed_methods)] // a `stat` of the policy file, the broker's own
 fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
@@ -56,7 +57,7 @@ fn stamp(path: &Path) -> Option<Stamp> {
 }
 
 /// How often a broker whose policy file is held tries to read it again.
-pub const HELD_RETRY: Duration = Duration::from_millis(250);
+pub(crate) const HELD_RETRY: Duration = Duration::from_millis(250);
 
 /// What a policy reload changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -83,7 +84,7 @@ pub(crate) trait Member: Send + Sync {
 }
 
 /// Prompts that may wait for a person at once in one broker (each holds a blocking thread).
-pub const PROMPTS: usize = 2;
+pub(crate) const PROMPTS: usize = 2;
 
 impl Broker {
     /// A broker running `policy`; `overrides` are the command-line roots and switches that
@@ -498,6 +499,7 @@ impl std::fmt::Debug for PolicyWatcher {
 const QUIET: Duration = Duration::from_millis(50);
 
 impl PolicyWatcher {
+    #[allow(clippy::disallowed_methods)] // the policy file, the broker's own
     fn start(broker: Weak<Broker>, file: &Path) -> notify::Result<PolicyWatcher> {
         use notify::{EventKind, Watcher};
         // Watch directories, not the file: editors replace a file by renaming a new one over

@@ -19,14 +19,14 @@ use tokio::sync::oneshot;
 
 /// How many file-system operations may run at once in a broker: the blocking threads of the
 /// runtime `serve` and `proxy` build (twice the CPUs, at least 8).
-pub fn blocking_slots() -> usize {
+pub(crate) fn blocking_slots() -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     (2 * cpus).max(8)
 }
 
 /// Slots shared between sessions; see the module documentation.
 #[derive(Debug)]
-pub struct FairPool {
+pub(crate) struct FairPool {
     slots: usize,
     per_session: usize,
     inner: Mutex<Inner>,
@@ -48,7 +48,7 @@ struct Queue {
 
 /// The right to run one operation; given back when dropped.
 #[derive(Debug)]
-pub struct Slot {
+pub(crate) struct Slot {
     pool: Arc<FairPool>,
     session: u64,
     /// False for a slot whose hand-over failed (its counts were undone by the pool).
@@ -65,7 +65,7 @@ impl Drop for Slot {
 
 impl FairPool {
     /// A pool of `slots` (at least 1).
-    pub fn new(slots: usize) -> Arc<FairPool> {
+    pub(crate) fn new(slots: usize) -> Arc<FairPool> {
         let slots = slots.max(1);
         Arc::new(FairPool {
             slots,
@@ -76,7 +76,7 @@ impl FairPool {
 
     #[cfg(test)]
     /// The most slots one session may hold at once.
-    pub fn per_session(&self) -> usize {
+    pub(crate) fn per_session(&self) -> usize {
         self.per_session
     }
 
@@ -88,7 +88,7 @@ impl FairPool {
 
     /// Waits for a slot for `session`. Dropping the future gives up the place in the queue
     /// (and any slot handed to it meanwhile).
-    pub async fn acquire(self: &Arc<Self>, session: u64) -> Slot {
+    pub(crate) async fn acquire(self: &Arc<Self>, session: u64) -> Slot {
         let rx = {
             let mut inner = self.inner();
             let queue = inner.sessions.entry(session).or_default();

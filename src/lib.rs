@@ -98,6 +98,7 @@
 // confinement's system calls), with the argument for its soundness beside it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+#![deny(unreachable_pub)]
 
 // The public surface is what a host uses: the broker and its sessions, the policy, the errors,
 // the transports, the path resolver and the audit log's verifier. The rest is the broker's own.

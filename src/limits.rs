@@ -22,7 +22,7 @@ use crate::policy::Limits;
 
 /// The broker's rate limiters, keyed by session.
 #[derive(Debug)]
-pub struct RateLimits {
+pub(crate) struct RateLimits {
     requests: Option<DefaultKeyedRateLimiter<u64>>,
     bytes: Option<(DefaultKeyedRateLimiter<u64>, NonZeroU32)>,
     clock: DefaultClock,
@@ -30,7 +30,7 @@ pub struct RateLimits {
 
 impl RateLimits {
     /// Limiters for `limits` (a rate of 0 is unlimited).
-    pub fn new(limits: &Limits) -> RateLimits {
+    pub(crate) fn new(limits: &Limits) -> RateLimits {
         let requests = NonZeroU32::new(limits.requests_per_second).map(|rate| {
             let burst = NonZeroU32::new(limits.request_burst).unwrap_or(rate);
             DefaultKeyedRateLimiter::keyed(Quota::per_second(rate).allow_burst(burst))
@@ -51,7 +51,7 @@ impl RateLimits {
     }
 
     /// Admits one request of `session`, or says when to retry.
-    pub fn check_request(&self, session: u64) -> Result<()> {
+    pub(crate) fn check_request(&self, session: u64) -> Result<()> {
         let Some(limiter) = &self.requests else {
             return Ok(());
         };
@@ -62,7 +62,7 @@ impl RateLimits {
 
     /// Admits `bytes` of payload for `session`: the first burst-sized piece now or
     /// `RATE_LIMITED`, the rest waited for.
-    pub async fn admit_bytes(&self, session: u64, bytes: u64) -> Result<()> {
+    pub(crate) async fn admit_bytes(&self, session: u64, bytes: u64) -> Result<()> {
         let Some((limiter, burst)) = &self.bytes else {
             return Ok(());
         };
@@ -94,7 +94,7 @@ impl RateLimits {
 
     /// Drops the state of sessions that have been idle long enough to be back at a full
     /// bucket: they are indistinguishable from new keys.
-    pub fn prune(&self) {
+    pub(crate) fn prune(&self) {
         if let Some(l) = &self.requests {
             l.retain_recent();
             l.shrink_to_fit();
@@ -109,7 +109,7 @@ impl RateLimits {
 /// Where an operation stands with respect to its deadline. The commit of a mutation and the
 /// timeout race for one atomic transition, so a `TIMEOUT` answer always means "not done".
 #[derive(Debug, Default)]
-pub struct Deadline(AtomicU8);
+pub(crate) struct Deadline(AtomicU8);
 
 const RUNNING: u8 = 0;
 const COMMITTING: u8 = 1;
@@ -118,7 +118,7 @@ const TIMED_OUT: u8 = 2;
 impl Deadline {
     /// Called by the operation just before its point of no return (a rename, a grant).
     /// Fails with `TIMEOUT` when the deadline already passed; the caller then rolls back.
-    pub fn commit(&self, timeout: Duration) -> Result<()> {
+    pub(crate) fn commit(&self, timeout: Duration) -> Result<()> {
         match self
             .0
             .compare_exchange(RUNNING, COMMITTING, Ordering::AcqRel, Ordering::Acquire)
@@ -131,7 +131,7 @@ impl Deadline {
     /// Called by the waiting side when the deadline passes: `true` when the operation had
     /// not reached its commit (it will roll back), `false` when it is committing (the caller
     /// must wait for its result instead of reporting a timeout).
-    pub fn expire(&self) -> bool {
+    pub(crate) fn expire(&self) -> bool {
         match self
             .0
             .compare_exchange(RUNNING, TIMED_OUT, Ordering::AcqRel, Ordering::Acquire)
@@ -142,13 +142,13 @@ impl Deadline {
     }
 
     /// Whether the operation should stop early (long walks check this).
-    pub fn expired(&self) -> bool {
+    pub(crate) fn expired(&self) -> bool {
         self.0.load(Ordering::Acquire) == TIMED_OUT
     }
 }
 
 /// The `TIMEOUT` error.
-pub fn timed_out(limit: Duration) -> Error {
+pub(crate) fn timed_out(limit: Duration) -> Error {
     Error::new(
         ErrorKind::Timeout,
         format!(

@@ -22,7 +22,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// Shared or exclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LockMode {
+pub(crate) enum LockMode {
     /// Readers: any number, from any session.
     Shared,
     /// Writers and kept locks: one session.
@@ -52,13 +52,13 @@ struct Table {
 
 /// The broker's lock table.
 #[derive(Debug, Default)]
-pub struct LockTable {
+pub(crate) struct LockTable {
     table: Mutex<Table>,
 }
 
 /// An operation's lock; released when dropped.
 #[derive(Debug)]
-pub struct LockGuard {
+pub(crate) struct LockGuard {
     table: Arc<LockTable>,
     key: PathBuf,
     session: u64,
@@ -81,7 +81,7 @@ impl LockTable {
 
     /// Takes a lock for the length of an operation, or fails at once with `FILE_LOCKED`
     /// (naming `raw`, the request path, never the holder or its lock id).
-    pub fn acquire(
+    pub(crate) fn acquire(
         self: &Arc<Self>,
         key: PathBuf,
         session: u64,
@@ -105,7 +105,7 @@ impl LockTable {
     /// Keeps an exclusive lock on `key` for `session` beyond the operation that holds `guard`
     /// (which must be an exclusive guard on the same key), for `ttl`. Returns the lock id; a
     /// session that already keeps this path gets its existing id back, with a fresh expiry.
-    pub fn keep(
+    pub(crate) fn keep(
         &self,
         guard: &LockGuard,
         ttl: Duration,
@@ -146,7 +146,12 @@ impl LockTable {
 
     /// Fails with `QUOTA_EXCEEDED` when `session` already keeps `max_per_session` locks, so
     /// a request that would be refused a kept lock is refused before it does any work.
-    pub fn check_keep_quota(&self, session: u64, max_per_session: u32, raw: &str) -> Result<()> {
+    pub(crate) fn check_keep_quota(
+        &self,
+        session: u64,
+        max_per_session: u32,
+        raw: &str,
+    ) -> Result<()> {
         let mut t = self.lock();
         t.expire(Instant::now());
         let mine = t.kept.values().filter(|k| k.session == session).count();
@@ -158,7 +163,7 @@ impl LockTable {
 
     /// Releases a kept lock of `session`. Unknown ids and other sessions' ids give the same
     /// answer, so a session cannot probe for locks it does not own.
-    pub fn unlock(&self, id: &str, session: u64) -> Result<()> {
+    pub(crate) fn unlock(&self, id: &str, session: u64) -> Result<()> {
         let mut t = self.lock();
         t.expire(Instant::now());
         match t.kept.get(id) {
@@ -176,7 +181,7 @@ impl LockTable {
 
     /// Releases every kept lock, of any session, on a path under `root` (a revoked root) but
     /// not under one of `spared` (roots nested in it that stay in force).
-    pub fn release_under(&self, root: &Path, spared: &[PathBuf]) {
+    pub(crate) fn release_under(&self, root: &Path, spared: &[PathBuf]) {
         let mut t = self.lock();
         let ids: Vec<String> = t
             .kept
@@ -194,7 +199,7 @@ impl LockTable {
     }
 
     /// Releases every kept lock of a session that has ended.
-    pub fn release_session(&self, session: u64) {
+    pub(crate) fn release_session(&self, session: u64) {
         let mut t = self.lock();
         let ids: Vec<String> = t
             .kept
@@ -210,7 +215,7 @@ impl LockTable {
     }
 
     /// The number of kept locks `session` holds (expired ones are dropped first).
-    pub fn kept_by(&self, session: u64) -> usize {
+    pub(crate) fn kept_by(&self, session: u64) -> usize {
         let mut t = self.lock();
         t.expire(Instant::now());
         t.kept.values().filter(|k| k.session == session).count()
@@ -218,7 +223,7 @@ impl LockTable {
 
     #[cfg(test)]
     /// The number of kept locks still in force (expired ones are dropped first).
-    pub fn kept_count(&self) -> usize {
+    pub(crate) fn kept_count(&self) -> usize {
         let mut t = self.lock();
         t.expire(Instant::now());
         t.kept.len()

@@ -74,14 +74,14 @@ impl Pages {
 /// copies it out; once copied, nothing outside this process has seen its pages (they are
 /// never spliced), so reusing them cannot change what a peer already received.
 #[derive(Debug, Default)]
-pub struct BodyPool {
+pub(crate) struct BodyPool {
     free: Mutex<Vec<Pages>>,
 }
 
 impl BodyPool {
     /// A body with room for `capacity` bytes: the smallest reused one big enough, else fresh
     /// pages.
-    pub fn take(self: &Arc<Self>, capacity: usize) -> io::Result<Body> {
+    pub(crate) fn take(self: &Arc<Self>, capacity: usize) -> io::Result<Body> {
         let reused = {
             let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
             free.iter()
@@ -136,7 +136,7 @@ impl BodyPool {
 /// A response body in pages of its own, filled front to back. Dropped, it goes back to its
 /// pool.
 #[derive(Debug)]
-pub struct Body {
+pub(crate) struct Body {
     /// Always `Some` until dropped or discarded.
     pages: Option<Pages>,
     len: usize,
@@ -155,23 +155,23 @@ impl Body {
     }
 
     /// The unfilled rest of the pages.
-    pub fn spare(&mut self) -> &mut [u8] {
+    pub(crate) fn spare(&mut self) -> &mut [u8] {
         let len = self.len;
         &mut self.region_mut()[len..]
     }
 
     /// Marks `n` more bytes of [`Body::spare`] as filled.
-    pub fn advance(&mut self, n: usize) {
+    pub(crate) fn advance(&mut self, n: usize) {
         self.len = (self.len + n).min(self.region().len());
     }
 
     /// The filled bytes.
-    pub fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         &self.region()[..self.len]
     }
 
     /// How many bytes are filled.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 }
@@ -188,7 +188,7 @@ impl Drop for Body {
 /// at an offset inside them. It may hold a share of its session's output budget, given back
 /// when the frame has been written (or dropped).
 #[derive(Debug, Default)]
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     bytes: Vec<u8>,
     body: Option<(usize, Body)>,
     budget: Option<OwnedSemaphorePermit>,
@@ -212,7 +212,7 @@ impl Outgoing {
     }
 
     /// The whole frame in one buffer (the body copied in).
-    pub fn into_vec(self) -> Vec<u8> {
+    pub(crate) fn into_vec(self) -> Vec<u8> {
         match self.body {
             None => self.bytes,
             Some((at, body)) => {

@@ -4,7 +4,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Formats `t` as `YYYY-MM-DDTHH:MM:SS.mmmZ`. Times before 1970 (a file can have one) are
 /// written correctly, not clamped or refused.
-pub fn format(t: SystemTime) -> String {
+pub(crate) fn format(t: SystemTime) -> String {
     let (secs, millis) = match t.duration_since(UNIX_EPOCH) {
         Ok(d) => (d.as_secs() as i64, d.subsec_millis()),
         Err(e) => {

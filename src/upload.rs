@@ -28,7 +28,7 @@ use crate::sandbox::mutate::{Parent, Staged};
 
 /// One upload in progress.
 #[derive(Debug)]
-pub struct Upload {
+pub(crate) struct Upload {
     /// Where it will land.
     pub parent: Parent,
     /// The staging file.
@@ -46,11 +46,11 @@ pub struct Upload {
 
 /// A slot for an upload; `None` once it committed or was aborted, so a chunk that raced with
 /// the end of its upload sees that instead of writing into a finished one.
-pub type Slot = Arc<SlotInner>;
+pub(crate) type Slot = Arc<SlotInner>;
 
 /// An upload, and what a chunk waiting for its turn can see of it without locking it.
 #[derive(Debug)]
-pub struct SlotInner {
+pub(crate) struct SlotInner {
     upload: Mutex<Option<Upload>>,
     /// Bytes staged so far (a copy of `Upload::written`, kept as chunks land).
     written: AtomicU64,
@@ -75,24 +75,24 @@ impl SlotInner {
 
     /// Records that a chunk landed: the upload now holds `written` bytes. Wakes the chunks
     /// waiting for their turn.
-    pub fn landed(&self, written: u64) {
+    pub(crate) fn landed(&self, written: u64) {
         self.written.store(written, Ordering::Release);
         self.touch();
         self.progress.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Bytes staged so far.
-    pub fn written(&self) -> u64 {
+    pub(crate) fn written(&self) -> u64 {
         self.written.load(Ordering::Acquire)
     }
 
     /// Whether the upload has ended (committed or aborted).
-    pub fn ended(&self) -> bool {
+    pub(crate) fn ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
     }
 
     /// Marks the upload as in use now (it is not idle).
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         let ms = self.born.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
         self.touched_ms.store(ms, Ordering::Release);
     }
@@ -106,7 +106,7 @@ impl SlotInner {
 /// A session's uploads, by lock key (the canonical target path), and the path spellings
 /// their chunks use (so a chunk can find its upload without touching the file system).
 #[derive(Debug, Clone)]
-pub struct Uploads {
+pub(crate) struct Uploads {
     map: Arc<Mutex<Map>>,
     progress: Arc<tokio::sync::watch::Sender<u64>>,
 }
@@ -120,7 +120,7 @@ struct Map {
 
 impl Uploads {
     /// No uploads; `progress` is bumped whenever one moves or ends.
-    pub fn new(progress: Arc<tokio::sync::watch::Sender<u64>>) -> Uploads {
+    pub(crate) fn new(progress: Arc<tokio::sync::watch::Sender<u64>>) -> Uploads {
         Uploads {
             map: Arc::default(),
             progress,
@@ -134,7 +134,7 @@ impl Uploads {
 
     /// Fails with `QUOTA_EXCEEDED` unless the session may start one more upload at `key`
     /// (one at `key` already is replaced, so it does not count): at most `max` uploads.
-    pub fn check_room(&self, key: &Path, max: usize, raw: &str) -> Result<()> {
+    pub(crate) fn check_room(&self, key: &Path, max: usize, raw: &str) -> Result<()> {
         let map = self.map();
         let others = map.by_key.len() - usize::from(map.by_key.contains_key(key));
         if others >= max {
@@ -150,7 +150,7 @@ impl Uploads {
     /// Starts an upload, replacing (and so aborting) any earlier one at the same key; fails
     /// with `QUOTA_EXCEEDED` (dropping `upload`, and with it its staging file and lock) when the
     /// session already has `max` others.
-    pub fn start(
+    pub(crate) fn start(
         &self,
         key: PathBuf,
         spelling: &str,
@@ -181,19 +181,19 @@ impl Uploads {
     }
 
     /// The upload at `key`, if one is in progress.
-    pub fn get(&self, key: &Path) -> Option<Slot> {
+    pub(crate) fn get(&self, key: &Path) -> Option<Slot> {
         self.map().by_key.get(key).cloned()
     }
 
     /// The upload started with the request path `spelling`, if one is in progress.
-    pub fn by_spelling(&self, spelling: &str) -> Option<Slot> {
+    pub(crate) fn by_spelling(&self, spelling: &str) -> Option<Slot> {
         let map = self.map();
         let key = map.by_spelling.get(spelling)?;
         map.by_key.get(key).cloned()
     }
 
     /// Ends the upload at `key` (its staging file goes with it unless already committed).
-    pub fn end(&self, key: &Path) {
+    pub(crate) fn end(&self, key: &Path) {
         let old = {
             let mut map = self.map();
             let old = map.by_key.remove(key);
@@ -207,7 +207,7 @@ impl Uploads {
 
     /// Ends the upload at `key` if it is still `slot` (a restart at offset 0 may have replaced
     /// it meanwhile; that one goes on).
-    pub fn end_slot(&self, key: &Path, slot: &Slot) {
+    pub(crate) fn end_slot(&self, key: &Path, slot: &Slot) {
         let old = {
             let mut map = self.map();
             if !map.by_key.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
@@ -224,13 +224,13 @@ impl Uploads {
 
     /// Ends every upload whose target lies under `root` (a root being revoked) but not under
     /// one of `spared` (roots nested in it that stay).
-    pub fn end_under(&self, root: &Path, spared: &[PathBuf]) {
+    pub(crate) fn end_under(&self, root: &Path, spared: &[PathBuf]) {
         self.end_where(|k, _| k.starts_with(root) && !spared.iter().any(|s| k.starts_with(s)));
     }
 
     /// Abandons the uploads no chunk has touched for `idle` (`lock_timeout_ms`): their
     /// locks are released and their staging files removed. Returns how many.
-    pub fn reap(&self, idle: Duration) -> usize {
+    pub(crate) fn reap(&self, idle: Duration) -> usize {
         self.end_where(|_, slot| slot.idle_for() >= idle)
     }
 
@@ -253,12 +253,12 @@ impl Uploads {
     }
 
     /// Ends every upload (the session is over).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.end_where(|_, _| true);
     }
 
     /// How many uploads are in progress.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map().by_key.len()
     }
 
@@ -273,6 +273,6 @@ impl Uploads {
 }
 
 /// Locks a slot for one chunk.
-pub fn lock(slot: &Slot) -> MutexGuard<'_, Option<Upload>> {
+pub(crate) fn lock(slot: &Slot) -> MutexGuard<'_, Option<Upload>> {
     slot.upload.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -9,6 +9,10 @@
 //! speed: a transport that buffers whatever a peer sends has no bound at all. Figures are
 //! printed; run with `--nocapture` to see them.
 
+// Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
+// it out of the library's request paths).
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::ffi::OsString;

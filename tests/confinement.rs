@@ -23,6 +23,10 @@
 //! where it should. Every broker is a [`LiveBroker`] (notifications set aside, every wait
 //! bounded), since a grant may now be announced by a notification between two responses.
 
+// Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
+// it out of the library's request paths).
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use common::hostile::{mkdirs, uri};

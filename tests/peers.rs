@@ -21,6 +21,10 @@
 //! names what failed on stderr and exits 1. Each has its own 55 s watchdog; this side kills
 //! it after 90 s in any case. Only loopback pipes: no network.
 
+// Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
+// it out of the library's request paths).
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use common::peers::run_node as run_peer;

@@ -6,6 +6,10 @@
 //! the fixture's real paths. Failures print proptest's shrunk input. `PROPTEST_CASES` raises
 //! (or lowers) every property's case count for a longer local run.
 
+// Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
+// it out of the library's request paths).
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::collections::HashMap;

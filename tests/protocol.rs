@@ -1,6 +1,10 @@
 //! JSON-RPC and MCP stdio behaviour of `fsbroker serve` through the real binary (contract
 //! §1, §1.1, §4, §5 `ping` and `roots/list`).
 
+// Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
+// it out of the library's request paths).
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,6 +2,10 @@
 //! fsbroker `Session`, against a small Python MCP server that asks the client for `roots/list`
 //! and `files/read` right after the handshake and reports the answers in a tool result.
 
+// Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
+// it out of the library's request paths).
+#![allow(clippy::disallowed_methods)]
+
 #[allow(dead_code)] // the example's `main` and argument parsing
 #[path = "../examples/rmcp_host.rs"]
 mod rmcp_host;

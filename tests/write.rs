@@ -1,6 +1,10 @@
 //! `files/write`, `files/create`, `files/delete` and `files/rename` through the real binary,
 //! on real temp directories (docs/protocol.md §2 limits, §4 errors, §5).
 
+// Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
+// it out of the library's request paths).
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::collections::BTreeMap;

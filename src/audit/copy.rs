@@ -25,18 +25,18 @@ use serde_json::Value;
 use crate::policy::CopyConfig;
 
 /// How long one send may wait for room in a collector's queue before the copy counts as down.
-pub const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// rsyslog's default `maxMessageSize`: a syslog message longer than this is cut by common
 /// collectors, so a longer line is sent elided ([`syslog_message`]).
-pub const SYSLOG_MAX: usize = 8192;
+pub(crate) const SYSLOG_MAX: usize = 8192;
 
 /// How much of each long string an elided syslog message keeps.
 const SYSLOG_KEEP: usize = 512;
 
 /// A change in a copy's state, to be recorded in the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Notice {
+pub(crate) enum Notice {
     /// The copy could not be delivered (first failure after it last worked).
     Lost {
         /// `syslog` or `journald`.
@@ -59,7 +59,7 @@ pub enum Notice {
 
 impl Notice {
     /// The log line's members (besides `ts`, `pid`, `prev`, `hash`).
-    pub fn fields(&self) -> BTreeMap<&'static str, Value> {
+    pub(crate) fn fields(&self) -> BTreeMap<&'static str, Value> {
         let mut f = BTreeMap::new();
         match self {
             Notice::Lost { to, socket, error } => {
@@ -103,7 +103,7 @@ impl Sink {
 }
 
 /// Every configured copy of one log.
-pub struct Copies {
+pub(crate) struct Copies {
     sinks: Vec<Sink>,
     host: String,
     pid: u32,
@@ -120,7 +120,7 @@ impl std::fmt::Debug for Copies {
 impl Copies {
     /// Unconnected datagram sockets, one per copy: each line is addressed to the collector's
     /// path, so a collector that restarts (and binds its socket anew) is reached again.
-    pub fn new(configs: &[CopyConfig]) -> std::io::Result<Copies> {
+    pub(crate) fn new(configs: &[CopyConfig]) -> std::io::Result<Copies> {
         let mut sinks = Vec::with_capacity(configs.len());
         for config in configs {
             let socket = UnixDatagram::unbound()?;
@@ -139,13 +139,13 @@ impl Copies {
     }
 
     /// Whether every copy works (none is down).
-    pub fn all_up(&self) -> bool {
+    pub(crate) fn all_up(&self) -> bool {
         self.sinks.iter().all(|s| s.lost.is_none())
     }
 
     /// Sends `line` (as written, without its newline; `fields` are its members) to every
     /// copy. Returns the changes of state to record.
-    pub fn send(&mut self, line: &[u8], fields: &BTreeMap<&str, Value>) -> Vec<Notice> {
+    pub(crate) fn send(&mut self, line: &[u8], fields: &BTreeMap<&str, Value>) -> Vec<Notice> {
         let mut notices = Vec::new();
         for sink in &mut self.sinks {
             let datagram = match &sink.config {
@@ -220,7 +220,7 @@ fn severity(fields: &BTreeMap<&str, Value>) -> u8 {
 /// shorter JSON object that keeps the chain (`prev`, `hash`), the line's numbers and short
 /// strings, the first 512 bytes of each long string, and names what it cut or left out
 /// (`elided`) and the line's length (`lineBytes`).
-pub fn syslog_message(
+pub(crate) fn syslog_message(
     facility: u8,
     host: &str,
     pid: u32,
@@ -265,7 +265,7 @@ pub fn syslog_message(
 /// length, the value and `\n` for a value that holds a newline. `MESSAGE` is the line; every
 /// member is also a field of its own, `FSBROKER_` and its name in upper snake case
 /// (`durationMs` → `FSBROKER_DURATION_MS`), an array's items one field each.
-pub fn journal_message(fields: &BTreeMap<&str, Value>, line: &[u8]) -> Vec<u8> {
+pub(crate) fn journal_message(fields: &BTreeMap<&str, Value>, line: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(line.len() * 2 + 256);
     put_field(&mut out, "MESSAGE", line);
     put_field(

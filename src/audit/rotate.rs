@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 /// on it, which would make a plain open wait out the kernel's `lease-break-time` (45 s). The
 /// open is therefore non-blocking, tried again until `until` (`None`: until it succeeds), then
 /// `TimedOut`.
-pub fn open(path: &Path, until: Option<Instant>) -> std::io::Result<File> {
+pub(super) fn open(path: &Path, until: Option<Instant>) -> std::io::Result<File> {
     let mut nap = Duration::from_millis(1);
     let file = loop {
         let opened = std::fs::OpenOptions::new()
@@ -58,7 +58,7 @@ pub fn open(path: &Path, until: Option<Instant>) -> std::io::Result<File> {
 
 /// Whether `file` is no longer the file at `path`: another broker rolled the log over, or the
 /// file was removed or replaced (by a symlink too: the path itself is looked at).
-pub fn moved_away(file: &File, path: &Path) -> std::io::Result<bool> {
+pub(super) fn moved_away(file: &File, path: &Path) -> std::io::Result<bool> {
     let open = file.metadata()?;
     match std::fs::symlink_metadata(path) {
         Ok(now) => Ok((now.dev(), now.ino()) != (open.dev(), open.ino())),
@@ -69,7 +69,7 @@ pub fn moved_away(file: &File, path: &Path) -> std::io::Result<bool> {
 
 /// Whether `other` names the same file as `file` (a kept name that is still a link to the
 /// log's current file).
-pub fn same_file(file: &File, other: &Path) -> bool {
+pub(super) fn same_file(file: &File, other: &Path) -> bool {
     match (file.metadata(), std::fs::symlink_metadata(other)) {
         (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
         _ => false,
@@ -78,7 +78,7 @@ pub fn same_file(file: &File, other: &Path) -> bool {
 
 /// Links the log's current file under the name it is kept as, and returns that name. The
 /// file stays at `path` too until [`replace`] puts the new one there.
-pub fn keep(path: &Path) -> std::io::Result<PathBuf> {
+pub(super) fn keep(path: &Path) -> std::io::Result<PathBuf> {
     let name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other("the audit log's path has no file name"))?;
@@ -107,7 +107,7 @@ pub fn keep(path: &Path) -> std::io::Result<PathBuf> {
 /// Writes the new file, holding `first` (one line, without its newline), beside the log as
 /// `NAME.new-PID`, synced; [`install`] then puts it in place. Returns its path, and the file
 /// open for appending.
-pub fn prepare(path: &Path, first: &[u8]) -> std::io::Result<(PathBuf, File)> {
+pub(super) fn prepare(path: &Path, first: &[u8]) -> std::io::Result<(PathBuf, File)> {
     // Named after the log, so it is protected like the log while it exists.
     let mut temp = path.as_os_str().to_os_string();
     temp.push(format!(".new-{}", std::process::id()));
@@ -138,7 +138,7 @@ pub fn prepare(path: &Path, first: &[u8]) -> std::io::Result<(PathBuf, File)> {
 }
 
 /// Renames the prepared file onto the log's path, and makes the rename durable.
-pub fn install(temp: &Path, path: &Path) -> std::io::Result<()> {
+pub(super) fn install(temp: &Path, path: &Path) -> std::io::Result<()> {
     std::fs::rename(temp, path)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if let Ok(d) = File::open(dir) {
@@ -149,18 +149,18 @@ pub fn install(temp: &Path, path: &Path) -> std::io::Result<()> {
 }
 
 /// Removes a prepared file that will not be used.
-pub fn discard(temp: &Path) {
+pub(super) fn discard(temp: &Path) {
     let _ = std::fs::remove_file(temp);
 }
 
 /// Removes the kept name of a roll-over that did not happen (the file stays at the path).
-pub fn unkeep(kept: &Path) {
+pub(super) fn unkeep(kept: &Path) {
     let _ = std::fs::remove_file(kept);
 }
 
 /// Makes a kept file read-only: nothing is appended to it any more, and a writer that tries
 /// by its name is stopped (brokers holding it open notice the roll-over before they append).
-pub fn finish(full: &File, kept: &Path) {
+pub(super) fn finish(full: &File, kept: &Path) {
     if let Err(e) = full.set_permissions(std::fs::Permissions::from_mode(0o400)) {
         tracing::warn!(kept = %kept.display(), error = %e, "cannot make the kept audit log read-only");
     }

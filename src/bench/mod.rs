@@ -33,13 +33,16 @@
 //! Requests use absolute paths, which any broker with those roots resolves, so the same run
 //! can drive another build or another implementation (`--broker-cmd`).
 
+// Ambient `std::fs` calls are allowed here (clippy.toml): the bench's own fixtures and the programs it compares, never a request path.
+#![allow(clippy::disallowed_methods)]
+
 mod client;
 mod fixture;
 mod list;
 mod mcp;
 mod progress;
 mod read;
-pub mod report;
+pub(crate) mod report;
 mod sftp;
 mod small;
 mod upload;
@@ -55,11 +58,11 @@ use self::fixture::Workspace;
 use self::report::{Memory, Report, Settings, TestFile};
 
 /// The largest chunk a broker accepts (`max_chunk_size` is capped at 16 MiB).
-pub const MAX_CHUNK: u64 = 16 << 20;
+pub(crate) const MAX_CHUNK: u64 = 16 << 20;
 
 /// How chunks travel: asked for on reads, used for uploads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Encoding {
+pub(crate) enum Encoding {
     /// Standard base64 (the file made by the bench is random bytes).
     Base64,
     /// JSON text (the file made by the bench is then random ASCII text with newlines).
@@ -69,7 +72,7 @@ pub enum Encoding {
 
 impl Encoding {
     /// The name on the wire.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Encoding::Base64 => "base64",
             Encoding::Utf8 => "utf-8",
@@ -79,7 +82,7 @@ impl Encoding {
 
 /// A part of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// Chunked reads (and sftp get).
     Read,
     /// Chunked upload (and sftp put).
@@ -96,7 +99,7 @@ pub enum Phase {
 
 /// The `--compare-mcp` options, part of `fsbroker bench`'s command line.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct McpArgs {
+pub(crate) struct McpArgs {
     /// Also measure another MCP filesystem server (repeatable): a shell command starting a
     /// stdio MCP server. {dir} becomes the directory it may read (shell-quoted; appended as
     /// the last argument when absent). Timed: 1 KiB read_text_file calls, one at a time, as
@@ -113,7 +116,7 @@ pub struct McpArgs {
 
 /// What to measure, resolved from the command line.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// An existing file to read (and upload a copy of); else one is made.
     pub file: Option<PathBuf>,
     /// Size of the file the bench makes.
@@ -172,7 +175,7 @@ impl Options {
 
 /// Runs the bench; returns its report (a table, or JSON with `--json`) for the command line to
 /// print, or why it could not run. Whether every check passed is in the report.
-pub fn main(opts: Options) -> Result<String, String> {
+pub(crate) fn main(opts: Options) -> Result<String, String> {
     validate(&opts)?;
     let ws = Workspace::create()
         .map_err(|e| format!("cannot make a workspace in the temp directory: {e}"))?;
@@ -219,7 +222,7 @@ fn validate(opts: &Options) -> Result<(), String> {
 
 /// Parses a size: a number of bytes with an optional unit — `K`/`KiB`, `M`/`MiB`, `G`/`GiB`
 /// (powers of 1024) or `kB`/`MB`/`GB` (powers of 1000), case-insensitive, e.g. `1GiB`, `8M`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))

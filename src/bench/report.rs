@@ -17,7 +17,7 @@ use super::Encoding;
 
 /// Everything one run measured.
 #[derive(Debug, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// The command that started the broker.
     pub broker: String,
     /// The file read and uploaded (none when only small operations ran).
@@ -53,7 +53,7 @@ pub struct Report {
 
 /// The file read and uploaded.
 #[derive(Debug, Serialize)]
-pub struct TestFile {
+pub(crate) struct TestFile {
     /// Its path.
     pub path: String,
     /// Its size in bytes.
@@ -64,7 +64,7 @@ pub struct TestFile {
 
 /// The knobs of the run.
 #[derive(Debug, Serialize)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// Bytes per read or upload request: each size is one entry of [`Report::transfers`].
     pub chunk_sizes: Vec<u64>,
     /// Encoding asked for.
@@ -84,7 +84,7 @@ pub struct Settings {
 
 /// Bytes over time.
 #[derive(Debug, Default, Clone, Serialize)]
-pub struct Throughput {
+pub(crate) struct Throughput {
     /// Bytes moved.
     pub bytes: u64,
     /// Wall-clock seconds.
@@ -97,7 +97,7 @@ pub struct Throughput {
 
 impl Throughput {
     /// `bytes` in `elapsed`.
-    pub fn new(bytes: u64, elapsed: Duration) -> Throughput {
+    pub(crate) fn new(bytes: u64, elapsed: Duration) -> Throughput {
         let seconds = elapsed.as_secs_f64().max(1e-9);
         Throughput {
             bytes,
@@ -110,7 +110,7 @@ impl Throughput {
 
 /// Chunked reads.
 #[derive(Debug, Default, Serialize)]
-pub struct Read {
+pub(crate) struct Read {
     /// Bytes over time.
     #[serde(flatten)]
     pub throughput: Throughput,
@@ -124,7 +124,7 @@ pub struct Read {
 
 /// The chunked upload.
 #[derive(Debug, Default, Serialize)]
-pub struct Upload {
+pub(crate) struct Upload {
     /// Bytes over time (the commit included).
     #[serde(flatten)]
     pub throughput: Throughput,
@@ -136,7 +136,7 @@ pub struct Upload {
 
 /// Operations over time, with latency percentiles.
 #[derive(Debug, Serialize)]
-pub struct Ops {
+pub(crate) struct Ops {
     /// Operations done.
     pub ops: u64,
     /// Wall-clock seconds.
@@ -151,7 +151,7 @@ pub struct Ops {
 
 impl Ops {
     /// `ops` in `elapsed`, with `sorted` latencies.
-    pub fn new(ops: u64, elapsed: Duration, sorted: &[Duration]) -> Ops {
+    pub(crate) fn new(ops: u64, elapsed: Duration, sorted: &[Duration]) -> Ops {
         let seconds = elapsed.as_secs_f64().max(1e-9);
         let pct = |q: f64| {
             if sorted.is_empty() {
@@ -172,7 +172,7 @@ impl Ops {
 
 /// One kind of small operation, both ways.
 #[derive(Debug, Serialize)]
-pub struct OpsPair {
+pub(crate) struct OpsPair {
     /// One at a time.
     pub sequential: Ops,
     /// `depth` in flight.
@@ -181,7 +181,7 @@ pub struct OpsPair {
 
 /// Small operations.
 #[derive(Debug, Serialize)]
-pub struct Small {
+pub(crate) struct Small {
     /// Requests in flight when pipelined.
     pub depth: usize,
     /// Bytes per small read.
@@ -196,7 +196,7 @@ pub struct Small {
 
 /// Change → notification latency of `files/watch` (nearest-rank percentiles).
 #[derive(Debug, Serialize)]
-pub struct Watch {
+pub(crate) struct Watch {
     /// Changes timed.
     pub samples: usize,
     /// Changes whose notification did not come within 5 s.
@@ -211,7 +211,7 @@ pub struct Watch {
 
 impl Watch {
     /// From `sorted` latencies and the number `missed`.
-    pub fn new(sorted: &[Duration], missed: usize) -> Watch {
+    pub(crate) fn new(sorted: &[Duration], missed: usize) -> Watch {
         let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);
         let rank = |q: f64| {
             let n = sorted.len();
@@ -229,7 +229,7 @@ impl Watch {
 
 /// A recursive `files/list` of a large tree (every page), against `find` on the same tree.
 #[derive(Debug, Serialize)]
-pub struct List {
+pub(crate) struct List {
     /// Entries in the tree.
     pub entries: usize,
     /// fsbroker's whole listing, seconds (median of 3, warm cache).
@@ -246,7 +246,7 @@ pub struct List {
 
 impl List {
     /// `entries` listed in `ours`, by `find` in `names` and by `find -printf` in `stats`.
-    pub fn new(entries: usize, ours: Duration, names: Duration, stats: Duration) -> List {
+    pub(crate) fn new(entries: usize, ours: Duration, names: Duration, stats: Duration) -> List {
         let a = ours.as_secs_f64();
         let (b, c) = (names.as_secs_f64().max(1e-9), stats.as_secs_f64().max(1e-9));
         List {
@@ -262,7 +262,7 @@ impl List {
 
 /// The broker's peak resident memory (`VmHWM`), in bytes, at points of the run.
 #[derive(Debug, Default, Serialize)]
-pub struct Memory {
+pub(crate) struct Memory {
     /// At the end of the run.
     pub peak_bytes: Option<u64>,
     /// Once it answered its first ping.
@@ -279,7 +279,7 @@ pub struct Memory {
 
 /// Whether OpenSSH's sftp could be compared, and with which programs.
 #[derive(Debug, Default, Serialize)]
-pub struct Sftp {
+pub(crate) struct Sftp {
     /// Whether sftp and sftp-server were found.
     pub available: bool,
     /// Why not, when not.
@@ -296,7 +296,7 @@ pub struct Sftp {
 /// The reads and the upload at one chunk size, with sftp's measured right after each (so a
 /// ratio compares runs close in time, not the first size's sftp with the last size's broker).
 #[derive(Debug, Default, Serialize)]
-pub struct Transfer {
+pub(crate) struct Transfer {
     /// Bytes per read or upload request.
     pub chunk_size: u64,
     /// Chunked reads.
@@ -327,7 +327,7 @@ pub struct Transfer {
 
 impl Transfer {
     /// Nothing measured yet at `chunk_size`.
-    pub fn new(chunk_size: u64) -> Transfer {
+    pub(crate) fn new(chunk_size: u64) -> Transfer {
         Transfer {
             chunk_size,
             ..Transfer::default()
@@ -350,7 +350,7 @@ impl Transfer {
 /// Another MCP filesystem server (`--compare-mcp`). What it could not do is in `error`; what
 /// it did before that is kept.
 #[derive(Debug, Default, Serialize)]
-pub struct McpServer {
+pub(crate) struct McpServer {
     /// Its `serverInfo.name`, else its program's file name.
     pub name: String,
     /// The command as given.
@@ -379,7 +379,7 @@ pub struct McpServer {
 
 /// An MCP server's `serverInfo`.
 #[derive(Debug, Default, Serialize)]
-pub struct ServerInfo {
+pub(crate) struct ServerInfo {
     /// `serverInfo.name`.
     pub name: Option<String>,
     /// `serverInfo.version`.
@@ -388,7 +388,7 @@ pub struct ServerInfo {
 
 /// Sequential 1 KiB `read_text_file` calls, timed like fsbroker's sequential small reads.
 #[derive(Debug, Serialize)]
-pub struct McpSmall {
+pub(crate) struct McpSmall {
     /// Calls timed (after a warm-up).
     pub ops: u64,
     /// Wall-clock seconds.
@@ -415,7 +415,7 @@ impl From<Ops> for McpSmall {
 
 /// One `read_media_file` of the whole file.
 #[derive(Debug, Serialize)]
-pub struct McpLarge {
+pub(crate) struct McpLarge {
     /// The file's size.
     pub bytes: u64,
     /// Request written to the whole answer read.
@@ -440,7 +440,7 @@ impl McpServer {
 
 /// One of the project's speed goals, and how this run did against it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Goal {
+pub(crate) struct Goal {
     /// What is measured, e.g. `read 1 MiB vs sftp get`.
     pub figure: String,
     /// This run's figure, e.g. `1.23x` or `87,000 ops/s`.
@@ -473,7 +473,7 @@ const LIST_GOAL: f64 = 2.0;
 /// The speed goals (the project's speed issue) that `report` has a figure for, in the issue's
 /// order, each met or not. Figures the run did not measure are left out rather than failed: a
 /// run without `--compare-sftp` says nothing about sftp.
-pub fn goals(report: &Report) -> Vec<Goal> {
+pub(crate) fn goals(report: &Report) -> Vec<Goal> {
     let mut out = Vec::new();
     let mut push = |figure: String, measured: String, goal: String, met: bool| {
         out.push(Goal {
@@ -570,7 +570,7 @@ pub fn goals(report: &Report) -> Vec<Goal> {
 
 impl Report {
     /// One JSON object and a newline.
-    pub fn json(&self) -> String {
+    pub(crate) fn json(&self) -> String {
         let mut text = serde_json::to_string_pretty(self).unwrap_or_else(|e| {
             serde_json::json!({"error": format!("cannot serialize the report: {e}")}).to_string()
         });
@@ -579,7 +579,7 @@ impl Report {
     }
 
     /// The summary table.
-    pub fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         let mut t = String::new();
         let s = &self.settings;
         let _ = writeln!(t, "fsbroker bench");

@@ -20,11 +20,11 @@ use super::{Access, ConfineError, Plan};
 
 /// Set to a number to make fsbroker act as if the kernel's Landlock ABI were at most that
 /// (`0`: no Landlock). For tests, and for seeing what an older kernel would enforce.
-pub const ABI_ENV: &str = "FSBROKER_LANDLOCK_ABI";
+pub(crate) const ABI_ENV: &str = "FSBROKER_LANDLOCK_ABI";
 
 /// The Landlock ABI fsbroker uses: the kernel's, lowered by [`ABI_ENV`]. 0 when the kernel
 /// has no Landlock (not built in, or not enabled at boot).
-pub fn abi() -> i32 {
+pub(crate) fn abi() -> i32 {
     let kernel = kernel_abi();
     match std::env::var(ABI_ENV)
         .ok()
@@ -36,7 +36,7 @@ pub fn abi() -> i32 {
 }
 
 /// The kernel's own Landlock ABI version, 0 without Landlock.
-pub fn kernel_abi() -> i32 {
+pub(crate) fn kernel_abi() -> i32 {
     // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) reads no
     // memory and creates no descriptor: it only returns the ABI version (or -1 and errno).
     #[allow(unsafe_code)]
@@ -53,7 +53,7 @@ pub fn kernel_abi() -> i32 {
 
 /// What a Landlock ABI can enforce, each with the ABI that brought it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Feature {
+pub(crate) enum Feature {
     /// Reading, writing, creating and removing files beneath allowed directories only.
     Files,
     /// Renaming and linking across directories (ABI 2).
@@ -72,7 +72,7 @@ pub enum Feature {
 
 impl Feature {
     /// Every feature, oldest first.
-    pub const ALL: [Feature; 7] = [
+    pub(crate) const ALL: [Feature; 7] = [
         Feature::Files,
         Feature::Refer,
         Feature::Truncate,
@@ -83,7 +83,7 @@ impl Feature {
     ];
 
     /// The ABI that brought it.
-    pub fn abi(self) -> i32 {
+    pub(crate) fn abi(self) -> i32 {
         match self {
             Feature::Files => 1,
             Feature::Refer => 2,
@@ -96,7 +96,7 @@ impl Feature {
     }
 
     /// What it stops a confined server doing.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             Feature::Files => {
                 "files outside the allowed paths: no reading, writing, creating or removing"
@@ -146,7 +146,7 @@ fn rights(access: Access, abi: ABI, dir: bool) -> BitFlags<AccessFs> {
 /// A ruleset ready for [`restrict_self`]: built, its rules added. `None` inside when the
 /// kernel (or [`ABI_ENV`]) has no Landlock.
 #[derive(Debug)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     fd: Option<OwnedFd>,
     /// Paths of the plan that do not exist here (left out of the ruleset).
     pub absent: Vec<std::path::PathBuf>,
@@ -154,14 +154,14 @@ pub struct Prepared {
 
 impl Prepared {
     /// The ruleset's descriptor, for [`restrict_self`] in the child.
-    pub fn raw_fd(&self) -> Option<RawFd> {
+    pub(crate) fn raw_fd(&self) -> Option<RawFd> {
         use std::os::fd::AsRawFd;
         self.fd.as_ref().map(AsRawFd::as_raw_fd)
     }
 }
 
 /// Builds the ruleset of `plan` for the ABI `abi` (from [`abi`]).
-pub fn prepare(plan: &Plan, abi: i32) -> Result<Prepared, ConfineError> {
+pub(crate) fn prepare(plan: &Plan, abi: i32) -> Result<Prepared, ConfineError> {
     if abi < 1 {
         return Ok(Prepared {
             fd: None,
@@ -241,7 +241,7 @@ pub fn prepare(plan: &Plan, abi: i32) -> Result<Prepared, ConfineError> {
 /// from an async task, whose runtime threads live as long as the proxy. It survives `exec`
 /// (not of set-uid programs, which `PR_SET_NO_NEW_PRIVS` keeps from gaining anything anyway).
 /// Async-signal-safe: two system calls on integers.
-pub fn die_with_parent(proxy: rustix::process::Pid) -> io::Result<()> {
+pub(crate) fn die_with_parent(proxy: rustix::process::Pid) -> io::Result<()> {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
     if rustix::process::getppid() != Some(proxy) {
         return Err(io::Error::from_raw_os_error(libc::ESRCH));
@@ -260,7 +260,7 @@ const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 /// Marked, not closed: the standard library reports a failed `exec` through a close-on-exec
 /// pipe of its own, which must stay usable until then. Async-signal-safe: system calls on
 /// integers.
-pub fn close_inherited() -> io::Result<()> {
+pub(crate) fn close_inherited() -> io::Result<()> {
     // SAFETY: close_range(first, last, flags) takes integers and touches no memory of ours;
     // it only sets a flag on descriptors of this process.
     #[allow(unsafe_code)]
@@ -304,7 +304,7 @@ pub fn close_inherited() -> io::Result<()> {
 /// netlink, no `CAP_DAC_OVERRIDE`, nothing. For a user without capabilities it changes
 /// nothing. Fails only if root keeps a capability it could take back at `exec`.
 /// Async-signal-safe: system calls on integers and on locals.
-pub fn drop_capabilities() -> io::Result<()> {
+pub(crate) fn drop_capabilities() -> io::Result<()> {
     /// `struct __user_cap_header_struct`.
     #[repr(C)]
     struct Header {
@@ -372,7 +372,7 @@ pub fn drop_capabilities() -> io::Result<()> {
 ///
 /// Meant for the child between `fork` and `exec`: it makes three system calls on memory built
 /// before the fork, allocates nothing and takes no lock, so it is async-signal-safe.
-pub fn restrict_self(fd: Option<RawFd>, filter: &super::seccomp::Filter) -> io::Result<()> {
+pub(crate) fn restrict_self(fd: Option<RawFd>, filter: &super::seccomp::Filter) -> io::Result<()> {
     rustix::thread::set_no_new_privs(true)?;
     filter.install()?;
     let Some(fd) = fd else { return Ok(()) };

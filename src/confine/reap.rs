@@ -29,7 +29,7 @@ use rustix::process::{Pid, PidfdFlags, Signal};
 const GIVE_UP: Duration = Duration::from_secs(30);
 
 /// Makes this process the reaper of its orphaned descendants (`PR_SET_CHILD_SUBREAPER`).
-pub fn become_subreaper() {
+pub(crate) fn become_subreaper() {
     if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         tracing::warn!(error = %e, "cannot become a child subreaper: a confined server's daemons could outlive it");
     }
@@ -45,7 +45,7 @@ pub fn become_subreaper() {
 /// while the server is not reaped (its number is then the server's alone), or at the moment
 /// of the reap (crate::transport::proxy), and 0 (no group) after: once reaped, the number
 /// may go to another process soon (`pid_max` can be 32768).
-pub fn signal_descendants(group: i32, signal: Signal) -> usize {
+pub(crate) fn signal_descendants(group: i32, signal: Signal) -> usize {
     signal_group(group, signal);
     let tree = ProcessTable::read();
     let me = rustix::process::getpid().as_raw_nonzero().get();
@@ -60,7 +60,7 @@ pub fn signal_descendants(group: i32, signal: Signal) -> usize {
 
 /// Sends `signal` to the server's process `group` only: one system call, for the moment the
 /// server's exit is seen (see [`signal_descendants`] for when the number may be used).
-pub fn signal_group(group: i32, signal: Signal) {
+pub(crate) fn signal_group(group: i32, signal: Signal) {
     if let Some(g) = Pid::from_raw(group) {
         let _ = rustix::process::kill_process_group(g, signal);
     }
@@ -97,7 +97,7 @@ fn is_below(pid: i32, me: i32) -> bool {
 }
 
 /// This process's children (running or not yet reaped), from `/proc`.
-pub fn children() -> Vec<Pid> {
+pub(crate) fn children() -> Vec<Pid> {
     let me = rustix::process::getpid().as_raw_nonzero().get();
     ProcessTable::read()
         .children_of(me)
@@ -171,7 +171,7 @@ fn reap_exited() {
 /// server itself was reaped) and reaps those that become its children, until none is left.
 /// Every round kills the whole tree; what a dying process forks in the meantime is below it,
 /// reparented here, and found in the next round. Gives up, loudly, after [`GIVE_UP`].
-pub fn end_descendants() {
+pub(crate) fn end_descendants() {
     let deadline = Instant::now() + GIVE_UP;
     let mut told = false;
     // Only through the tree: the group was signalled at the reap (the caller's), and its

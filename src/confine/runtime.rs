@@ -88,7 +88,7 @@ const MAX_INTERPRETERS: usize = 4;
 /// What a server needs: a rule, and the narrower path to grant instead when the rule's
 /// turns out too broad (see `super::plan`).
 #[derive(Debug, Clone)]
-pub struct Need {
+pub(crate) struct Need {
     /// The rule.
     pub rule: Rule,
     /// A narrower grant that still lets the server run (the program's own directory instead
@@ -99,7 +99,7 @@ pub struct Need {
 /// The rules a server with this command line needs to run, `cwd` its working directory and
 /// `path` its `PATH`; `writable` are the (canonical) paths the server may write, whose files
 /// are not trusted to say what to grant. What was not followed goes to `notes`.
-pub fn needs(
+pub(crate) fn needs(
     command: &[OsString],
     cwd: &Path,
     path: Option<&OsStr>,
@@ -340,7 +340,7 @@ fn is_code(file: &Path) -> bool {
 }
 
 /// `program` as `execvp` would find it.
-pub fn find_program(program: &OsStr, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
+pub(crate) fn find_program(program: &OsStr, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
     let p = Path::new(program);
     if p.as_os_str().to_string_lossy().contains('/') {
         let p = if p.is_relative() {

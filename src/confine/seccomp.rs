@@ -46,7 +46,7 @@ use std::io;
 
 /// A compiled seccomp program.
 #[derive(Debug)]
-pub struct Filter {
+pub(crate) struct Filter {
     program: Vec<libc::sock_filter>,
 }
 
@@ -225,7 +225,7 @@ impl Filter {
     ///
     /// `root`: the proxy runs as root, so the server owns the system's files (`fchmod` is
     /// refused outright).
-    pub fn new(net: bool, unix_paths: bool, root: bool) -> Filter {
+    pub(crate) fn new(net: bool, unix_paths: bool, root: bool) -> Filter {
         use Insn::*;
         let errno = |e: i32| libc::SECCOMP_RET_ERRNO | (e as u32 & libc::SECCOMP_RET_DATA);
         let mut p = vec![
@@ -358,7 +358,7 @@ impl Filter {
     /// Installs the filter on the calling thread (and what it runs). Requires
     /// `PR_SET_NO_NEW_PRIVS`, set first. Async-signal-safe: one system call on memory built
     /// before the fork, nothing allocated.
-    pub fn install(&self) -> io::Result<()> {
+    pub(crate) fn install(&self) -> io::Result<()> {
         let prog = libc::sock_fprog {
             len: u16::try_from(self.program.len()).unwrap_or(u16::MAX),
             filter: self.program.as_ptr().cast_mut(),

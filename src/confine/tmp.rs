@@ -27,23 +27,23 @@ use super::ConfineError;
 
 /// The start of the name of a confined server's temporary directory; the proxy's process id
 /// (for people reading `/tmp`) and a random part follow.
-pub const PREFIX: &str = "fsbroker-server-";
+pub(crate) const PREFIX: &str = "fsbroker-server-";
 
 /// The start of the name a proxy makes the directory under, before it holds its lock; the
 /// proxy's process id and a random part follow.
-pub const STAGING: &str = "fsbroker-staging-";
+pub(crate) const STAGING: &str = "fsbroker-staging-";
 
 /// How old (by its modification time: nothing is written into it while it is staged) an
 /// unlocked staging directory must be before clean-up takes it for abandoned: its proxy
 /// needs microseconds between making it and locking it, this leaves room for a stalled one.
-pub const STAGING_GRACE: Duration = Duration::from_secs(60);
+pub(crate) const STAGING_GRACE: Duration = Duration::from_secs(60);
 
 /// How many fresh names a proxy tries when the directory it made is taken from it.
 const ATTEMPTS: usize = 8;
 
 /// The directory, locked while this lives, removed when it is dropped.
 #[derive(Debug)]
-pub struct PrivateTmp {
+pub(crate) struct PrivateTmp {
     path: PathBuf,
     /// The directory, opened and `flock`ed: the lock says the directory is in use.
     _lock: OwnedFd,
@@ -60,7 +60,7 @@ enum Failed {
 impl PrivateTmp {
     /// Removes what killed proxies left in the system's temporary directory, then makes a
     /// new directory there (mode 0700) and locks it.
-    pub fn new() -> Result<PrivateTmp, ConfineError> {
+    pub(crate) fn new() -> Result<PrivateTmp, ConfineError> {
         let base = std::env::temp_dir();
         remove_abandoned(&base);
         let mut last = None;
@@ -133,7 +133,7 @@ impl PrivateTmp {
     }
 
     /// The directory's path.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 }
@@ -186,7 +186,7 @@ fn rename_noreplace(from: &Path, to: &Path) -> rustix::io::Result<()> {
 /// [`PREFIX`], or with [`STAGING`] and older than [`STAGING_GRACE`] (a younger one may be
 /// about to be locked). A directory is removed only while this holds its lock, and only if it
 /// still is the directory at that name.
-pub fn remove_abandoned(base: &Path) {
+pub(crate) fn remove_abandoned(base: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
@@ -245,7 +245,7 @@ pub fn remove_abandoned(base: &Path) {
 /// top's subdirectories one level, moving their subdirectories up to the top (renamed, in the
 /// same directory, so nothing leaves the tree), until the top is empty. Directories the
 /// server left unreadable or read-only (`mkdir(d, 0)`) are made the owner's again first.
-pub fn remove_tree(path: &Path) -> std::io::Result<()> {
+pub(crate) fn remove_tree(path: &Path) -> std::io::Result<()> {
     let open_dir = |at: &OwnedFd, name: &std::ffi::CStr| {
         rustix::fs::openat(
             at,

@@ -23,7 +23,7 @@ const MAX_LINKS: usize = 40;
 
 /// Where a walk ended.
 #[derive(Debug)]
-pub enum Walk {
+pub(crate) enum Walk {
     /// The path leads to an existing file or directory.
     Found {
         /// Its canonical path, as walked.
@@ -46,7 +46,7 @@ pub enum Walk {
 
 /// Walks `path` (absolute; relative paths are taken from `/`) by descriptors, following
 /// links except those lying in `writable` (canonical paths; `/` refuses every link).
-pub fn resolve(path: &Path, writable: &[PathBuf]) -> Walk {
+pub(crate) fn resolve(path: &Path, writable: &[PathBuf]) -> Walk {
     let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let Ok(mut fd) = rustix::fs::open("/", flags | OFlags::DIRECTORY, Mode::empty()) else {
         return Walk::Absent;

@@ -16,7 +16,7 @@ use crate::policy::ConsentConfig;
 /// What a person is asked.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Request {
+pub(crate) struct Request {
     /// The MCP server's name, when known.
     pub server: Option<String>,
     /// The server's explanation.
@@ -27,14 +27,14 @@ pub struct Request {
 
 /// Whether anyone can be asked: a command is configured, or the terminal is allowed and
 /// there is one. Without either every `prompt` is a denial, and nothing should be offered.
-pub fn available(config: &ConsentConfig) -> bool {
+pub(crate) fn available(config: &ConsentConfig) -> bool {
     !config.command.is_empty() || (config.terminal && terminal::open().is_some())
 }
 
 /// Asks, and returns the approved subset of `req.requested_paths` (in request order). The
 /// person has until `[consent] timeout_ms` or `until` (the request's own deadline), whichever
 /// comes first: a prompt whose request has already been answered is never shown.
-pub fn ask(config: &ConsentConfig, req: &Request, until: std::time::Instant) -> Vec<String> {
+pub(crate) fn ask(config: &ConsentConfig, req: &Request, until: std::time::Instant) -> Vec<String> {
     if req.requested_paths.is_empty() {
         return Vec::new();
     }

@@ -4,6 +4,9 @@
 //! person at the keyboard whatever the pipes are. Prompts are serialised: one question on
 //! the screen at a time.
 
+// Ambient `std::fs` calls are allowed here (clippy.toml): the controlling terminal (`/dev/tty`).
+#![allow(clippy::disallowed_methods)]
+
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;

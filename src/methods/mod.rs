@@ -307,7 +307,7 @@ impl Op {
 
 /// The `files/*` methods the broker answers (declared by the proxy in the MCP 2026-07-28
 /// extension it advertises).
-pub const FILES_METHODS: [&str; 10] = [
+pub(crate) const FILES_METHODS: [&str; 10] = [
     "files/read",
     "files/list",
     "files/write",

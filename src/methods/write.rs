@@ -300,6 +300,7 @@ fn mode_for(current: Option<&std::fs::Metadata>) -> u32 {
 /// `/proc/self/status`: `umask(2)` can only be read by setting it, which would race with
 /// other threads creating files.
 static NEW_FILE_MODE: LazyLock<u32> = LazyLock::new(|| {
+    #[allow(clippy::disallowed_methods)] // the process's own status, never a request path
     let umask = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -650,6 +650,7 @@ fn expand(path: &Path, base: Option<&Path>) -> PathBuf {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests set up their own files
 mod tests {
     use super::*;
 

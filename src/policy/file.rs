@@ -1,5 +1,8 @@
 //! The policy file as written: strict serde types, also the source of `policy schema`.
 
+// Ambient `std::fs` calls are allowed here (clippy.toml): the policy file is the broker's own.
+#![allow(clippy::disallowed_methods)]
+
 use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
@@ -173,10 +176,10 @@ pub struct RootEntry {
 /// The default `max_chunk_size`: 7 MiB, whose base64 (9.8 MB) and the JSON around it stay
 /// under the 10 MiB the TypeScript SDK's stdio transports take in one line (a longer line
 /// closes their connection). 8 MiB of base64 is 11.2 MB.
-pub const DEFAULT_MAX_CHUNK: u64 = 7 << 20;
+pub(super) const DEFAULT_MAX_CHUNK: u64 = 7 << 20;
 
 /// The largest policy file read. Real ones are a few KiB.
-pub const MAX_POLICY_BYTES: u64 = 4 << 20;
+pub(super) const MAX_POLICY_BYTES: u64 = 4 << 20;
 
 /// The `[limits]` table. Sizes are bytes, times milliseconds.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]

@@ -28,7 +28,7 @@ use crate::error::{Error, ErrorKind, Result};
 /// ([`super::protected`]). No route — a write, an upload's commit, a rename onto or away, a
 /// delete, a create — can skip that check.
 #[derive(Debug)]
-pub struct Parent {
+pub(crate) struct Parent {
     /// The root the entry lies in.
     pub root: Arc<Root>,
     /// The parent directory's capability.
@@ -46,7 +46,7 @@ pub struct Parent {
 /// root covering where the entry really is decides later, in [`Parent::check_change`], after
 /// the checks that say more (a root nested in this one is "the root itself", not merely
 /// read-only).
-pub fn require_writable(target: &Resolved, raw: &str) -> Result<()> {
+pub(crate) fn require_writable(target: &Resolved, raw: &str) -> Result<()> {
     match target.root().mode() {
         Mode::ReadWrite => Ok(()),
         // A protected path says so, in a read-only root too: the answer does not depend on
@@ -63,7 +63,7 @@ pub fn require_writable(target: &Resolved, raw: &str) -> Result<()> {
 }
 
 /// The error for an operation on the root itself, which is never deleted, renamed or replaced.
-pub fn root_itself(what: &str, raw: &str) -> Error {
+pub(crate) fn root_itself(what: &str, raw: &str) -> Error {
     Error::new(
         ErrorKind::PermissionDenied,
         format!("the root itself cannot be {what}"),
@@ -73,7 +73,7 @@ pub fn root_itself(what: &str, raw: &str) -> Error {
 
 /// Opens the parent of `target` (which must not be the root itself) and checks the deny
 /// globs against where the entry really is.
-pub fn open_parent(target: &Resolved, raw: &str) -> Result<Parent> {
+pub(crate) fn open_parent(target: &Resolved, raw: &str) -> Result<Parent> {
     check_not_denied(target, raw)?;
     let (parent_rel, name) = match target.rel().rsplit_once('/') {
         Some((p, n)) => (p, n),
@@ -117,7 +117,7 @@ impl Parent {
     /// renamed onto a denied name before its last chunk — is judged where it has gone. The
     /// building blocks below call this while they hold the tree lock ([`tree_lock`]), so no
     /// folder moves between the check and the change.
-    pub fn check_change(&self, what: &str, raw: &str) -> Result<()> {
+    pub(crate) fn check_change(&self, what: &str, raw: &str) -> Result<()> {
         let (real, key) = self.now(raw)?;
         let id = self
             .dir
@@ -140,7 +140,7 @@ impl Parent {
 
     /// Where the entry is now, relative to the root and absolute: its parent descriptor's path
     /// from the kernel (a folder moved since the parent was opened is followed), then the name.
-    pub fn now(&self, raw: &str) -> Result<(String, PathBuf)> {
+    pub(crate) fn now(&self, raw: &str) -> Result<(String, PathBuf)> {
         let real_parent = real_rel(&self.root, &self.dir, raw)?;
         let real = if real_parent.is_empty() {
             self.name.clone()
@@ -152,7 +152,7 @@ impl Parent {
     }
 
     /// Flushes the parent directory, so a rename or unlink in it survives a crash.
-    pub fn sync(&self) -> Result<()> {
+    pub(crate) fn sync(&self) -> Result<()> {
         // The capability may be an `O_PATH` descriptor, which `fsync` refuses; open the
         // directory itself for reading to sync it.
         let mut opts = OpenOptions::new();
@@ -164,7 +164,7 @@ impl Parent {
     }
 
     /// `lstat` of the entry: `None` when it does not exist.
-    pub fn entry_type(&self, raw: &str) -> Result<Option<cap_std::fs::FileType>> {
+    pub(crate) fn entry_type(&self, raw: &str) -> Result<Option<cap_std::fs::FileType>> {
         match self.dir.symlink_metadata(&self.name) {
             Ok(m) => Ok(Some(m.file_type())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -174,7 +174,7 @@ impl Parent {
 
     /// Opens the existing regular file at the entry for reading, without following a
     /// symlink, and returns it with its `fstat`.
-    pub fn open_existing(&self, raw: &str) -> Result<(File, std::fs::Metadata)> {
+    pub(crate) fn open_existing(&self, raw: &str) -> Result<(File, std::fs::Metadata)> {
         let mut opts = OpenOptions::new();
         opts.read(true)
             .follow(cap_fs_ext::FollowSymlinks::No)
@@ -192,7 +192,7 @@ impl Parent {
     }
 
     /// Creates a staging file beside the entry, private to the owner until committed.
-    pub fn stage(&self, raw: &str) -> Result<Staged> {
+    pub(crate) fn stage(&self, raw: &str) -> Result<Staged> {
         let dir = self.dir.try_clone().map_err(|e| Error::from_io(&e, raw))?;
         // Keep the whole name within NAME_MAX (255 bytes) whatever the target's length.
         let mut stem = self.name.as_str();
@@ -227,13 +227,13 @@ impl Parent {
     /// Renames `staged` over the entry (replacing whatever is there, a symlink included,
     /// never following it), then syncs the directory. Returns the committed file's `fstat`
     /// taken after the rename (a rename changes the inode's change time, hence its etag).
-    pub fn commit(&self, staged: Staged, raw: &str) -> Result<std::fs::Metadata> {
+    pub(crate) fn commit(&self, staged: Staged, raw: &str) -> Result<std::fs::Metadata> {
         self.commit_with(staged, true, raw)
     }
 
     /// Like [`Parent::commit`]; without `overwrite` an existing entry is `ALREADY_EXISTS`,
     /// decided atomically by `RENAME_NOREPLACE`.
-    pub fn commit_with(
+    pub(crate) fn commit_with(
         &self,
         mut staged: Staged,
         overwrite: bool,
@@ -256,7 +256,7 @@ impl Parent {
     }
 
     /// Creates the directory entry; `Ok(false)` when something already exists there.
-    pub fn create_dir(&self, raw: &str) -> Result<bool> {
+    pub(crate) fn create_dir(&self, raw: &str) -> Result<bool> {
         let _tree = tree_lock().read();
         self.check_change("changed", raw)?;
         match self.dir.create_dir(&self.name) {
@@ -267,7 +267,7 @@ impl Parent {
     }
 
     /// Creates an empty regular file; `Ok(false)` when something already exists there.
-    pub fn create_file(&self, raw: &str) -> Result<bool> {
+    pub(crate) fn create_file(&self, raw: &str) -> Result<bool> {
         let _tree = tree_lock().read();
         self.check_change("changed", raw)?;
         let mut opts = OpenOptions::new();
@@ -287,7 +287,7 @@ impl Parent {
 
     /// Removes the entry: a file or symlink is unlinked (never its target), a directory
     /// removed if empty, or with everything beneath it when `recursive`.
-    pub fn remove(&self, recursive: bool, raw: &str) -> Result<()> {
+    pub(crate) fn remove(&self, recursive: bool, raw: &str) -> Result<()> {
         let tree = tree_lock().read();
         self.check_change("deleted", raw)?;
         let Some(ft) = self.entry_type(raw)? else {
@@ -394,24 +394,24 @@ fn remove_tree(parent: &Dir, name: &str, raw: &str) -> Result<()> {
 /// only ever held up while a rename actually holds it, and that hold is bounded by the work
 /// its tree check may do ([`MAX_TREE_CHECK`], [`MAX_TREE_WORK`]); a rename that cannot get
 /// the lock before its deadline answers `TIMEOUT`.
-pub fn tree_lock() -> &'static TreeLock {
+pub(crate) fn tree_lock() -> &'static TreeLock {
     static TREE: TreeLock = TreeLock(std::sync::RwLock::new(()));
     &TREE
 }
 
 /// See [`tree_lock`].
 #[derive(Debug)]
-pub struct TreeLock(std::sync::RwLock<()>);
+pub(crate) struct TreeLock(std::sync::RwLock<()>);
 
 impl TreeLock {
     /// Held while one entry is checked and changed.
-    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+    pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, ()> {
         // Poisoning only means a holder panicked; the lock guards no data.
         self.0.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Held while a directory is checked and moved; polled for until `deadline`.
-    pub fn write_by(
+    pub(crate) fn write_by(
         &self,
         deadline: std::time::Instant,
     ) -> Option<std::sync::RwLockWriteGuard<'_, ()>> {
@@ -433,12 +433,12 @@ impl TreeLock {
 /// while it holds the tree lock exclusively; a larger tree is not moved (`QUOTA_EXCEEDED`).
 /// It bounds how long one rename can hold up every other session's changes (a few hundred
 /// milliseconds on a slow disk).
-pub const MAX_TREE_CHECK: usize = 20_000;
+pub(crate) const MAX_TREE_CHECK: usize = 20_000;
 
 /// The most glob matches (an entry's folders, counted for each entry) a directory rename
 /// makes under the tree lock; with [`MAX_TREE_CHECK`] it keeps a hold to a fraction of a
 /// second whatever the tree's shape.
-pub const MAX_TREE_WORK: usize = 200_000;
+pub(crate) const MAX_TREE_WORK: usize = 200_000;
 
 /// Checks every entry of the tree at `src` (walked without following symlinks) before it
 /// is moved to `dst` (or deleted, with `dst` `None`): nothing beneath it may be denied where
@@ -446,7 +446,7 @@ pub const MAX_TREE_WORK: usize = 200_000;
 /// delete files the server may not even see), and, moved, no entry may land on a name denied
 /// at the destination, or on one of fsbroker's own files. Checked under the destination's own
 /// name, against every root covering it. Nothing is walked when no rule could apply.
-pub fn check_tree(
+pub(crate) fn check_tree(
     src: &Parent,
     dst: Option<(&Parent, &str)>,
     deadline: std::time::Instant,
@@ -571,7 +571,7 @@ fn is_not_empty(e: &std::io::Error) -> bool {
 /// A staging file beside its target. Removed when dropped unless committed, so every
 /// failure path — an error, a quota, a session that ends mid-upload — cleans up.
 #[derive(Debug)]
-pub struct Staged {
+pub(crate) struct Staged {
     dir: Dir,
     name: String,
     file: File,
@@ -580,7 +580,7 @@ pub struct Staged {
 
 impl Staged {
     /// Appends bytes.
-    pub fn write(&mut self, data: &[u8], raw: &str) -> Result<()> {
+    pub(crate) fn write(&mut self, data: &[u8], raw: &str) -> Result<()> {
         self.file
             .write_all(data)
             .map_err(|e| Error::from_io(&e, raw))
@@ -590,7 +590,7 @@ impl Staged {
     /// chunks then go to the disk while the next ones arrive, so the `fsync` of the final
     /// chunk has little left to do, and the dirty pages of a large upload never pile up to
     /// the point where the kernel throttles the writer. Best effort.
-    pub fn start_writeback(&self) {
+    pub(crate) fn start_writeback(&self) {
         use std::os::fd::AsRawFd;
         // SAFETY: `sync_file_range` takes a descriptor and three integers, no memory; the
         // descriptor belongs to `self.file`, open for the whole call. Offset 0 with length 0
@@ -605,12 +605,12 @@ impl Staged {
     }
 
     /// The open staging file (to copy into it, or to set its permissions).
-    pub fn file(&mut self) -> &mut File {
+    pub(crate) fn file(&mut self) -> &mut File {
         &mut self.file
     }
 
     /// Flushes data and sets the permission bits the committed file will have.
-    pub fn finish(&mut self, mode: u32, raw: &str) -> Result<()> {
+    pub(crate) fn finish(&mut self, mode: u32, raw: &str) -> Result<()> {
         rustix::fs::fchmod(&self.file, rustix::fs::Mode::from_raw_mode(mode))
             .map_err(|e| Error::from_io(&e.into(), raw))?;
         self.file.sync_all().map_err(|e| Error::from_io(&e, raw))
@@ -634,7 +634,7 @@ impl Drop for Staged {
 /// target "replaced"; a directory's whole tree too ([`check_tree`]). All of it under the tree
 /// lock held exclusively, so nothing lands in the tree, and nothing swaps the source for a
 /// folder, between the checks and the move. A refusal is the outer `Err`.
-pub fn rename(
+pub(crate) fn rename(
     from: &Parent,
     to: &Parent,
     overwrite: bool,

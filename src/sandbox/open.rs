@@ -17,7 +17,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// A regular file opened for reading, with the metadata taken from the open descriptor.
 #[derive(Debug)]
-pub struct RegularFile {
+pub(crate) struct RegularFile {
     /// The open file; use positional reads on it.
     pub file: File,
     /// `fstat` of `file`, so size and version describe exactly what was opened.
@@ -37,7 +37,7 @@ pub struct RegularFile {
 ///
 /// fsbroker's own files ([`super::protected`]) are refused the same way, by their spelled
 /// path here and, after an open, by where the descriptor really is and by its identity.
-pub fn check_not_denied(target: &Resolved, raw: &str) -> Result<()> {
+pub(crate) fn check_not_denied(target: &Resolved, raw: &str) -> Result<()> {
     if target.rel().split('/').any(super::is_staging_name) {
         return Err(Error::new(
             ErrorKind::PermissionDenied,
@@ -81,7 +81,7 @@ pub(crate) fn protected(raw: &str) -> Error {
 /// The type is checked before the open (so a device node is never opened, and a FIFO never
 /// waits for a writer) and again with `fstat` on the descriptor (so a swap between the two
 /// cannot slip a non-regular file through). `O_NONBLOCK` is the second guard against a FIFO.
-pub fn open_regular(target: &Resolved, raw: &str) -> Result<RegularFile> {
+pub(crate) fn open_regular(target: &Resolved, raw: &str) -> Result<RegularFile> {
     check_not_denied(target, raw)?;
     let root = target.root();
     let dir = root.dir();
@@ -118,7 +118,7 @@ pub fn open_regular(target: &Resolved, raw: &str) -> Result<RegularFile> {
 
 /// Opens a directory beneath the root and returns its capability and its real path
 /// relative to the root (which differs from `target.rel` when a symlink was followed).
-pub fn open_dir(target: &Resolved, raw: &str) -> Result<(Dir, String)> {
+pub(crate) fn open_dir(target: &Resolved, raw: &str) -> Result<(Dir, String)> {
     check_not_denied(target, raw)?;
     let root = target.root();
     let dir = root.dir();
@@ -152,7 +152,7 @@ pub fn open_dir(target: &Resolved, raw: &str) -> Result<(Dir, String)> {
 
 /// Opens the subdirectory `name` of `parent` without following a symlink, for walks that
 /// must never leave the tree they started in.
-pub fn open_child_dir(parent: &Dir, name: &std::ffi::OsStr) -> std::io::Result<Dir> {
+pub(crate) fn open_child_dir(parent: &Dir, name: &std::ffi::OsStr) -> std::io::Result<Dir> {
     parent.open_dir_nofollow(name)
 }
 
@@ -165,6 +165,8 @@ pub fn open_child_dir(parent: &Dir, name: &std::ffi::OsStr) -> std::io::Result<D
 /// the request: an unanswerable question about a deny glob must not be answered "allowed".
 pub(crate) fn real_rel(root: &Root, fd: &impl AsFd, raw: &str) -> Result<String> {
     let link = PathBuf::from(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()));
+    // Where an open descriptor is, asked of the kernel: a readlink, never an open.
+    #[allow(clippy::disallowed_methods)]
     let real = std::fs::read_link(&link).map_err(|e| {
         Error::new(
             ErrorKind::PermissionDenied,
@@ -197,7 +199,7 @@ fn not_regular(what: &str, raw: &str) -> Error {
 }
 
 /// Names a cap-std file type for messages and for `files/list`'s `other` cases.
-pub fn describe(ft: FileType) -> &'static str {
+pub(crate) fn describe(ft: FileType) -> &'static str {
     use cap_std::fs::FileTypeExt;
     if ft.is_dir() {
         "a directory"
@@ -219,7 +221,7 @@ pub fn describe(ft: FileType) -> &'static str {
 /// An opaque version token that changes whenever the file does: its identity (device and
 /// inode, which an atomic replace changes), size, and modification and change times to the
 /// nanosecond (the change time also moves when a `touch -d` sets the modification time back).
-pub fn etag(meta: &Metadata) -> String {
+pub(crate) fn etag(meta: &Metadata) -> String {
     use std::os::unix::fs::MetadataExt;
     format!(
         "{:x}-{:x}-{:x}-{:x}.{:x}-{:x}.{:x}",

@@ -14,6 +14,9 @@
 //! covers what does not exist yet, such as the next rotated audit log — and by its device and
 //! inode when it exists, so a hard link or a bind mount of it under another name is caught too.
 
+// Ambient `std::fs` calls are allowed here (clippy.toml): knowing the broker's own files by path and identity is this module's job.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
@@ -49,18 +52,18 @@ impl Verdict {
 }
 
 /// The reason given for any request on one of fsbroker's own files.
-pub const OWN_FILE: &str = "protected: fsbroker's own file";
+pub(crate) const OWN_FILE: &str = "protected: fsbroker's own file";
 
 /// A file's identity on the machine: device and inode.
-pub type Id = (u64, u64);
+pub(crate) type Id = (u64, u64);
 
 /// The identity in `meta`.
-pub fn id_of(meta: &std::fs::Metadata) -> Id {
+pub(crate) fn id_of(meta: &std::fs::Metadata) -> Id {
     (meta.dev(), meta.ino())
 }
 
 /// The identity in cap-std's `meta`.
-pub fn cap_id_of(meta: &cap_std::fs::Metadata) -> Id {
+pub(crate) fn cap_id_of(meta: &cap_std::fs::Metadata) -> Id {
     use cap_std::fs::MetadataExt as _;
     (meta.dev(), meta.ino())
 }
@@ -242,7 +245,7 @@ impl Protected {
 /// the way too — each is one of the spellings or a folder above one — so a chain like
 /// `~/.config/p.toml -> ~/.dotfiles/p.toml`, `~/.dotfiles -> ~/src/dotfiles` cannot be
 /// redirected at its middle hop.
-pub fn spellings(path: &Path) -> Vec<PathBuf> {
+pub(crate) fn spellings(path: &Path) -> Vec<PathBuf> {
     let mut out = Vec::with_capacity(2);
     let Ok(abs) = std::path::absolute(path) else {
         return out;
@@ -310,7 +313,7 @@ fn push_unique(list: &mut Vec<PathBuf>, path: PathBuf) {
 /// The consent command as it will run: its program made absolute (looked up in `PATH` now,
 /// when it has no `/`, so that a program placed earlier in `PATH` later is never run instead).
 /// A program that is not found stays as written; starting it fails, which is a denial.
-pub fn resolve_command(argv: &[String]) -> Vec<String> {
+pub(crate) fn resolve_command(argv: &[String]) -> Vec<String> {
     let mut out = argv.to_vec();
     // The command runs in `/`: a relative program or file argument is made absolute now.
     for (i, arg) in out.iter_mut().enumerate() {
@@ -346,7 +349,7 @@ pub fn resolve_command(argv: &[String]) -> Vec<String> {
 
 /// The files a (resolved) consent command runs: its program and every argument that names an
 /// existing file (a script, a configuration).
-pub fn command_files(argv: &[String]) -> Vec<PathBuf> {
+pub(crate) fn command_files(argv: &[String]) -> Vec<PathBuf> {
     argv.iter()
         .enumerate()
         .map(|(i, a)| (i, PathBuf::from(a)))

@@ -289,7 +289,7 @@ fn beneath(root: &Arc<Root>, rel: &str) -> Result<Resolved> {
 /// glob for each folder above it, the tree lock held while a rename checks both names) cost
 /// more the deeper it is; no real tree needs more, and `PATH_MAX` stops the kernel not far
 /// beyond.
-pub const MAX_DEPTH: usize = 256;
+pub(super) const MAX_DEPTH: usize = 256;
 
 /// The most levels a walk goes beneath the folder it starts from (a recursive delete or
 /// listing). A tree can be deeper than any request path — renames nest folders without
@@ -298,6 +298,7 @@ pub const MAX_DEPTH: usize = 256;
 pub const MAX_WALK_DEPTH: usize = 128;
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests set up their own files
 mod tests {
     use super::*;
     use crate::sandbox::{ConsentMode, Mode, RootSpec};

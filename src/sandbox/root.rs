@@ -55,7 +55,7 @@ pub struct RootSpec {
 /// An approved root, opened once.
 ///
 /// Handlers receive a `Root`, never a root path: the only way to touch a file is through
-/// [`Root::dir`], which confines every path beneath it.
+/// `Root::dir` (crate-private), which confines every path beneath it.
 ///
 /// The rules that apply at a path of the root are the strictest of every root that covers
 /// it ([`Root::is_denied`], [`Root::mode_at`], [`Root::consent_at`]): a root nested in this
@@ -151,6 +151,8 @@ impl Root {
             path: spec.path.clone(),
             reason,
         };
+        // The root as the policy names it: the one ambient open of a root (docs/security.md).
+        #[allow(clippy::disallowed_methods)]
         let canonical = std::fs::canonicalize(&spec.path)
             .map_err(|e| bad(format!("cannot resolve the directory: {e}")))?;
         let dir = Dir::open_ambient_dir(&canonical, ambient_authority())
@@ -200,8 +202,9 @@ impl Root {
         &self.configured
     }
 
-    /// The capability every access to this root goes through.
-    pub fn dir(&self) -> &Dir {
+    /// The capability every access to this root goes through. Crate-private: a host given
+    /// the raw `Dir` could go past deny globs and fsbroker's own files.
+    pub(crate) fn dir(&self) -> &Dir {
         &self.dir
     }
 

@@ -28,37 +28,37 @@ use crate::outgoing::Outgoing;
 use crate::session::Session;
 
 /// Host requests kept for a retry at once (each answered or cancelled lets go of its own).
-pub const MAX_KEPT: usize = 1024;
+pub(super) const MAX_KEPT: usize = 1024;
 
 /// Bytes of host requests kept for a retry at once.
-pub const MAX_KEPT_BYTES: usize = 64 << 20;
+pub(super) const MAX_KEPT_BYTES: usize = 64 << 20;
 
 /// The longest host request kept for a retry: `tools/call` and its kin are small; the
 /// `input_required` answer to a longer one has the broker's input requests taken out.
-pub const MAX_KEPT_REQUEST: usize = 1 << 20;
+pub(super) const MAX_KEPT_REQUEST: usize = 1 << 20;
 
 /// The broker answers at most this many input requests of one `input_required` result; the
 /// rest get a `QuotaExceeded` error as their answer.
-pub const MAX_BROKER_INPUTS: usize = 16;
+pub(super) const MAX_BROKER_INPUTS: usize = 16;
 
 /// Bytes of the broker's answers in one round (a retry line carries them all); past this, the
 /// rest get a `QuotaExceeded` error as their answer.
-pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+pub(super) const MAX_ANSWER_BYTES: usize = 16 << 20;
 
 /// Rounds of input requests the broker answers at once on one connection; past this, the
 /// proxy stops reading the server until one is done.
-pub const ROUNDS_AT_ONCE: usize = 2;
+pub(super) const ROUNDS_AT_ONCE: usize = 2;
 
 /// The broker's answers waiting for the host's retry; past this, the oldest are let go (the
 /// server then asks again).
-pub const MAX_STASHED: usize = 256;
+pub(super) const MAX_STASHED: usize = 256;
 
 /// Errors sent for one unreadable message, at most: one per distinct id it carries.
 const MAX_UNREADABLE_IDS: usize = 8;
 
 /// Bytes of the broker's answers waiting for the host's retry; past this, the oldest are let
 /// go.
-pub const MAX_STASHED_BYTES: usize = 32 << 20;
+pub(super) const MAX_STASHED_BYTES: usize = 32 << 20;
 
 /// The proxy asking the broker itself (the input requests of `input_required` results), and
 /// telling it which era the connection speaks.

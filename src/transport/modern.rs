@@ -18,23 +18,23 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 /// `params._meta` key of a request's protocol revision.
-pub const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
+pub(crate) const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 
 /// `params._meta` key of a request's client capabilities.
-pub const CAPABILITIES_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
+pub(crate) const CAPABILITIES_KEY: &str = "io.modelcontextprotocol/clientCapabilities";
 
 /// The extension id under which the proxy declares fsbroker's `files/*` methods in the client
 /// capabilities it injects (`capabilities.extensions`).
-pub const EXTENSION_ID: &str = "io.github.fsbroker/files";
+pub(crate) const EXTENSION_ID: &str = "io.github.fsbroker/files";
 
 /// The methods whose results may be `input_required` (the 2026-07-28 schema's list).
-pub const INPUT_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
+pub(crate) const INPUT_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
 
 /// At most this many rounds of `input_required` answered by the broker for one host request
 /// (the SDKs stop at 10 too): a server that keeps asking gets its last answer to the host.
-pub const MAX_ROUNDS: u32 = 10;
+pub(crate) const MAX_ROUNDS: u32 = 10;
 
-pub use crate::jsonrpc::{MODERN_VERSION, is_modern};
+pub(crate) use crate::jsonrpc::{MODERN_VERSION, is_modern};
 
 type Members = BTreeMap<String, Box<RawValue>>;
 
@@ -47,7 +47,7 @@ fn members(raw: &RawValue) -> Option<Members> {
 }
 
 /// A host request's era marker: the revision in `params._meta`, if it has one.
-pub fn declared_version(line: &[u8]) -> Option<String> {
+pub(crate) fn declared_version(line: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Msg<'a> {
         #[serde(borrow)]
@@ -66,7 +66,7 @@ pub fn declared_version(line: &[u8]) -> Option<String> {
 
 /// The request with `roots` and the brokering extension added to the client capabilities in
 /// its `params._meta` (the host's own capabilities, and the rest of the message, untouched).
-pub fn declare_roots(line: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn declare_roots(line: &[u8]) -> Option<Vec<u8>> {
     let mut msg: Members = serde_json::from_slice(line).ok()?;
     let mut params = members(msg.get("params")?)?;
     let mut meta = members(params.get("_meta")?)?;
@@ -94,7 +94,7 @@ pub fn declare_roots(line: &[u8]) -> Option<Vec<u8>> {
 /// Whether a method is the broker's to answer (`roots/list`, `files/…`), as a lenient reader
 /// might dispatch it ([`lenient_name`]): a host that matches methods loosely must never get
 /// one of the broker's.
-pub fn is_broker_method(method: &str) -> bool {
+pub(crate) fn is_broker_method(method: &str) -> bool {
     let name = lenient_name(method);
     name == "roots/list" || name.starts_with("files/")
 }
@@ -102,11 +102,11 @@ pub fn is_broker_method(method: &str) -> bool {
 /// The start of the methods of the proxy's own control messages to a shared broker
 /// (`notifications/fsbroker/peer`): a server's own messages under it are never passed on, to
 /// the host or to the broker.
-pub const CONTROL_PREFIX: &str = "notifications/fsbroker/";
+pub(crate) const CONTROL_PREFIX: &str = "notifications/fsbroker/";
 
 /// Whether a method is one of the proxy's own control messages ([`CONTROL_PREFIX`]), read as
 /// leniently as [`is_broker_method`].
-pub fn is_control_method(method: &str) -> bool {
+pub(crate) fn is_control_method(method: &str) -> bool {
     lenient_name(method).starts_with(CONTROL_PREFIX)
 }
 
@@ -156,7 +156,7 @@ fn fold_case(text: &str) -> String {
 
 /// A result asking for input.
 #[derive(Debug)]
-pub struct InputRequired {
+pub(crate) struct InputRequired {
     /// The response's id as the server wrote it.
     pub id: Option<Box<RawValue>>,
     /// [`id_key`] of that id.
@@ -173,12 +173,12 @@ pub struct InputRequired {
 
 impl InputRequired {
     /// The method of the input request under `key`.
-    pub fn method(&self, key: &str) -> Option<&str> {
+    pub(crate) fn method(&self, key: &str) -> Option<&str> {
         self.methods.get(key).map(String::as_str)
     }
 
     /// The keys of the input requests the broker answers (`roots/list`, `files/*`).
-    pub fn broker_keys(&self) -> Vec<String> {
+    pub(crate) fn broker_keys(&self) -> Vec<String> {
         self.requests
             .keys()
             .filter(|k| self.method(k).is_some_and(is_broker_method))
@@ -187,7 +187,7 @@ impl InputRequired {
     }
 
     /// The keys of every other input request (the host's: elicitation, sampling, …).
-    pub fn host_keys(&self) -> Vec<String> {
+    pub(crate) fn host_keys(&self) -> Vec<String> {
         self.requests
             .keys()
             .filter(|k| !self.method(k).is_some_and(is_broker_method))
@@ -198,11 +198,11 @@ impl InputRequired {
 
 /// An `input_required` result with more input requests than this is not relayed: no peer
 /// asks for so much at once, and the proxy would hold them all.
-pub const MAX_INPUT_REQUESTS: usize = 64;
+pub(crate) const MAX_INPUT_REQUESTS: usize = 64;
 
 /// What a message from the server is, to the proxy.
 #[derive(Debug)]
-pub enum Checked {
+pub(crate) enum Checked {
     /// Anything but an `input_required` result: it may go to the host as written. Carries the
     /// [`id_key`] of its id, if it has one.
     Plain(Option<String>),
@@ -249,7 +249,7 @@ pub enum Checked {
 /// is [`Checked::Unreadable`] with `broker` set: it never reaches the host, whatever its
 /// `resultType` says (a reader may take `"INPUT_REQUIRED"`, `"input_required "` or `1` for
 /// `input_required`).
-pub fn check_response(line: &[u8]) -> Checked {
+pub(crate) fn check_response(line: &[u8]) -> Checked {
     // Readers disagree on bytes that are not UTF-8 (replaced, dropped, refused), and
     // serde_json does not check the strings it skips.
     let sk = std::str::from_utf8(line)
@@ -351,7 +351,7 @@ pub fn check_response(line: &[u8]) -> Checked {
 /// Where a line's input requests name a method that is the broker's or the proxy's
 /// ([`is_claimed`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct InputClaims {
+pub(crate) struct InputClaims {
     /// In the place the proxy answers them: an object under the message's `result`'s
     /// `inputRequests` (either in any spelling), its `method` (in any spelling) a string.
     pub top: bool,
@@ -372,7 +372,7 @@ pub struct InputClaims {
 /// by every string in it (a JavaScript reader that indexes its handlers with `["roots/list"]`
 /// takes it for `"roots/list"`). A host that reads no such structure loses nothing: no peer
 /// writes one for the broker's methods but in the one place the proxy answers.
-pub fn input_claims(line: &[u8]) -> InputClaims {
+pub(crate) fn input_claims(line: &[u8]) -> InputClaims {
     /// What a value is, by where it stands.
     #[derive(Clone, Copy, PartialEq, Eq)]
     enum Slot {
@@ -560,7 +560,7 @@ fn key_is(literal: &[u8], name: &str) -> bool {
 /// scan that follows only strings and nesting, so the request it answers can still get an
 /// error. Member names are read as a lenient reader reads them ([`lenient_name`]: `"ID"` is
 /// an id). At most [`MAX_IDS`] ids, distinct; ids that do not parse (`NaN`) are left out.
-pub fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
+pub(crate) fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
     let mut ids: Vec<Value> = Vec::new();
     let mut method = false;
     let mut depth = 0usize;
@@ -649,7 +649,7 @@ fn skip_ws(line: &[u8], mut i: usize) -> usize {
 
 /// `line` as a JSON value, or `None` when it is not JSON or some object in it has a member
 /// written twice. For the host's small messages (its `notifications/cancelled`).
-pub fn strict(line: &[u8]) -> Option<Value> {
+pub(crate) fn strict(line: &[u8]) -> Option<Value> {
     let value: Value = serde_json::from_slice(line).ok()?;
     serde_json::from_slice::<NoDuplicates>(line).ok()?;
     Some(value)
@@ -886,11 +886,11 @@ where
 /// input requests and each of them) with more members than this is unreadable: the proxy
 /// tracks each member's name there (and keeps each member of an `input_required` result),
 /// so their number bounds what a line costs it beyond its own bytes. No peer writes so many.
-pub const MAX_MEMBERS: usize = 4096;
+pub(crate) const MAX_MEMBERS: usize = 4096;
 
 /// How many distinct ids of one message are kept: a message that writes its id more than
 /// once is unreadable anyway, and answered under at most a few of them.
-pub const MAX_IDS: usize = 8;
+pub(crate) const MAX_IDS: usize = 8;
 
 /// Skips any JSON value that is not an object; reads an object with `$visit`.
 macro_rules! object_or_skip {
@@ -1129,7 +1129,7 @@ impl<'de> serde::Deserialize<'de> for Skeleton {
 /// What identifies a JSON-RPC id the way the peers compare ids: strings by their decoded
 /// text, numbers by value (`3`, `3.0` and `3e0` are one id to JavaScript and to Python).
 /// `None` for anything that is not an id.
-pub fn id_key(id: &Value) -> Option<String> {
+pub(crate) fn id_key(id: &Value) -> Option<String> {
     match id {
         Value::String(s) => Some(format!("s{s}")),
         Value::Number(n) => {
@@ -1145,13 +1145,13 @@ pub fn id_key(id: &Value) -> Option<String> {
 }
 
 /// [`id_key`] of an id as written.
-pub fn raw_id_key(id: &RawValue) -> Option<String> {
+pub(crate) fn raw_id_key(id: &RawValue) -> Option<String> {
     id_key(&serde_json::from_str(id.get()).ok()?)
 }
 
 /// The request `line` sent again under `id`, with `responses` added to its
 /// `params.inputResponses` (keys already there kept) and `state` as its `requestState`.
-pub fn retry(
+pub(crate) fn retry(
     line: &[u8],
     id: &str,
     responses: &BTreeMap<String, Box<RawValue>>,
@@ -1187,7 +1187,10 @@ pub fn retry(
 /// The host's retry `line` with the broker's `answers` added to its `inputResponses` (the
 /// host's answers to its own input requests kept; an answer of the host's under one of the
 /// broker's keys is replaced).
-pub fn merge_responses(line: &[u8], answers: &BTreeMap<String, Box<RawValue>>) -> Option<Vec<u8>> {
+pub(crate) fn merge_responses(
+    line: &[u8],
+    answers: &BTreeMap<String, Box<RawValue>>,
+) -> Option<Vec<u8>> {
     let mut msg: Members = serde_json::from_slice(line).ok()?;
     let mut params = members(msg.get("params")?)?;
     let mut given: Members = params
@@ -1204,14 +1207,14 @@ pub fn merge_responses(line: &[u8], answers: &BTreeMap<String, Box<RawValue>>) -
 
 /// The response `line` with its `id` replaced by `id` (the host's own, for the answer to a
 /// retry the proxy made).
-pub fn with_id(line: &[u8], id: &RawValue) -> Option<Vec<u8>> {
+pub(crate) fn with_id(line: &[u8], id: &RawValue) -> Option<Vec<u8>> {
     let mut msg: Members = serde_json::from_slice(line).ok()?;
     msg.insert("id".to_owned(), id.to_owned());
     serde_json::to_vec(&msg).ok()
 }
 
 /// A response (id `id`) whose result is `ir`'s, with only the input requests under `keep`.
-pub fn only_requests(ir: &InputRequired, keep: &[String], id: &RawValue) -> Option<Vec<u8>> {
+pub(crate) fn only_requests(ir: &InputRequired, keep: &[String], id: &RawValue) -> Option<Vec<u8>> {
     let mut result = ir.result.clone();
     let requests: Members = ir
         .requests
@@ -1230,7 +1233,7 @@ pub fn only_requests(ir: &InputRequired, keep: &[String], id: &RawValue) -> Opti
 /// What identifies a host's retry of a request whose input requests were partly the broker's:
 /// the `requestState` it echoes, or else its method and params (without `inputResponses`,
 /// `requestState` and `_meta`, which change between rounds).
-pub fn retry_key(line: &[u8]) -> Option<String> {
+pub(crate) fn retry_key(line: &[u8]) -> Option<String> {
     let msg: Members = serde_json::from_slice(line).ok()?;
     let method: String = serde_json::from_str(msg.get("method")?.get()).ok()?;
     let mut params = msg
@@ -1253,7 +1256,7 @@ pub fn retry_key(line: &[u8]) -> Option<String> {
 }
 
 /// [`retry_key`] for the request that got `ir`, as its retry will carry it.
-pub fn retry_key_for(request: &[u8], ir: &InputRequired) -> Option<String> {
+pub(crate) fn retry_key_for(request: &[u8], ir: &InputRequired) -> Option<String> {
     match &ir.state {
         Some(state) => state_key(state),
         None => retry_key(request),
@@ -1267,13 +1270,13 @@ fn state_key(state: &RawValue) -> Option<String> {
 }
 
 /// Whether a host request carries `inputResponses` (a retry).
-pub fn has_input_responses(line: &[u8]) -> bool {
+pub(crate) fn has_input_responses(line: &[u8]) -> bool {
     memchr::memmem::find(line, b"inputResponses").is_some()
 }
 
 /// The broker's answer frame to one of the proxy's own questions, as an input response: its
 /// `result` without `resultType` (an input response is the bare result), or its `error`.
-pub fn input_response(frame: &[u8]) -> Option<Box<RawValue>> {
+pub(crate) fn input_response(frame: &[u8]) -> Option<Box<RawValue>> {
     let msg: Members = serde_json::from_slice(frame).ok()?;
     if let Some(result) = msg.get("result") {
         let mut result = members(result)?;
@@ -1336,7 +1339,7 @@ fn mentions_claimed(text: &str) -> bool {
 /// Whose the messages in a line are, by their `method` members as the loosest reader might
 /// take them ([`message_methods`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Claims {
+pub(crate) struct Claims {
     /// A `method` names one of the broker's (`roots/list`, `files/…`).
     pub broker: bool,
     /// A `method` names one of the proxy's own control messages ([`CONTROL_PREFIX`]).
@@ -1363,7 +1366,7 @@ impl Claims {
 /// handlers with `["roots/list"]` takes it for `"roots/list"`), each read as
 /// [`is_broker_method`] reads it. What lies deeper (params, results, an `input_required`'s
 /// input requests: [`input_claims`]) is not a message's method.
-pub fn message_methods(line: &[u8]) -> Claims {
+pub(crate) fn message_methods(line: &[u8]) -> Claims {
     #[derive(Clone, Copy)]
     enum Expect {
         Key,

@@ -42,7 +42,7 @@ use crate::policy::Policy;
 use crate::sandbox::Root;
 
 use registrar::Job;
-pub use snapshot::Snapshot;
+pub(crate) use snapshot::Snapshot;
 
 /// What the watch worker needs of the broker that owns the hub: the policy in force, and a
 /// way to take a root whose directory is gone out of service. The broker implements it; the
@@ -65,7 +65,7 @@ pub(crate) trait Subscriber: Send + Sync {
 
 /// Events a watch reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EventSet {
+pub(crate) struct EventSet {
     /// `created`
     pub created: bool,
     /// `modified`
@@ -76,14 +76,14 @@ pub struct EventSet {
 
 impl EventSet {
     /// All three.
-    pub const ALL: EventSet = EventSet {
+    pub(crate) const ALL: EventSet = EventSet {
         created: true,
         modified: true,
         deleted: true,
     };
 
     /// From the wire names; an unknown name is an error naming it.
-    pub fn parse(names: &[String]) -> Result<EventSet> {
+    pub(crate) fn parse(names: &[String]) -> Result<EventSet> {
         let mut set = EventSet {
             created: false,
             modified: false,
@@ -131,7 +131,7 @@ pub(crate) struct Spec {
 
 /// A change as reported to servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// The path appeared (created, or moved in).
     Created,
     /// Its content or metadata changed.
@@ -373,7 +373,7 @@ pub(crate) struct Asker<'a> {
 /// it on the blocking pool (bounded by `timeout_ms`); `files/unwatch`, a session's end and a
 /// revoked root only queue the removal, so no async worker, and no other session, waits for
 /// a large tree's registrations.
-pub struct WatchHub {
+pub(crate) struct WatchHub {
     shared: Arc<Shared>,
     jobs: mpsc::Sender<Job>,
     overflow: Arc<AtomicBool>,

@@ -15,7 +15,7 @@ use crate::sandbox::is_staging_name;
 
 /// One entry's identity for change detection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     is_dir: bool,
     size: u64,
     modified_ns: i128,
@@ -23,7 +23,7 @@ pub struct Stamp {
 
 impl Stamp {
     /// From `lstat`.
-    pub fn of(meta: &Metadata) -> Stamp {
+    pub(crate) fn of(meta: &Metadata) -> Stamp {
         let modified_ns = meta
             .modified()
             .ok()
@@ -38,17 +38,17 @@ impl Stamp {
     }
 
     /// Whether the entry is a directory.
-    pub fn is_dir(&self) -> bool {
+    pub(crate) fn is_dir(&self) -> bool {
         self.is_dir
     }
 }
 
 /// Paths relative to the root → their stamps.
-pub type Snapshot = BTreeMap<String, Stamp>;
+pub(crate) type Snapshot = BTreeMap<String, Stamp>;
 
 /// A change found by comparing two snapshots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Diff {
+pub(super) enum Diff {
     /// In the new snapshot only.
     Created,
     /// In both, with a different stamp.
@@ -58,18 +58,18 @@ pub enum Diff {
 }
 
 /// The most entries one watch's snapshot holds.
-pub const MAX_ENTRIES: usize = 100_000;
+pub(super) const MAX_ENTRIES: usize = 100_000;
 
 /// The most bytes of paths one watch's snapshot holds.
-pub const MAX_PATH_BYTES: usize = 16 << 20;
+pub(super) const MAX_PATH_BYTES: usize = 16 << 20;
 
 /// A tree too large to watch: over [`MAX_ENTRIES`] entries or [`MAX_PATH_BYTES`] of paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TooLarge;
+pub(super) struct TooLarge;
 
 /// Why [`scan_unless`] gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cut {
+pub(super) enum Cut {
     /// [`TooLarge`].
     TooLarge,
     /// Its `stop` flag was set.
@@ -79,12 +79,17 @@ pub enum Cut {
 /// Walks `rel` beneath `root` (its entries; all the way down when `recursive`, at most
 /// [`crate::sandbox::MAX_WALK_DEPTH`] levels), without following symlinks and skipping staging
 /// files and denied paths. Fails when the tree is too large to keep a snapshot of.
-pub fn scan(root: &Root, rel: &str, is_dir: bool, recursive: bool) -> Result<Snapshot, TooLarge> {
+pub(super) fn scan(
+    root: &Root,
+    rel: &str,
+    is_dir: bool,
+    recursive: bool,
+) -> Result<Snapshot, TooLarge> {
     scan_unless(root, rel, is_dir, recursive, &AtomicBool::new(false)).map_err(|_| TooLarge)
 }
 
 /// [`scan`], given up as soon as `stop` is set (the broker stops).
-pub fn scan_unless(
+pub(super) fn scan_unless(
     root: &Root,
     rel: &str,
     is_dir: bool,
@@ -158,7 +163,7 @@ pub fn scan_unless(
 }
 
 /// What changed from `old` to `new`, in path order.
-pub fn diff(old: &Snapshot, new: &Snapshot) -> Vec<(String, Diff)> {
+pub(super) fn diff(old: &Snapshot, new: &Snapshot) -> Vec<(String, Diff)> {
     let mut out = Vec::new();
     for (path, stamp) in new {
         match old.get(path) {

@@ -134,6 +134,9 @@ impl Worker {
         }
     }
 
+    // A rename's direction is told by an `lstat` of the path inotify reported (never an
+    // open); what is reported is filtered again before a server hears of it.
+    #[allow(clippy::disallowed_methods)]
     fn event(&mut self, hub: &WatchHub, owner: &dyn Owner, policy: &Policy, ev: notify::Event) {
         if ev.need_rescan() {
             // Rescan now, before later events of the same batch update the snapshots: a file
@@ -593,6 +596,7 @@ fn root_name(policy: &Policy, root: &Path) -> Option<String> {
 /// Retires every root whose directory is gone: deleted, moved, or unmounted. The root's
 /// descriptor still works on the old directory, so "gone" means its path no longer leads to
 /// the directory the descriptor holds.
+#[allow(clippy::disallowed_methods)] // an `lstat` of each root's path, as the policy names it
 fn check_roots(owner: &dyn Owner, policy: &Policy) {
     use std::os::unix::fs::MetadataExt;
     for root in policy.roots() {
