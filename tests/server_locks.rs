@@ -73,6 +73,22 @@ impl Drop for Held {
     }
 }
 
+/// A root `r` (read-write when `rw`) holding `f.txt`, and `policy.toml` serving it: (temp
+/// dir, its path, the root, the policy).
+fn root_and_policy(rw: bool) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let (t, dir) = tempdir();
+    let root = dir.join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "hi").unwrap();
+    let path = dir.join("policy.toml");
+    let table = RootToml::at(&root).name("r");
+    PolicyToml::new()
+        .root(if rw { table.rw() } else { table })
+        .unlimited()
+        .write_to(&path);
+    (t, dir, root, path)
+}
+
 /// `fsbroker serve --policy POLICY`, its answers waited for 10 s at most.
 fn serve(policy: &Path) -> LiveBroker {
     LiveBroker::start(
@@ -201,15 +217,7 @@ fn a_held_audit_lock_times_out_requests_and_nothing_is_done() {
 /// (45 s) while the old policy, and the access it granted, stayed in force.
 #[test]
 fn a_lease_on_the_policy_withdraws_every_root_until_it_is_read() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hi").unwrap();
-    let path = dir.join("policy.toml");
-    PolicyToml::new()
-        .root(RootToml::at(&root).name("r").rw())
-        .unlimited()
-        .write_to(&path);
+    let (_t, dir, root, path) = root_and_policy(true);
     let mut b = serve(&path);
     let roots = b.ok("roots/list", json!({}));
     assert_eq!(roots["roots"][0]["name"], "r", "{roots}");
@@ -331,15 +339,7 @@ fn a_lease_on_the_policy_does_not_delay_a_confined_servers_revocation() {
 /// that policy.)
 #[test]
 fn a_touch_of_a_leased_policy_withdraws_nothing() {
-    let (_t, dir) = tempdir();
-    let root = dir.join("root");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("f.txt"), "hi").unwrap();
-    let path = dir.join("policy.toml");
-    PolicyToml::new()
-        .root(RootToml::at(&root).name("r"))
-        .unlimited()
-        .write_to(&path);
+    let (_t, _dir, _root, path) = root_and_policy(false);
     let mut b = serve(&path);
     b.ok("ping", json!({}));
     let held = Held::take(&path, "write-lease");

@@ -251,6 +251,30 @@ fn serve_listen(sock: &Path, root: &Path, env: &[(&str, &Path)], pids: &Pids) ->
     Reaped(child)
 }
 
+/// [`serve_listen`] held by the shim between `bind` and `listen`: returns the broker, the
+/// file the shim makes once bound (`at`), and the gate file that lets it go on.
+fn serve_listen_held(
+    sock: &Path,
+    root: &Path,
+    shim: &Path,
+    gates: &Path,
+    pids: &Pids,
+) -> (Reaped, PathBuf, PathBuf) {
+    let at = gates.join("bound");
+    let gate = gates.join("gate");
+    let broker = serve_listen(
+        sock,
+        root,
+        &[
+            ("LD_PRELOAD", shim),
+            ("SHIM_LISTEN_AT", &at),
+            ("SHIM_LISTEN_GATE", &gate),
+        ],
+        pids,
+    );
+    (broker, at, gate)
+}
+
 /// A process the test started, killed with its group when dropped: a failing test leaves
 /// nothing behind, held at a gate or serving.
 struct Reaped(Child);
@@ -507,18 +531,7 @@ fn a_socket_appears_only_once_it_listens() {
     let pids = Pids::default();
     within(Duration::from_secs(120), &pids, move |pids| {
         let sock = dir.join("held.sock");
-        let at = gates.join("bound");
-        let gate = gates.join("gate");
-        let mut broker = serve_listen(
-            &sock,
-            &root,
-            &[
-                ("LD_PRELOAD", &shim),
-                ("SHIM_LISTEN_AT", &at),
-                ("SHIM_LISTEN_GATE", &gate),
-            ],
-            &pids,
-        );
+        let (mut broker, at, gate) = serve_listen_held(&sock, &root, &shim, &gates, &pids);
         wait_for("the broker to bind", &mut broker.0, || at.exists());
         if sock.symlink_metadata().is_ok() {
             let why = match UnixStream::connect(&sock) {
@@ -561,18 +574,7 @@ fn two_brokers_on_one_path_one_serves_the_other_says_so() {
     let pids = Pids::default();
     within(Duration::from_secs(120), &pids, move |pids| {
         let sock = dir.join("one.sock");
-        let at = gates.join("bound");
-        let gate = gates.join("gate");
-        let mut held = serve_listen(
-            &sock,
-            &root,
-            &[
-                ("LD_PRELOAD", &shim),
-                ("SHIM_LISTEN_AT", &at),
-                ("SHIM_LISTEN_GATE", &gate),
-            ],
-            &pids,
-        );
+        let (mut held, at, gate) = serve_listen_held(&sock, &root, &shim, &gates, &pids);
         wait_for("the held broker to bind", &mut held.0, || at.exists());
         let mut first = serve_listen(&sock, &root, &[], &pids);
         connect_at_once(&sock, &mut first.0).unwrap();
