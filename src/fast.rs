@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 
-use crate::audit::{AuditLog, Record};
+use crate::audit::{AuditLog, PendingLine};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc;
 use crate::limits::{self, Deadline};
@@ -68,20 +68,12 @@ pub(crate) struct Late {
     audited: AtomicBool,
 }
 
-/// What the audit line of a request answered by the watchdog says.
+/// The audit line of a request the watchdog may answer, and the log it goes to.
 pub(crate) struct LateAudit {
     /// The broker's log.
     pub log: Arc<AuditLog>,
-    /// The session's number.
-    pub session: u64,
-    /// The method (only `files/read` takes the fast path).
-    pub method: &'static str,
-    /// The request's `path`.
-    pub path: Option<String>,
-    /// The MCP server's name.
-    pub server: Option<String>,
-    /// When the request began.
-    pub started: Instant,
+    /// The request's line, begun when it arrived.
+    pub line: PendingLine,
 }
 
 impl std::fmt::Debug for Late {
@@ -335,22 +327,11 @@ fn settle(running: &mut Running) {
     // before it is written, because the answer, which lets the session end, comes after.
     let line = late.audit.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(a) = line {
-        let record = Record {
-            session: a.session,
-            method: a.method,
-            path: a.path.as_deref(),
-            new_path: None,
-            paths: None,
-            outcome: error.kind().outcome(),
-            bytes: 0,
-            duration: a.started.elapsed(),
-            server: a.server.as_deref(),
-            also_refused: 0,
-        };
+        let record = a.line.record(error.kind().outcome(), 0, 0);
         // The watchdog answers for every stuck request: its wait for the log is bounded too.
         let until = Instant::now() + running.limit.min(crate::audit::OWN_LINE_WAIT);
         if let Err(e) = a.log.record_until(&record, until) {
-            tracing::error!(session = a.session, error = %e, "the audit line of a request stuck past its deadline could not be written");
+            tracing::error!(session = record.session, error = %e, "the audit line of a request stuck past its deadline could not be written");
         }
         late.audited.store(true, Ordering::Release);
     }

@@ -114,6 +114,7 @@ mod consent;
 pub mod error;
 mod fair;
 mod fast;
+mod host;
 pub mod jsonrpc;
 mod limits;
 mod locks;
@@ -131,5 +132,5 @@ mod watch;
 
 pub use broker::{Broker, ReloadReport};
 pub use error::{Error, ErrorKind};
+pub use host::{Notifications, PEER_NOTIFICATION, Session};
 pub use policy::{Overrides, Policy, PolicyError};
-pub use session::{Notifications, PEER_NOTIFICATION, Session};

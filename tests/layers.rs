@@ -45,22 +45,25 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "watch",
         ],
     ),
-    (
-        "session",
-        &["audit", "broker", "jsonrpc", "outgoing", "upload", "watch"],
-    ),
+    ("session", &["broker", "outgoing", "upload", "watch"]),
     (
         "methods",
         &[
-            "audit", "codec", "consent", "error", "fair", "fast", "jsonrpc", "limits", "locks",
-            "outgoing", "policy", "rfc3339", "sandbox", "session", "upload", "watch",
+            "audit", "broker", "codec", "consent", "error", "fair", "fast", "jsonrpc", "limits",
+            "locks", "outgoing", "policy", "rfc3339", "sandbox", "session", "upload", "watch",
+        ],
+    ),
+    (
+        "host",
+        &[
+            "audit", "broker", "fast", "jsonrpc", "methods", "outgoing", "session",
         ],
     ),
     (
         "transport",
         &[
-            "broker", "confine", "error", "fast", "jsonrpc", "methods", "outgoing", "policy",
-            "random", "rundir", "session",
+            "broker", "confine", "error", "fast", "host", "jsonrpc", "methods", "outgoing",
+            "policy", "random", "rundir",
         ],
     ),
 ];

@@ -18,6 +18,7 @@
 #![allow(clippy::disallowed_methods)]
 
 pub(crate) mod copy;
+mod pending;
 mod rotate;
 mod verify;
 
@@ -35,6 +36,7 @@ use sha2::{Digest, Sha256};
 use crate::policy::AuditConfig;
 use crate::rundir::LockFile;
 use copy::{Copies, Notice};
+pub(crate) use pending::PendingLine;
 pub use verify::{Summary, verify, verify_anchored, verify_files};
 
 /// A line's members, before it is chained.

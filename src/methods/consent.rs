@@ -37,8 +37,7 @@ pub(crate) struct Reply {
 
 impl super::PayloadBytes for Reply {}
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
-    let params = params?;
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Reply>> {
     // One deadline for the wait for a turn and the work.
     let started = std::time::Instant::now();
     let turn = ctx.prompt_turn(started).await?;

@@ -25,8 +25,7 @@ pub(crate) struct Params {
     _meta: Option<serde::de::IgnoredAny>,
 }
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Empty>> {
-    let params = params?;
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Empty>> {
     ctx.owned().run(move |op| delete(op, &params)).await
 }
 

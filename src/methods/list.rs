@@ -79,8 +79,7 @@ pub(crate) struct Reply {
 
 impl super::PayloadBytes for Reply {}
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
-    let params = params?;
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Reply>> {
     ctx.owned().run(move |op| list(op, params)).await.map(Json)
 }
 

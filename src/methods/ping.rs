@@ -2,6 +2,7 @@
 
 use serde::Deserialize;
 
+use super::Ctx;
 use crate::error::Result;
 use crate::jsonrpc::Json;
 
@@ -19,6 +20,6 @@ pub(crate) struct Empty {}
 
 impl super::PayloadBytes for Empty {}
 
-pub(crate) fn handle(params: Result<Params>) -> Result<Json<Empty>> {
-    params.map(|_| Json(Empty {}))
+pub(crate) async fn handle(_ctx: &Ctx<'_>, _params: Params) -> Result<Json<Empty>> {
+    Ok(Json(Empty {}))
 }

@@ -67,13 +67,12 @@ enum Content {
     Pages(Option<Body>),
 }
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Reply> {
-    let params = params?;
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
     let budget = ctx
-        .session
+        .state
         .reserve_output(wanted(&ctx.policy, &params) / 3 * 4)
         .await;
-    let bodies = Arc::clone(ctx.session.bodies());
+    let bodies = Arc::clone(ctx.state.bodies());
     let small = wanted(&ctx.policy, &params) <= crate::fast::MAX_INLINE_READ;
     let work = move |op: &Op| read(op, params, &bodies);
     let mut reply = if small {
@@ -90,11 +89,11 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Repl
         }
         permit
     });
-    if let Err(e) = super::admit_bytes(ctx, reply.length).await {
+    if let Err(e) = super::op::admit_bytes(ctx, reply.length).await {
         // The server gets no content, so it must not be left holding a lock it never
         // learned the id of.
         if let Some(id) = &reply.lock_id {
-            let _ = ctx.session.broker().locks().unlock(id, ctx.session.id());
+            let _ = ctx.broker.locks().unlock(id, ctx.state.id);
         }
         return Err(e);
     }

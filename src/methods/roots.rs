@@ -46,9 +46,8 @@ pub(crate) struct Reply {
 
 impl super::PayloadBytes for Reply {}
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
-    params?;
-    let state = ctx.session.state();
+pub(crate) async fn handle(ctx: &Ctx<'_>, _params: Params) -> Result<Json<Reply>> {
+    let state = ctx.state;
     if !state.roots_offered.swap(true, Ordering::AcqRel) {
         let unasked: Vec<Arc<Root>> = ctx
             .policy
@@ -72,7 +71,7 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json
                 Err(e) => Err(e),
             };
             if let Err(e) = offered {
-                tracing::warn!(session = ctx.session.id(), error = %e, "roots/list: offering prompt roots failed");
+                tracing::warn!(session = ctx.state.id, error = %e, "roots/list: offering prompt roots failed");
             }
         }
     }

@@ -16,11 +16,7 @@ pub(crate) struct Params {
     _meta: Option<serde::de::IgnoredAny>,
 }
 
-pub(crate) fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Empty>> {
-    let p = params?;
-    ctx.session
-        .broker()
-        .locks()
-        .unlock(&p.lock_id, ctx.session.id())?;
+pub(crate) async fn handle(ctx: &Ctx<'_>, p: Params) -> Result<Json<Empty>> {
+    ctx.broker.locks().unlock(&p.lock_id, ctx.state.id)?;
     Ok(Json(Empty {}))
 }

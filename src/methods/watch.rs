@@ -37,9 +37,8 @@ pub(crate) struct Reply {
 
 impl super::PayloadBytes for Reply {}
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params>) -> Result<Json<Reply>> {
-    let params = params?;
-    let hub = std::sync::Arc::clone(ctx.session.broker().watches());
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Reply>> {
+    let hub = std::sync::Arc::clone(ctx.broker.watches());
     ctx.owned()
         .run(move |op| watch(op, &hub, &params))
         .await
@@ -107,11 +106,7 @@ pub(crate) struct UnwatchParams {
 
 /// Answered on the async worker: it only takes the watch out of the session's reach; notify's
 /// removal (a system call per directory of a recursive watch) is left to the hub's registrar.
-pub(crate) fn unwatch(ctx: &Ctx<'_>, params: Result<UnwatchParams>) -> Result<Json<Empty>> {
-    let p = params?;
-    ctx.session
-        .broker()
-        .watches()
-        .remove(ctx.session.id(), &p.watch_id)?;
+pub(crate) async fn unwatch(ctx: &Ctx<'_>, p: UnwatchParams) -> Result<Json<Empty>> {
+    ctx.broker.watches().remove(ctx.state.id, &p.watch_id)?;
     Ok(Json(Empty {}))
 }

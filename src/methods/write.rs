@@ -83,8 +83,8 @@ struct Request {
     keep_locked: bool,
 }
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params<'_>>) -> Result<Json<Reply>> {
-    let p = params?;
+pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params<'_>) -> Result<Json<Reply>> {
+    let p = params;
     if let Some(offset) = p.offset.filter(|&o| o > 0) {
         await_turn(ctx, &p.path, offset).await?;
     }
@@ -92,7 +92,7 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params<'_>>) -> Result<
         Encoding::Utf8 => p.content.len(),
         Encoding::Base64 => p.content.len() / 4 * 3,
     };
-    super::admit_bytes(ctx, payload as u64).await?;
+    super::op::admit_bytes(ctx, payload as u64).await?;
     // Decoded here, while the content is still borrowed from the request line (a few
     // milliseconds of SIMD for the largest chunk), so it is never copied first.
     let data = decode(
@@ -132,7 +132,7 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Result<Params<'_>>) -> Result<
 /// on; the blocking part then finds it by its canonical path, and judges the offset without
 /// waiting.
 async fn await_turn(ctx: &Ctx<'_>, raw: &str, offset: u64) -> Result<()> {
-    let state = ctx.session.state();
+    let state = ctx.state;
     let mut progress = state.progress();
     loop {
         progress.borrow_and_update();

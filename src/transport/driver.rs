@@ -17,8 +17,8 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::fast::{Late, Sink};
+use crate::host::Session;
 use crate::outgoing::Outgoing;
-use crate::session::Session;
 
 /// KiB of request lines a session may hold while their requests run: with upload chunks
 /// pipelined, `max_in_flight` alone would let 64 lines of up to `max_line` bytes pile up. A

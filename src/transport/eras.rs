@@ -23,9 +23,9 @@ use tokio::sync::{Semaphore, mpsc};
 use super::modern::{self, Checked};
 use super::relay::ToServer;
 use crate::error::{Error, ErrorKind};
+use crate::host::Session;
 use crate::jsonrpc;
 use crate::outgoing::Outgoing;
-use crate::session::Session;
 
 /// Host requests kept for a retry at once (each answered or cancelled lets go of its own).
 pub(super) const MAX_KEPT: usize = 1024;

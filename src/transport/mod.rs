@@ -22,7 +22,7 @@ pub(crate) fn peer_note(key: Option<&str>, mut params: serde_json::Value) -> Vec
     }
     let note = serde_json::json!({
         "jsonrpc": "2.0",
-        "method": crate::session::PEER_NOTIFICATION,
+        "method": crate::host::PEER_NOTIFICATION,
         "params": params,
     });
     let mut line = note.to_string().into_bytes();

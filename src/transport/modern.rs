@@ -82,7 +82,7 @@ pub(crate) fn declare_roots(line: &[u8]) -> Option<Vec<u8>> {
     if let Value::Object(map) = extensions {
         map.insert(
             EXTENSION_ID.to_owned(),
-            serde_json::json!({ "methods": crate::methods::FILES_METHODS }),
+            serde_json::json!({ "methods": crate::methods::files_methods().collect::<Vec<_>>() }),
         );
     }
     meta.insert(CAPABILITIES_KEY.to_owned(), raw(&caps)?);
@@ -91,12 +91,11 @@ pub(crate) fn declare_roots(line: &[u8]) -> Option<Vec<u8>> {
     serde_json::to_vec(&msg).ok()
 }
 
-/// Whether a method is the broker's to answer (`roots/list`, `files/…`), as a lenient reader
-/// might dispatch it ([`lenient_name`]): a host that matches methods loosely must never get
-/// one of the broker's.
+/// Whether a method is the broker's to answer ([`crate::methods::is_broker_method`]), as a
+/// lenient reader might dispatch it ([`lenient_name`]): a host that matches methods loosely
+/// must never get one of the broker's.
 pub(crate) fn is_broker_method(method: &str) -> bool {
-    let name = lenient_name(method);
-    name == "roots/list" || name.starts_with("files/")
+    crate::methods::is_broker_method(&lenient_name(method))
 }
 
 /// The start of the methods of the proxy's own control messages to a shared broker
@@ -1326,7 +1325,8 @@ fn is_claimed(method: &str) -> bool {
 /// path: `profiles/`, `/home/u/files/`).
 fn mentions_claimed(text: &str) -> bool {
     let text = fold_case(text);
-    ["roots/list", "files/", CONTROL_PREFIX].iter().any(|name| {
+    let mut claimed = crate::methods::broker_names().chain([CONTROL_PREFIX]);
+    claimed.any(|name| {
         text.match_indices(name).any(|(at, _)| {
             !text[..at]
                 .chars()

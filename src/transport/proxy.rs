@@ -45,9 +45,9 @@ use super::pipe::BlockingWriter;
 pub use super::relay::RELAY_BUDGET_KIB;
 use super::relay::{Budget, ToServer};
 use super::serve::{spawn_writer, too_long, write_frames};
+use crate::host::Session;
 use crate::jsonrpc::{self, Incoming};
 use crate::outgoing::Outgoing;
-use crate::session::Session;
 
 /// How the proxy reaches a broker.
 #[derive(Debug)]

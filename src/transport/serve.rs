@@ -17,9 +17,9 @@ use super::framing::{DEFAULT_MAX_LINE, Frame, InputBudget, LineReader};
 use super::pipe::BlockingWriter;
 use super::pipe::FrameWriter;
 use crate::error::{Error, ErrorKind};
+use crate::host::Session;
 use crate::jsonrpc;
 use crate::outgoing::Outgoing;
-use crate::session::Session;
 
 /// Knobs of one served connection.
 #[derive(Debug, Clone)]

@@ -1,0 +1,335 @@
+//! The host's API: a [`Session`] per connected MCP server, and what it is asked.
+//!
+//! A host builds a [`Broker`] (`broker.rs`: the policy, reloads, revocation, the audit log,
+//! `stop`), opens a [`Session`] per server with [`Broker::session`], feeds each line the
+//! server sends to [`Session::handle`], and sends what [`Session::take_notifications`]
+//! yields. The transports (`transport/`) are hosts of this API too: they use nothing else of
+//! a session but the crate-private variants of `handle` that keep a large body in pages of
+//! its own ([`Session::respond`]) or answer late from another thread
+//! ([`Session::respond_received`]).
+//!
+//! The session's state that running operations share is in `session.rs`; the methods that
+//! answer requests are in `methods/`.
+
+use std::sync::{Arc, Mutex};
+
+use crate::broker::Broker;
+use crate::fast::Late;
+use crate::jsonrpc::{self, Incoming};
+use crate::outgoing::Outgoing;
+use crate::session::{Outbox, Received, SessionState};
+
+/// The notification a proxy sends a shared broker (`proxy --connect`) to name the MCP server
+/// behind it: `{"name": "…"}`, the server's own `serverInfo.name`.
+pub const PEER_NOTIFICATION: &str = "notifications/fsbroker/peer";
+
+/// The largest [`PEER_NOTIFICATION`] taken: a proxy's note (a name, a revision, the rules of
+/// a sandbox) is a few KiB.
+pub(crate) const MAX_PEER_NOTE: usize = 64 << 10;
+
+/// One peer's view of the broker. Requests of a session run concurrently; share it in an
+/// `Arc`.
+#[derive(Debug)]
+pub struct Session {
+    broker: Arc<Broker>,
+    state: Arc<SessionState>,
+    notifications: Mutex<Option<Notifications>>,
+}
+
+/// The notifications for one session's peer, in the order they should be sent.
+///
+/// File notifications wait in a bounded queue (a peer that does not read makes the broker
+/// hold them, coalesced, in the watcher instead). `notifications/roots/list_changed` never
+/// waits behind them and is never dropped: it is a flag, delivered first by the next
+/// [`Notifications::recv`].
+#[derive(Debug)]
+pub struct Notifications {
+    outbox: Outbox,
+    state: std::sync::Weak<SessionState>,
+}
+
+impl Notifications {
+    /// The next notification frame (newline included), or `None` once the session is gone.
+    pub async fn recv(&mut self) -> Option<Vec<u8>> {
+        loop {
+            let state = self.state.upgrade()?;
+            if state
+                .roots_changed
+                .swap(false, std::sync::atomic::Ordering::AcqRel)
+            {
+                return Some(jsonrpc::notification_frame(
+                    "notifications/roots/list_changed",
+                    None,
+                ));
+            }
+            drop(state);
+            tokio::select! {
+                biased;
+                () = self.outbox.wake.notified() => {}
+                frame = self.outbox.rx.recv() => return frame,
+            }
+        }
+    }
+}
+
+impl Broker {
+    /// Opens a new session (one connection, one MCP server).
+    pub fn session(self: &Arc<Self>) -> Session {
+        let (state, outbox) = SessionState::new(self.next_session_id());
+        self.enroll(Arc::downgrade(&state) as std::sync::Weak<dyn crate::broker::Member>);
+        Session {
+            broker: Arc::clone(self),
+            notifications: Mutex::new(Some(Notifications {
+                outbox,
+                state: Arc::downgrade(&state),
+            })),
+            state,
+        }
+    }
+}
+
+impl Session {
+    /// This session's number, unique within its broker (it names the session in logs and
+    /// in the audit log).
+    pub fn id(&self) -> u64 {
+        self.state.id
+    }
+
+    /// The broker this session belongs to.
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
+    pub(crate) fn state(&self) -> &Arc<SessionState> {
+        &self.state
+    }
+
+    /// Names the MCP server on the other end (shown in consent prompts).
+    pub fn set_peer_name(&self, name: impl Into<String>) {
+        self.state.set_peer_name(name.into());
+    }
+
+    /// Marks the peer as speaking MCP 2026-07-28 (or not): every result the session sends it
+    /// then carries `"resultType":"complete"`, which that revision requires and earlier ones
+    /// do not expect.
+    pub fn set_modern(&self, modern: bool) {
+        self.state.set_modern(modern);
+    }
+
+    /// Takes what a proxy reported ([`PEER_NOTIFICATION`]): the server's name (the first one
+    /// stands, so the name a person saw in one prompt is the name they see in the next), the
+    /// revision its connection speaks (`protocolVersion`), and the sandbox it started the
+    /// server in (`confinement`, recorded in the audit log as the proxy's account).
+    ///
+    /// Only a proxy's link is heard: the note must carry the key of the shared broker's socket
+    /// (`key`), which a proxy reads from the user's private runtime directory and a server,
+    /// confined or talking to `serve` directly, does not have. Anything else (a plain `serve`
+    /// peer is the server itself) is dropped with a warning, as is a note over
+    /// [`MAX_PEER_NOTE`] bytes or beyond the session's request rate. A session records one
+    /// confinement, the first.
+    pub(crate) async fn learn_peer(&self, params: Option<&serde_json::value::RawValue>) {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Peer {
+            key: Option<String>,
+            name: Option<String>,
+            protocol_version: Option<String>,
+            confinement: Option<serde_json::Value>,
+        }
+        let ignore = |why: &str| {
+            tracing::warn!(
+                session = self.id(),
+                why,
+                "ignoring a notifications/fsbroker/peer"
+            );
+        };
+        let text = params.map_or("", |p| p.get());
+        if text.len() > MAX_PEER_NOTE {
+            return ignore("it is larger than a proxy's note can be");
+        }
+        let Ok(peer) = serde_json::from_str::<Peer>(text) else {
+            return ignore("it is not a proxy's note");
+        };
+        if !peer
+            .key
+            .as_deref()
+            .is_some_and(|k| self.broker.is_proxy_key(k))
+        {
+            return ignore(
+                "this link is not a proxy's (only `fsbroker proxy --connect` to a shared \
+                 broker's socket, with the socket's key, may send it)",
+            );
+        }
+        if self.broker.rate_limits().check_request(self.id()).is_err() {
+            return ignore("the session is over its request rate");
+        }
+        if let Some(version) = &peer.protocol_version {
+            self.set_modern(crate::jsonrpc::is_modern(version));
+        }
+        if let Some(confinement) = peer.confinement {
+            let first = !self
+                .state
+                .confinement_recorded
+                .swap(true, std::sync::atomic::Ordering::AcqRel);
+            match (first, self.broker.audit()) {
+                (false, _) => ignore("the session's confinement is already recorded"),
+                (true, Some(log)) => {
+                    let until = std::time::Instant::now() + crate::audit::OWN_LINE_WAIT;
+                    let log = Arc::clone(log);
+                    if let Err(e) =
+                        crate::audit::AuditLog::proxy_account(log, self.id(), confinement, until)
+                            .await
+                    {
+                        tracing::error!(error = %e, "cannot record a server's confinement");
+                    }
+                }
+                (true, None) => {}
+            }
+        }
+        let Some(name) = peer.name else { return };
+        if self.state.peer_name().is_none() {
+            tracing::info!(session = self.id(), server = %name, "server named by its proxy");
+            self.set_peer_name(name);
+        }
+    }
+
+    /// Counts a request as received, for a transport that hands requests to concurrent tasks:
+    /// taken in arrival order, before the task is spawned.
+    pub(crate) fn received(&self) -> Received {
+        self.state.received()
+    }
+
+    /// The stream of notification frames (newline included) for this session's peer:
+    /// `notifications/roots/list_changed`, and later `notifications/files/changed`. It can be
+    /// taken once; the transport that owns the peer's output takes it.
+    pub fn take_notifications(&self) -> Option<Notifications> {
+        self.notifications
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+    /// Handles one message (a line without its newline) and returns the response frame,
+    /// newline included, or `None` when the message gets no answer (a notification, or a
+    /// response to a request the broker never sent).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fsbroker::{Broker, Overrides, Policy};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let policy = Policy::load(None, &Overrides { roots: vec![dir.path().into()], ..Default::default() })?;
+    /// let session = Broker::new(policy)?.session();
+    /// // A path that leads out of the root is refused, however it is spelled.
+    /// let reply = session
+    ///     .handle(br#"{"jsonrpc":"2.0","id":7,"method":"files/read","params":{"path":"../../etc/passwd"}}"#)
+    ///     .await
+    ///     .unwrap();
+    /// let reply: serde_json::Value = serde_json::from_slice(&reply)?;
+    /// assert_eq!(reply["id"], 7);
+    /// assert!(reply["error"]["data"]["code"].is_string(), "{reply}");
+    /// // A notification gets no answer.
+    /// let none = session.handle(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).await;
+    /// assert!(none.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn handle(&self, line: &[u8]) -> Option<Vec<u8>> {
+        self.respond(line).await.map(Outgoing::into_vec)
+    }
+
+    /// [`Session::handle`] for transports: the response as an [`Outgoing`] frame, whose large
+    /// body (a base64 chunk) has not been copied into the rest of the frame.
+    pub(crate) async fn respond(&self, line: &[u8]) -> Option<Outgoing> {
+        self.respond_received(line, self.received(), None).await
+    }
+
+    /// [`Session::respond`] for a request already counted by [`Session::received`]. With
+    /// `late` (a transport that can take an answer from another thread), a request stuck on
+    /// the fast path is answered `TIMEOUT` through it at its deadline, and `None` is returned
+    /// when it finally ends.
+    pub(crate) async fn respond_received(
+        &self,
+        line: &[u8],
+        received: Received,
+        late: Option<&Arc<Late>>,
+    ) -> Option<Outgoing> {
+        match jsonrpc::parse(line) {
+            Incoming::Request { id, method, params } => {
+                let arrival = received.arrival();
+                // Without `late`, `received` lives until the answer is built.
+                let _received = match late {
+                    Some(late) => {
+                        late.hold(id, received);
+                        None
+                    }
+                    None => Some(received),
+                };
+                let frame = crate::methods::call(
+                    self.broker(),
+                    self.state(),
+                    &method,
+                    params,
+                    id,
+                    arrival,
+                    late,
+                )
+                .await;
+                // Answered: its place goes now, as `_received` does for the pool's callers.
+                if let Some(late) = late {
+                    late.release();
+                }
+                match late {
+                    Some(late) if late.answered() => None,
+                    _ => Some(frame),
+                }
+            }
+            Incoming::Notification { method, params } => {
+                if method == PEER_NOTIFICATION {
+                    self.learn_peer(params).await;
+                } else {
+                    tracing::debug!(session = self.id(), %method, "notification");
+                }
+                None
+            }
+            Incoming::Response => {
+                tracing::debug!(
+                    session = self.id(),
+                    "ignoring a response to no request of ours"
+                );
+                None
+            }
+            Incoming::Invalid { id, error } => {
+                tracing::debug!(session = self.id(), %error, "invalid message");
+                Some(jsonrpc::error_frame(id, &error).into())
+            }
+        }
+    }
+}
+
+/// A session ends when its connection does: its kept locks are released, and its unfinished
+/// uploads remove their staging files.
+impl Drop for Session {
+    fn drop(&mut self) {
+        let unwritten = self.state.rate_refusals_unwritten();
+        if unwritten > 0 && self.broker.audit().is_some() {
+            // Folded into no line (the session ended within a second of its last one).
+            tracing::warn!(
+                session = self.id(),
+                refused = unwritten,
+                "requests over the rate refused in the session's last second, not in the audit log"
+            );
+        }
+        self.broker.locks().release_session(self.id());
+        self.broker.watches().remove_session(self.id());
+        self.broker.rate_limits().prune();
+        let abandoned = self.state.uploads.len();
+        if abandoned > 0 {
+            tracing::info!(
+                session = self.id(),
+                abandoned,
+                "removing unfinished uploads"
+            );
+        }
+        self.state.uploads.clear();
+    }
+}

@@ -1,0 +1,314 @@
+//! An operation's runtime: what a handler sees of its session ([`Ctx`]), and the context its
+//! work carries onto the blocking pool ([`Op`]): resolve a path and authorize it, lock it,
+//! check quotas, reach the commit point, and run inline on the fast path or on the pool,
+//! bounded by `timeout_ms` either way.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::broker::Broker;
+use crate::error::{Error, ErrorKind, Result};
+use crate::fast::{FastPath, Late, Ticket};
+use crate::limits::{self, Deadline};
+use crate::locks::{LockGuard, LockMode, LockTable};
+use crate::policy::Policy;
+use crate::sandbox::{self, ConsentMode, Resolved, Root};
+use crate::session::SessionState;
+
+/// What a handler sees: the policy snapshot for this request and the session.
+pub(crate) struct Ctx<'a> {
+    pub policy: Arc<Policy>,
+    pub broker: &'a Arc<Broker>,
+    pub state: &'a Arc<SessionState>,
+    /// The request's arrival number in its session (see `SessionState::earlier_unfinished`).
+    pub arrival: u64,
+    /// How the fast path's watchdog answers this request if it gets stuck there.
+    pub late: Option<Arc<Late>>,
+}
+
+impl Ctx<'_> {
+    /// The parts of the context that blocking work needs, owned so they can move to
+    /// another thread.
+    pub(super) fn owned(&self) -> Op {
+        self.owned_since(Instant::now())
+    }
+
+    /// [`Ctx::owned`] for small work that may take the fast path ([`Op::run_small`]): it
+    /// carries how the watchdog answers the request if the work gets stuck there.
+    pub(super) fn owned_inline(&self) -> Op {
+        Op {
+            late: self.late.clone(),
+            ..self.owned()
+        }
+    }
+
+    /// [`Ctx::owned`] for an operation whose `timeout_ms` started counting at `started`.
+    pub(super) fn owned_since(&self, started: Instant) -> Op {
+        Op {
+            policy: Arc::clone(&self.policy),
+            locks: Arc::clone(self.broker.locks()),
+            pool: Arc::clone(self.broker.pool()),
+            fast: Arc::clone(self.broker.fast()),
+            late: None,
+            state: Arc::clone(self.state),
+            deadline: Arc::default(),
+            started,
+            audit: self.broker.audit().map(|a| a.health()),
+            stopping: self.broker.stop_signal(),
+        }
+    }
+}
+
+impl Ctx<'_> {
+    /// Waits for this request's turn to ask the person (consent prompts, the offer of
+    /// `prompt` roots): one prompt at a time per session, and at most [`crate::broker::PROMPTS`] running
+    /// in the broker. A prompt waits for a person on a thread of the blocking pool; without
+    /// these bounds, sessions queueing prompts nobody answers would hold every thread. The
+    /// wait counts against `timeout_ms` (`TIMEOUT` when it runs out).
+    pub(super) async fn prompt_turn(&self, started: Instant) -> Result<PromptTurn> {
+        let limit = self.policy.limits().timeout;
+        let until = tokio::time::Instant::from_std(started + limit);
+        let state = self.state;
+        let mine = tokio::time::timeout_at(until, Arc::clone(&state.prompting).acquire_owned());
+        let Ok(Ok(mine)) = mine.await else {
+            return Err(limits::timed_out(limit));
+        };
+        let any = Arc::clone(self.broker.prompts()).acquire_owned();
+        let Ok(Ok(any)) = tokio::time::timeout_at(until, any).await else {
+            return Err(limits::timed_out(limit));
+        };
+        Ok(PromptTurn {
+            _mine: mine,
+            _any: any,
+        })
+    }
+}
+
+/// A request's turn to ask the person; see [`Ctx::prompt_turn`].
+pub(crate) struct PromptTurn {
+    _mine: OwnedSemaphorePermit,
+    _any: OwnedSemaphorePermit,
+}
+
+/// An operation's context on the blocking pool.
+#[derive(Clone)]
+pub(crate) struct Op {
+    pub policy: Arc<Policy>,
+    pub locks: Arc<LockTable>,
+    /// The blocking pool's slots, shared fairly between sessions.
+    pub pool: Arc<crate::fair::FairPool>,
+    /// The inline path for small work ([`Op::run_small`]).
+    pub fast: Arc<FastPath>,
+    /// How the fast path's watchdog answers the request if the work gets stuck there.
+    pub late: Option<Arc<Late>>,
+    pub state: Arc<SessionState>,
+    pub deadline: Arc<Deadline>,
+    /// When the request's blocking work was set up: `timeout_ms` counts from here.
+    pub started: Instant,
+    /// The audit log's health, checked again at the commit point.
+    pub audit: Option<Arc<crate::audit::Health>>,
+    /// Resolves when the broker is asked to stop: work that has not committed then answers
+    /// `TIMEOUT` at once, so the run ends (and seals its log) within its grace.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Op {
+    /// Runs blocking file-system work off the async worker threads, bounded by
+    /// `timeout_ms`. Past the deadline the caller gets `TIMEOUT` and the work, which keeps
+    /// running on its thread, rolls back at its commit point ([`Op::commit`]) — unless it had
+    /// already reached it, in which case its own result stands and is returned.
+    pub(super) async fn run<T, F>(self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Op) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let limit = self.policy.limits().timeout;
+        let until = tokio::time::Instant::from_std(self.started + limit);
+        let deadline = Arc::clone(&self.deadline);
+        let mut stop = self.stopping.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        tokio::pin!(stopped);
+        // A slot first (waiting counts against the deadline), then a thread; the slot stays
+        // with the work until it ends, also past a TIMEOUT answer.
+        let slot = tokio::select! {
+            slot = tokio::time::timeout_at(until, self.pool.acquire(self.state.id)) => slot.ok(),
+            () = &mut stopped => None,
+        };
+        let Some(slot) = slot else {
+            deadline.expire();
+            return Err(limits::timed_out(limit));
+        };
+        let mut task = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            // Queued behind other work past the deadline: the caller has its TIMEOUT already.
+            if self.deadline.expired() {
+                return Err(limits::timed_out(limit));
+            }
+            f(&self)
+        });
+        // Past the deadline, or once the broker is stopping, work that has not reached its
+        // commit point answers TIMEOUT (and rolls back there); work already committing is
+        // waited for.
+        let ended = tokio::select! {
+            joined = tokio::time::timeout_at(until, &mut task) => joined.ok(),
+            () = &mut stopped => None,
+        };
+        let joined = match ended {
+            Some(joined) => joined,
+            None if deadline.expire() => return Err(limits::timed_out(limit)),
+            None => task.await,
+        };
+        joined.unwrap_or_else(|e| {
+            Err(Error::new(
+                ErrorKind::Internal,
+                format!("worker failed: {e}"),
+            ))
+        })
+    }
+
+    /// [`Op::run`] for work that is small by construction (a read of a few kilobytes): it
+    /// runs inline on this thread when the broker's fast path is free (`crate::fast`), which
+    /// saves two thread hand-offs, and on the pool otherwise. `timeout_ms` holds either way.
+    pub(super) async fn run_small<T, F>(self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Op) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let Some(late) = self.late.clone() else {
+            // Nobody to answer for it if it got stuck (the library's `Session::handle`).
+            return self.run(f).await;
+        };
+        let limit = self.policy.limits().timeout;
+        let ticket = Ticket {
+            until: self.started + limit,
+            limit,
+            deadline: Arc::clone(&self.deadline),
+            late,
+        };
+        match Arc::clone(&self.fast).try_run(ticket, &self, f) {
+            Ok(done) => done,
+            // On the pool the request is answered by its own task, which never waits past the
+            // deadline: it needs no late answer.
+            Err(f) => Op { late: None, ..self }.run(f).await,
+        }
+    }
+
+    /// The point of no return of a mutation: fails with `TIMEOUT` (and the caller rolls
+    /// back) when the operation's deadline has passed.
+    ///
+    /// Also fails, with the answer a request gets when the audit log cannot be written, once
+    /// the log has failed since the request began: requests already in flight when the log
+    /// fails (pipelined deletes, say) must not act unrecorded. Only work past its commit point
+    /// when the log failed can still complete; it is named on stderr when its line fails.
+    ///
+    /// And it waits, until the deadline at most, for the log to be free to take the request's
+    /// line (another broker may hold it): `TIMEOUT` means "not done", so a request must not
+    /// act and then find that its line cannot be written in time.
+    pub(super) fn commit(&self) -> Result<()> {
+        let limit = self.policy.limits().timeout;
+        if let Some(health) = &self.audit {
+            if !health.ok() {
+                return Err(audit_unavailable());
+            }
+            if !health.wait_free(self.started + limit) {
+                self.deadline.expire();
+                return Err(limits::timed_out(limit));
+            }
+        }
+        self.deadline.commit(limit)
+    }
+
+    /// Resolves a request path (docs/protocol.md, "Paths") and checks that this session may touch it: a path where
+    /// the consent of a root covering it is not `auto` needs a grant covering it, as spelled
+    /// or where it really leads (grants are made on real paths, the ones the person saw).
+    pub(super) fn resolve(&self, raw: &str) -> Result<Resolved> {
+        let target = sandbox::resolve(self.policy.roots(), raw)?;
+        if self.authorize(target.root(), target.rel(), raw).is_err() {
+            let real = target.real(raw).map_err(|_| no_consent(raw))?;
+            self.authorize(real.root(), real.rel(), raw)?;
+        }
+        Ok(target)
+    }
+
+    /// The consent check for `rel` of `root`: the strictest consent mode of every root that
+    /// covers it decides, and `prompt` needs a grant covering the path. Handlers call it
+    /// again on where a path really leads (a symlink inside a granted subtree must not carry
+    /// the session into an ungranted one).
+    pub(super) fn authorize(&self, root: &Root, rel: &str, raw: &str) -> Result<()> {
+        let allowed = match root.consent_at(rel) {
+            ConsentMode::Auto => true,
+            ConsentMode::Deny => false,
+            ConsentMode::Prompt => self.state.is_granted(&root.join(rel)),
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(no_consent(raw))
+        }
+    }
+
+    /// Locks `key` for this operation (`FILE_LOCKED` at once if another session holds it).
+    pub(super) fn lock(
+        &self,
+        key: &std::path::Path,
+        mode: LockMode,
+        raw: &str,
+    ) -> Result<LockGuard> {
+        self.locks
+            .acquire(key.to_path_buf(), self.state.id, mode, raw)
+    }
+
+    /// With `keepLocked`, refuses *before* any work when the session's kept locks are at
+    /// `max_locks`: a request answered `QUOTA_EXCEEDED` must not have changed anything.
+    pub(super) fn check_keep_quota(&self, keep: bool, raw: &str) -> Result<()> {
+        if keep {
+            self.locks
+                .check_keep_quota(self.state.id, self.max_kept(), raw)?;
+        }
+        Ok(())
+    }
+
+    /// With `keepLocked`, turns the operation's exclusive lock into a kept lock.
+    pub(super) fn keep(&self, guard: &LockGuard, keep: bool, raw: &str) -> Result<Option<String>> {
+        if !keep {
+            return Ok(None);
+        }
+        // A kept lock outlives the request: an answer of TIMEOUT must not leave one behind.
+        // (The deadline only: this runs after the change, which the audit check guards.)
+        self.deadline.commit(self.policy.limits().timeout)?;
+        let limits = self.policy.limits();
+        self.locks
+            .keep(guard, limits.lock_timeout, self.max_kept(), raw)
+            .map(Some)
+    }
+
+    /// How many kept locks the session may hold: `max_locks`, less its unfinished uploads
+    /// (which hold locks too).
+    pub(super) fn max_kept(&self) -> u32 {
+        let uploads = u32::try_from(self.state.uploads.len()).unwrap_or(u32::MAX);
+        self.policy.limits().max_locks.saturating_sub(uploads)
+    }
+}
+
+/// Admits `bytes` of payload under the session's byte rate, waiting for the part beyond the
+/// burst but never past `timeout_ms`.
+pub(super) async fn admit_bytes(ctx: &Ctx<'_>, bytes: u64) -> Result<()> {
+    let limit = ctx.policy.limits().timeout;
+    let rate = ctx.broker.rate_limits();
+    match tokio::time::timeout(limit, rate.admit_bytes(ctx.state.id, bytes)).await {
+        Ok(admitted) => admitted,
+        Err(_) => Err(limits::timed_out(limit)),
+    }
+}
+
+pub(super) fn no_consent(raw: &str) -> Error {
+    Error::new(ErrorKind::PermissionDenied, "no consent").with_path(raw)
+}
+
+pub(super) fn audit_unavailable() -> Error {
+    Error::new(ErrorKind::Io, "audit log unavailable")
+}
