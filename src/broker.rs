@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use crate::audit::{AuditError, AuditLog};
+use crate::consent::BrokerTurns;
 use crate::fair::FairPool;
 use crate::limits::RateLimits;
 use crate::locks::LockTable;
@@ -35,7 +36,7 @@ pub struct Broker {
     next_session: AtomicU64,
     pool: Arc<FairPool>,
     fast: Arc<crate::fast::FastPath>,
-    prompts: Arc<tokio::sync::Semaphore>,
+    turns: BrokerTurns,
     /// The key a proxy proves its link with (`serve --listen`); without one, no link is a
     /// proxy's, and what a peer says about its server is not taken.
     proxy_key: std::sync::OnceLock<crate::rundir::ProxyKey>,
@@ -83,9 +84,6 @@ pub(crate) trait Member: Send + Sync {
     fn reap_idle_uploads(&self, idle: Duration) -> usize;
 }
 
-/// Prompts that may wait for a person at once in one broker (each holds a blocking thread).
-pub(crate) const PROMPTS: usize = 2;
-
 impl Broker {
     /// A broker running `policy`; `overrides` are the command-line roots and switches that
     /// are merged again into every reload of the policy file. Opens the audit log when the
@@ -121,7 +119,7 @@ impl Broker {
             next_session: AtomicU64::new(first_session),
             pool: FairPool::new(crate::fair::blocking_slots()),
             fast: Arc::default(),
-            prompts: Arc::new(tokio::sync::Semaphore::new(PROMPTS)),
+            turns: BrokerTurns::default(),
             proxy_key: std::sync::OnceLock::new(),
             held: Default::default(),
             read_stamp: Mutex::new(source_stamp),
@@ -163,8 +161,8 @@ impl Broker {
     }
 
     /// Turns to ask the person (consent prompts), shared by every session.
-    pub(crate) fn prompts(&self) -> &Arc<tokio::sync::Semaphore> {
-        &self.prompts
+    pub(crate) fn turns(&self) -> &BrokerTurns {
+        &self.turns
     }
 
     /// The watch hub every session's `files/watch` goes through.

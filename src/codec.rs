@@ -8,11 +8,11 @@ use base64::engine::general_purpose::PAD;
 use serde::{Deserialize, Deserializer};
 
 /// The SIMD base64 engine (AVX2 or NEON when the CPU has it, scalar otherwise), detected once.
-pub static BASE64: LazyLock<Simd> = LazyLock::new(|| Simd::standard(PAD));
+pub(crate) static BASE64: LazyLock<Simd> = LazyLock::new(|| Simd::standard(PAD));
 
 /// How file bytes travel in a JSON string.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Encoding {
+pub(crate) enum Encoding {
     /// Text; JSON-escaped.
     #[default]
     Utf8,
@@ -22,7 +22,7 @@ pub enum Encoding {
 
 impl Encoding {
     /// The name used on the wire.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Encoding::Utf8 => "utf-8",
             Encoding::Base64 => "base64",
@@ -45,7 +45,7 @@ impl<'de> Deserialize<'de> for Encoding {
 
 /// Appends the base64 of `data` to `out`, encoding in place (no intermediate string, no
 /// JSON escaping pass: base64 never needs escaping).
-pub fn base64_into(data: &[u8], out: &mut Vec<u8>) {
+pub(crate) fn base64_into(data: &[u8], out: &mut Vec<u8>) {
     let start = out.len();
     let Some(len) = base64::encoded_len(data.len(), true) else {
         return;
@@ -60,7 +60,7 @@ pub fn base64_into(data: &[u8], out: &mut Vec<u8>) {
 
 /// Writes the base64 of `data` at the start of `out`; returns how many bytes it wrote (none
 /// when `out` is too short, which callers rule out by sizing it with `encoded_len`).
-pub fn base64_into_slice(data: &[u8], out: &mut [u8]) -> usize {
+pub(crate) fn base64_into_slice(data: &[u8], out: &mut [u8]) -> usize {
     BASE64.encode_slice(data, out).unwrap_or(0)
 }
 
@@ -69,7 +69,7 @@ pub fn base64_into_slice(data: &[u8], out: &mut [u8]) -> usize {
 /// A chunk that ends inside a character is shortened to the last whole character when more
 /// of the file follows (`more`), so the next chunk starts on a boundary. Anything that is not
 /// UTF-8 — or a chunk too short to hold a single whole character — goes as base64.
-pub fn utf8_prefix(chunk: &[u8], more: bool) -> Option<usize> {
+pub(crate) fn utf8_prefix(chunk: &[u8], more: bool) -> Option<usize> {
     match std::str::from_utf8(chunk) {
         Ok(_) => Some(chunk.len()),
         Err(e) if e.error_len().is_none() && more && e.valid_up_to() > 0 => Some(e.valid_up_to()),

@@ -14,7 +14,7 @@ use crate::outgoing::{Body, Outgoing};
 
 /// An incoming message, classified.
 #[derive(Debug)]
-pub enum Incoming<'a> {
+pub(crate) enum Incoming<'a> {
     /// A request: it gets exactly one response.
     Request {
         /// The raw id text, echoed in the response.
@@ -64,7 +64,7 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
 }
 
 /// Classifies one line (without its newline).
-pub fn parse(line: &[u8]) -> Incoming<'_> {
+pub(crate) fn parse(line: &[u8]) -> Incoming<'_> {
     // JSON is UTF-8. serde_json does not check the strings of members it skips, so a line
     // with invalid UTF-8 in an unread member would otherwise pass as a request. Checked with
     // SIMD, once: an upload chunk's line is megabytes of base64, and checking it was a tenth
@@ -177,7 +177,7 @@ pub(crate) trait WriteResult {
 
 /// Any serializable value is a result.
 #[derive(Debug)]
-pub(crate) struct Json<T>(pub T);
+pub(crate) struct Json<T>(pub(crate) T);
 
 impl<T: Serialize> WriteResult for Json<T> {
     fn write_result(&self, out: &mut Vec<u8>) {
@@ -267,7 +267,7 @@ struct ErrorObject<'a> {
 }
 
 /// A complete error frame (newline included); `id` `None` is written as `null`.
-pub fn error_frame(id: Option<&RawValue>, err: &Error) -> Vec<u8> {
+pub(crate) fn error_frame(id: Option<&RawValue>, err: &Error) -> Vec<u8> {
     let wire = err.kind().wire();
     let obj = ErrorObject {
         code: wire.number,
@@ -303,11 +303,11 @@ pub(crate) fn notification_frame(method: &str, params: Option<&dyn WriteResult>)
 
 /// The first MCP revision of the new era (no `initialize`; `_meta` on every request; results
 /// carry `resultType`).
-pub const MODERN_VERSION: &str = "2026-07-28";
+pub(crate) const MODERN_VERSION: &str = "2026-07-28";
 
 /// Whether `version` is a revision of the new era: a date (`YYYY-MM-DD`, as revisions are
 /// named) of 2026-07-28 or later. Anything else ("9999", "2026-13") is no revision at all.
-pub fn is_modern(version: &str) -> bool {
+pub(crate) fn is_modern(version: &str) -> bool {
     let b = version.as_bytes();
     let shaped = b.len() == 10
         && b.iter().enumerate().all(|(i, c)| {

@@ -108,19 +108,24 @@ mod bench;
 mod broker;
 #[cfg(feature = "cli")]
 pub mod cli;
-pub mod codec;
+mod codec;
 pub mod confine;
 mod consent;
 pub mod error;
 mod fair;
 mod fast;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod host;
-pub mod jsonrpc;
+mod jsonrpc;
 mod limits;
 mod locks;
 mod methods;
 mod outgoing;
 pub mod policy;
+#[cfg(test)]
+mod properties;
 mod random;
 mod rfc3339;
 mod rundir;

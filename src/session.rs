@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
+use crate::consent::{Grants, SessionTurns};
 use crate::outgoing::{BodyPool, OUTPUT_BUDGET_KIB};
 use crate::upload::Uploads;
 
@@ -21,15 +22,6 @@ const MAX_PEER_NAME: usize = 256;
 /// How many notifications may wait for a session's writer before new ones are dropped.
 const NOTIFICATION_QUEUE: usize = 1024;
 
-/// A subtree granted by `files/consent` (or when `roots/list` offered a root).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Grant {
-    /// The canonical path of the root it was granted through (revoked with that root).
-    root: PathBuf,
-    /// The subtree's canonical absolute path, as the person saw it.
-    path: PathBuf,
-}
-
 /// What the broker and running operations need of a session, shared and outliving no one:
 /// the broker holds it weakly, to revoke grants and send notifications on a policy reload.
 #[derive(Debug)]
@@ -41,7 +33,8 @@ pub(crate) struct SessionState {
     bodies: Arc<BodyPool>,
     /// Room for responses built but not yet written, in KiB ([`SessionState::reserve_output`]).
     output_budget: Arc<tokio::sync::Semaphore>,
-    grants: Mutex<Vec<Grant>>,
+    /// What the person granted this session ([`crate::consent`]).
+    pub(crate) grants: Grants,
     notify: mpsc::Sender<Vec<u8>>,
     /// `notifications/roots/list_changed` is due (a flag: never queued, never dropped).
     pub(crate) roots_changed: std::sync::atomic::AtomicBool,
@@ -67,7 +60,7 @@ pub(crate) struct SessionState {
     /// waiting for their turn wait on.
     progress: Arc<tokio::sync::watch::Sender<u64>>,
     /// One prompt to the person at a time for this session.
-    pub(crate) prompting: Arc<tokio::sync::Semaphore>,
+    pub(crate) turns: SessionTurns,
 }
 
 /// What the session's notification stream ([`crate::Notifications`]) reads from.
@@ -88,7 +81,7 @@ impl SessionState {
             uploads: Uploads::new(Arc::clone(&progress)),
             bodies: Arc::default(),
             output_budget: Arc::new(tokio::sync::Semaphore::new(OUTPUT_BUDGET_KIB)),
-            grants: Mutex::new(Vec::new()),
+            grants: Grants::default(),
             notify: tx,
             roots_changed: std::sync::atomic::AtomicBool::new(false),
             wake: Arc::clone(&wake),
@@ -100,7 +93,7 @@ impl SessionState {
             in_flight: Mutex::default(),
             next_arrival: Default::default(),
             progress,
-            prompting: Arc::new(tokio::sync::Semaphore::new(1)),
+            turns: SessionTurns::default(),
         });
         (state, Outbox { rx, wake })
     }
@@ -157,45 +150,10 @@ impl SessionState {
             .store(modern, std::sync::atomic::Ordering::Release);
     }
 
-    /// Grants the subtree at the canonical absolute `path`, through the root at `root`, to
-    /// this session. Returns whether it was not granted before.
-    pub(crate) fn grant(&self, root: &Path, path: PathBuf) -> bool {
-        let mut grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
-        let g = Grant {
-            root: root.to_path_buf(),
-            path,
-        };
-        if grants.contains(&g) {
-            return false;
-        }
-        grants.push(g);
-        true
-    }
-
-    /// Whether a grant covers the absolute path `abs` (the path itself or an ancestor),
-    /// whichever root it was granted through: a person who approved a folder approved what
-    /// is in it, a root nested there included.
-    pub(crate) fn is_granted(&self, abs: &Path) -> bool {
-        let grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
-        grants.iter().any(|g| abs.starts_with(&g.path))
-    }
-
-    /// The granted subtrees at or beneath the absolute path `abs`.
-    pub(crate) fn granted_within(&self, abs: &Path) -> Vec<PathBuf> {
-        let grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
-        grants
-            .iter()
-            .filter(|g| g.path.starts_with(abs))
-            .map(|g| g.path.clone())
-            .collect()
-    }
-
     /// Drops the grants of the revoked root at `root`, and the uploads under it except those
     /// under `spared` (roots nested inside it that stay in force).
     pub(crate) fn revoke(&self, root: &Path, spared: &[PathBuf]) {
-        let mut grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
-        grants.retain(|g| g.root != root);
-        drop(grants);
+        self.grants.revoke_root(root);
         self.uploads.end_under(root, spared);
     }
 
@@ -289,7 +247,7 @@ impl crate::watch::Subscriber for SessionState {
     }
 
     fn is_granted(&self, abs: &Path) -> bool {
-        SessionState::is_granted(self, abs)
+        self.grants.covers(abs)
     }
 }
 

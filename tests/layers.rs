@@ -22,8 +22,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("rundir", &["random"]),
     ("sandbox", &["error", "random"]),
     ("policy", &["rundir", "sandbox", "error"]),
-    ("consent", &["policy"]),
     ("limits", &["error", "policy"]),
+    ("consent", &["error", "limits", "policy", "sandbox"]),
     ("locks", &["error", "random"]),
     ("fair", &[]),
     ("audit", &["policy", "rfc3339", "rundir", "sandbox"]),
@@ -41,11 +41,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "broker",
         &[
-            "audit", "fair", "fast", "limits", "locks", "policy", "random", "rundir", "sandbox",
-            "watch",
+            "audit", "consent", "fair", "fast", "limits", "locks", "policy", "random", "rundir",
+            "sandbox", "watch",
         ],
     ),
-    ("session", &["broker", "outgoing", "upload", "watch"]),
+    (
+        "session",
+        &["broker", "consent", "outgoing", "upload", "watch"],
+    ),
     (
         "methods",
         &[
@@ -66,6 +69,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "policy", "random", "rundir",
         ],
     ),
+    // Built only for `cargo fuzz` and for `cargo test`: what they check of the private layers.
+    ("fuzzing", &["jsonrpc", "transport"]),
+    ("properties", &["codec", "error", "jsonrpc", "transport"]),
 ];
 
 /// Files that are the programs, not the library.

@@ -1,5 +1,6 @@
-//! Property tests: the path resolver, the line framer, the message parser
-//! behind `Session::handle`, and chunked reading (base64 and UTF-8).
+//! Property tests of what a host sees: the path resolver, a session's answers to any line
+//! (`Session::handle`), and chunked reading (base64 and UTF-8). The private layers' own
+//! properties (the line framer, the message parser, the codec) are in `src/properties.rs`.
 //!
 //! Each property runs through an explicit `TestRunner` so that its fixture (a real temp
 //! directory, a broker, a tokio runtime) is built once per test and the strategies can name
@@ -14,25 +15,19 @@ mod common;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::io;
 use std::path::{Component, Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use fsbroker::codec::{base64_into, utf8_prefix};
 use fsbroker::policy::{Overrides, Policy};
 use fsbroker::sandbox::{ConsentMode, Mode, Resolved, Root, RootSpec, resolve};
-use fsbroker::transport::framing::{Frame, LineReader};
 use fsbroker::{Broker, ErrorKind, Session};
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use proptest::test_runner::{TestCaseResult, TestRunner};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio::runtime::Runtime;
 
 // ---------------------------------------------------------------------------------------------
@@ -499,167 +494,7 @@ fn resolver_nested_roots_stay_inside_and_are_deterministic() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. The framer
-// ---------------------------------------------------------------------------------------------
-
-/// Hands out its bytes in the given read sizes (cycled), so lines straddle reads.
-struct Trickle {
-    data: Vec<u8>,
-    pos: usize,
-    sizes: Vec<usize>,
-    reads: usize,
-}
-
-impl AsyncRead for Trickle {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        let size = match this.sizes.as_slice() {
-            [] => usize::MAX,
-            sizes => sizes[this.reads % sizes.len()],
-        };
-        this.reads += 1;
-        let n = size.min(buf.remaining()).min(this.data.len() - this.pos);
-        buf.put_slice(&this.data[this.pos..this.pos + n]);
-        this.pos += n;
-        Poll::Ready(Ok(()))
-    }
-}
-
-async fn all_frames<R: AsyncRead + Unpin>(reader: R, max: usize) -> io::Result<Vec<Frame>> {
-    let mut r = LineReader::new(reader, max);
-    let mut out = Vec::new();
-    while let Some(f) = r.next_frame().await? {
-        out.push(f);
-    }
-    Ok(out)
-}
-
-/// The lines the framer must produce: every `\n`-terminated piece, then a non-empty
-/// unterminated remainder.
-fn pieces(input: &[u8]) -> Vec<&[u8]> {
-    let mut v: Vec<&[u8]> = input.split(|&b| b == b'\n').collect();
-    if v.last().is_some_and(|last| last.is_empty()) {
-        v.pop();
-    }
-    v
-}
-
-/// A piece longer than `max` is `TooLong` with its full length (`\r` included); a shorter
-/// one is a `Line` without a final `\r` (the unterminated remainder loses one too).
-fn model_frame(piece: &[u8], max: usize) -> Frame {
-    if piece.len() > max {
-        Frame::TooLong {
-            len: piece.len() as u64,
-        }
-    } else {
-        Frame::Line(piece.strip_suffix(b"\r").unwrap_or(piece).to_vec())
-    }
-}
-
-fn framer_input() -> impl Strategy<Value = Vec<u8>> {
-    let runs = prop::collection::vec(
-        (
-            select(vec![b'a', b'\n', b'\r', b'{', 0xff, 0x00]),
-            0..200usize,
-        ),
-        0..12,
-    )
-    .prop_map(|runs| {
-        runs.into_iter()
-            .flat_map(|(b, n)| std::iter::repeat_n(b, n))
-            .collect()
-    });
-    let crlf_lines = prop::collection::vec(
-        (
-            "[a-z{}\":,]{0,100}",
-            select(vec!["\n", "\r\n", "\r\r\n", "\n\n", ""]),
-        ),
-        0..16,
-    )
-    .prop_map(|lines| {
-        lines
-            .into_iter()
-            .flat_map(|(l, end)| [l.into_bytes(), end.as_bytes().to_vec()])
-            .flatten()
-            .collect()
-    });
-    prop_oneof![
-        2 => prop::collection::vec(any::<u8>(), 0..600),
-        2 => prop::collection::vec(select(vec![b'\n', b'\r', b'a', b'b', 0xff]), 0..600),
-        2 => runs,
-        2 => crlf_lines,
-    ]
-}
-
-#[test]
-fn framer_accounts_for_every_byte() {
-    let rt = Runtime::new().expect("runtime");
-    let strategy = (
-        framer_input().prop_map(Bytes),
-        prop_oneof![2 => Just(64usize), 1 => 0..=80usize],
-        prop_oneof![
-            1 => Just(Vec::new()),
-            3 => prop::collection::vec(1..=70usize, 1..5),
-        ],
-    );
-    check(CHEAP * 2, strategy, |(Bytes(input), max, sizes)| {
-        let reader = Trickle {
-            data: input.clone(),
-            pos: 0,
-            sizes,
-            reads: 0,
-        };
-        let frames = rt.block_on(all_frames(reader, max));
-        prop_assert!(frames.is_ok(), "read error: {frames:?}");
-        let frames = frames.unwrap_or_default();
-        // The same input as one slice (a single read) gives the same frames.
-        let whole = rt.block_on(all_frames(input.as_slice(), max));
-        prop_assert!(whole.as_ref().is_ok_and(|w| *w == frames));
-
-        let newlines = input.iter().filter(|&&b| b == b'\n').count();
-        let remainder = !input.is_empty() && input.last() != Some(&b'\n');
-        prop_assert_eq!(frames.len(), newlines + usize::from(remainder));
-        let (mut line_bytes, mut dropped_bytes) = (0u64, 0u64);
-        for f in &frames {
-            match f {
-                Frame::Line(l) => {
-                    prop_assert!(l.len() <= max, "a line of {} > {max}", l.len());
-                    line_bytes += l.len() as u64;
-                }
-                Frame::TooLong { len } => {
-                    prop_assert!(*len > max as u64);
-                    dropped_bytes += len;
-                }
-                // Only a reader with a shared budget refuses lines; this one has none.
-                Frame::Refused { .. } => {
-                    prop_assert!(false, "a reader without a budget refused a line")
-                }
-            }
-        }
-        let expected: Vec<Frame> = pieces(&input)
-            .into_iter()
-            .map(|p| model_frame(p, max))
-            .collect();
-        let stripped_cr = pieces(&input)
-            .into_iter()
-            .filter(|p| p.len() <= max && p.ends_with(b"\r"))
-            .count() as u64;
-        prop_assert_eq!(
-            line_bytes + dropped_bytes + stripped_cr + newlines as u64,
-            input.len() as u64,
-            "bytes unaccounted for"
-        );
-        prop_assert_eq!(frames, expected);
-        Ok(())
-    });
-}
-
-// ---------------------------------------------------------------------------------------------
-// 3. The message parser, through a session
+// 2. The message parser, through a session
 // ---------------------------------------------------------------------------------------------
 
 const METHODS: &[&str] = &[
@@ -1294,118 +1129,6 @@ fn session_answers_every_line_at_most_once_with_its_id() {
         Ok(())
     });
     f.assert_outside_untouched();
-}
-
-#[test]
-fn parser_classifies_arbitrary_bytes_without_panicking() {
-    let strategy = prop_oneof![
-        prop::collection::vec(any::<u8>(), 0..300),
-        "\\PC{0,200}".prop_map(String::into_bytes),
-        (
-            message(vec!["a".into()]),
-            prop::collection::vec(mutation(), 0..6)
-        )
-            .prop_map(|(m, muts)| mutate(serde_json::to_vec(&m).expect("serialize"), &muts)),
-    ]
-    .prop_map(Bytes);
-    check(CHEAP * 4, strategy, |Bytes(line)| {
-        use fsbroker::jsonrpc::{Incoming, parse};
-        match parse(&line) {
-            Incoming::Request { id, params, .. } => {
-                prop_assert!(is_json(&line), "a line that is not JSON taken as a request");
-                let id = id.get();
-                prop_assert!(
-                    id.starts_with('"') || id.bytes().all(|b| b == b'-' || b.is_ascii_digit()),
-                    "id {}",
-                    id
-                );
-                if let Some(p) = params {
-                    let first = p.get().as_bytes().first().copied();
-                    prop_assert!(matches!(first, Some(b'{' | b'[')), "params {}", p.get());
-                }
-            }
-            Incoming::Notification { .. } | Incoming::Response => {
-                prop_assert!(is_json(&line), "a line that is not JSON taken as a message");
-            }
-            Incoming::Invalid { error, .. } => {
-                prop_assert!(matches!(
-                    error.kind(),
-                    ErrorKind::ParseError | ErrorKind::InvalidRequest
-                ));
-            }
-        }
-        Ok(())
-    });
-}
-
-// ---------------------------------------------------------------------------------------------
-// 4. Chunking: base64 and UTF-8
-// ---------------------------------------------------------------------------------------------
-
-#[test]
-fn utf8_prefix_accepts_only_whole_characters() {
-    check(
-        CHEAP * 2,
-        (
-            prop::collection::vec(any::<u8>(), 0..64).prop_map(Bytes),
-            any::<bool>(),
-        ),
-        |(Bytes(bytes), more)| {
-            match utf8_prefix(&bytes, more) {
-                Some(n) => {
-                    prop_assert!(n <= bytes.len());
-                    prop_assert!(std::str::from_utf8(&bytes[..n]).is_ok());
-                    prop_assert!(n == bytes.len() || more, "shortened at the end of the file");
-                    if n < bytes.len() {
-                        prop_assert!(n > 0, "an empty prefix");
-                        let tail = &bytes[n..];
-                        let e = std::str::from_utf8(tail).expect_err("tail must be incomplete");
-                        prop_assert_eq!(e.valid_up_to(), 0);
-                        prop_assert!(e.error_len().is_none(), "tail is invalid, not incomplete");
-                        prop_assert!(tail.len() < 4);
-                    }
-                }
-                None => prop_assert!(std::str::from_utf8(&bytes).is_err()),
-            }
-            Ok(())
-        },
-    );
-    // Text cut anywhere: the prefix is exactly the whole characters before the cut.
-    let text = prop_oneof!["\\PC{0,40}", "[aé€😀]{0,20}"];
-    check(CHEAP * 2, (text, any::<Index>()), |(s, cut)| {
-        let cut = cut.index(s.len() + 1);
-        let more = cut < s.len();
-        let floor = (0..=cut)
-            .rev()
-            .find(|&i| s.is_char_boundary(i))
-            .unwrap_or(0);
-        let want = if s.is_char_boundary(cut) {
-            Some(cut)
-        } else if floor > 0 {
-            Some(floor)
-        } else {
-            None
-        };
-        prop_assert_eq!(utf8_prefix(&s.as_bytes()[..cut], more), want);
-        Ok(())
-    });
-}
-
-#[test]
-fn base64_into_matches_the_reference_engine() {
-    let strategy = (
-        prop::collection::vec(any::<u8>(), 0..8),
-        prop::collection::vec(any::<u8>(), 0..300),
-    );
-    check(CHEAP, strategy, |(prefix, data)| {
-        let mut out = prefix.clone();
-        base64_into(&data, &mut out);
-        prop_assert_eq!(&out[..prefix.len()], &prefix[..]);
-        let reference = STANDARD.encode(&data);
-        prop_assert_eq!(&out[prefix.len()..], reference.as_bytes());
-        prop_assert_eq!(STANDARD.decode(&out[prefix.len()..]).ok(), Some(data));
-        Ok(())
-    });
 }
 
 /// A root `r` in a policy file without a request rate limit (tiny chunks make many requests).

@@ -3,8 +3,8 @@
 //!
 //! Every input is used three ways:
 //!
-//! 1. `jsonrpc::parse` on the raw bytes (must not panic);
-//! 2. the bytes split into lines by `LineReader` (as `serve` does, with a small maximum so
+//! 1. the JSON-RPC parser on the raw bytes (must not panic);
+//! 2. the bytes split into lines by the line framer (as `serve` does, with a small maximum so
 //!    over-long lines are exercised too), each line through `Session::handle`;
 //! 3. the bytes after the first as the *body of the params object* of a well-formed request
 //!    whose method the first byte picks, so the fuzzer reaches every method's params parser and
@@ -25,10 +25,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use fsbroker::Broker;
-use fsbroker::jsonrpc::{self, Incoming};
+use fsbroker::fuzzing::{expected_answer, frames};
 use fsbroker::policy::{ConsentFile, LimitsFile, Overrides, Policy, PolicyFile, RootEntry};
 use fsbroker::sandbox::{ConsentMode, Mode};
-use fsbroker::transport::framing::{Frame, LineReader};
 use libfuzzer_sys::fuzz_target;
 
 /// The framer's maximum in this target: small, so over-long lines are common.
@@ -144,6 +143,7 @@ fn build() -> World {
             ..ConsentFile::default()
         },
         audit: None,
+        confine: Default::default(),
     };
     let policy = Policy::compile(&file, None, &Overrides::default()).expect("policy");
     let broker = Broker::new(policy).expect("broker");
@@ -181,15 +181,10 @@ impl World {
 
 /// The lines `serve` would hand to the session (at most `MAX_LINES`).
 async fn lines(data: &[u8]) -> Vec<Vec<u8>> {
-    let mut reader = LineReader::new(data, MAX_LINE);
     let mut out = Vec::new();
-    while let Some(frame) = reader
-        .next_frame()
-        .await
-        .expect("reading a slice cannot fail")
-    {
+    for frame in frames(data, MAX_LINE).await {
         match frame {
-            Frame::Line(line) => {
+            Ok(line) => {
                 assert!(
                     line.len() <= MAX_LINE,
                     "a line over the maximum was yielded"
@@ -199,7 +194,7 @@ async fn lines(data: &[u8]) -> Vec<Vec<u8>> {
                     out.push(line);
                 }
             }
-            Frame::TooLong { len } => {
+            Err(len) => {
                 assert!(len as usize > MAX_LINE, "TooLong for a line of {len} bytes");
             }
         }
@@ -210,11 +205,7 @@ async fn lines(data: &[u8]) -> Vec<Vec<u8>> {
 /// Handles one line and checks the answer against what the parser made of it.
 async fn check_line(session: &fsbroker::Session, line: &[u8]) {
     // `Some(id text)` when an answer is due (`"null"` when the id could not be read).
-    let expected: Option<String> = match jsonrpc::parse(line) {
-        Incoming::Request { id, .. } => Some(id.get().to_owned()),
-        Incoming::Invalid { id, .. } => Some(id.map_or("null", |i| i.get()).to_owned()),
-        Incoming::Notification { .. } | Incoming::Response => None,
-    };
+    let expected = expected_answer(line);
     let answer = session.handle(line).await;
     match (expected, answer) {
         (None, None) => {}
@@ -272,7 +263,7 @@ fn templated(selector: u8, body: &[u8]) -> Vec<u8> {
 
 fuzz_target!(|data: &[u8]| {
     let w = world();
-    let _ = jsonrpc::parse(data);
+    let _ = expected_answer(data);
     w.reset_rw();
     let session = w.broker.session();
     w.rt.block_on(async {

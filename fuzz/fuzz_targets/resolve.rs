@@ -130,10 +130,10 @@ fn check_resolved(roots: &[Arc<Root>], raw: &str, r: &Resolved) {
     let shown = r.display();
     match resolve(roots, &shown) {
         Ok(back) => assert!(
-            Arc::ptr_eq(&back.root, r.root()) && back.rel == r.rel(),
+            Arc::ptr_eq(back.root(), r.root()) && back.rel() == r.rel(),
             "{raw:?}: display {shown:?} resolves to {}/{}",
-            back.root.name(),
-            back.rel
+            back.root().name(),
+            back.rel()
         ),
         Err(e) => panic!("{raw:?}: display {shown:?} does not resolve: {e}"),
     }
@@ -141,7 +141,7 @@ fn check_resolved(roots: &[Arc<Root>], raw: &str, r: &Resolved) {
     let abs = full.to_str().expect("UTF-8 in, UTF-8 out");
     match resolve(roots, abs) {
         Ok(back) => assert_eq!(
-            back.root.path().join(&back.rel),
+            back.root().path().join(back.rel()),
             full,
             "{raw:?}: absolute {abs:?} resolves elsewhere"
         ),

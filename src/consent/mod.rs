@@ -1,4 +1,15 @@
-//! Asking a person: the providers behind `consent = "prompt"` roots.
+//! Consent: the one place that decides whether a session may touch a path now.
+//!
+//! - `grants.rs`: what each session was granted, and [`allows`], the check every request,
+//!   `roots/list` and the watcher's notifications go through. Revoking a root drops its
+//!   grants ([`Grants::revoke_root`]); the broker does it on a reload or a revocation.
+//! - `turns.rs`: whose turn it is to ask the person (one prompt per session, a few per
+//!   broker), bounded by the request's deadline.
+//! - this file and `command.rs`, `terminal.rs`: asking a person, the providers behind
+//!   `consent = "prompt"` roots.
+//!
+//! The methods that lead here are `files/consent` (`methods/consent.rs`) and the offer of
+//! `prompt` roots on a session's first `roots/list` (`methods/roots.rs`).
 //!
 //! A request goes to the external command named in the policy when there is one (an
 //! administrator's explicit choice: a desktop dialog, an enterprise agent), else to the
@@ -7,7 +18,12 @@
 //! no answer is a denial. Providers block, so callers run them on the blocking pool.
 
 mod command;
+mod grants;
 mod terminal;
+mod turns;
+
+pub(crate) use grants::{Grants, allows};
+pub(crate) use turns::{BrokerTurns, SessionTurns, Turn};
 
 use serde::Serialize;
 

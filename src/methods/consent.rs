@@ -97,7 +97,7 @@ fn consent(op: &Op, p: Params) -> Result<Reply> {
     for c in &approved {
         let root = c.real.root();
         if root.consent_at(c.real.rel()) == ConsentMode::Prompt {
-            more_roots |= op.state.grant(root.path(), c.real.absolute());
+            more_roots |= op.state.grants.grant(root.path(), c.real.absolute());
         }
     }
     // A granted part of a `prompt` root is now one of the session's roots.

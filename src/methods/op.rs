@@ -6,15 +6,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::OwnedSemaphorePermit;
-
 use crate::broker::Broker;
+use crate::consent;
 use crate::error::{Error, ErrorKind, Result};
 use crate::fast::{FastPath, Late, Ticket};
 use crate::limits::{self, Deadline};
 use crate::locks::{LockGuard, LockMode, LockTable};
 use crate::policy::Policy;
-use crate::sandbox::{self, ConsentMode, Resolved, Root};
+use crate::sandbox::{self, Resolved, Root};
 use crate::session::SessionState;
 
 /// What a handler sees: the policy snapshot for this request and the session.
@@ -63,33 +62,14 @@ impl Ctx<'_> {
 
 impl Ctx<'_> {
     /// Waits for this request's turn to ask the person (consent prompts, the offer of
-    /// `prompt` roots): one prompt at a time per session, and at most [`crate::broker::PROMPTS`] running
-    /// in the broker. A prompt waits for a person on a thread of the blocking pool; without
-    /// these bounds, sessions queueing prompts nobody answers would hold every thread. The
-    /// wait counts against `timeout_ms` (`TIMEOUT` when it runs out).
-    pub(super) async fn prompt_turn(&self, started: Instant) -> Result<PromptTurn> {
+    /// `prompt` roots; see `consent/turns.rs`), until its `timeout_ms`.
+    pub(super) async fn prompt_turn(&self, started: Instant) -> Result<consent::Turn> {
         let limit = self.policy.limits().timeout;
-        let until = tokio::time::Instant::from_std(started + limit);
-        let state = self.state;
-        let mine = tokio::time::timeout_at(until, Arc::clone(&state.prompting).acquire_owned());
-        let Ok(Ok(mine)) = mine.await else {
-            return Err(limits::timed_out(limit));
-        };
-        let any = Arc::clone(self.broker.prompts()).acquire_owned();
-        let Ok(Ok(any)) = tokio::time::timeout_at(until, any).await else {
-            return Err(limits::timed_out(limit));
-        };
-        Ok(PromptTurn {
-            _mine: mine,
-            _any: any,
-        })
+        self.state
+            .turns
+            .take(self.broker.turns(), started, limit)
+            .await
     }
-}
-
-/// A request's turn to ask the person; see [`Ctx::prompt_turn`].
-pub(crate) struct PromptTurn {
-    _mine: OwnedSemaphorePermit,
-    _any: OwnedSemaphorePermit,
 }
 
 /// An operation's context on the blocking pool.
@@ -239,12 +219,7 @@ impl Op {
     /// again on where a path really leads (a symlink inside a granted subtree must not carry
     /// the session into an ungranted one).
     pub(super) fn authorize(&self, root: &Root, rel: &str, raw: &str) -> Result<()> {
-        let allowed = match root.consent_at(rel) {
-            ConsentMode::Auto => true,
-            ConsentMode::Deny => false,
-            ConsentMode::Prompt => self.state.is_granted(&root.join(rel)),
-        };
-        if allowed {
+        if consent::allows(root, rel, &self.state.grants) {
             Ok(())
         } else {
             Err(no_consent(raw))

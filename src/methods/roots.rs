@@ -53,7 +53,7 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, _params: Params) -> Result<Json<Reply>
             .policy
             .roots()
             .iter()
-            .filter(|r| r.consent_at("") == ConsentMode::Prompt && !state.is_granted(r.path()))
+            .filter(|r| r.consent_at("") == ConsentMode::Prompt && !state.grants.covers(r.path()))
             .cloned()
             .collect();
         if !unasked.is_empty() && consent::available(ctx.policy.consent()) {
@@ -80,12 +80,12 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, _params: Params) -> Result<Json<Reply>
         let whole = match root.consent_at("") {
             ConsentMode::Deny => continue,
             ConsentMode::Auto => true,
-            ConsentMode::Prompt => state.is_granted(root.path()),
+            ConsentMode::Prompt => state.grants.covers(root.path()),
         };
         let parts = if whole {
             vec![root.path().to_path_buf()]
         } else {
-            state.granted_within(root.path())
+            state.grants.within(root.path())
         };
         for path in parts {
             let Ok(rel) = path.strip_prefix(root.path()) else {
@@ -127,7 +127,7 @@ fn offer(op: &Op, roots: &[Arc<Root>]) -> Result<()> {
     op.commit()?;
     for (path, text) in paths {
         if yes.contains(&text) {
-            op.state.grant(&path, path.clone());
+            op.state.grants.grant(&path, path.clone());
         }
     }
     Ok(())

@@ -18,7 +18,7 @@ const HAND_OVER: usize = 1 << 20;
 
 /// What the reader yields.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Frame {
+pub(crate) enum Frame {
     /// One line without its `\n` (and without a `\r` before it).
     Line(Vec<u8>),
     /// A line longer than the maximum; its bytes were discarded up to and including its `\n`.
@@ -41,14 +41,14 @@ const ALLOWANCE: usize = 2 * READ_SIZE;
 
 /// A budget for partial lines shared by many readers (every connection of a broker), in KiB.
 #[derive(Debug, Clone)]
-pub struct InputBudget {
+pub(crate) struct InputBudget {
     kib: Arc<Semaphore>,
     total_kib: usize,
 }
 
 impl InputBudget {
     /// A budget of `bytes` (at least one read's worth).
-    pub fn new(bytes: usize) -> InputBudget {
+    pub(crate) fn new(bytes: usize) -> InputBudget {
         let total_kib = bytes.div_ceil(1024).max(READ_SIZE / 1024);
         InputBudget {
             kib: Arc::new(Semaphore::new(total_kib)),
@@ -57,7 +57,8 @@ impl InputBudget {
     }
 
     /// KiB not held by any reader now.
-    pub fn available_kib(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn available_kib(&self) -> usize {
         self.kib.available_permits()
     }
 }
@@ -111,7 +112,7 @@ impl Share {
 
 /// Splits a byte stream into lines, never holding more than `max` bytes of one line.
 #[derive(Debug)]
-pub struct LineReader<R> {
+pub(crate) struct LineReader<R> {
     inner: R,
     buf: Vec<u8>,
     /// Start of the unconsumed part of `buf`.
@@ -125,7 +126,7 @@ pub struct LineReader<R> {
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
     /// A reader refusing lines longer than `max` bytes.
-    pub fn new(inner: R, max: usize) -> Self {
+    pub(crate) fn new(inner: R, max: usize) -> Self {
         LineReader {
             inner,
             buf: Vec::with_capacity(READ_SIZE),
@@ -139,7 +140,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
 
     /// Holds partial lines beyond a small allowance only with room in `budget`, waiting for
     /// it at most `wait`; a line that cannot get room is refused ([`Frame::Refused`]).
-    pub fn with_budget(mut self, budget: InputBudget, wait: Duration) -> Self {
+    pub(crate) fn with_budget(mut self, budget: InputBudget, wait: Duration) -> Self {
         self.share = Some(Share {
             budget,
             wait,
@@ -149,7 +150,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     }
 
     /// The next frame, or `None` at end of input. A last line without `\n` is still a line.
-    pub async fn next_frame(&mut self) -> io::Result<Option<Frame>> {
+    pub(crate) async fn next_frame(&mut self) -> io::Result<Option<Frame>> {
         loop {
             if let Some(i) = memchr::memchr(b'\n', &self.buf[self.scanned..]) {
                 let end = self.scanned + i;

@@ -30,7 +30,7 @@ pub struct ServeOptions {
     pub max_in_flight: usize,
     /// The room for partial request lines, shared by every connection served with (clones
     /// of) these options: the policy's `max_pending_input`, fixed when serving starts.
-    pub input_budget: InputBudget,
+    pub(crate) input_budget: InputBudget,
 }
 
 impl ServeOptions {
