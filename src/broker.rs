@@ -8,10 +8,11 @@ use std::time::Duration;
 use crate::audit::{AuditError, AuditLog};
 use crate::consent::BrokerTurns;
 use crate::fair::FairPool;
-use crate::limits::RateLimits;
+use crate::limits::{HELD_RETRY, QUIET};
 use crate::locks::LockTable;
 use crate::policy::{Overrides, Policy, PolicyError};
 use crate::sandbox::ConsentMode;
+use crate::throttle::RateLimits;
 use crate::watch::WatchHub;
 
 /// Shared state behind every session: the policy (and through it the roots), the locks, the
@@ -56,9 +57,6 @@ fn stamp(path: &Path) -> Option<Stamp> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
 }
-
-/// How often a broker whose policy file is held tries to read it again.
-pub(crate) const HELD_RETRY: Duration = Duration::from_millis(250);
 
 /// What a policy reload changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -492,9 +490,6 @@ impl std::fmt::Debug for PolicyWatcher {
         f.write_str("PolicyWatcher")
     }
 }
-
-/// Changes arriving within this long of each other are one reload.
-const QUIET: Duration = Duration::from_millis(50);
 
 impl PolicyWatcher {
     #[allow(clippy::disallowed_methods)] // the policy file, the broker's own

@@ -28,8 +28,8 @@ use serde_json::value::RawValue;
 use crate::audit::{AuditLog, PendingLine};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc;
-use crate::limits::{self, Deadline};
 use crate::outgoing::Outgoing;
+use crate::throttle::{self, Deadline};
 
 /// How often the watchdog looks at the running request: the latest a stuck request's
 /// `TIMEOUT` goes out after its deadline.
@@ -40,9 +40,6 @@ const SETTLED_TICK: Duration = Duration::from_millis(500);
 
 /// Ticks without inline work after which the watchdog parks.
 const IDLE_TICKS: u32 = 100;
-
-/// Largest read (bytes) that runs inline.
-pub(crate) const MAX_INLINE_READ: usize = 64 << 10;
 
 /// What a transport gives the broker to answer a request later: a way to send a frame on the
 /// session's output without waiting. Returns `false` when the frame could not be queued now
@@ -214,7 +211,7 @@ impl FastPath {
         }
         let release = Release(&self.shared);
         let out = if deadline.expired() {
-            Err(limits::timed_out(limit))
+            Err(throttle::timed_out(limit))
         } else {
             // A panic becomes the answer it would be on the pool, not a request never answered.
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(arg))).unwrap_or_else(|_| {
@@ -229,7 +226,7 @@ impl FastPath {
         // be sent by the caller), as for work on the pool. A mutation checks the deadline at
         // its commit point, so it rolled back.
         if deadline.expired() {
-            return Ok(Err(limits::timed_out(limit)));
+            return Ok(Err(throttle::timed_out(limit)));
         }
         Ok(out)
     }
@@ -321,7 +318,7 @@ fn settle(running: &mut Running) {
         running.settled = true;
         return;
     };
-    let error = limits::timed_out(running.limit);
+    let error = throttle::timed_out(running.limit);
     // The line first, under the lock the work's end waits for: the request's own task then
     // finds it written and writes none, and the session cannot end (and the log be sealed)
     // before it is written, because the answer, which lets the session end, comes after.

@@ -16,16 +16,13 @@ use std::sync::{Arc, Mutex};
 use crate::broker::Broker;
 use crate::fast::Late;
 use crate::jsonrpc::{self, Incoming};
+use crate::limits::MAX_PEER_NOTE;
 use crate::outgoing::Outgoing;
 use crate::session::{Outbox, Received, SessionState};
 
 /// The notification a proxy sends a shared broker (`proxy --connect`) to name the MCP server
 /// behind it: `{"name": "…"}`, the server's own `serverInfo.name`.
 pub const PEER_NOTIFICATION: &str = "notifications/fsbroker/peer";
-
-/// The largest [`PEER_NOTIFICATION`] taken: a proxy's note (a name, a revision, the rules of
-/// a sandbox) is a few KiB.
-pub(crate) const MAX_PEER_NOTE: usize = 64 << 10;
 
 /// One peer's view of the broker. Requests of a session run concurrently; share it in an
 /// `Arc`.

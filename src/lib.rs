@@ -131,6 +131,7 @@ mod rfc3339;
 mod rundir;
 pub mod sandbox;
 mod session;
+mod throttle;
 pub mod transport;
 mod upload;
 mod watch;

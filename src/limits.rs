@@ -1,226 +1,171 @@
-//! Per-session rate limits (governor) and per-operation deadlines.
+//! Every fixed bound of the broker, with its value and why: the one table.
 //!
-//! Requests per second: over the rate, a request is refused at once with `RATE_LIMITED` and
-//! `data.retryAfterMs`, governor's own wait time rounded up, so waiting that long and retrying
-//! succeeds. `ping` is never limited.
+//! The limits a policy sets (`[limits]`: rates, `timeout_ms`, chunk and file sizes, quotas)
+//! are in `policy/`, with their defaults; docs/protocol.md section 7 lists both kinds. What
+//! is here cannot be configured: each bound keeps what a peer can make the broker hold, or
+//! how long it waits, finite, and says why its value is enough for honest peers. A test
+//! that tries to exceed a bound names it.
 //!
-//! Payload bytes per second are counted in KiB (rounded up): governor's per-cell interval is a
-//! whole number of nanoseconds, so one cell per byte could not express rates above ~1 GB/s and
-//! is inexact well before. A payload larger than the burst is admitted piece by piece: the first
-//! burst-sized piece must fit now (else `RATE_LIMITED`), the rest is waited for — so a large
-//! chunk is slowed to the rate, never refused forever with `InsufficientCapacity`.
+//! Performance tunings (the size of a read, of a base64 piece, of a batch) are not bounds
+//! and stay beside the code they tune.
 
-use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota};
+// ---- Lines, frames and output ----
+// What one connection may hold: its lines as they arrive, its answers before they are written.
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::policy::Limits;
+/// The default maximum line length: 32 MiB, room for an 8 MiB chunk in base64 and then some.
+pub const DEFAULT_MAX_LINE: usize = 32 << 20;
 
-/// The broker's rate limiters, keyed by session.
-#[derive(Debug)]
-pub(crate) struct RateLimits {
-    requests: Option<DefaultKeyedRateLimiter<u64>>,
-    bytes: Option<(DefaultKeyedRateLimiter<u64>, NonZeroU32)>,
-    clock: DefaultClock,
-}
+/// The longest a line waits for room in the shared input budget before it is refused. Honest
+/// lines arrive in milliseconds and free their room as they complete; a budget that stays
+/// full this long is held by connections that are not finishing theirs. A reader waiting for
+/// room does not read, so it does not see its peer leave: the wait is short so that a closed
+/// connection is noticed (and its session ended) soon.
+pub(crate) const MAX_INPUT_WAIT: Duration = Duration::from_secs(1);
 
-impl RateLimits {
-    /// Limiters for `limits` (a rate of 0 is unlimited).
-    pub(crate) fn new(limits: &Limits) -> RateLimits {
-        let requests = NonZeroU32::new(limits.requests_per_second).map(|rate| {
-            let burst = NonZeroU32::new(limits.request_burst).unwrap_or(rate);
-            DefaultKeyedRateLimiter::keyed(Quota::per_second(rate).allow_burst(burst))
-        });
-        let bytes = (limits.bytes_per_second > 0).then(|| {
-            let kib = limits
-                .bytes_per_second
-                .div_ceil(1024)
-                .min(u64::from(u32::MAX)) as u32;
-            let kib = NonZeroU32::new(kib).unwrap_or(NonZeroU32::MIN);
-            (DefaultKeyedRateLimiter::keyed(Quota::per_second(kib)), kib)
-        });
-        RateLimits {
-            requests,
-            bytes,
-            clock: DefaultClock::default(),
-        }
-    }
+/// KiB of request lines a session may hold while their requests run: with upload chunks
+/// pipelined, `max_in_flight` alone would let 64 lines of up to `max_line` bytes pile up. A
+/// longer line is let through alone.
+pub(crate) const INPUT_BUDGET_KIB: usize = 32 << 10;
 
-    /// Admits one request of `session`, or says when to retry.
-    pub(crate) fn check_request(&self, session: u64) -> Result<()> {
-        let Some(limiter) = &self.requests else {
-            return Ok(());
-        };
-        limiter.check_key(&session).map_err(|not_until| {
-            Error::rate_limited("request", not_until.wait_time_from(self.clock.now()))
-        })
-    }
+/// Frames waiting for a writer; small, so a peer that stops reading stalls the broker's
+/// reading rather than growing its memory.
+pub(crate) const OUTPUT_QUEUE: usize = 64;
 
-    /// Admits `bytes` of payload for `session`: the first burst-sized piece now or
-    /// `RATE_LIMITED`, the rest waited for.
-    pub(crate) async fn admit_bytes(&self, session: u64, bytes: u64) -> Result<()> {
-        let Some((limiter, burst)) = &self.bytes else {
-            return Ok(());
-        };
-        let mut kib = bytes.div_ceil(1024);
-        if kib == 0 {
-            return Ok(());
-        }
-        let mut first = true;
-        while kib > 0 {
-            let piece = kib.min(u64::from(burst.get())) as u32;
-            let n = NonZeroU32::new(piece).unwrap_or(NonZeroU32::MIN);
-            match limiter.check_key_n(&session, n) {
-                Ok(Ok(())) => kib -= u64::from(piece),
-                Ok(Err(not_until)) => {
-                    let wait = not_until.wait_time_from(self.clock.now());
-                    if first {
-                        return Err(Error::rate_limited("payload bytes", wait));
-                    }
-                    tokio::time::sleep(wait).await;
-                    continue;
-                }
-                // `piece` never exceeds the burst, so capacity is always sufficient.
-                Err(_) => return Err(Error::new(ErrorKind::Internal, "rate limiter capacity")),
-            }
-            first = false;
-        }
-        Ok(())
-    }
+/// KiB of read responses a session may have built but not yet written: a peer that reads
+/// slower than the disk makes further reads wait here instead of growing the broker's memory.
+/// Room for two 8 MiB chunks in base64 (one being written, one waiting); a larger response
+/// counts as half of it, so two are always let through.
+pub(crate) const OUTPUT_BUDGET_KIB: usize = 32 << 10;
 
-    /// Drops the state of sessions that have been idle long enough to be back at a full
-    /// bucket: they are indistinguishable from new keys.
-    pub(crate) fn prune(&self) {
-        if let Some(l) = &self.requests {
-            l.retain_recent();
-            l.shrink_to_fit();
-        }
-        if let Some((l, _)) = &self.bytes {
-            l.retain_recent();
-            l.shrink_to_fit();
-        }
-    }
-}
+/// A body unused this long is unmapped (`BodyPool::trim`): a session that stopped reading
+/// large chunks does not keep their memory.
+pub(crate) const POOL_IDLE: Duration = Duration::from_secs(1);
 
-/// Where an operation stands with respect to its deadline. The commit of a mutation and the
-/// timeout race for one atomic transition, so a `TIMEOUT` answer always means "not done".
-#[derive(Debug, Default)]
-pub(crate) struct Deadline(AtomicU8);
+// ---- A session ----
+// What one server's session may make the broker keep or do at once.
 
-const RUNNING: u8 = 0;
-const COMMITTING: u8 = 1;
-const TIMED_OUT: u8 = 2;
+/// How many notifications may wait for a session's writer before new ones are dropped.
+pub(crate) const NOTIFICATION_QUEUE: usize = 1024;
 
-impl Deadline {
-    /// Called by the operation just before its point of no return (a rename, a grant).
-    /// Fails with `TIMEOUT` when the deadline already passed; the caller then rolls back.
-    pub(crate) fn commit(&self, timeout: Duration) -> Result<()> {
-        match self
-            .0
-            .compare_exchange(RUNNING, COMMITTING, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) | Err(COMMITTING) => Ok(()),
-            Err(_) => Err(timed_out(timeout)),
-        }
-    }
+/// How often a session's refusals over the request rate get an audit line.
+pub(crate) const RATE_REFUSAL_LINES: Duration = Duration::from_secs(1);
 
-    /// Called by the waiting side when the deadline passes: `true` when the operation had
-    /// not reached its commit (it will roll back), `false` when it is committing (the caller
-    /// must wait for its result instead of reporting a timeout).
-    pub(crate) fn expire(&self) -> bool {
-        match self
-            .0
-            .compare_exchange(RUNNING, TIMED_OUT, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) | Err(TIMED_OUT) => true,
-            Err(_) => false,
-        }
-    }
+/// The longest server name kept (consent prompts show it).
+pub(crate) const MAX_PEER_NAME: usize = 256;
 
-    /// Whether the operation should stop early (long walks check this).
-    pub(crate) fn expired(&self) -> bool {
-        self.0.load(Ordering::Acquire) == TIMED_OUT
-    }
-}
+/// The largest proxy note (`notifications/fsbroker/peer`) taken: a proxy's note (a name, a revision, the rules of
+/// a sandbox) is a few KiB.
+pub(crate) const MAX_PEER_NOTE: usize = 64 << 10;
 
-/// The `TIMEOUT` error.
-pub(crate) fn timed_out(limit: Duration) -> Error {
-    Error::new(
-        ErrorKind::Timeout,
-        format!(
-            "the operation ran past timeout_ms ({} ms)",
-            limit.as_millis()
-        ),
-    )
-}
+/// How many prompts may wait for a person at once, across every session of a broker.
+pub(crate) const PROMPTS: usize = 2;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The most a `[consent] command` may write: its decision is a few paths, anything longer
+/// is not a decision.
+pub(crate) const MAX_OUTPUT: u64 = 1 << 20;
 
-    fn limits(rps: u32, burst: u32, bps: u64) -> Limits {
-        Limits {
-            requests_per_second: rps,
-            request_burst: burst,
-            bytes_per_second: bps,
-            ..Limits::default()
-        }
-    }
+/// The largest `files/read` (bytes wanted) that runs inline on the fast path (`fast.rs`):
+/// small enough that a read there costs microseconds unless its file system hangs.
+pub(crate) const MAX_INLINE_READ: usize = 64 << 10;
 
-    #[test]
-    fn requests_over_the_burst_are_refused_with_an_honest_wait() {
-        let r = RateLimits::new(&limits(10, 2, 0));
-        r.check_request(1).unwrap();
-        r.check_request(1).unwrap();
-        let e = r.check_request(1).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::RateLimited);
-        let wait = e.retry_after_ms().unwrap();
-        assert!((1..=100).contains(&wait), "{wait}");
-        // Another session has its own bucket.
-        r.check_request(2).unwrap();
-        std::thread::sleep(Duration::from_millis(wait));
-        r.check_request(1).unwrap();
-    }
+// ---- The proxy and the MCP 2026-07-28 era ----
+// What a server behind `fsbroker proxy` may make it hold, and how long the proxy waits for
+// the ends of a run.
 
-    #[test]
-    fn unlimited_is_unlimited() {
-        let r = RateLimits::new(&limits(0, 0, 0));
-        for _ in 0..10_000 {
-            r.check_request(1).unwrap();
-        }
-    }
+/// KiB of lines each relay queue may hold (host → server, server → host, and to and from a
+/// shared broker); a longer line is let through alone.
+pub const RELAY_BUDGET_KIB: usize = 32 << 10;
 
-    #[tokio::test]
-    async fn bytes_larger_than_the_burst_are_split_not_refused() {
-        // 64 KiB/s; a 100 KiB payload is more than one second's burst.
-        let r = RateLimits::new(&limits(0, 0, 64 * 1024));
-        let started = std::time::Instant::now();
-        r.admit_bytes(1, 100 * 1024).await.unwrap();
-        assert!(
-            started.elapsed() >= Duration::from_millis(400),
-            "{:?}",
-            started.elapsed()
-        );
-        // The bucket is now empty: the next payload is refused with a wait.
-        let e = r.admit_bytes(1, 1024).await.unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::RateLimited);
-    }
+/// Host requests kept for a retry at once (each answered or cancelled lets go of its own).
+pub(crate) const MAX_KEPT: usize = 1024;
 
-    #[test]
-    fn commit_and_timeout_race_for_one_outcome() {
-        let d = Deadline::default();
-        d.commit(Duration::from_secs(1)).unwrap();
-        assert!(!d.expire(), "a committing operation is not timed out");
-        let d = Deadline::default();
-        assert!(d.expire());
-        assert!(d.expired());
-        assert_eq!(
-            d.commit(Duration::from_secs(1)).unwrap_err().kind(),
-            ErrorKind::Timeout
-        );
-    }
-}
+/// Bytes of host requests kept for a retry at once.
+pub(crate) const MAX_KEPT_BYTES: usize = 64 << 20;
+
+/// The longest host request kept for a retry: `tools/call` and its kin are small; the
+/// `input_required` answer to a longer one has the broker's input requests taken out.
+pub(crate) const MAX_KEPT_REQUEST: usize = 1 << 20;
+
+/// The broker answers at most this many input requests of one `input_required` result; the
+/// rest get a `QuotaExceeded` error as their answer.
+pub(crate) const MAX_BROKER_INPUTS: usize = 16;
+
+/// Bytes of the broker's answers in one round (a retry line carries them all); past this, the
+/// rest get a `QuotaExceeded` error as their answer.
+pub(crate) const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// Rounds of input requests the broker answers at once on one connection; past this, the
+/// proxy stops reading the server until one is done.
+pub(crate) const ROUNDS_AT_ONCE: usize = 2;
+
+/// The broker's answers waiting for the host's retry; past this, the oldest are let go (the
+/// server then asks again).
+pub(crate) const MAX_STASHED: usize = 256;
+
+/// Errors sent for one unreadable message, at most: one per distinct id it carries.
+pub(crate) const MAX_UNREADABLE_IDS: usize = 8;
+
+/// Bytes of the broker's answers waiting for the host's retry; past this, the oldest are let
+/// go.
+pub(crate) const MAX_STASHED_BYTES: usize = 32 << 20;
+
+/// At most this many rounds of `input_required` answered by the broker for one host request
+/// (the SDKs stop at 10 too): a server that keeps asking gets its last answer to the host.
+pub(crate) const MAX_ROUNDS: u32 = 10;
+
+/// An `input_required` result with more input requests than this is not relayed: no peer
+/// asks for so much at once, and the proxy would hold them all.
+pub(crate) const MAX_INPUT_REQUESTS: usize = 64;
+
+/// An object at a level that decides where a message goes (the message, its result, the
+/// input requests and each of them) with more members than this is unreadable: the proxy
+/// tracks each member's name there (and keeps each member of an `input_required` result),
+/// so their number bounds what a line costs it beyond its own bytes. No peer writes so many.
+pub(crate) const MAX_MEMBERS: usize = 4096;
+
+/// How many distinct ids of one message are kept: a message that writes its id more than
+/// once is unreadable anyway, and answered under at most a few of them.
+pub(crate) const MAX_IDS: usize = 8;
+
+/// How long a server told to end (SIGTERM) has before it is killed.
+pub const END_GRACE: Duration = Duration::from_secs(3);
+
+/// How long a server has to exit by itself once the host has gone (the proxy's stdin closed,
+/// and with it the server's) before it is sent SIGTERM, when nothing stops the proxy. Longer
+/// than the grace a stopping proxy gives ([`CLOSE_GRACE`]): no stop grace runs, and a server
+/// may still be finishing what it was asked (a host that wants it gone sooner sends the proxy
+/// SIGTERM, as the MCP SDKs do 2 s after closing its stdin).
+pub const HOST_GONE_GRACE: Duration = Duration::from_secs(10);
+
+/// How long the server of a proxy stopped by a signal has, from the moment its stdin closed,
+/// before it is sent SIGTERM (the MCP stdio transport's shutdown: close the server's input,
+/// wait, SIGTERM, wait, SIGKILL). A server whose stdin closed longer ago (the host closed the
+/// proxy's stdin, then sent SIGTERM) is sent SIGTERM at once.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a server sent SIGTERM because the host has gone or the proxy stops has before
+/// SIGKILL. With [`CLOSE_GRACE`], it fits in the grace a stopping broker gives its work (5 s,
+/// `fsbroker serve` and `proxy`), so a proxy stopped by a signal seals its audit log whatever its server does.
+pub const STOP_KILL_GRACE: Duration = Duration::from_secs(1);
+
+/// How long the relay drains an unconfined server's stdout after the server exited and the
+/// host has gone, when what the server started still holds it open.
+pub(crate) const DRAIN: Duration = Duration::from_millis(500);
+
+/// How long past `timeout_ms` the proxy waits for its server's last requests once the server
+/// is gone (`BrokerSide::finish`).
+pub(crate) const FINISH_SLACK: Duration = Duration::from_secs(1);
+
+// ---- The broker ----
+// Waits of the shared broker itself.
+
+/// How often a broker whose policy file is held tries to read it again.
+pub(crate) const HELD_RETRY: Duration = Duration::from_millis(250);
+
+/// Changes to the policy file arriving within this long of each other are one reload.
+pub(crate) const QUIET: Duration = Duration::from_millis(50);
+
+/// How long `serve --listen` waits before accepting again after running out of descriptors.
+pub(crate) const BACKOFF: Duration = Duration::from_millis(100);

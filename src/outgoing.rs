@@ -10,8 +10,9 @@
 
 use std::io;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use crate::limits::{OUTPUT_BUDGET_KIB, POOL_IDLE};
 use memmap2::{MmapMut, MmapOptions};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -20,20 +21,10 @@ use tokio::sync::OwnedSemaphorePermit;
 /// bodies do not: a huge page would zero 2 MiB to hold a few hundred kilobytes.
 const HUGE: usize = 2 << 20;
 
-/// KiB of read responses a session may have built but not yet written: a peer that reads
-/// slower than the disk makes further reads wait here instead of growing the broker's memory.
-/// Room for two 8 MiB chunks in base64 (one being written, one waiting); a larger response
-/// counts as half of it, so two are always let through.
-pub(crate) const OUTPUT_BUDGET_KIB: usize = 32 << 10;
-
 /// Bytes of mappings a session keeps for reuse: its output budget (the answers it may have in
 /// flight at once), plus the huge-page alignment of up to four of them, so that a session
 /// reading large chunks with as many in flight as its budget allows finds every body warm.
 const POOL_KEEP: usize = (OUTPUT_BUDGET_KIB << 10) + 4 * HUGE;
-
-/// A body unused this long is unmapped ([`BodyPool::trim`]): a session that stopped reading
-/// large chunks does not keep their memory.
-const POOL_IDLE: Duration = Duration::from_secs(1);
 
 /// An anonymous mapping whose usable part starts on a huge-page boundary when it is large.
 #[derive(Debug)]

@@ -10,17 +10,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::consent::{Grants, SessionTurns};
-use crate::outgoing::{BodyPool, OUTPUT_BUDGET_KIB};
+use crate::limits::{MAX_PEER_NAME, NOTIFICATION_QUEUE, OUTPUT_BUDGET_KIB, RATE_REFUSAL_LINES};
+use crate::outgoing::BodyPool;
 use crate::upload::Uploads;
-
-/// How often a session's refusals over the request rate get an audit line.
-pub(crate) const RATE_REFUSAL_LINES: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// The longest server name kept (consent prompts show it).
-const MAX_PEER_NAME: usize = 256;
-
-/// How many notifications may wait for a session's writer before new ones are dropped.
-const NOTIFICATION_QUEUE: usize = 1024;
 
 /// What the broker and running operations need of a session, shared and outliving no one:
 /// the broker holds it weakly, to revoke grants and send notifications on a policy reload.

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 /// Each module of the library and the modules it may import, lowest layers first. The
 /// programs (`cli`, `bench`, `main.rs`) are not the library's and are not listed.
 const ALLOWED: &[(&str, &[&str])] = &[
+    ("limits", &[]),
     ("random", &[]),
     ("rfc3339", &[]),
     ("error", &[]),
@@ -22,19 +23,25 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("rundir", &["random"]),
     ("sandbox", &["error", "random"]),
     ("policy", &["rundir", "sandbox", "error"]),
-    ("limits", &["error", "policy"]),
-    ("consent", &["error", "limits", "policy", "sandbox"]),
+    ("throttle", &["error", "policy"]),
+    (
+        "consent",
+        &["error", "limits", "policy", "sandbox", "throttle"],
+    ),
     ("locks", &["error", "random"]),
     ("fair", &[]),
     ("audit", &["policy", "rfc3339", "rundir", "sandbox"]),
-    ("outgoing", &[]),
+    ("outgoing", &["limits"]),
     ("jsonrpc", &["error", "outgoing"]),
-    ("fast", &["audit", "error", "jsonrpc", "limits", "outgoing"]),
+    (
+        "fast",
+        &["audit", "error", "jsonrpc", "throttle", "outgoing"],
+    ),
     ("upload", &["error", "locks", "sandbox"]),
     (
         "watch",
         &[
-            "error", "jsonrpc", "limits", "policy", "random", "rfc3339", "sandbox",
+            "error", "jsonrpc", "throttle", "policy", "random", "rfc3339", "sandbox",
         ],
     ),
     ("confine", &["policy", "random", "sandbox"]),
@@ -42,31 +49,32 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "broker",
         &[
             "audit", "consent", "fair", "fast", "limits", "locks", "policy", "random", "rundir",
-            "sandbox", "watch",
+            "sandbox", "throttle", "watch",
         ],
     ),
     (
         "session",
-        &["broker", "consent", "outgoing", "upload", "watch"],
+        &["broker", "consent", "limits", "outgoing", "upload", "watch"],
     ),
     (
         "methods",
         &[
             "audit", "broker", "codec", "consent", "error", "fair", "fast", "jsonrpc", "limits",
-            "locks", "outgoing", "policy", "rfc3339", "sandbox", "session", "upload", "watch",
+            "locks", "outgoing", "policy", "rfc3339", "sandbox", "session", "throttle", "upload",
+            "watch",
         ],
     ),
     (
         "host",
         &[
-            "audit", "broker", "fast", "jsonrpc", "methods", "outgoing", "session",
+            "audit", "broker", "fast", "jsonrpc", "limits", "methods", "outgoing", "session",
         ],
     ),
     (
         "transport",
         &[
-            "broker", "confine", "error", "fast", "host", "jsonrpc", "methods", "outgoing",
-            "policy", "random", "rundir",
+            "broker", "confine", "error", "fast", "host", "jsonrpc", "limits", "methods",
+            "outgoing", "policy", "random", "rundir",
         ],
     ),
     // Built only for `cargo fuzz` and for `cargo test`: what they check of the private layers.

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use super::Request;
-
-/// The most a decision may be; anything longer is not a decision.
-const MAX_OUTPUT: u64 = 1 << 20;
+use crate::limits::MAX_OUTPUT;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -11,10 +11,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::Result;
-use crate::limits;
-
-/// How many prompts may wait for a person at once, across every session of a broker.
-pub(crate) const PROMPTS: usize = 2;
+use crate::limits::PROMPTS;
+use crate::throttle;
 
 /// The broker's turns (shared by every session).
 #[derive(Debug)]
@@ -55,11 +53,11 @@ impl SessionTurns {
         let until = tokio::time::Instant::from_std(started + limit);
         let mine = tokio::time::timeout_at(until, Arc::clone(&self.0).acquire_owned());
         let Ok(Ok(mine)) = mine.await else {
-            return Err(limits::timed_out(limit));
+            return Err(throttle::timed_out(limit));
         };
         let any = tokio::time::timeout_at(until, Arc::clone(&broker.0).acquire_owned());
         let Ok(Ok(any)) = any.await else {
-            return Err(limits::timed_out(limit));
+            return Err(throttle::timed_out(limit));
         };
         Ok(Turn {
             _mine: mine,

@@ -14,9 +14,9 @@ use crate::audit::{AuditError, AuditLog, PendingLine};
 use crate::broker::Broker;
 use crate::fast::{Late, LateAudit};
 use crate::jsonrpc;
-use crate::limits;
 use crate::outgoing::Outgoing;
 use crate::session::SessionState;
+use crate::throttle;
 
 /// Runs one request and returns its response frame; writes its audit line when the broker
 /// keeps an audit log, and refuses it when that log cannot be written.
@@ -110,7 +110,7 @@ pub(crate) async fn call(
     match written {
         Ok(()) => frame,
         Err(AuditError::Late { .. }) if !acted => {
-            jsonrpc::error_frame(Some(id), &limits::timed_out(limit)).into()
+            jsonrpc::error_frame(Some(id), &throttle::timed_out(limit)).into()
         }
         Err(_) => {
             if outcome.code == "ok" {

@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 use super::{Ctx, Op};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
-use crate::limits::Deadline;
 use crate::rfc3339;
 use crate::sandbox::{self, Root, open};
+use crate::throttle::Deadline;
 
 /// `files/list` parameters.
 #[derive(Debug, Deserialize)]
@@ -151,7 +151,7 @@ fn list(op: &Op, p: Params) -> Result<Reply> {
     }];
     while let Some(level) = stack.last_mut() {
         if op.deadline.expired() {
-            return Err(crate::limits::timed_out(op.policy.limits().timeout));
+            return Err(crate::throttle::timed_out(op.policy.limits().timeout));
         }
         let Some(name) = level.pending.pop() else {
             stack.pop();

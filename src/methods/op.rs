@@ -10,11 +10,11 @@ use crate::broker::Broker;
 use crate::consent;
 use crate::error::{Error, ErrorKind, Result};
 use crate::fast::{FastPath, Late, Ticket};
-use crate::limits::{self, Deadline};
 use crate::locks::{LockGuard, LockMode, LockTable};
 use crate::policy::Policy;
 use crate::sandbox::{self, Resolved, Root};
 use crate::session::SessionState;
+use crate::throttle::{self, Deadline};
 
 /// What a handler sees: the policy snapshot for this request and the session.
 pub(crate) struct Ctx<'a> {
@@ -120,13 +120,13 @@ impl Op {
         };
         let Some(slot) = slot else {
             deadline.expire();
-            return Err(limits::timed_out(limit));
+            return Err(throttle::timed_out(limit));
         };
         let mut task = tokio::task::spawn_blocking(move || {
             let _slot = slot;
             // Queued behind other work past the deadline: the caller has its TIMEOUT already.
             if self.deadline.expired() {
-                return Err(limits::timed_out(limit));
+                return Err(throttle::timed_out(limit));
             }
             f(&self)
         });
@@ -139,7 +139,7 @@ impl Op {
         };
         let joined = match ended {
             Some(joined) => joined,
-            None if deadline.expire() => return Err(limits::timed_out(limit)),
+            None if deadline.expire() => return Err(throttle::timed_out(limit)),
             None => task.await,
         };
         joined.unwrap_or_else(|e| {
@@ -196,7 +196,7 @@ impl Op {
             }
             if !health.wait_free(self.started + limit) {
                 self.deadline.expire();
-                return Err(limits::timed_out(limit));
+                return Err(throttle::timed_out(limit));
             }
         }
         self.deadline.commit(limit)
@@ -276,7 +276,7 @@ pub(super) async fn admit_bytes(ctx: &Ctx<'_>, bytes: u64) -> Result<()> {
     let rate = ctx.broker.rate_limits();
     match tokio::time::timeout(limit, rate.admit_bytes(ctx.state.id, bytes)).await {
         Ok(admitted) => admitted,
-        Err(_) => Err(limits::timed_out(limit)),
+        Err(_) => Err(throttle::timed_out(limit)),
     }
 }
 

@@ -73,7 +73,7 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
         .reserve_output(wanted(&ctx.policy, &params) / 3 * 4)
         .await;
     let bodies = Arc::clone(ctx.state.bodies());
-    let small = wanted(&ctx.policy, &params) <= crate::fast::MAX_INLINE_READ;
+    let small = wanted(&ctx.policy, &params) <= crate::limits::MAX_INLINE_READ;
     let work = move |op: &Op| read(op, params, &bodies);
     let mut reply = if small {
         ctx.owned_inline().run_small(work).await?

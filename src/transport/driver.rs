@@ -18,16 +18,8 @@ use tokio::task::JoinSet;
 
 use crate::fast::{Late, Sink};
 use crate::host::Session;
+use crate::limits::INPUT_BUDGET_KIB;
 use crate::outgoing::Outgoing;
-
-/// KiB of request lines a session may hold while their requests run: with upload chunks
-/// pipelined, `max_in_flight` alone would let 64 lines of up to `max_line` bytes pile up. A
-/// longer line is let through alone.
-pub(crate) const INPUT_BUDGET_KIB: usize = 32 << 10;
-
-/// Frames waiting for a writer; small, so a peer that stops reading stalls the broker's
-/// reading rather than growing its memory.
-pub(crate) const OUTPUT_QUEUE: usize = 64;
 
 /// A task's share of [`Driver`]'s count of answered, stuck requests, given back when it ends.
 struct Unstuck(Arc<Late>, Arc<AtomicUsize>);

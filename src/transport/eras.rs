@@ -25,40 +25,11 @@ use super::relay::ToServer;
 use crate::error::{Error, ErrorKind};
 use crate::host::Session;
 use crate::jsonrpc;
+use crate::limits::{
+    MAX_ANSWER_BYTES, MAX_BROKER_INPUTS, MAX_KEPT, MAX_KEPT_BYTES, MAX_KEPT_REQUEST, MAX_ROUNDS,
+    MAX_STASHED, MAX_STASHED_BYTES, MAX_UNREADABLE_IDS, ROUNDS_AT_ONCE,
+};
 use crate::outgoing::Outgoing;
-
-/// Host requests kept for a retry at once (each answered or cancelled lets go of its own).
-pub(super) const MAX_KEPT: usize = 1024;
-
-/// Bytes of host requests kept for a retry at once.
-pub(super) const MAX_KEPT_BYTES: usize = 64 << 20;
-
-/// The longest host request kept for a retry: `tools/call` and its kin are small; the
-/// `input_required` answer to a longer one has the broker's input requests taken out.
-pub(super) const MAX_KEPT_REQUEST: usize = 1 << 20;
-
-/// The broker answers at most this many input requests of one `input_required` result; the
-/// rest get a `QuotaExceeded` error as their answer.
-pub(super) const MAX_BROKER_INPUTS: usize = 16;
-
-/// Bytes of the broker's answers in one round (a retry line carries them all); past this, the
-/// rest get a `QuotaExceeded` error as their answer.
-pub(super) const MAX_ANSWER_BYTES: usize = 16 << 20;
-
-/// Rounds of input requests the broker answers at once on one connection; past this, the
-/// proxy stops reading the server until one is done.
-pub(super) const ROUNDS_AT_ONCE: usize = 2;
-
-/// The broker's answers waiting for the host's retry; past this, the oldest are let go (the
-/// server then asks again).
-pub(super) const MAX_STASHED: usize = 256;
-
-/// Errors sent for one unreadable message, at most: one per distinct id it carries.
-const MAX_UNREADABLE_IDS: usize = 8;
-
-/// Bytes of the broker's answers waiting for the host's retry; past this, the oldest are let
-/// go.
-pub(super) const MAX_STASHED_BYTES: usize = 32 << 20;
 
 /// The proxy asking the broker itself (the input requests of `input_required` results), and
 /// telling it which era the connection speaks.
@@ -429,7 +400,7 @@ impl Eras {
             };
         }
         let kept = match kept {
-            Some(kept) if kept.rounds < modern::MAX_ROUNDS => kept,
+            Some(kept) if kept.rounds < MAX_ROUNDS => kept,
             kept => return self.strip(&ir, kept),
         };
         let Ok(permit) = Arc::clone(&self.rounds).acquire_owned().await else {
@@ -537,7 +508,7 @@ impl Eras {
 
     /// The host's view of an `input_required` result whose broker input requests the proxy
     /// will not answer (the request was not kept, or the server kept asking past
-    /// [`modern::MAX_ROUNDS`]): the host's own input requests only, or an error when there
+    /// [`MAX_ROUNDS`]): the host's own input requests only, or an error when there
     /// are none.
     fn strip(&self, ir: &modern::InputRequired, kept: Option<Kept>) -> Option<Vec<u8>> {
         let exhausted = kept.is_some();
@@ -556,7 +527,7 @@ impl Eras {
         let reason = if exhausted {
             format!(
                 "fsbroker: the server asked for roots or files input more than {} times",
-                modern::MAX_ROUNDS
+                MAX_ROUNDS
             )
         } else {
             "fsbroker: the server asked for roots or files input on a request the proxy could not keep".to_owned()

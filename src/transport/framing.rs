@@ -7,9 +7,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// The default maximum line length: 32 MiB, room for an 8 MiB chunk in base64 and then some.
-pub const DEFAULT_MAX_LINE: usize = 32 << 20;
-
 /// How much to ask the OS for per read.
 const READ_SIZE: usize = 256 << 10;
 

@@ -21,6 +21,7 @@ use super::serve::{ServeOptions, serve_connection};
 use crate::broker::Broker;
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
+use crate::limits::BACKOFF;
 
 /// Serves `broker` on a Unix socket at `path` until the process is stopped.
 ///
@@ -137,9 +138,6 @@ pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io:
         });
     }
 }
-
-/// How long to wait before accepting again after running out of descriptors.
-const BACKOFF: Duration = Duration::from_millis(100);
 
 fn out_of_descriptors(e: &io::Error) -> bool {
     matches!(

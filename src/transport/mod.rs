@@ -11,7 +11,7 @@ pub mod proxy;
 mod relay;
 pub mod serve;
 
-pub use framing::DEFAULT_MAX_LINE;
+pub use crate::limits::DEFAULT_MAX_LINE;
 
 /// A proxy's note to a shared broker about its server ([`crate::PEER_NOTIFICATION`]), as a
 /// line: `params` with the socket's `key`, which is what makes the broker take it from this

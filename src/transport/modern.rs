@@ -12,6 +12,7 @@
 //! Everything here works on raw JSON members: numbers, strings and members the proxy does not
 //! know pass through as the peers wrote them.
 
+use crate::limits::{MAX_IDS, MAX_INPUT_REQUESTS, MAX_MEMBERS};
 use std::collections::BTreeMap;
 
 use serde_json::Value;
@@ -29,10 +30,6 @@ pub(crate) const EXTENSION_ID: &str = "io.github.fsbroker/files";
 
 /// The methods whose results may be `input_required` (the 2026-07-28 schema's list).
 pub(crate) const INPUT_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
-
-/// At most this many rounds of `input_required` answered by the broker for one host request
-/// (the SDKs stop at 10 too): a server that keeps asking gets its last answer to the host.
-pub(crate) const MAX_ROUNDS: u32 = 10;
 
 pub(crate) use crate::jsonrpc::{MODERN_VERSION, is_modern};
 
@@ -194,10 +191,6 @@ impl InputRequired {
             .collect()
     }
 }
-
-/// An `input_required` result with more input requests than this is not relayed: no peer
-/// asks for so much at once, and the proxy would hold them all.
-pub(crate) const MAX_INPUT_REQUESTS: usize = 64;
 
 /// What a message from the server is, to the proxy.
 #[derive(Debug)]
@@ -880,16 +873,6 @@ where
     }
     Ok(dup)
 }
-
-/// An object at a level that decides where a message goes (the message, its result, the
-/// input requests and each of them) with more members than this is unreadable: the proxy
-/// tracks each member's name there (and keeps each member of an `input_required` result),
-/// so their number bounds what a line costs it beyond its own bytes. No peer writes so many.
-pub(crate) const MAX_MEMBERS: usize = 4096;
-
-/// How many distinct ids of one message are kept: a message that writes its id more than
-/// once is unreadable anyway, and answered under at most a few of them.
-pub(crate) const MAX_IDS: usize = 8;
 
 /// Skips any JSON value that is not an object; reads an object with `$visit`.
 macro_rules! object_or_skip {

@@ -37,7 +37,7 @@ use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::driver::{Driver, OUTPUT_QUEUE};
+use super::driver::Driver;
 use super::eras::{self, Asker, Eras, Outputs, Waiting};
 use super::framing::{Frame, LineReader};
 use super::modern;
@@ -47,6 +47,8 @@ use super::relay::{Budget, ToServer};
 use super::serve::{spawn_writer, too_long, write_frames};
 use crate::host::Session;
 use crate::jsonrpc::{self, Incoming};
+pub use crate::limits::{CLOSE_GRACE, END_GRACE, HOST_GONE_GRACE, STOP_KILL_GRACE};
+use crate::limits::{DRAIN, FINISH_SLACK, OUTPUT_QUEUE};
 use crate::outgoing::Outgoing;
 
 /// How the proxy reaches a broker.
@@ -204,9 +206,6 @@ fn push_safe(out: &mut Vec<u8>, text: &str) {
         }
     }
 }
-
-/// How long a server told to end (SIGTERM) has before it is killed.
-pub const END_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Runs the proxy until the server exits; returns its exit code.
 pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
@@ -510,32 +509,6 @@ async fn wait_gone(mut gone: tokio::sync::watch::Receiver<bool>) {
         std::future::pending::<()>().await;
     }
 }
-
-/// How long a server has to exit by itself once the host has gone (the proxy's stdin closed,
-/// and with it the server's) before it is sent SIGTERM, when nothing stops the proxy. Longer
-/// than the grace a stopping proxy gives ([`CLOSE_GRACE`]): no stop grace runs, and a server
-/// may still be finishing what it was asked (a host that wants it gone sooner sends the proxy
-/// SIGTERM, as the MCP SDKs do 2 s after closing its stdin).
-pub const HOST_GONE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// How long the server of a proxy stopped by a signal has, from the moment its stdin closed,
-/// before it is sent SIGTERM (the MCP stdio transport's shutdown: close the server's input,
-/// wait, SIGTERM, wait, SIGKILL). A server whose stdin closed longer ago (the host closed the
-/// proxy's stdin, then sent SIGTERM) is sent SIGTERM at once.
-pub const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// How long a server sent SIGTERM because the host has gone or the proxy stops has before
-/// SIGKILL. With [`CLOSE_GRACE`], it fits in the grace a stopping broker gives its work (5 s,
-/// `crate::cli`), so a proxy stopped by a signal seals its audit log whatever its server does.
-pub const STOP_KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How long the relay drains an unconfined server's stdout after the server exited and the
-/// host has gone, when what the server started still holds it open.
-const DRAIN: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// How long past `timeout_ms` the proxy waits for its server's last requests once the server
-/// is gone ([`BrokerSide::finish`]).
-const FINISH_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Ends the server when it must go, through `target`:
 /// - once `revoked` resolves (a reload took away access a confined server holds): SIGTERM at

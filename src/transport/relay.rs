@@ -7,11 +7,8 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use super::serve::QueueItem;
+pub use crate::limits::RELAY_BUDGET_KIB;
 use crate::outgoing::Outgoing;
-
-/// KiB of lines each relay queue may hold (host → server, server → host, and to and from a
-/// shared broker); a longer line is let through alone.
-pub const RELAY_BUDGET_KIB: usize = 32 << 10;
 
 /// Messages for the server's stdin.
 pub(super) enum ToServer {

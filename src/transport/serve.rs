@@ -12,13 +12,14 @@ use std::sync::Arc;
 use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
 
-use super::driver::{Driver, OUTPUT_QUEUE};
-use super::framing::{DEFAULT_MAX_LINE, Frame, InputBudget, LineReader};
+use super::driver::Driver;
+use super::framing::{Frame, InputBudget, LineReader};
 use super::pipe::BlockingWriter;
 use super::pipe::FrameWriter;
 use crate::error::{Error, ErrorKind};
 use crate::host::Session;
 use crate::jsonrpc;
+use crate::limits::{DEFAULT_MAX_LINE, MAX_INPUT_WAIT, OUTPUT_QUEUE};
 use crate::outgoing::Outgoing;
 
 /// Knobs of one served connection.
@@ -53,13 +54,6 @@ impl Default for ServeOptions {
         }
     }
 }
-
-/// The longest a line waits for room in the shared input budget before it is refused. Honest
-/// lines arrive in milliseconds and free their room as they complete; a budget that stays
-/// full this long is held by connections that are not finishing theirs. A reader waiting for
-/// room does not read, so it does not see its peer leave: the wait is short so that a closed
-/// connection is noticed (and its session ended) soon.
-const MAX_INPUT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Serves `session` on this process's stdin and stdout.
 pub async fn serve_stdio(session: Arc<Session>, opts: ServeOptions) -> io::Result<()> {

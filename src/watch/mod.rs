@@ -585,7 +585,7 @@ impl WatchHub {
                     Err(Error::new(f.kind, format!("cannot watch: {}", f.message))
                         .with_path(who.raw))
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => Err(crate::limits::timed_out(who.limit)),
+                Err(mpsc::RecvTimeoutError::Timeout) => Err(crate::throttle::timed_out(who.limit)),
                 Err(mpsc::RecvTimeoutError::Disconnected) => Err(not_running()),
             }
         };
