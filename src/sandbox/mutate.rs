@@ -592,6 +592,7 @@ impl Staged {
     /// the point where the kernel throttles the writer. Best effort.
     pub(crate) fn start_writeback(&self) {
         use std::os::fd::AsRawFd;
+        // No safe wrapper: rustix has no sync_file_range(2).
         // SAFETY: `sync_file_range` takes a descriptor and three integers, no memory; the
         // descriptor belongs to `self.file`, open for the whole call. Offset 0 with length 0
         // means the whole file; `SYNC_FILE_RANGE_WRITE` only starts writeback of dirty pages.
