@@ -94,7 +94,8 @@ impl Confinement {
         // SAFETY: the closure runs in the child between fork and exec, where only
         // async-signal-safe work is sound. `die_with_parent` makes two system calls (prctl,
         // getppid) on integers; `close_inherited` and `drop_capabilities` make system calls
-        // on integers and on locals of their own; `restrict_self` makes three more (prctl
+        // on integers and on locals of their own (rustix's wrappers among them are one system
+        // call each, on the stack); `restrict_self` makes three more (prctl
         // twice, landlock_restrict_self) on memory built before the fork (the filter, kept
         // alive by the Arc the closure owns) and on `fd`. Neither allocates (the error, if any, is a
         // raw OS error) or takes a lock. `fd` stays open in the parent while `self` lives,
