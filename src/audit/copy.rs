@@ -257,7 +257,7 @@ pub(crate) fn syslog_message(
     }
     short.insert("elided", Value::from(elided));
     short.insert("lineBytes", Value::from(line.len()));
-    out.extend_from_slice(&super::canonical(&short));
+    out.extend_from_slice(&super::chain::canonical(&short));
     out
 }
 
@@ -410,7 +410,7 @@ mod tests {
         let mut f = fields();
         f.insert("path", Value::from("x".repeat(SYSLOG_MAX)));
         f.insert("hash", Value::from("h".repeat(64)));
-        let line = super::super::canonical(&f);
+        let line = super::super::chain::canonical(&f);
         let m = syslog_message(10, "host", 42, &f, &line);
         assert!(m.len() <= SYSLOG_MAX, "{}", m.len());
         let text = String::from_utf8(m).unwrap();

@@ -13,6 +13,123 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use serde_json::Value;
+
+use super::chain::{Fields, Line, chain_line};
+use super::{AuditLog, event};
+
+/// What a roll-over did: the new file, if it is in place, and the lines written.
+#[derive(Default)]
+pub(super) struct Rolled {
+    pub(super) file: Option<File>,
+    pub(super) lines: Vec<Line>,
+}
+
+impl AuditLog {
+    /// Rolls the log over, holding the full file's lock: the full file is kept under a new
+    /// name and ends with a `rotate` line naming it; a new file at the path begins with a
+    /// `continue` line whose `prev` is that line's hash. The path is never missing (the new
+    /// file replaces it in one rename), so a broker starting meanwhile opens one or the other,
+    /// and a broker still holding the full file finds out at its next append
+    /// (`rotate::moved_away`).
+    ///
+    /// The new file is ready before the full one is touched: when the roll-over cannot be
+    /// prepared (no hard links on this file system, no room for the new file) nothing is
+    /// written and the log carries on in the full file (`Rolled::file` is `None`). An error
+    /// is a failed write to the log itself.
+    pub(super) fn roll(&self, full: &File, len: u64, prev: &str) -> std::io::Result<Rolled> {
+        let cannot = |e: std::io::Error| {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot roll the audit log over; it keeps growing");
+        };
+        let kept = match keep(&self.path) {
+            Ok(kept) => kept,
+            Err(e) => {
+                cannot(e);
+                return Ok(Rolled::default());
+            }
+        };
+        let kept_name = kept
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut end = event("rotate");
+        end.insert("file", Value::from(kept_name.clone()));
+        let (end_line, end_fields) = chain_line(prev, end);
+        let mut next = event("continue");
+        next.insert("from", Value::from(kept_name));
+        let (next_line, next_fields) =
+            chain_line(end_fields["hash"].as_str().unwrap_or_default(), next);
+        let (temp, file) = match prepare(&self.path, &next_line) {
+            Ok(ready) => ready,
+            Err(e) => {
+                unkeep(&kept);
+                cannot(e);
+                return Ok(Rolled::default());
+            }
+        };
+        let mut bytes = end_line.clone();
+        bytes.push(b'\n');
+        let ended = (&*full).write_all(&bytes).and_then(|()| full.sync_data());
+        if let Err(e) = ended {
+            // As for any line: a rotate line written in part is cut back off.
+            if let Err(cut) = full.set_len(len) {
+                tracing::error!(path = %self.path.display(), error = %cut, "cannot remove a partly written audit line");
+            }
+            unkeep(&kept);
+            discard(&temp);
+            return Err(e);
+        }
+        if let Err(e) = install(&temp, &self.path) {
+            // The full file ends in a rotate line yet stays the log: the next line follows
+            // it in the same file, and the chain is whole.
+            unkeep(&kept);
+            discard(&temp);
+            cannot(e);
+            return Ok(Rolled {
+                file: None,
+                lines: vec![(end_line, end_fields)],
+            });
+        }
+        finish(full, &kept);
+        tracing::info!(path = %self.path.display(), kept = %kept.display(), "audit log rolled over");
+        Ok(Rolled {
+            file: Some(file),
+            lines: vec![(end_line, end_fields), (next_line, next_fields)],
+        })
+    }
+
+    /// Finishes a roll-over whose broker died after writing the rotate line (the full file,
+    /// `full`, ends with it, its head `prev`; `kept` is its kept name): the new file, with its
+    /// `continue` line, is put at the path. `None` when that cannot be done now (the log goes
+    /// on in the full file, after its rotate line, which `verify` accepts).
+    pub(super) fn finish_roll(
+        &self,
+        full: &File,
+        prev: &str,
+        kept: &Path,
+    ) -> std::io::Result<Option<(File, Vec<u8>, Fields)>> {
+        let mut next = event("continue");
+        let name = kept.file_name().map(|n| n.to_string_lossy().into_owned());
+        next.insert("from", Value::from(name.unwrap_or_default()));
+        let (line, fields) = chain_line(prev, next);
+        let ready = prepare(&self.path, &line).and_then(|(temp, file)| {
+            install(&temp, &self.path).inspect_err(|_| discard(&temp))?;
+            Ok(file)
+        });
+        match ready {
+            Ok(file) => {
+                finish(full, kept);
+                tracing::warn!(path = %self.path.display(), kept = %kept.display(), "finished a roll-over of the audit log that another broker began");
+                Ok(Some((file, line, fields)))
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot finish an interrupted roll-over; the log goes on in the full file");
+                Ok(None)
+            }
+        }
+    }
+}
+
 /// Opens (or creates, owner-only) the log file at `path` for reading and appending. A symlink
 /// at the path (to `/dev/null`, to another file) is refused rather than followed, so the log
 /// cannot be diverted by a link, and so is a FIFO or socket put there (a writer would block or

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::{AuditError, GENESIS, canonical, sha256_hex};
+use super::chain::{canonical, sha256_hex};
+use super::{AuditError, GENESIS};
 
 /// What [`verify_files`] found in an intact log.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

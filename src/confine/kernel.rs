@@ -37,6 +37,8 @@ pub(crate) fn abi() -> i32 {
 
 /// The kernel's own Landlock ABI version, 0 without Landlock.
 pub(crate) fn kernel_abi() -> i32 {
+    // No safe wrapper: the landlock crate asks the kernel this too, but keeps the answer
+    // private (and caps it at the ABIs it knows); rustix has no Landlock calls.
     // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) reads no
     // memory and creates no descriptor: it only returns the ABI version (or -1 and errno).
     #[allow(unsafe_code)]
@@ -261,6 +263,7 @@ const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 /// pipe of its own, which must stay usable until then. Async-signal-safe: system calls on
 /// integers.
 pub(crate) fn close_inherited() -> io::Result<()> {
+    // No safe wrapper: rustix has no close_range(2).
     // SAFETY: close_range(first, last, flags) takes integers and touches no memory of ours;
     // it only sets a flag on descriptors of this process.
     #[allow(unsafe_code)]
@@ -275,19 +278,13 @@ pub(crate) fn close_inherited() -> io::Result<()> {
     if done == 0 {
         return Ok(());
     }
-    // Before Linux 5.11: one `fcntl` per descriptor number up to the limit.
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one `rlimit` to the pointer, which is a live local of that type.
-    #[allow(unsafe_code)]
-    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    if got != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let last = limit.rlim_cur.min(1 << 20) as libc::c_int;
+    // Before Linux 5.11: one `fcntl` per descriptor number up to the limit (an unlimited
+    // one, `RLIM_INFINITY`, is `None`, and capped like any other).
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let last = limit.current.map_or(1 << 20, |n| n.min(1 << 20)) as libc::c_int;
     for fd in 3..last {
+        // Not rustix's `fcntl_setfd`: it takes a borrowed descriptor, which a number that may
+        // not be open cannot soundly be made into.
         // SAFETY: fcntl(fd, F_SETFD, FD_CLOEXEC) takes integers; on a number that is not an
         // open descriptor it fails with EBADF and changes nothing.
         #[allow(unsafe_code)]
@@ -305,61 +302,30 @@ pub(crate) fn close_inherited() -> io::Result<()> {
 /// nothing. Fails only if root keeps a capability it could take back at `exec`.
 /// Async-signal-safe: system calls on integers and on locals.
 pub(crate) fn drop_capabilities() -> io::Result<()> {
-    /// `struct __user_cap_header_struct`.
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    /// `struct __user_cap_data_struct`.
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    /// linux/capability.h.
-    const CAP_SYS_ADMIN: libc::c_int = 21;
-    /// `_LINUX_CAPABILITY_VERSION_3`: two data structs, 64 capabilities.
-    const VERSION_3: u32 = 0x2008_0522;
-    // SAFETY (this block): prctl with integer arguments touches no memory of ours. Past the
-    // last capability it fails with EINVAL, and without CAP_SETPCAP with EPERM: either way
-    // nothing changes, and the check below says whether what matters was dropped.
-    #[allow(unsafe_code)]
-    unsafe {
-        for cap in 0..64 {
-            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-        }
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0,
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    // Past the last capability the kernel refuses with EINVAL, and without CAP_SETPCAP with
+    // EPERM: either way nothing changes, and the check below says whether what matters was
+    // dropped. (A set of one bit names one capability, known to rustix or not.)
+    for cap in 0..64 {
+        let _ = rustix::thread::remove_capability_from_bounding_set(
+            CapabilitySet::from_bits_retain(1 << cap),
         );
     }
-    let header = Header {
-        version: VERSION_3,
-        pid: 0,
-    };
-    let data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: capset reads one header and (version 3) two data structs from the pointers,
-    // which are live locals of exactly those layouts; dropping capabilities is always allowed.
-    #[allow(unsafe_code)]
-    let done = unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
-    if done != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // Root regains at `exec` whatever is left in its bounding set.
-    // SAFETY: prctl(PR_CAPBSET_READ, cap) takes integers.
-    #[allow(unsafe_code)]
-    let kept = unsafe { libc::prctl(libc::PR_CAPBSET_READ, CAP_SYS_ADMIN, 0, 0, 0) };
-    if rustix::process::geteuid().is_root() && kept == 1 {
+    let _ = rustix::thread::clear_ambient_capability_set();
+    // capset(2), `_LINUX_CAPABILITY_VERSION_3`, this process: dropping is always allowed.
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: CapabilitySet::empty(),
+            permitted: CapabilitySet::empty(),
+            inheritable: CapabilitySet::empty(),
+        },
+    )?;
+    // Root regains at `exec` whatever is left in its bounding set. (A failed read counts as
+    // not kept, as `prctl(PR_CAPBSET_READ)` returning -1 did.)
+    let kept =
+        rustix::thread::capability_is_in_bounding_set(CapabilitySet::SYS_ADMIN).unwrap_or(false);
+    if rustix::process::geteuid().is_root() && kept {
         return Err(io::Error::from_raw_os_error(libc::EPERM));
     }
     Ok(())
@@ -376,6 +342,8 @@ pub(crate) fn restrict_self(fd: Option<RawFd>, filter: &super::seccomp::Filter) 
     rustix::thread::set_no_new_privs(true)?;
     filter.install()?;
     let Some(fd) = fd else { return Ok(()) };
+    // No safe wrapper: the landlock crate's `restrict_self` consumes its own ruleset object
+    // (and does more than one system call), which the child of a fork cannot use.
     // SAFETY: landlock_restrict_self(fd, 0) takes a descriptor and flags, both integers, and
     // touches no memory of ours; `fd` is the ruleset's, kept open by the caller past the fork.
     #[allow(unsafe_code)]

@@ -363,6 +363,7 @@ impl Filter {
             len: u16::try_from(self.program.len()).unwrap_or(u16::MAX),
             filter: self.program.as_ptr().cast_mut(),
         };
+        // No safe wrapper: rustix's `set_secure_computing_mode` passes no filter program.
         // SAFETY: `prog` points at `self.program`, which lives (unchanged) for the whole call;
         // the kernel copies the program before returning and keeps no pointer to it.
         #[allow(unsafe_code)]

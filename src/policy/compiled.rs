@@ -1,104 +1,17 @@
 //! The runtime policy: roots opened, globs compiled, limits checked.
+//!
+//! One compile per load ([`Policy::load`], [`Policy::compile`]): the roots opened and checked
+//! against each other, the tables made usable (`config.rs`, `limits.rs`), fsbroker's own
+//! files gathered and protected. Requests share the result and never read the file.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{AuditFile, ConfineMode, CopyTarget, LimitsFile, OnRevoke, PolicyError, PolicyFile};
+use super::config::audit_config;
+use super::{AuditConfig, ConfineConfig, ConsentConfig, Limits, PolicyError, PolicyFile};
 use crate::sandbox::protected::{self, Protected, ProtectedSpec};
 use crate::sandbox::{ConsentMode, Mode, Root, RootSpec};
-
-/// How `prompt` roots ask a person.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConsentConfig {
-    /// The external decision program (argv), if any; it wins over the terminal.
-    pub command: Vec<String>,
-    /// Whether the controlling terminal may be used.
-    pub terminal: bool,
-    /// How long a prompt may go unanswered before it counts as a denial.
-    pub timeout: Duration,
-}
-
-/// Where and how the audit log is written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuditConfig {
-    /// The log file (absolute, or relative to the working directory).
-    pub path: PathBuf,
-    /// Whether paths are logged as their sha256.
-    pub redact_paths: bool,
-    /// Roll to a new file once the log would grow past this many bytes.
-    pub max_bytes: Option<u64>,
-    /// Copies of every line sent, as it is written, to the machine's log collectors.
-    pub copies: Vec<CopyConfig>,
-    /// Whether a copy that cannot be delivered makes the log unavailable.
-    pub require_copies: bool,
-}
-
-impl AuditConfig {
-    /// A log at `path` with nothing else set.
-    pub fn at(path: PathBuf) -> AuditConfig {
-        AuditConfig {
-            path,
-            redact_paths: false,
-            max_bytes: None,
-            copies: Vec::new(),
-            require_copies: false,
-        }
-    }
-}
-
-/// How `fsbroker proxy` confines its server (the `[confine]` table, paths made absolute).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ConfineConfig {
-    /// Off, best effort or strict.
-    pub mode: ConfineMode,
-    /// More paths the server may read and run programs from.
-    pub read: Vec<PathBuf>,
-    /// More paths the server may read and write.
-    pub write: Vec<PathBuf>,
-    /// Whether TCP is allowed.
-    pub net: bool,
-    /// What a reload that takes access away does to the server.
-    pub on_revoke: OnRevoke,
-}
-
-/// One copy of the audit log, off the file: where it goes and how it is framed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CopyConfig {
-    /// RFC 5424 syslog messages, one per datagram.
-    Syslog {
-        /// The Unix datagram socket (`/dev/log`).
-        socket: PathBuf,
-        /// The facility's number (RFC 5424 §6.2.1).
-        facility: u8,
-    },
-    /// The systemd journal's native protocol.
-    Journald {
-        /// The Unix datagram socket (`/run/systemd/journal/socket`).
-        socket: PathBuf,
-    },
-}
-
-/// The smallest `max_bytes`: a few lines per file at least.
-pub const MIN_AUDIT_BYTES: u64 = 4096;
-
-/// Syslog facilities by name (RFC 5424 §6.2.1).
-const FACILITIES: &[(&str, u8)] = &[
-    ("kern", 0),
-    ("user", 1),
-    ("daemon", 3),
-    ("auth", 4),
-    ("syslog", 5),
-    ("authpriv", 10),
-    ("local0", 16),
-    ("local1", 17),
-    ("local2", 18),
-    ("local3", 19),
-    ("local4", 20),
-    ("local5", 21),
-    ("local6", 22),
-    ("local7", 23),
-];
 
 /// Roots and switches from the command line, merged into a policy (docs/protocol.md,
 /// `fsbroker serve`).
@@ -117,124 +30,6 @@ pub struct Overrides {
     /// The audit log the broker writes, set by the broker once it is open: it stays in use,
     /// and protected, whatever a reloaded policy's `[audit]` says.
     pub audit_in_use: Option<PathBuf>,
-}
-
-/// Validated limits (docs/policy.md, `[limits]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limits {
-    /// Default read length.
-    pub chunk_size: usize,
-    /// Largest read or write payload.
-    pub max_chunk_size: usize,
-    /// Largest file a write may produce.
-    pub max_file_size: u64,
-    /// Per-operation time limit.
-    pub timeout: Duration,
-    /// Requests per second per session; 0 = unlimited.
-    pub requests_per_second: u32,
-    /// Burst above the request rate.
-    pub request_burst: u32,
-    /// Payload bytes per second per session; 0 = unlimited.
-    pub bytes_per_second: u64,
-    /// Watches per session.
-    pub max_watches: u32,
-    /// Entries per `files/list` page.
-    pub max_list_entries: usize,
-    /// Kept locks per session.
-    pub max_locks: u32,
-    /// Lifetime of a kept lock.
-    pub lock_timeout: Duration,
-    /// Requests of one session handled at once.
-    pub max_in_flight: usize,
-    /// Unfinished uploads per session.
-    pub max_uploads: usize,
-    /// Sessions a `serve --listen` broker serves at once.
-    pub max_sessions: usize,
-    /// Bytes of partial request lines held across every connection of a broker.
-    pub max_pending_input: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        // The file defaults are valid by construction.
-        Limits::from_file(&LimitsFile::default()).unwrap_or_else(|_| unreachable!())
-    }
-}
-
-impl Limits {
-    fn from_file(f: &LimitsFile) -> Result<Limits, PolicyError> {
-        let positive = |key: &'static str, v: u64| {
-            if v == 0 {
-                Err(PolicyError::Limit {
-                    key,
-                    reason: "must be greater than 0".into(),
-                })
-            } else {
-                Ok(v)
-            }
-        };
-        let as_usize = |key: &'static str, v: u64| {
-            usize::try_from(v).map_err(|_| PolicyError::Limit {
-                key,
-                reason: format!("{v} is too large for this machine"),
-            })
-        };
-        let chunk_size = as_usize("chunk_size", positive("chunk_size", f.chunk_size)?)?;
-        let max_chunk_size = as_usize(
-            "max_chunk_size",
-            positive("max_chunk_size", f.max_chunk_size)?,
-        )?;
-        if chunk_size > max_chunk_size {
-            return Err(PolicyError::Limit {
-                key: "chunk_size",
-                reason: format!("{chunk_size} is larger than max_chunk_size ({max_chunk_size})"),
-            });
-        }
-        // A chunk is sent as base64 on one line; keep it well inside what the framer accepts
-        // (and what servers can be expected to allocate).
-        const MAX_CHUNK: u64 = 16 << 20;
-        if f.max_chunk_size > MAX_CHUNK {
-            return Err(PolicyError::Limit {
-                key: "max_chunk_size",
-                reason: format!(
-                    "{} is above the supported maximum of {MAX_CHUNK}",
-                    f.max_chunk_size
-                ),
-            });
-        }
-        Ok(Limits {
-            chunk_size,
-            max_chunk_size,
-            max_file_size: positive("max_file_size", f.max_file_size)?,
-            timeout: Duration::from_millis(positive("timeout_ms", f.timeout_ms)?),
-            requests_per_second: f.requests_per_second,
-            request_burst: f.request_burst,
-            bytes_per_second: f.bytes_per_second,
-            max_watches: f.max_watches,
-            max_list_entries: as_usize(
-                "max_list_entries",
-                positive("max_list_entries", f.max_list_entries.into())?,
-            )?,
-            max_locks: f.max_locks,
-            lock_timeout: Duration::from_millis(positive("lock_timeout_ms", f.lock_timeout_ms)?),
-            max_in_flight: as_usize(
-                "max_in_flight",
-                positive("max_in_flight", f.max_in_flight.into())?,
-            )?,
-            max_uploads: as_usize(
-                "max_uploads",
-                positive("max_uploads", f.max_uploads.into())?,
-            )?,
-            max_sessions: as_usize(
-                "max_sessions",
-                positive("max_sessions", f.max_sessions.into())?,
-            )?,
-            max_pending_input: as_usize(
-                "max_pending_input",
-                positive("max_pending_input", f.max_pending_input)?,
-            )?,
-        })
-    }
 }
 
 /// The policy a broker runs with. Built once per load; requests share it through an `Arc`.
@@ -569,75 +364,9 @@ fn refuse_writable_command(roots: &[Root], command: &[PathBuf]) -> Result<(), Po
     Ok(())
 }
 
-/// The `[audit]` table (when there is one) for a log at `path`.
-fn audit_config(
-    path: PathBuf,
-    table: Option<&AuditFile>,
-    base: Option<&Path>,
-) -> Result<AuditConfig, PolicyError> {
-    let Some(a) = table else {
-        return Ok(AuditConfig::at(path));
-    };
-    let bad = |reason: String| PolicyError::Table {
-        table: "audit",
-        reason,
-    };
-    if let Some(max) = a.max_bytes.filter(|&m| m < MIN_AUDIT_BYTES) {
-        return Err(bad(format!(
-            "max_bytes = {max} is too small: at least {MIN_AUDIT_BYTES}"
-        )));
-    }
-    let facility = match a.syslog_facility.as_deref() {
-        None => 10,
-        Some(name) => FACILITIES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|&(_, f)| f)
-            .ok_or_else(|| {
-                let names: Vec<&str> = FACILITIES.iter().map(|(n, _)| *n).collect();
-                bad(format!(
-                    "syslog_facility {name:?} is not a facility: one of {}",
-                    names.join(", ")
-                ))
-            })?,
-    };
-    if a.syslog_facility.is_some()
-        && !matches!(
-            a.syslog,
-            Some(CopyTarget::Enabled(true) | CopyTarget::Socket(_))
-        )
-    {
-        return Err(bad("syslog_facility is set but syslog is not".into()));
-    }
-    let socket = |target: &Option<CopyTarget>, usual: &str| match target {
-        Some(CopyTarget::Enabled(true)) => Some(PathBuf::from(usual)),
-        Some(CopyTarget::Socket(p)) => Some(expand(p, base)),
-        Some(CopyTarget::Enabled(false)) | None => None,
-    };
-    let mut copies = Vec::new();
-    if let Some(socket) = socket(&a.syslog, "/dev/log") {
-        copies.push(CopyConfig::Syslog { socket, facility });
-    }
-    if let Some(socket) = socket(&a.journald, "/run/systemd/journal/socket") {
-        copies.push(CopyConfig::Journald { socket });
-    }
-    if a.require_copies && copies.is_empty() {
-        return Err(bad(
-            "require_copies is set but there is no copy (set syslog or journald)".into(),
-        ));
-    }
-    Ok(AuditConfig {
-        path,
-        redact_paths: a.redact_paths,
-        max_bytes: a.max_bytes,
-        copies,
-        require_copies: a.require_copies,
-    })
-}
-
 /// `~/x` → `$HOME/x`; a relative path → under `base` (the policy's directory) when given,
 /// else under the working directory (command-line roots).
-fn expand(path: &Path, base: Option<&Path>) -> PathBuf {
+pub(super) fn expand(path: &Path, base: Option<&Path>) -> PathBuf {
     if let Ok(rest) = path.strip_prefix("~") {
         if let Some(home) = std::env::var_os("HOME") {
             return PathBuf::from(home).join(rest);

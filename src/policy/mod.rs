@@ -6,18 +6,19 @@
 //! the compiled policy and never the file.
 
 mod compiled;
+mod config;
 mod file;
+mod limits;
 
 use std::path::PathBuf;
 
-pub use compiled::{
-    AuditConfig, ConfineConfig, ConsentConfig, CopyConfig, Limits, MIN_AUDIT_BYTES, Overrides,
-    Policy,
-};
+pub use compiled::{Overrides, Policy};
+pub use config::{AuditConfig, ConfineConfig, ConsentConfig, CopyConfig, MIN_AUDIT_BYTES};
 pub use file::{
     AuditFile, ConfineFile, ConfineMode, ConsentFile, CopyTarget, LimitsFile, OnRevoke, PolicyFile,
     RootEntry,
 };
+pub use limits::Limits;
 
 /// Why a policy could not be loaded.
 #[derive(Debug, thiserror::Error)]

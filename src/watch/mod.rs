@@ -25,23 +25,24 @@
 //! (a directory opened, as listing a watched tree opens every directory in it) never enter
 //! the queue, so listing a large tree does not flood it into a rescan.
 
+mod change;
 mod registrar;
+mod registry;
 mod snapshot;
 mod worker;
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak, mpsc};
+use std::sync::{Arc, MutexGuard, Weak, mpsc};
 use std::time::{Duration, Instant};
-
-use notify::RecursiveMode;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::policy::Policy;
 use crate::sandbox::Root;
 
+pub(crate) use change::{Change, EventSet};
 use registrar::Job;
+use registry::{Doomed, Entry, Registry, Shared, Watch};
 pub(crate) use snapshot::Snapshot;
 
 /// What the watch worker needs of the broker that owns the hub: the policy in force, and a
@@ -63,59 +64,6 @@ pub(crate) trait Subscriber: Send + Sync {
     fn is_granted(&self, abs: &Path) -> bool;
 }
 
-/// Events a watch reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct EventSet {
-    /// `created`
-    pub created: bool,
-    /// `modified`
-    pub modified: bool,
-    /// `deleted`
-    pub deleted: bool,
-}
-
-impl EventSet {
-    /// All three.
-    pub(crate) const ALL: EventSet = EventSet {
-        created: true,
-        modified: true,
-        deleted: true,
-    };
-
-    /// From the wire names; an unknown name is an error naming it.
-    pub(crate) fn parse(names: &[String]) -> Result<EventSet> {
-        let mut set = EventSet {
-            created: false,
-            modified: false,
-            deleted: false,
-        };
-        for n in names {
-            match n.as_str() {
-                "created" => set.created = true,
-                "modified" => set.modified = true,
-                "deleted" => set.deleted = true,
-                other => {
-                    return Err(Error::invalid_params(format!(
-                        "unknown event {other:?}: expected \"created\", \"modified\" or \"deleted\""
-                    )));
-                }
-            }
-        }
-        if !(set.created || set.modified || set.deleted) {
-            return Err(Error::invalid_params("events must name at least one event"));
-        }
-        Ok(set)
-    }
-
-    fn has(&self, e: Change) -> bool {
-        match e {
-            Change::Created => self.created,
-            Change::Modified => self.modified,
-            Change::Deleted => self.deleted,
-        }
-    }
-}
-
 /// What a new watch covers.
 #[derive(Debug, Clone)]
 pub(crate) struct Spec {
@@ -127,226 +75,6 @@ pub(crate) struct Spec {
     pub recursive: bool,
     /// The events to report.
     pub events: EventSet,
-}
-
-/// A change as reported to servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Change {
-    /// The path appeared (created, or moved in).
-    Created,
-    /// Its content or metadata changed.
-    Modified,
-    /// The path went away (deleted, or moved out).
-    Deleted,
-}
-
-impl Change {
-    fn name(self) -> &'static str {
-        match self {
-            Change::Created => "created",
-            Change::Modified => "modified",
-            Change::Deleted => "deleted",
-        }
-    }
-
-    /// Two changes to one path within the coalescing window, as one.
-    fn then(self, next: Change) -> Change {
-        match (self, next) {
-            (Change::Created, Change::Modified) => Change::Created,
-            (Change::Deleted, Change::Created) => Change::Modified,
-            (_, next) => next,
-        }
-    }
-}
-
-/// One watch.
-#[derive(Debug)]
-struct Watch {
-    session: Weak<dyn Subscriber>,
-    session_id: u64,
-    /// The root's canonical path (the root itself is looked up in the current policy on
-    /// every event, so a reload's new name or deny globs apply at once).
-    root: PathBuf,
-    /// The watched path relative to the root, symlinks resolved.
-    rel: String,
-    is_dir: bool,
-    recursive: bool,
-    events: EventSet,
-    /// What is registered with notify for this watch (the directory, or a file's parent).
-    registered: PathBuf,
-    /// (device, inode) of `registered` when the watch began: if the path stops leading to
-    /// that directory (it, or an ancestor, was moved or deleted), the watch ends rather than
-    /// report what happens to the directory at its new place.
-    identity: Option<(u64, u64)>,
-    snapshot: Snapshot,
-    /// Set when events for this watch had to be dropped: the next quiet moment rescans it.
-    lost: bool,
-    /// Cleared the moment the watch is ended (its [`Entry`] shares it): an unwatch, a
-    /// session's end or a revoked root takes effect at once, while the registrar takes the
-    /// watch out of the registry later, and nothing may be reported for it in between.
-    live: Arc<AtomicBool>,
-    /// When it was added, in the hub's order: a revoked root ends only the watches made
-    /// before the revocation, not those of a root added back since.
-    serial: u64,
-}
-
-#[derive(Debug, Default)]
-struct Registry {
-    watches: HashMap<String, Watch>,
-    /// Registered path → (recursive users, flat users).
-    registered: HashMap<PathBuf, (usize, usize)>,
-}
-
-impl Registry {
-    /// Counts one more use of `path`.
-    fn count(&mut self, path: &Path, recursive: bool) {
-        let counts = self.registered.entry(path.to_path_buf()).or_default();
-        if recursive {
-            counts.0 += 1;
-        } else {
-            counts.1 += 1;
-        }
-    }
-
-    /// Counts one use of `path` fewer.
-    fn uncount(&mut self, path: &Path, recursive: bool) {
-        let Some(c) = self.registered.get_mut(path) else {
-            return;
-        };
-        if recursive {
-            c.0 = c.0.saturating_sub(1);
-        } else {
-            c.1 = c.1.saturating_sub(1);
-        }
-        if c.0 + c.1 == 0 {
-            self.registered.remove(path);
-        }
-    }
-
-    /// notify keeps one watch per directory: registering a directory that a recursive
-    /// registration of an ancestor already covers would overwrite that watch, and
-    /// unregistering it would blind the ancestor's watch. So notify is given only the
-    /// *effective* set: every watched path not covered by a recursive ancestor, recursive if
-    /// any watch of it is.
-    fn effective(&self) -> HashMap<PathBuf, RecursiveMode> {
-        self.registered
-            .iter()
-            .filter(|(p, _)| {
-                !self
-                    .registered
-                    .iter()
-                    .any(|(a, c)| c.0 > 0 && a != *p && p.starts_with(a))
-            })
-            .map(|(p, c)| {
-                let mode = if c.0 > 0 {
-                    RecursiveMode::Recursive
-                } else {
-                    RecursiveMode::NonRecursive
-                };
-                (p.clone(), mode)
-            })
-            .collect()
-    }
-}
-
-/// Whose a live watch is: what `files/unwatch` and the `max_watches` count need, kept apart
-/// from the registry so that they never wait for the watch worker (which holds the registry
-/// across system calls on the watched trees).
-#[derive(Debug)]
-struct Entry {
-    session: u64,
-    /// The root's canonical path, as in [`Watch::root`].
-    root: PathBuf,
-    live: Arc<AtomicBool>,
-}
-
-/// Where the registrar tells a waiting `files/watch` how its path fared.
-type Reply = mpsc::Sender<std::result::Result<(), registrar::Failure>>;
-
-/// What the hub, its worker and its registrar share.
-#[derive(Debug, Default)]
-struct Shared {
-    registry: Mutex<Registry>,
-    /// Watch id → its owner. Locked only for map operations, never across a system call;
-    /// when both are needed, the registry is taken first.
-    ledger: Mutex<HashMap<String, Entry>>,
-    /// Set for good when the broker stops ([`WatchHub::stop`]).
-    stopping: AtomicBool,
-    /// The `files/watch` requests waiting for the registrar, by ticket: a stop answers them
-    /// at once, whatever the registrar is busy with.
-    waiting: Mutex<HashMap<u64, Reply>>,
-    next_ticket: AtomicU64,
-}
-
-impl Shared {
-    fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
-    }
-
-    fn waiting(&self) -> MutexGuard<'_, HashMap<u64, Reply>> {
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn registry(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn ledger(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Takes every watch `doomed` selects out of the registry and the ledger, and gives back
-    /// their uses of registered paths; the caller hands them to the registrar, which brings
-    /// notify in line.
-    fn take_where(&self, doomed: impl Fn(&str, &Watch) -> bool) -> Vec<Watch> {
-        let mut reg = self.registry();
-        let ids: Vec<String> = reg
-            .watches
-            .iter()
-            .filter(|(id, w)| doomed(id, w))
-            .map(|(id, _)| id.clone())
-            .collect();
-        let gone: Vec<Watch> = ids.iter().filter_map(|id| reg.watches.remove(id)).collect();
-        for w in &gone {
-            w.live.store(false, Ordering::Release);
-            reg.uncount(&w.registered, w.recursive);
-        }
-        let mut ledger = self.ledger();
-        for id in &ids {
-            ledger.remove(id);
-        }
-        gone
-    }
-}
-
-/// Which watches to end.
-#[derive(Debug)]
-enum Doomed {
-    /// `files/unwatch`.
-    Ids(Vec<String>),
-    /// A session that ended.
-    Session(u64),
-    /// A revoked root: the watches under it made before `before` (a [`Watch::serial`]).
-    Root { root: PathBuf, before: u64 },
-}
-
-impl Doomed {
-    fn covers(&self, id: &str, w: &Watch) -> bool {
-        match self {
-            Doomed::Ids(ids) => ids.iter().any(|i| i == id),
-            Doomed::Session(s) => w.session_id == *s,
-            Doomed::Root { root, before } => w.root == *root && w.serial < *before,
-        }
-    }
-
-    /// [`Doomed::covers`] for the ledger, which holds only watches already made.
-    fn covers_entry(&self, id: &str, e: &Entry) -> bool {
-        match self {
-            Doomed::Ids(ids) => ids.iter().any(|i| i == id),
-            Doomed::Session(s) => e.session == *s,
-            Doomed::Root { root, .. } => e.root == *root,
-        }
-    }
 }
 
 /// Who asks for a watch, and how long they wait for it.

@@ -1,23 +1,30 @@
 //! The watch worker: notify events in, `notifications/files/changed` out.
+//!
+//! Here: the worker's loop, what each notify event means for each watch, what a session may
+//! be told, and the roots that disappear. What events alone miss (new directories, lost
+//! events, watched paths moved away) is found again in `worker/rescan.rs`; changes wait,
+//! coalesced per path, and go out in `worker/outbox.rs`.
+
+mod outbox;
+mod rescan;
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use notify::EventKind;
 use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
-use serde::Serialize;
 
-use super::snapshot::{self, Diff, Stamp};
+use super::snapshot::Stamp;
 use super::{Change, Owner, Subscriber, Watch, WatchHub};
-use crate::jsonrpc::{self, Json};
 use crate::policy::Policy;
 use crate::sandbox::is_staging_name;
 use crate::sandbox::{ConsentMode, Root};
+use outbox::{Pending, merge};
 
 /// When a new directory is listed (see `Worker::rechecks`): at once, and twice again.
 const RECHECK_AFTER: [Duration; 3] = [
@@ -25,31 +32,10 @@ const RECHECK_AFTER: [Duration; 3] = [
     Duration::from_millis(100),
     Duration::from_millis(500),
 ];
-/// A burst of events on one path within this window is one notification.
-const COALESCE: Duration = Duration::from_millis(50);
 /// How often the worker wakes with nothing to read.
 const TICK: Duration = Duration::from_millis(10);
 /// How often every root is checked for having been deleted, moved or unmounted.
 const ROOT_CHECK: Duration = Duration::from_millis(500);
-/// Paths waiting per watch before further events are dropped (and the watch rescanned once
-/// the server catches up).
-const MAX_PENDING_PER_WATCH: usize = 10_000;
-
-#[derive(Debug)]
-struct Pending {
-    change: Change,
-    first: Instant,
-    when: SystemTime,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Changed<'a> {
-    path: String,
-    event: &'static str,
-    timestamp: String,
-    watch_id: &'a str,
-}
 
 struct Worker {
     hub: Weak<WatchHub>,
@@ -258,91 +244,6 @@ impl Worker {
         }
     }
 
-    /// Lists the new directories whose look is due, reporting what appeared in them. The
-    /// listing runs without the registry's lock: a directory may hold a whole tree.
-    fn recheck_new_dirs(&mut self, hub: &WatchHub, policy: &Policy) {
-        let now = Instant::now();
-        let (due, later): (Vec<_>, Vec<_>) =
-            self.rechecks.drain(..).partition(|(t, _, _)| *t <= now);
-        self.rechecks = later;
-        for (_, id, rel) in due {
-            let Some((root, session)) = hub
-                .registry()
-                .watches
-                .get(&id)
-                .filter(|w| w.live.load(Ordering::Acquire))
-                .map(|w| (w.root.clone(), w.session.clone()))
-            else {
-                continue;
-            };
-            let Some(root) = policy.roots().iter().find(|r| r.path() == root) else {
-                continue;
-            };
-            // A new folder too large to list is reported alone.
-            let found: Vec<(String, Stamp)> = snapshot::scan(root, &rel, true, true)
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|(inner, _)| visible(root, &session, inner))
-                .collect();
-            if found.is_empty() {
-                continue;
-            }
-            let mut reg = hub.registry();
-            let Some(w) = reg.watches.get_mut(&id) else {
-                continue;
-            };
-            for (inner, s) in found {
-                if w.snapshot.insert(inner.clone(), s).is_none() {
-                    merge(&mut self.pending, w, &id, inner, Change::Created);
-                }
-            }
-        }
-    }
-
-    /// Ends watches whose watched path no longer leads to the directory they watch (moved or
-    /// deleted, possibly through an ancestor), reporting the path `deleted`. The paths are
-    /// looked at without the registry's lock.
-    fn check_watched_paths(&mut self, hub: &WatchHub, policy: &Policy) {
-        /// A watch's id, root, registered directory and that directory's identity.
-        type Placed = (String, PathBuf, PathBuf, Option<(u64, u64)>);
-        let watches: Vec<Placed> = hub
-            .registry()
-            .watches
-            .iter()
-            .map(|(id, w)| (id.clone(), w.root.clone(), w.registered.clone(), w.identity))
-            .collect();
-        let moved: Vec<String> = watches
-            .into_iter()
-            .filter(|(_, root, registered, identity)| {
-                policy
-                    .roots()
-                    .iter()
-                    .find(|r| r.path() == root)
-                    .is_some_and(|root| super::identity_of(root, registered) != *identity)
-            })
-            .map(|(id, ..)| id)
-            .collect();
-        for id in moved {
-            let Some((root, session, rel)) = hub
-                .registry()
-                .watches
-                .get(&id)
-                .map(|w| (w.root.clone(), w.session.clone(), w.rel.clone()))
-            else {
-                continue;
-            };
-            self.ended.push(id.clone());
-            let Some(root) = policy.roots().iter().find(|r| r.path() == root) else {
-                continue;
-            };
-            if visible(root, &session, &rel) {
-                if let Some(w) = hub.registry().watches.get_mut(&id) {
-                    merge(&mut self.pending, w, &id, rel, Change::Deleted);
-                }
-            }
-        }
-    }
-
     /// Ends the watches found gone, once their last notification (`deleted`) is out.
     fn end_watches(&mut self, hub: &WatchHub) {
         if self.ended.is_empty() {
@@ -354,148 +255,6 @@ impl Worker {
             .partition(|id| !waiting.contains(id));
         self.ended = later;
         hub.remove_ids(&now);
-    }
-
-    /// Rescans the watches `which` selects and queues what changed since their snapshots.
-    /// A watch's snapshot is taken out of the registry while its tree is walked and compared,
-    /// so the registry's lock is never held across a walk; only this thread reads snapshots.
-    fn rescan(&mut self, hub: &WatchHub, policy: &Policy, which: impl Fn(&Watch) -> bool) {
-        /// A watch's id, root, path, whether a directory, whether recursive, and session.
-        type Chosen = (String, PathBuf, String, bool, bool, Weak<dyn Subscriber>);
-        let chosen: Vec<Chosen> = hub
-            .registry()
-            .watches
-            .iter()
-            .filter(|(_, w)| which(w) && w.live.load(Ordering::Acquire))
-            .map(|(id, w)| {
-                let session = w.session.clone();
-                (
-                    id.clone(),
-                    w.root.clone(),
-                    w.rel.clone(),
-                    w.is_dir,
-                    w.recursive,
-                    session,
-                )
-            })
-            .collect();
-        for (id, root, rel, is_dir, recursive, session) in chosen {
-            let Some(root) = policy.roots().iter().find(|r| r.path() == root) else {
-                continue;
-            };
-            let Ok(now) = snapshot::scan(root, &rel, is_dir, recursive) else {
-                // Grown too large to compare since it was set up: its events still come, but
-                // a lost one is not recovered by a rescan.
-                tracing::warn!(path = %rel, "a watched tree grew too large to rescan");
-                if let Some(w) = hub.registry().watches.get_mut(&id) {
-                    w.lost = false;
-                }
-                continue;
-            };
-            let Some(before) = hub
-                .registry()
-                .watches
-                .get_mut(&id)
-                .map(|w| std::mem::take(&mut w.snapshot))
-            else {
-                continue;
-            };
-            let diffs: Vec<(String, Change)> = snapshot::diff(&before, &now)
-                .into_iter()
-                .filter(|(rel, _)| visible(root, &session, rel))
-                .map(|(rel, d)| {
-                    let change = match d {
-                        Diff::Created => Change::Created,
-                        Diff::Modified => Change::Modified,
-                        Diff::Deleted => Change::Deleted,
-                    };
-                    (rel, change)
-                })
-                .collect();
-            drop(before);
-            let mut reg = hub.registry();
-            let Some(w) = reg.watches.get_mut(&id) else {
-                continue;
-            };
-            w.snapshot = now;
-            w.lost = false;
-            for (rel, change) in diffs {
-                merge(&mut self.pending, w, &id, rel, change);
-            }
-        }
-    }
-
-    /// Watches that dropped events are rescanned once their backlog has gone out.
-    fn rescan_lost(&mut self, hub: &WatchHub, policy: &Policy) {
-        let busy: HashSet<String> = self.pending.keys().map(|(id, _)| id.clone()).collect();
-        let lost: Vec<String> = hub
-            .registry()
-            .watches
-            .iter()
-            .filter(|(id, w)| w.lost && !busy.contains(*id))
-            .map(|(id, _)| id.clone())
-            .collect();
-        if !lost.is_empty() {
-            self.rescan(hub, policy, |w| w.lost);
-        }
-    }
-
-    /// Sends what has been quiet for the coalescing window. A session whose queue is full
-    /// keeps its changes here, still coalescing per path, until it reads again.
-    fn flush(&mut self, hub: &WatchHub, policy: &Policy) {
-        let now = Instant::now();
-        let due: Vec<(String, String)> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| now.duration_since(p.first) >= COALESCE)
-            .map(|(k, _)| k.clone())
-            .collect();
-        if due.is_empty() {
-            return;
-        }
-        let reg = hub.registry();
-        for key in due {
-            let Some(w) = reg
-                .watches
-                .get(&key.0)
-                .filter(|w| w.live.load(Ordering::Acquire))
-            else {
-                self.pending.remove(&key);
-                continue;
-            };
-            let Some(session) = w.session.upgrade() else {
-                self.pending.remove(&key);
-                continue;
-            };
-            let Some(p) = self.pending.get(&key) else {
-                continue;
-            };
-            if !w.events.has(p.change) {
-                self.pending.remove(&key);
-                continue;
-            }
-            let Some(name) = root_name(policy, &w.root) else {
-                self.pending.remove(&key);
-                continue;
-            };
-            let params = Changed {
-                path: crate::sandbox::join_display(&name, &key.1),
-                event: p.change.name(),
-                timestamp: crate::rfc3339::format(p.when),
-                watch_id: &key.0,
-            };
-            let frame =
-                jsonrpc::notification_frame("notifications/files/changed", Some(&Json(params)));
-            if session.try_notify(frame) {
-                self.pending.remove(&key);
-                self.stalled.remove(&w.session_id);
-            } else if self.stalled.insert(w.session_id) {
-                tracing::warn!(
-                    session = w.session_id,
-                    "the server is not reading; holding file notifications, coalesced per path"
-                );
-            }
-        }
     }
 }
 
@@ -547,50 +306,6 @@ fn visible(root: &Root, session: &Weak<dyn Subscriber>, rel: &str) -> bool {
             Err(e) => e.kind() == std::io::ErrorKind::NotFound,
         },
     }
-}
-
-fn merge(
-    pending: &mut HashMap<(String, String), Pending>,
-    w: &mut Watch,
-    id: &str,
-    rel: String,
-    change: Change,
-) {
-    let key = (id.to_owned(), rel);
-    if let Some(p) = pending.get_mut(&key) {
-        p.change = p.change.then(change);
-        return;
-    }
-    let waiting = pending.keys().filter(|(i, _)| i == id).count();
-    if waiting >= MAX_PENDING_PER_WATCH {
-        // Drop, and rescan this watch once its backlog is out: the rescan reports the
-        // difference, so the drop loses nothing.
-        if !w.lost {
-            tracing::warn!(
-                session = w.session_id,
-                watch = id,
-                "too many changes waiting; dropping and rescanning later"
-            );
-        }
-        w.lost = true;
-        return;
-    }
-    pending.insert(
-        key,
-        Pending {
-            change,
-            first: Instant::now(),
-            when: SystemTime::now(),
-        },
-    );
-}
-
-fn root_name(policy: &Policy, root: &Path) -> Option<String> {
-    policy
-        .roots()
-        .iter()
-        .find(|r| r.path() == root)
-        .map(|r| r.name().to_owned())
 }
 
 /// Retires every root whose directory is gone: deleted, moved, or unmounted. The root's

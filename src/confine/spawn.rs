@@ -1,0 +1,157 @@
+//! The confinement of one server's process: planned and built in the proxy, before the
+//! fork, then entered by the child between `fork` and `exec`.
+//!
+//! Everything that allocates or opens (the plan, the Landlock ruleset, the seccomp filter,
+//! the private temporary directory) is done in [`Confinement::prepare`]; the child only makes
+//! system calls on what was built ([`Confinement::apply`]), as a child forked from a
+//! many-threaded process must.
+
+use std::ffi::OsString;
+
+use super::{ConfineError, Gaps, Plan, kernel, plan, seccomp, tmp};
+use crate::policy::{ConfineMode, Policy};
+
+/// A confinement ready for the server's process: the plan, what the kernel will enforce of
+/// it, the ruleset, and the server's temporary directory (removed when this is dropped).
+#[derive(Debug)]
+pub struct Confinement {
+    /// What the server is allowed.
+    pub plan: Plan,
+    /// Best effort or strict.
+    pub mode: ConfineMode,
+    /// The Landlock ABI in use (0: none).
+    pub abi: i32,
+    /// What will not be enforced.
+    pub gaps: Gaps,
+    /// What a reload that takes access away does.
+    pub on_revoke: crate::policy::OnRevoke,
+    prepared: kernel::Prepared,
+    filter: std::sync::Arc<seccomp::Filter>,
+    tmp: tmp::PrivateTmp,
+}
+
+impl Confinement {
+    /// Plans and builds the confinement of `command` (run in this process's working
+    /// directory, with its `PATH`) under `policy`. Strict mode refuses here when anything
+    /// would not be enforced.
+    pub fn prepare(
+        policy: &Policy,
+        mode: ConfineMode,
+        command: &[OsString],
+    ) -> Result<Confinement, ConfineError> {
+        let tmp = tmp::PrivateTmp::new()?;
+        let cwd = std::env::current_dir().map_err(|e| ConfineError::Command(e.to_string()))?;
+        let path = std::env::var_os("PATH");
+        let plan = plan(policy, command, &cwd, path.as_deref(), Some(tmp.path()))?;
+        let abi = kernel::abi();
+        let gaps = plan.gaps(abi);
+        if mode == ConfineMode::Strict && !gaps.rules.is_empty() {
+            return Err(ConfineError::Strict(gaps.rules));
+        }
+        let prepared = kernel::prepare(&plan, abi)?;
+        if !prepared.absent.is_empty() {
+            // A grant of a path that is not there is harmless (nothing to reach), but a
+            // runtime that then fails to start is easier to understand with it named.
+            tracing::debug!(absent = ?prepared.absent, "paths of the confinement that do not exist here; left out");
+        }
+        Ok(Confinement {
+            plan,
+            mode,
+            abi,
+            gaps,
+            on_revoke: policy.confine().on_revoke,
+            prepared,
+            filter: std::sync::Arc::new(seccomp::Filter::new(
+                policy.confine().net,
+                abi >= kernel::Feature::UnixPaths.abi(),
+                rustix::process::geteuid().is_root(),
+            )),
+            tmp,
+        })
+    }
+
+    /// Sets up `cmd` to run confined: the sandbox entered between `fork` and `exec`, and the
+    /// environment pointing temporary files and caches into the private directory.
+    pub fn apply(&self, cmd: &mut tokio::process::Command) {
+        let tmp = self.tmp.path();
+        for var in ["TMPDIR", "TMP", "TEMP"] {
+            cmd.env(var, tmp);
+        }
+        // npm (npx) writes its cache and logs under $HOME, which a confined server cannot.
+        if std::env::var_os("npm_config_cache").is_none() {
+            cmd.env("npm_config_cache", tmp.join("npm-cache"));
+        }
+        cmd.env("npm_config_update_notifier", "false");
+        if std::env::var_os("XDG_CACHE_HOME").is_none() {
+            cmd.env("XDG_CACHE_HOME", tmp.join("cache"));
+        }
+        // Its own process group, which nothing it starts can leave (the seccomp filter):
+        // `reap` ends the whole group with one signal, which no fork outruns.
+        cmd.process_group(0);
+        let fd = self.prepared.raw_fd();
+        let filter = std::sync::Arc::clone(&self.filter);
+        let proxy = rustix::process::getpid();
+        // SAFETY: the closure runs in the child between fork and exec, where only
+        // async-signal-safe work is sound. `die_with_parent` makes two system calls (prctl,
+        // getppid) on integers; `close_inherited` and `drop_capabilities` make system calls
+        // on integers and on locals of their own (rustix's wrappers among them are one system
+        // call each, on the stack); `restrict_self` makes three more (prctl
+        // twice, landlock_restrict_self) on memory built before the fork (the filter, kept
+        // alive by the Arc the closure owns) and on `fd`. Neither allocates (the error, if any, is a
+        // raw OS error) or takes a lock. `fd` stays open in the parent while `self` lives,
+        // which is past the spawn; it is close-on-exec, so the server does not inherit it.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || {
+                kernel::die_with_parent(proxy)?;
+                kernel::close_inherited()?;
+                kernel::drop_capabilities()?;
+                kernel::restrict_self(fd, &filter)
+            });
+        }
+    }
+
+    /// Whether the kernel enforces anything at all.
+    pub fn enforced(&self) -> bool {
+        self.prepared.raw_fd().is_some()
+    }
+
+    /// The audit log's record of it.
+    pub fn audit_record(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mode": match self.mode {
+                ConfineMode::Strict => "strict",
+                ConfineMode::BestEffort => "best-effort",
+                ConfineMode::Off => "off",
+            },
+            "abi": self.abi,
+            "enforced": self.enforced(),
+            "rules": self.plan.rules.iter().map(|r| serde_json::json!({
+                "path": r.path, "access": r.access,
+            })).collect::<Vec<_>>(),
+            "withheld": self.plan.withheld.iter().map(|w| &w.path).collect::<Vec<_>>(),
+            "net": self.plan.net,
+            "notEnforced": self.gaps.rules,
+        })
+    }
+
+    /// A report of the confinement for stderr, one line per item.
+    pub fn summary(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "confining the server (Landlock ABI {}): {} paths allowed, {} roots withheld, TCP {}",
+            self.abi,
+            self.plan.rules.len(),
+            self.plan.withheld.len(),
+            if self.plan.net { "allowed" } else { "refused" }
+        )];
+        lines.extend(self.plan.narrowed.iter().cloned());
+        lines.extend(self.gaps.rules.iter().map(|g| format!("NOT ENFORCED: {g}")));
+        lines.extend(
+            self.gaps
+                .hardening
+                .iter()
+                .map(|g| format!("not available: {g}")),
+        );
+        lines
+    }
+}
