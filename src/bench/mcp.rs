@@ -47,7 +47,7 @@ use super::progress::Bars;
 use super::report::{McpLarge, McpServer, McpSmall, Ops, ServerInfo};
 use super::small::WARMUP;
 use super::wire;
-use crate::codec::BASE64;
+use crate::bench::codec::BASE64;
 
 /// The protocol version asked for.
 pub(crate) const PROTOCOL: &str = "2025-06-18";

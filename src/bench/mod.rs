@@ -37,6 +37,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod client;
+mod codec;
 mod fixture;
 mod list;
 mod mcp;
