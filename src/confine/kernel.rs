@@ -20,11 +20,11 @@ use super::{Access, ConfineError, Plan};
 
 /// Set to a number to make fsbroker act as if the kernel's Landlock ABI were at most that
 /// (`0`: no Landlock). For tests, and for seeing what an older kernel would enforce.
-pub(crate) const ABI_ENV: &str = "FSBROKER_LANDLOCK_ABI";
+pub const ABI_ENV: &str = "FSBROKER_LANDLOCK_ABI";
 
 /// The Landlock ABI fsbroker uses: the kernel's, lowered by [`ABI_ENV`]. 0 when the kernel
 /// has no Landlock (not built in, or not enabled at boot).
-pub(crate) fn abi() -> i32 {
+pub fn abi() -> i32 {
     let kernel = kernel_abi();
     match std::env::var(ABI_ENV)
         .ok()
@@ -36,7 +36,7 @@ pub(crate) fn abi() -> i32 {
 }
 
 /// The kernel's own Landlock ABI version, 0 without Landlock.
-pub(crate) fn kernel_abi() -> i32 {
+pub fn kernel_abi() -> i32 {
     // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) reads no
     // memory and creates no descriptor: it only returns the ABI version (or -1 and errno).
     #[allow(unsafe_code)]
@@ -53,7 +53,7 @@ pub(crate) fn kernel_abi() -> i32 {
 
 /// What a Landlock ABI can enforce, each with the ABI that brought it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Feature {
+pub enum Feature {
     /// Reading, writing, creating and removing files beneath allowed directories only.
     Files,
     /// Renaming and linking across directories (ABI 2).
@@ -72,7 +72,7 @@ pub(crate) enum Feature {
 
 impl Feature {
     /// Every feature, oldest first.
-    pub(crate) const ALL: [Feature; 7] = [
+    pub const ALL: [Feature; 7] = [
         Feature::Files,
         Feature::Refer,
         Feature::Truncate,
@@ -83,7 +83,7 @@ impl Feature {
     ];
 
     /// The ABI that brought it.
-    pub(crate) fn abi(self) -> i32 {
+    pub fn abi(self) -> i32 {
         match self {
             Feature::Files => 1,
             Feature::Refer => 2,
@@ -96,7 +96,7 @@ impl Feature {
     }
 
     /// What it stops a confined server doing.
-    pub(crate) fn describe(self) -> &'static str {
+    pub fn describe(self) -> &'static str {
         match self {
             Feature::Files => {
                 "files outside the allowed paths: no reading, writing, creating or removing"

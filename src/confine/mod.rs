@@ -15,7 +15,7 @@
 // Ambient `std::fs` calls are allowed here (clippy.toml): the sandbox is built from the policy's own paths and the server's command line, before any request.
 #![allow(clippy::disallowed_methods)]
 
-pub(crate) mod kernel;
+pub mod kernel;
 pub(crate) mod reap;
 pub(crate) mod runtime;
 pub(crate) mod seccomp;

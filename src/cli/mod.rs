@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::broker::Broker;
-use crate::policy::{Overrides, Policy, PolicyFile};
-use crate::sandbox::ConsentMode;
-use crate::transport::{self, DEFAULT_MAX_LINE, ServeOptions};
+use fsbroker::Broker;
+use fsbroker::policy::{Overrides, Policy, PolicyFile};
+use fsbroker::sandbox::ConsentMode;
+use fsbroker::transport::{self, DEFAULT_MAX_LINE, ServeOptions};
 
 /// Hand an MCP server file access without handing it the disk.
 ///
@@ -249,12 +249,12 @@ enum ConfineArg {
     Strict,
 }
 
-impl From<ConfineArg> for crate::policy::ConfineMode {
+impl From<ConfineArg> for fsbroker::policy::ConfineMode {
     fn from(c: ConfineArg) -> Self {
         match c {
-            ConfineArg::Off => crate::policy::ConfineMode::Off,
-            ConfineArg::BestEffort => crate::policy::ConfineMode::BestEffort,
-            ConfineArg::Strict => crate::policy::ConfineMode::Strict,
+            ConfineArg::Off => fsbroker::policy::ConfineMode::Off,
+            ConfineArg::BestEffort => fsbroker::policy::ConfineMode::BestEffort,
+            ConfineArg::Strict => fsbroker::policy::ConfineMode::Strict,
         }
     }
 }
@@ -412,10 +412,12 @@ impl std::io::Write for LossyStderr {
 }
 
 /// What `serve` and `proxy` share: a loaded policy, a broker, a runtime.
-struct Running {
+///
+/// `W` is the policy file's watcher ([`Broker::watch_policy`]), held only to keep it running.
+struct Running<W> {
     broker: Arc<Broker>,
     runtime: tokio::runtime::Runtime,
-    _watcher: Option<crate::broker::PolicyWatcher>,
+    _watcher: W,
 }
 
 fn overrides(args: &ServeArgs) -> Overrides {
@@ -434,7 +436,7 @@ fn load_policy(args: &ServeArgs) -> Result<Policy, String> {
     Policy::load(args.policy.as_deref(), &overrides(args)).map_err(|e| e.to_string())
 }
 
-fn start(args: &ServeArgs) -> Result<Running, String> {
+fn start(args: &ServeArgs) -> Result<Running<impl Sized + use<>>, String> {
     let overrides = overrides(args);
     let policy = Policy::load(args.policy.as_deref(), &overrides).map_err(|e| e.to_string())?;
     for warning in policy.warnings() {
@@ -460,12 +462,12 @@ fn start(args: &ServeArgs) -> Result<Running, String> {
     })
 }
 
-impl Running {
+impl<W> Running<W> {
     /// Runs `main` with SIGHUP reloading the policy; seals the audit log afterwards.
     ///
     /// SIGTERM or SIGINT (how hosts stop their servers) stops `main` cleanly: the transports
     /// take no more requests and let the ones they took finish and be recorded ([`Broker::stop`]),
-    /// except watches not yet made, which are abandoned ([`crate::watch::WatchHub::stop`]); the
+    /// except watches not yet made, which are abandoned; the
     /// proxy ends its server within the grace (`transport::proxy::CLOSE_GRACE`); then the log
     /// is sealed. Work still running [`STOP_GRACE`] after the signal is not waited
     /// for: the result is then `Err(signal number)` and the log is left unsealed, which is
@@ -493,10 +495,9 @@ impl Running {
                 result = &mut main => Ok(result),
                 signal = stop => {
                     tracing::info!(signal, "stopping: no new requests; the running ones finish first");
+                    // Watches not yet made are abandoned too (answered `TIMEOUT`): registering
+                    // a large tree takes seconds the stop's grace does not have.
                     self.broker.stop();
-                    // Watches not yet made are abandoned (answered `TIMEOUT`): registering a
-                    // large tree takes seconds the stop's grace does not have.
-                    self.broker.watches().stop();
                     match tokio::time::timeout(STOP_GRACE, &mut main).await {
                         Ok(result) => Ok(result),
                         Err(_) => {
@@ -611,22 +612,22 @@ fn raise_descriptor_limit() {
 /// many (measured with `fsbroker bench`). The bound is also a bound on what a stuck file system
 /// can hold; requests queued behind it answer `TIMEOUT` and skip their work.
 ///
-/// File operations take a slot of the broker's [`crate::fair::FairPool`] (as many slots as
+/// File operations take one of the broker's slots ([`Broker::blocking_slots`], as many as
 /// these threads) before they take a thread, so no session holds more than its share; a few
 /// threads more serve tokio's own blocking work (stdin that is not a pipe, the file API).
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .max_blocking_threads(crate::fair::blocking_slots() + 4)
+        .max_blocking_threads(Broker::blocking_slots() + 4)
         .build()
 }
 
 fn proxy(args: ProxyArgs) -> ExitCode {
-    let flag = args.confine.map(crate::policy::ConfineMode::from);
+    let flag = args.confine.map(fsbroker::policy::ConfineMode::from);
     let mut opts = transport::proxy::ProxyOptions {
         command: args.command,
         max_line: args.serve.max_line_bytes,
-        max_in_flight: crate::policy::Limits::default().max_in_flight,
+        max_in_flight: fsbroker::policy::Limits::default().max_in_flight,
         confine: None,
         end_server: None,
     };
@@ -704,16 +705,16 @@ fn proxy(args: ProxyArgs) -> ExitCode {
 /// in `broker`'s audit log.
 fn confine_server(
     policy: &Policy,
-    flag: Option<crate::policy::ConfineMode>,
+    flag: Option<fsbroker::policy::ConfineMode>,
     command: &[std::ffi::OsString],
     broker: Option<&Arc<Broker>>,
-) -> Result<Option<crate::confine::Confinement>, String> {
-    let mode = crate::confine::mode(flag, policy);
-    if mode == crate::policy::ConfineMode::Off {
+) -> Result<Option<fsbroker::confine::Confinement>, String> {
+    let mode = fsbroker::confine::mode(flag, policy);
+    if mode == fsbroker::policy::ConfineMode::Off {
         return Ok(None);
     }
     let confinement =
-        crate::confine::Confinement::prepare(policy, mode, command).map_err(|e| e.to_string())?;
+        fsbroker::confine::Confinement::prepare(policy, mode, command).map_err(|e| e.to_string())?;
     let summary = confinement.summary();
     if let Some((first, rest)) = summary.split_first() {
         tracing::info!("{first}");
@@ -732,12 +733,12 @@ fn confine_server(
 /// server was started with and `[confine] on_revoke` is `end`; with `keep`, it warns instead.
 fn revocations(
     broker: &Arc<Broker>,
-    confinement: &crate::confine::Confinement,
+    confinement: &fsbroker::confine::Confinement,
 ) -> Option<transport::proxy::EndServer> {
     let broker = Arc::downgrade(broker);
     let plan = confinement.plan.clone();
-    let end = confinement.on_revoke == crate::policy::OnRevoke::End;
-    let strict = confinement.mode == crate::policy::ConfineMode::Strict;
+    let end = confinement.on_revoke == fsbroker::policy::OnRevoke::End;
+    let strict = confinement.mode == fsbroker::policy::ConfineMode::Strict;
     let mut changes = broker.upgrade()?.policy_changes();
     Some(Box::pin(async move {
         loop {
@@ -780,7 +781,7 @@ fn revocations(
 }
 
 fn confine_check(args: &ServeArgs, command: &[std::ffi::OsString]) -> ExitCode {
-    use crate::confine::{Access, kernel};
+    use fsbroker::confine::{Access, kernel};
     let policy = match load_policy(args) {
         Ok(p) => p,
         Err(e) => {
@@ -791,7 +792,7 @@ fn confine_check(args: &ServeArgs, command: &[std::ffi::OsString]) -> ExitCode {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let path = std::env::var_os("PATH");
     let tmp = std::env::temp_dir().join("fsbroker-server-XXXXXX");
-    let plan = match crate::confine::plan(&policy, command, &cwd, path.as_deref(), Some(&tmp)) {
+    let plan = match fsbroker::confine::plan(&policy, command, &cwd, path.as_deref(), Some(&tmp)) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("fsbroker: {e}");
@@ -870,9 +871,9 @@ fn confine_check(args: &ServeArgs, command: &[std::ffi::OsString]) -> ExitCode {
         }
     }
     let mode = match policy.confine().mode {
-        crate::policy::ConfineMode::Off => "off (proxy --confine turns it on)",
-        crate::policy::ConfineMode::BestEffort => "best-effort",
-        crate::policy::ConfineMode::Strict => "strict",
+        fsbroker::policy::ConfineMode::Off => "off (proxy --confine turns it on)",
+        fsbroker::policy::ConfineMode::BestEffort => "best-effort",
+        fsbroker::policy::ConfineMode::Strict => "strict",
     };
     out.push_str(&format!("\nThe policy's [confine] mode: {mode}\n"));
     print(&out);
@@ -884,7 +885,7 @@ fn confine_check(args: &ServeArgs, command: &[std::ffi::OsString]) -> ExitCode {
 }
 
 fn audit_verify(files: &[PathBuf], anchor: Option<&str>) -> ExitCode {
-    let s = match crate::audit::verify_files(files, anchor) {
+    let s = match fsbroker::audit::verify_files(files, anchor) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fsbroker: {e}");
@@ -942,7 +943,7 @@ fn audit_verify(files: &[PathBuf], anchor: Option<&str>) -> ExitCode {
 }
 
 fn audit_head(files: &[PathBuf]) -> ExitCode {
-    match crate::audit::verify_files(files, None) {
+    match fsbroker::audit::verify_files(files, None) {
         Ok(s) => print(&format!("{}\n", s.head)),
         Err(e) => {
             eprintln!("fsbroker: {e}");
@@ -961,8 +962,8 @@ fn policy_check(file: PathBuf) -> ExitCode {
                     r.name(),
                     r.path().display(),
                     match r.mode() {
-                        crate::sandbox::Mode::ReadOnly => "read-only",
-                        crate::sandbox::Mode::ReadWrite => "read-write",
+                        fsbroker::sandbox::Mode::ReadOnly => "read-only",
+                        fsbroker::sandbox::Mode::ReadWrite => "read-write",
                     },
                     match r.consent() {
                         ConsentMode::Auto => "auto",
