@@ -1,11 +1,11 @@
 //! Landlock, the kernel side of `--confine`: which ABI the kernel offers, what each ABI can
-//! enforce, the ruleset built from a [`Plan`](super::Plan), and the two system calls the
+//! enforce, the ruleset built from a [`Plan`], and the two system calls the
 //! server's process makes on itself before it runs the server.
 //!
 //! The ruleset is built in the proxy, before the fork: opening paths and adding rules
 //! allocate, which a child forked from a many-threaded process must not do. The child only
 //! calls `prctl(PR_SET_NO_NEW_PRIVS)` and `landlock_restrict_self(2)` on the ruleset's file
-//! descriptor ([`restrict_self`]); the domain then holds for the server and everything it
+//! descriptor (`restrict_self`); the domain then holds for the server and everything it
 //! starts, and cannot be lifted.
 
 use std::io;
