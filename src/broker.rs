@@ -126,6 +126,15 @@ impl Broker {
         Ok(broker)
     }
 
+    /// How many file operations one broker runs at once on tokio's blocking pool (twice the
+    /// CPUs, at least 8), shared fairly between its sessions. A host that builds the runtime
+    /// its brokers run in gives it at least this many blocking threads
+    /// (`tokio::runtime::Builder::max_blocking_threads`), plus a few for tokio's own blocking
+    /// work: fewer leave slots idle, many more only add threads woken for one operation each.
+    pub fn blocking_slots() -> usize {
+        crate::fair::blocking_slots()
+    }
+
     /// A broker running `policy` (no command-line overrides).
     pub fn new(policy: Policy) -> Result<Arc<Broker>, AuditError> {
         Broker::with_overrides(policy, Overrides::default())

@@ -22,9 +22,11 @@
 //!   path resolver every request goes through, for a host that wants to show a path the
 //!   way the broker reads it.
 //!
-//! The command line (`fsbroker serve`, `proxy`, `bench`, ...) is the default `cli` feature;
-//! `fsbroker = { version = "0.1", default-features = false }` leaves it out, and with it
-//! clap, indicatif and tracing-subscriber.
+//! The command line (`fsbroker serve`, `proxy`, `bench`, ...) is the `fsbroker` binary, built
+//! on this public API alone; the library is the same with or without the default `cli`
+//! feature, which only brings the binary's dependencies (clap, indicatif,
+//! tracing-subscriber): `fsbroker = { version = "0.1", default-features = false }` leaves
+//! them out.
 //!
 //! # Layout
 //!
@@ -70,7 +72,8 @@
 //! - [`confine`]: `proxy --confine`, the Landlock domain and seccomp filter a server runs in.
 //! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`Policy`].
 //! - [`codec`]: UTF-8 and base64 content, with the SIMD base64 engine.
-//! - `cli.rs` and `bench/` (feature `cli`): the `fsbroker` command line and `fsbroker bench`.
+//! - Not in the library: `cli/` and `bench/` are the binary's (`main.rs`): the `fsbroker`
+//!   command line and `fsbroker bench`.
 //!
 //! # Embedding
 //!
@@ -103,11 +106,7 @@
 // The public surface is what a host uses: the broker and its sessions, the policy, the errors,
 // the transports, the path resolver and the audit log's verifier. The rest is the broker's own.
 pub mod audit;
-#[cfg(feature = "cli")]
-mod bench;
 mod broker;
-#[cfg(feature = "cli")]
-pub mod cli;
 mod codec;
 pub mod confine;
 mod consent;
@@ -136,7 +135,7 @@ pub mod transport;
 mod upload;
 mod watch;
 
-pub use broker::{Broker, ReloadReport};
+pub use broker::{Broker, PolicyWatcher, ReloadReport};
 pub use error::{Error, ErrorKind};
 pub use host::{Notifications, PEER_NOTIFICATION, Session};
 pub use policy::{Overrides, Policy, PolicyError};

@@ -1,8 +1,13 @@
-//! The `fsbroker` binary: a thin shell over the library (see `fsbroker --help`).
+//! The `fsbroker` binary: a thin shell over the library (see `fsbroker --help`). The command
+//! line (`cli/`) and `fsbroker bench` (`bench/`) are modules of this binary, not of the
+//! library, and use the library only through its public API (`fsbroker::...`).
+
+mod bench;
+mod cli;
 
 fn main() -> std::process::ExitCode {
     limit_malloc_arenas();
-    fsbroker::cli::main()
+    cli::main()
 }
 
 /// glibc gives each thread that allocates an arena of its own (up to eight per CPU) and keeps

@@ -84,7 +84,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
 
 /// Files that are the programs, not the library.
 fn is_program(rel: &Path) -> bool {
-    rel == Path::new("main.rs") || rel == Path::new("cli.rs") || rel.starts_with("bench")
+    rel == Path::new("main.rs") || rel.starts_with("cli") || rel.starts_with("bench")
 }
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -11,7 +11,7 @@
 //! - `small.rs`: 1 KiB reads and non-recursive lists, sequential (latency p50/p99) and pipelined;
 //! - `watch.rs`: change → notification latency of `files/watch`;
 //! - `list.rs`: a recursive `files/list` of a large tree, against `find`;
-//! - `mcp.rs`: with `--compare-mcp`, other MCP filesystem servers (each its own process):
+//! - `mcp/`: with `--compare-mcp`, other MCP filesystem servers (each its own process):
 //!   1 KiB `read_text_file` calls measured like fsbroker's sequential small reads, and one
 //!   large `read_media_file` (MB/s and the server's VmHWM);
 //! - `upload.rs`: a chunked `files/write` upload of the file (offset/final), size checked;
@@ -26,9 +26,11 @@
 //! a table on stdout, or one JSON object with `--json`, ending with the speed goals the run
 //! measured and whether each was met; progress bars go to stderr.
 //!
+//! This file holds the options and their checks; `run.rs` sets the run up (the workspace, the
+//! policy, the broker) and builds the report from what `phases.rs` measured, phase by phase.
 //! Beside those: `client.rs` runs the broker process and reads its answer lines, `wire.rs`
 //! finds the parts of an answer without building JSON values, `fixture.rs` makes the files
-//! and the workspace, `progress.rs` the progress bars.
+//! and the workspace, `progress.rs` the progress bars, `codec.rs` the base64 engine.
 //!
 //! Requests use absolute paths, which any broker with those roots resolves, so the same run
 //! can drive another build or another implementation (`--broker-cmd`).
@@ -37,25 +39,26 @@
 #![allow(clippy::disallowed_methods)]
 
 mod client;
+mod codec;
 mod fixture;
 mod list;
 mod mcp;
+mod phases;
 mod progress;
 mod read;
 pub(crate) mod report;
+mod run;
 mod sftp;
 mod small;
 mod upload;
 mod watch;
 mod wire;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::ValueEnum;
 
-use self::client::{Broker, Launch};
 use self::fixture::Workspace;
-use self::report::{Memory, Report, Settings, TestFile};
 
 /// The largest chunk a broker accepts (`max_chunk_size` is capped at 16 MiB).
 pub(crate) const MAX_CHUNK: u64 = 16 << 20;
@@ -180,7 +183,7 @@ pub(crate) fn main(opts: Options) -> Result<String, String> {
     let ws = Workspace::create()
         .map_err(|e| format!("cannot make a workspace in the temp directory: {e}"))?;
     fixture::remove_on_interrupt(ws.path());
-    let result = run(&opts, &ws);
+    let result = run::run(&opts, &ws);
     drop(ws);
     let report = result?;
     Ok(if opts.json {
@@ -252,395 +255,6 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
         return Err(format!("{text:?} is not a whole number of bytes"));
     }
     Ok(bytes as u64)
-}
-
-/// Where things are, for the phases.
-struct Layout {
-    /// The file read and uploaded (absolute, canonical).
-    file: PathBuf,
-    /// Its size.
-    size: u64,
-    /// Its sha256, when `--verify`.
-    sha256: Option<[u8; 32]>,
-    /// The read-write root.
-    scratch: PathBuf,
-    /// The small files, in the order their content is in `small`.
-    small_dir: PathBuf,
-    small: Vec<(PathBuf, Vec<u8>)>,
-    /// The directory the other MCP servers may read (`{dir}`), and the workspace (their logs).
-    mcp_dir: PathBuf,
-    workspace: PathBuf,
-}
-
-fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
-    let bars = progress::Bars::new();
-    let data_dir;
-    let (file, generated) = match &opts.file {
-        Some(f) => {
-            let f = std::fs::canonicalize(f)
-                .map_err(|e| format!("cannot open {}: {e}", f.display()))?;
-            data_dir = f
-                .parent()
-                .ok_or_else(|| format!("{} has no parent directory", f.display()))?
-                .to_path_buf();
-            (f, false)
-        }
-        None => {
-            data_dir = ws.path().join("data");
-            std::fs::create_dir(&data_dir).map_err(|e| format!("cannot make {data_dir:?}: {e}"))?;
-            (data_dir.join("bench.bin"), true)
-        }
-    };
-    let mut sha256 = None;
-    // Small operations alone need no test file.
-    let needs_file = opts.runs(Phase::Read) || opts.runs(Phase::Upload);
-    let size = if !needs_file {
-        0
-    } else if generated {
-        let bar = bars.bytes("making the test file", opts.size);
-        sha256 = fixture::write_random(&file, opts.size, opts.encoding, opts.verify, &bar)
-            .map_err(|e| format!("cannot write the test file {}: {e}", file.display()))?;
-        bar.finish_and_clear();
-        opts.size
-    } else {
-        let meta = std::fs::metadata(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-        if !meta.is_file() {
-            return Err(format!("{} is not a regular file", file.display()));
-        }
-        if opts.verify {
-            let bar = bars.bytes("hashing the test file", meta.len());
-            sha256 = Some(
-                fixture::sha256_file(&file, &bar)
-                    .map_err(|e| format!("cannot read {}: {e}", file.display()))?,
-            );
-            bar.finish_and_clear();
-        }
-        meta.len()
-    };
-    let scratch = ws.path().join("scratch");
-    let small_dir = scratch.join("small");
-    std::fs::create_dir_all(&small_dir).map_err(|e| format!("cannot make {small_dir:?}: {e}"))?;
-    let small = fixture::write_small_files(&small_dir)
-        .map_err(|e| format!("cannot write the small files: {e}"))?;
-    // The test file's directory when the bench made it; with --file, a directory of the
-    // workspace (the bench writes no files next to the user's).
-    let mcp_dir = ws.path().join("data");
-    if opts.runs(Phase::Mcp) {
-        std::fs::create_dir_all(&mcp_dir).map_err(|e| format!("cannot make {mcp_dir:?}: {e}"))?;
-    }
-    let layout = Layout {
-        file,
-        size,
-        sha256,
-        scratch,
-        small_dir,
-        small,
-        mcp_dir,
-        workspace: ws.path().to_path_buf(),
-    };
-
-    let policy = ws.path().join("policy.toml");
-    write_policy(&policy, &data_dir, &layout.scratch, opts, size)?;
-    let launch = match &opts.broker_cmd {
-        Some(cmd) => Launch::shell(cmd, &policy, &data_dir, &layout.scratch),
-        None => Launch::own(&policy)?,
-    };
-    let mut broker = Broker::start(&launch, &ws.path().join("broker.log"))?;
-    let result = phases(opts, &layout, &mut broker, &bars);
-    let peak = broker.peak_memory();
-    let exit = broker.finish();
-    let Measured {
-        transfers,
-        small,
-        watch,
-        list,
-        mcp,
-        mut memory,
-        sftp,
-    } = result?;
-    memory.peak_bytes = peak;
-    memory.exit = exit;
-    if let Some(servers) = &mcp {
-        // A failing server is reported and the run goes on, unless it was all there was.
-        if opts.only_mcp() && servers.iter().all(|s| s.error.is_some()) {
-            let errors: Vec<String> = servers
-                .iter()
-                .map(|s| format!("{}: {}", s.command, s.error.as_deref().unwrap_or("")))
-                .collect();
-            return Err(format!(
-                "no MCP server could be measured:\n{}",
-                errors.join("\n")
-            ));
-        }
-    }
-    let mut report = Report {
-        broker: launch.describe(),
-        file: needs_file.then(|| TestFile {
-            path: layout.file.display().to_string(),
-            size: layout.size,
-            generated,
-        }),
-        settings: Settings {
-            chunk_sizes: opts.chunk_sizes.clone(),
-            encoding: opts.encoding.name(),
-            depth: opts.depth,
-            small_ops: opts.small_ops,
-            small_depth: opts.small_depth,
-            verify: if opts.verify { "sha256" } else { "sampled" },
-            mcp_size: opts.runs(Phase::Mcp).then_some(opts.mcp.mcp_size),
-        },
-        transfers,
-        small,
-        watch,
-        list,
-        memory,
-        sftp,
-        mcp,
-        goals: Vec::new(),
-    };
-    report.goals = report::goals(&report);
-    Ok(report)
-}
-
-/// What the phases measured.
-struct Measured {
-    transfers: Vec<report::Transfer>,
-    small: Option<report::Small>,
-    watch: Option<report::Watch>,
-    list: Option<report::List>,
-    mcp: Option<Vec<report::McpServer>>,
-    memory: Memory,
-    sftp: Option<report::Sftp>,
-}
-
-/// The phases, in an order that keeps them from disturbing each other: reads first (the file
-/// is in the page cache), then small operations, watch and list, then the other MCP servers
-/// (the broker idles), then uploads (whose written-back pages could slow what follows). Reads
-/// and uploads run once per chunk size, each followed by sftp's, so a ratio compares two runs
-/// next to each other in time.
-fn phases(
-    opts: &Options,
-    layout: &Layout,
-    broker: &mut Broker,
-    bars: &progress::Bars,
-) -> Result<Measured, String> {
-    let mut memory = Memory {
-        idle_bytes: broker.peak_memory(),
-        ..Memory::default()
-    };
-    let sftp_tool = opts.compare_sftp.then(sftp::find);
-    let sftp_report = sftp_tool.as_ref().map(sftp::report);
-    let sftp = match &sftp_tool {
-        Some(sftp::Tool::Found(tool)) => Some(tool),
-        _ => None,
-    };
-    let mut transfers: Vec<report::Transfer> = if opts.runs(Phase::Read) || opts.runs(Phase::Upload)
-    {
-        opts.chunk_sizes
-            .iter()
-            .map(|&c| report::Transfer::new(c))
-            .collect()
-    } else {
-        Vec::new()
-    };
-
-    if opts.runs(Phase::Read) {
-        for transfer in &mut transfers {
-            transfer.read = Some(read::run(
-                broker,
-                &read::Spec {
-                    file: &layout.file,
-                    size: layout.size,
-                    chunk: transfer.chunk_size as usize,
-                    depth: opts.depth,
-                    encoding: opts.encoding,
-                    sha256: layout.sha256,
-                },
-                bars,
-            )?);
-            if let Some(tool) = sftp {
-                transfer.sftp_get = Some(sftp::get(tool, &layout.file, layout.size, bars)?);
-            }
-        }
-        memory.after_read_bytes = broker.peak_memory();
-    }
-
-    let mut small_report = None;
-    if opts.runs(Phase::Small) {
-        small_report = Some(small::run(
-            broker,
-            &small::Spec {
-                dir: &layout.small_dir,
-                files: &layout.small,
-                encoding: opts.encoding,
-                ops: opts.small_ops,
-                depth: opts.small_depth,
-            },
-            bars,
-        )?);
-        memory.after_small_bytes = broker.peak_memory();
-    }
-
-    let mut watch_report = None;
-    if opts.runs(Phase::Watch) {
-        let dir = layout.scratch.join("watched");
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {dir:?}: {e}"))?;
-        watch_report = Some(watch::run(
-            broker,
-            &watch::Spec {
-                dir: &dir,
-                samples: opts.watch_samples,
-            },
-            bars,
-        )?);
-    }
-
-    let mut list_report = None;
-    if opts.runs(Phase::List) {
-        let dir = layout.scratch.join("tree");
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {dir:?}: {e}"))?;
-        list_report = Some(list::run(
-            broker,
-            &list::Spec {
-                dir: &dir,
-                entries: opts.list_entries,
-            },
-            bars,
-        )?);
-        // The tree is large; the upload that follows should not find it in its way.
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    let mut mcp_report = None;
-    if opts.runs(Phase::Mcp) {
-        let mut servers = mcp::run(
-            &mcp::Spec {
-                commands: &opts.mcp.compare_mcp,
-                dir: &layout.mcp_dir,
-                small: &layout.small,
-                ops: opts.small_ops,
-                size: opts.mcp.mcp_size,
-                logs: &layout.workspace,
-            },
-            bars,
-        )?;
-        if let Some(small) = &small_report {
-            for server in &mut servers {
-                server.set_ratio(small);
-            }
-        }
-        mcp_report = Some(servers);
-    }
-
-    if opts.runs(Phase::Upload) {
-        let target = layout.scratch.join("upload.bin");
-        let sftp_target = layout.scratch.join("sftp-upload.bin");
-        for transfer in &mut transfers {
-            settle(&layout.scratch, layout.size);
-            transfer.upload = Some(upload::run(
-                broker,
-                &upload::Spec {
-                    source: &layout.file,
-                    size: layout.size,
-                    target: &target,
-                    chunk: transfer.chunk_size as usize,
-                    depth: opts.depth,
-                    encoding: opts.encoding,
-                    sha256: layout.sha256,
-                },
-                bars,
-            )?);
-            if let Some(tool) = sftp {
-                settle(&layout.scratch, layout.size);
-                transfer.sftp_put = Some(sftp::put(
-                    tool,
-                    &layout.file,
-                    &sftp_target,
-                    layout.size,
-                    false,
-                    bars,
-                )?);
-                settle(&layout.scratch, layout.size);
-                transfer.sftp_put_fsync = Some(sftp::put(
-                    tool,
-                    &layout.file,
-                    &sftp_target,
-                    layout.size,
-                    true,
-                    bars,
-                )?);
-            }
-        }
-        memory.after_upload_bytes = broker.peak_memory();
-    }
-    for transfer in &mut transfers {
-        transfer.ratios();
-    }
-    Ok(Measured {
-        transfers,
-        small: small_report,
-        watch: watch_report,
-        list: list_report,
-        mcp: mcp_report,
-        memory,
-        sftp: sftp_report,
-    })
-}
-
-/// Two roots and no rate limits; chunks up to the broker's maximum.
-fn write_policy(
-    path: &Path,
-    data: &Path,
-    scratch: &Path,
-    opts: &Options,
-    size: u64,
-) -> Result<(), String> {
-    let quote = |p: &Path| -> Result<String, String> {
-        let s = p
-            .to_str()
-            .ok_or_else(|| format!("{} is not UTF-8", p.display()))?;
-        Ok(toml::Value::String(s.to_owned()).to_string())
-    };
-    let in_flight = opts.depth.max(opts.small_depth).max(64);
-    // Only the default for requests without a length; the bench's all give one.
-    let default_chunk = opts.chunk_sizes.iter().copied().max().unwrap_or(MAX_CHUNK);
-    let text = format!(
-        "# Written by fsbroker bench.\n\
-         [[root]]\npath = {}\nname = \"data\"\nmode = \"read-only\"\nconsent = \"auto\"\n\n\
-         [[root]]\npath = {}\nname = \"scratch\"\nmode = \"read-write\"\nconsent = \"auto\"\n\n\
-         [limits]\nchunk_size = {}\nmax_chunk_size = {MAX_CHUNK}\nmax_file_size = {}\n\
-         timeout_ms = 600000\nrequests_per_second = 0\nbytes_per_second = 0\n\
-         max_in_flight = {in_flight}\n",
-        quote(data)?,
-        quote(scratch)?,
-        default_chunk,
-        size.max(1 << 30),
-    );
-    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
-
-/// Puts every upload on the same footing before it is timed: no dirty pages left waiting for
-/// the disk (the one before it, or making the test file, would otherwise throttle it), and
-/// page-cache memory already in use once. On virtual machines whose free memory goes back to
-/// the host, the first `size` bytes written after a pause run several times slower than the
-/// next (seen here: 400 MB/s, then 3.7 GB/s, for the same 1 GiB written twice); whichever
-/// upload came first would pay for that. So `size` bytes are written to a scratch file and
-/// removed, untimed, then everything is synced.
-fn settle(dir: &std::path::Path, size: u64) {
-    let path = dir.join(".settle");
-    let block = vec![0x5au8; 8 << 20];
-    if let Ok(mut f) = std::fs::File::create(&path) {
-        let mut left = size;
-        while left > 0 {
-            let n = left.min(block.len() as u64) as usize;
-            if std::io::Write::write_all(&mut f, &block[..n]).is_err() {
-                break;
-            }
-            left -= n as u64;
-        }
-    }
-    let _ = std::fs::remove_file(&path);
-    rustix::fs::sync();
 }
 
 #[cfg(test)]

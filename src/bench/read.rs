@@ -22,7 +22,7 @@ use super::client::Broker;
 use super::progress::Bars;
 use super::report::{self, Throughput};
 use super::wire;
-use crate::codec::BASE64;
+use crate::bench::codec::BASE64;
 
 /// What to read.
 pub(crate) struct Spec<'a> {

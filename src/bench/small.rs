@@ -17,7 +17,7 @@ use super::fixture::{SMALL_FILES, SMALL_SIZE};
 use super::progress::Bars;
 use super::report::{self, Ops};
 use super::wire;
-use crate::codec::BASE64;
+use crate::bench::codec::BASE64;
 
 /// What to run.
 pub(crate) struct Spec<'a> {

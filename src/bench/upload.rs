@@ -238,7 +238,7 @@ fn request(
         }
         None => {
             line.push(b'"');
-            crate::codec::base64_into(data, line);
+            crate::bench::codec::base64_into(data, line);
             line.push(b'"');
         }
     }

@@ -1,11 +1,11 @@
 //! Landlock, the kernel side of `--confine`: which ABI the kernel offers, what each ABI can
-//! enforce, the ruleset built from a [`Plan`](super::Plan), and the two system calls the
+//! enforce, the ruleset built from a [`Plan`], and the two system calls the
 //! server's process makes on itself before it runs the server.
 //!
 //! The ruleset is built in the proxy, before the fork: opening paths and adding rules
 //! allocate, which a child forked from a many-threaded process must not do. The child only
 //! calls `prctl(PR_SET_NO_NEW_PRIVS)` and `landlock_restrict_self(2)` on the ruleset's file
-//! descriptor ([`restrict_self`]); the domain then holds for the server and everything it
+//! descriptor (`restrict_self`); the domain then holds for the server and everything it
 //! starts, and cannot be lifted.
 
 use std::io;
@@ -20,11 +20,11 @@ use super::{Access, ConfineError, Plan};
 
 /// Set to a number to make fsbroker act as if the kernel's Landlock ABI were at most that
 /// (`0`: no Landlock). For tests, and for seeing what an older kernel would enforce.
-pub(crate) const ABI_ENV: &str = "FSBROKER_LANDLOCK_ABI";
+pub const ABI_ENV: &str = "FSBROKER_LANDLOCK_ABI";
 
 /// The Landlock ABI fsbroker uses: the kernel's, lowered by [`ABI_ENV`]. 0 when the kernel
 /// has no Landlock (not built in, or not enabled at boot).
-pub(crate) fn abi() -> i32 {
+pub fn abi() -> i32 {
     let kernel = kernel_abi();
     match std::env::var(ABI_ENV)
         .ok()
@@ -36,7 +36,7 @@ pub(crate) fn abi() -> i32 {
 }
 
 /// The kernel's own Landlock ABI version, 0 without Landlock.
-pub(crate) fn kernel_abi() -> i32 {
+pub fn kernel_abi() -> i32 {
     // No safe wrapper: the landlock crate asks the kernel this too, but keeps the answer
     // private (and caps it at the ABIs it knows); rustix has no Landlock calls.
     // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) reads no
@@ -55,7 +55,7 @@ pub(crate) fn kernel_abi() -> i32 {
 
 /// What a Landlock ABI can enforce, each with the ABI that brought it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Feature {
+pub enum Feature {
     /// Reading, writing, creating and removing files beneath allowed directories only.
     Files,
     /// Renaming and linking across directories (ABI 2).
@@ -74,7 +74,7 @@ pub(crate) enum Feature {
 
 impl Feature {
     /// Every feature, oldest first.
-    pub(crate) const ALL: [Feature; 7] = [
+    pub const ALL: [Feature; 7] = [
         Feature::Files,
         Feature::Refer,
         Feature::Truncate,
@@ -85,7 +85,7 @@ impl Feature {
     ];
 
     /// The ABI that brought it.
-    pub(crate) fn abi(self) -> i32 {
+    pub fn abi(self) -> i32 {
         match self {
             Feature::Files => 1,
             Feature::Refer => 2,
@@ -98,7 +98,7 @@ impl Feature {
     }
 
     /// What it stops a confined server doing.
-    pub(crate) fn describe(self) -> &'static str {
+    pub fn describe(self) -> &'static str {
         match self {
             Feature::Files => {
                 "files outside the allowed paths: no reading, writing, creating or removing"

@@ -21,7 +21,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod guard;
-pub(crate) mod kernel;
+pub mod kernel;
 mod plan;
 pub(crate) mod reap;
 mod roots;

@@ -1,0 +1,466 @@
+//! The speed goals of the project a run is held to: each goal's figure, what this run
+//! measured, and whether it was met.
+
+use serde::Serialize;
+
+use super::table::{mib, size, thousands};
+use super::{Encoding, Report};
+
+/// One of the project's speed goals, and how this run did against it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct Goal {
+    /// What is measured, e.g. `read 1 MiB vs sftp get`.
+    pub figure: String,
+    /// This run's figure, e.g. `1.23x` or `87,000 ops/s`.
+    pub measured: String,
+    /// The goal, e.g. `>= 1.0x`.
+    pub goal: String,
+    /// Whether the measured figure meets the goal.
+    pub met: bool,
+}
+
+/// Chunks at least this large are held to [`READ_GOAL_LARGE`], smaller ones to
+/// [`READ_GOAL_SMALL`]: a smaller chunk pays a request's fixed cost more often, while sftp's
+/// own request size stays the same whatever `--chunk-size` is.
+const READ_GOAL_FROM: u64 = 1 << 20;
+const READ_GOAL_LARGE: f64 = 1.0;
+const READ_GOAL_SMALL: f64 = 0.8;
+/// fsbroker's durable upload ÷ `sftp put -f`.
+const UPLOAD_GOAL: f64 = 1.0;
+/// fsbroker's sequential 1 KiB reads per second ÷ another MCP server's.
+const MCP_GOAL: f64 = 2.0;
+/// Pipelined 1 KiB reads per second.
+const PIPELINED_GOAL: f64 = 100_000.0;
+/// The broker's peak resident memory over the run, bytes (strictly below).
+const MEMORY_GOAL: u64 = 64 << 20;
+/// `files/watch` change → notification p99, milliseconds (strictly below).
+const WATCH_GOAL_MS: f64 = 100.0;
+/// fsbroker's recursive listing time ÷ `find -printf`'s.
+const LIST_GOAL: f64 = 2.0;
+
+/// The speed goals (the project's speed issue) that `report` has a figure for, in the issue's
+/// order, each met or not. Figures the run did not measure are left out rather than failed: a
+/// run without `--compare-sftp` says nothing about sftp.
+pub(crate) fn goals(report: &Report) -> Vec<Goal> {
+    let mut out = Vec::new();
+    let mut push = |figure: String, measured: String, goal: String, met: bool| {
+        out.push(Goal {
+            figure,
+            measured,
+            goal,
+            met,
+        })
+    };
+    let times = |r: f64| format!("{r:.2}x");
+    // The read goals are for base64; utf-8 chunks are a different figure (JSON-escaped text).
+    if report.settings.encoding == Encoding::Base64.name() {
+        for t in &report.transfers {
+            if let Some(r) = t.read_ratio {
+                let want = if t.chunk_size >= READ_GOAL_FROM {
+                    READ_GOAL_LARGE
+                } else {
+                    READ_GOAL_SMALL
+                };
+                push(
+                    format!("read {} vs sftp get", size(t.chunk_size)),
+                    times(r),
+                    format!(">= {want:.1}x"),
+                    r >= want,
+                );
+            }
+        }
+    }
+    for t in &report.transfers {
+        if let Some(r) = t.upload_ratio_fsync {
+            push(
+                format!("upload {} vs sftp put -f", size(t.chunk_size)),
+                times(r),
+                format!(">= {UPLOAD_GOAL:.1}x"),
+                r >= UPLOAD_GOAL,
+            );
+        }
+    }
+    let kib = report.small.as_ref().map_or(1, |s| s.read_size / 1024);
+    for s in report.mcp.iter().flatten() {
+        if let Some(r) = s.ratio {
+            push(
+                format!("{kib} KiB reads one at a time vs {}", s.name),
+                times(r),
+                format!(">= {MCP_GOAL:.1}x"),
+                r >= MCP_GOAL,
+            );
+        }
+    }
+    if let Some(sm) = &report.small {
+        let ops = sm.read_1k.pipelined.ops_per_s;
+        push(
+            format!("{kib} KiB reads, {} in flight", sm.depth),
+            format!("{} ops/s", thousands(ops)),
+            format!(">= {} ops/s", thousands(PIPELINED_GOAL)),
+            ops >= PIPELINED_GOAL,
+        );
+    }
+    if let Some(peak) = report.memory.peak_bytes {
+        push(
+            "broker peak memory (VmHWM)".into(),
+            mib(peak),
+            format!("< {}", size(MEMORY_GOAL)),
+            peak < MEMORY_GOAL,
+        );
+    }
+    if let Some(w) = &report.watch {
+        // A notification that never came is slower than any goal.
+        let missed = if w.missed > 0 {
+            format!(", {} missed", w.missed)
+        } else {
+            String::new()
+        };
+        push(
+            "files/watch change → notification p99".into(),
+            format!("{:.1} ms{missed}", w.p99_ms),
+            format!("< {WATCH_GOAL_MS:.0} ms"),
+            w.missed == 0 && w.p99_ms < WATCH_GOAL_MS,
+        );
+    }
+    if let Some(l) = &report.list {
+        push(
+            format!(
+                "recursive files/list ({} entries) vs find -printf",
+                l.entries
+            ),
+            times(l.ratio_to_find_stat),
+            format!("<= {LIST_GOAL:.1}x"),
+            l.ratio_to_find_stat <= LIST_GOAL,
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::goals;
+    use crate::bench::report::{
+        List, McpServer, Memory, Ops, OpsPair, Read, Report, Settings, Small, Throughput, Transfer,
+        Upload, Watch,
+    };
+
+    /// A report of a run that measured nothing.
+    fn bare(encoding: &'static str) -> Report {
+        Report {
+            broker: "fsbroker serve".into(),
+            file: None,
+            settings: Settings {
+                chunk_sizes: vec![1 << 20],
+                encoding,
+                depth: 8,
+                small_ops: 10,
+                small_depth: 64,
+                verify: "sampled",
+                mcp_size: None,
+            },
+            transfers: Vec::new(),
+            small: None,
+            watch: None,
+            list: None,
+            memory: Memory::default(),
+            sftp: None,
+            mcp: None,
+            goals: Vec::new(),
+        }
+    }
+
+    fn ops(ops_per_s: f64) -> Ops {
+        Ops {
+            ops: 100,
+            seconds: 1.0,
+            ops_per_s,
+            p50_us: 10.0,
+            p99_us: 20.0,
+        }
+    }
+
+    fn small(pipelined: f64) -> Small {
+        Small {
+            depth: 64,
+            read_size: 1024,
+            list_entries: 32,
+            read_1k: OpsPair {
+                sequential: ops(10_000.0),
+                pipelined: ops(pipelined),
+            },
+            list: OpsPair {
+                sequential: ops(1_000.0),
+                pipelined: ops(2_000.0),
+            },
+        }
+    }
+
+    /// A transfer at `chunk` with these ratios (and the figures behind them).
+    fn transfer(chunk: u64, read: Option<f64>, upload_fsync: Option<f64>) -> Transfer {
+        let mb = |x: f64| Throughput {
+            mb_per_s: x,
+            ..Throughput::default()
+        };
+        let mut t = Transfer::new(chunk);
+        if let Some(r) = read {
+            t.read = Some(Read {
+                throughput: mb(100.0 * r),
+                ..Read::default()
+            });
+            t.sftp_get = Some(mb(100.0));
+        }
+        if let Some(r) = upload_fsync {
+            t.upload = Some(Upload {
+                throughput: mb(100.0 * r),
+                ..Upload::default()
+            });
+            t.sftp_put = Some(mb(200.0));
+            t.sftp_put_fsync = Some(mb(100.0));
+        }
+        t.ratios();
+        t
+    }
+
+    /// `(figure, measured, goal, met)` of each goal.
+    fn summary(report: &Report) -> Vec<(String, String, String, bool)> {
+        goals(report)
+            .into_iter()
+            .map(|g| (g.figure, g.measured, g.goal, g.met))
+            .collect()
+    }
+
+    fn goal(figure: &str, measured: &str, goal: &str, met: bool) -> (String, String, String, bool) {
+        (figure.into(), measured.into(), goal.into(), met)
+    }
+
+    #[test]
+    fn nothing_measured_no_goals() {
+        assert!(goals(&bare("base64")).is_empty());
+        // Reads and uploads without sftp have no ratio, so no goal either.
+        let mut r = bare("base64");
+        r.transfers = vec![Transfer {
+            read: Some(Read::default()),
+            upload: Some(Upload::default()),
+            ..Transfer::new(1 << 20)
+        }];
+        r.transfers[0].ratios();
+        assert!(goals(&r).is_empty());
+    }
+
+    #[test]
+    fn read_goal_depends_on_the_chunk_size() {
+        let mut r = bare("base64");
+        r.transfers = vec![
+            transfer(256 << 10, Some(0.85), None),
+            transfer(1 << 20, Some(0.95), None),
+            transfer(8 << 20, Some(1.25), None),
+            transfer(512 << 10, Some(0.75), None),
+        ];
+        assert_eq!(
+            summary(&r),
+            [
+                goal("read 256 KiB vs sftp get", "0.85x", ">= 0.8x", true),
+                goal("read 1 MiB vs sftp get", "0.95x", ">= 1.0x", false),
+                goal("read 8 MiB vs sftp get", "1.25x", ">= 1.0x", true),
+                goal("read 512 KiB vs sftp get", "0.75x", ">= 0.8x", false),
+            ]
+        );
+    }
+
+    #[test]
+    fn utf8_reads_have_no_goal_but_uploads_do() {
+        let mut r = bare("utf-8");
+        r.transfers = vec![
+            transfer(256 << 10, Some(2.0), Some(1.5)),
+            transfer(1 << 20, Some(2.0), Some(0.9)),
+        ];
+        assert_eq!(
+            summary(&r),
+            [
+                goal("upload 256 KiB vs sftp put -f", "1.50x", ">= 1.0x", true),
+                goal("upload 1 MiB vs sftp put -f", "0.90x", ">= 1.0x", false),
+            ]
+        );
+        // Against put -f, not plain put (which is twice as fast in `transfer`).
+        assert_eq!(r.transfers[0].upload_ratio, Some(0.75));
+    }
+
+    #[test]
+    fn reads_come_before_uploads() {
+        let mut r = bare("base64");
+        r.transfers = vec![
+            transfer(256 << 10, Some(1.0), Some(1.0)),
+            transfer(1 << 20, Some(1.0), Some(1.0)),
+        ];
+        let figures: Vec<String> = goals(&r).into_iter().map(|g| g.figure).collect();
+        assert_eq!(
+            figures,
+            [
+                "read 256 KiB vs sftp get",
+                "read 1 MiB vs sftp get",
+                "upload 256 KiB vs sftp put -f",
+                "upload 1 MiB vs sftp put -f",
+            ]
+        );
+    }
+
+    #[test]
+    fn one_mcp_goal_per_server_with_a_ratio() {
+        let mut r = bare("base64");
+        let server = |name: &str, ratio: Option<f64>| McpServer {
+            name: name.into(),
+            ratio,
+            ..McpServer::default()
+        };
+        r.mcp = Some(vec![
+            server("fast", Some(2.5)),
+            server("broken", None),
+            server("close", Some(1.99)),
+        ]);
+        assert_eq!(
+            summary(&r),
+            [
+                goal(
+                    "1 KiB reads one at a time vs fast",
+                    "2.50x",
+                    ">= 2.0x",
+                    true
+                ),
+                goal(
+                    "1 KiB reads one at a time vs close",
+                    "1.99x",
+                    ">= 2.0x",
+                    false
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn pipelined_small_reads() {
+        let mut r = bare("base64");
+        r.small = Some(small(87_000.4));
+        assert_eq!(
+            summary(&r),
+            [goal(
+                "1 KiB reads, 64 in flight",
+                "87,000 ops/s",
+                ">= 100,000 ops/s",
+                false
+            )]
+        );
+        r.small = Some(small(100_000.0));
+        assert!(goals(&r)[0].met);
+    }
+
+    #[test]
+    fn memory_must_stay_below_64_mib() {
+        let mut r = bare("base64");
+        r.memory.peak_bytes = Some((64 << 20) - 1);
+        assert_eq!(
+            summary(&r),
+            [goal(
+                "broker peak memory (VmHWM)",
+                "64.0 MiB",
+                "< 64 MiB",
+                true
+            )]
+        );
+        r.memory.peak_bytes = Some(64 << 20);
+        assert!(!goals(&r)[0].met);
+    }
+
+    #[test]
+    fn watch_p99_below_100_ms_and_nothing_missed() {
+        let watch = |p99_ms: f64, missed: usize| Watch {
+            samples: 20,
+            missed,
+            p50_ms: 55.0,
+            p99_ms,
+            max_ms: p99_ms,
+        };
+        let mut r = bare("base64");
+        r.watch = Some(watch(99.9, 0));
+        assert_eq!(
+            summary(&r),
+            [goal(
+                "files/watch change → notification p99",
+                "99.9 ms",
+                "< 100 ms",
+                true
+            )]
+        );
+        r.watch = Some(watch(100.0, 0));
+        assert!(!goals(&r)[0].met);
+        r.watch = Some(watch(60.0, 1));
+        let g = &goals(&r)[0];
+        assert!(!g.met);
+        assert_eq!(g.measured, "60.0 ms, 1 missed");
+    }
+
+    #[test]
+    fn list_at_most_twice_find_printf() {
+        let mut r = bare("base64");
+        let secs = Duration::from_secs_f64;
+        // Against find -printf (2.0x), not names-only find (4.0x).
+        r.list = Some(List::new(1000, secs(0.4), secs(0.1), secs(0.2)));
+        assert_eq!(
+            summary(&r),
+            [goal(
+                "recursive files/list (1000 entries) vs find -printf",
+                "2.00x",
+                "<= 2.0x",
+                true
+            )]
+        );
+        r.list = Some(List::new(1000, secs(0.42), secs(0.1), secs(0.2)));
+        assert!(!goals(&r)[0].met);
+    }
+
+    #[test]
+    fn every_goal_in_order_and_in_the_table() {
+        let mut r = bare("base64");
+        r.transfers = vec![transfer(1 << 20, Some(1.21), Some(1.1))];
+        r.mcp = Some(vec![McpServer {
+            name: "other".into(),
+            ratio: Some(3.0),
+            ..McpServer::default()
+        }]);
+        r.small = Some(small(150_000.0));
+        r.memory.peak_bytes = Some(20 << 20);
+        r.watch = Some(Watch::new(&[Duration::from_millis(60)], 0));
+        r.list = Some(List::new(
+            10,
+            Duration::from_millis(10),
+            Duration::from_millis(9),
+            Duration::from_millis(8),
+        ));
+        r.goals = goals(&r);
+        let figures: Vec<&str> = r.goals.iter().map(|g| g.figure.as_str()).collect();
+        assert_eq!(
+            figures,
+            [
+                "read 1 MiB vs sftp get",
+                "upload 1 MiB vs sftp put -f",
+                "1 KiB reads one at a time vs other",
+                "1 KiB reads, 64 in flight",
+                "broker peak memory (VmHWM)",
+                "files/watch change → notification p99",
+                "recursive files/list (10 entries) vs find -printf",
+            ]
+        );
+        assert!(r.goals.iter().all(|g| g.met), "{:#?}", r.goals);
+        let table = r.table();
+        let block = &table[table.rfind("goals").expect("a goals block")..];
+        assert!(block.contains("read 1 MiB vs sftp get"), "{table}");
+        assert!(
+            block.contains("1.21x") && block.contains(">= 1.0x"),
+            "{table}"
+        );
+        assert!(block.contains("150,000 ops/s"), "{table}");
+        assert!(table.contains("transfer, 1 MiB chunks"), "{table}");
+    }
+}

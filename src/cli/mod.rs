@@ -1,0 +1,357 @@
+//! The `fsbroker` command line: raw flags become a validated policy before anything runs.
+//! [`main`] is all the binary calls.
+//!
+//! This file holds the flags (clap's definitions, hence every `--help` text) and the dispatch;
+//! each subcommand's body is a file of its own: `serve.rs`, `proxy.rs`, `policy.rs`,
+//! `audit.rs`, `confine.rs` and `bench.rs` (the flags into `crate::bench`'s options), with
+//! what `serve` and `proxy` share (a broker, its runtime, the stop signals) in `running.rs`
+//! and the log's set-up in `logging.rs`. It uses the library through its public API only.
+
+mod audit;
+mod bench;
+mod confine;
+mod logging;
+mod policy;
+mod proxy;
+mod running;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use fsbroker::sandbox::ConsentMode;
+use fsbroker::transport::DEFAULT_MAX_LINE;
+
+/// Hand an MCP server file access without handing it the disk.
+///
+/// fsbroker answers an MCP server's `roots/list` and `files/*` requests on the client's
+/// side. Every path is resolved beneath an approved root through a directory capability,
+/// so no `..`, absolute path or symlink leads out of it.
+#[derive(Debug, Parser)]
+#[command(name = "fsbroker", version = VERSION, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Answer requests on stdin, one JSON-RPC message per line; responses go to stdout.
+    ///
+    /// Example: echo '{"jsonrpc":"2.0","id":1,"method":"roots/list"}' | fsbroker serve --root .
+    ///
+    /// Logs go to stderr (set RUST_LOG, e.g. RUST_LOG=fsbroker=debug); stdout carries
+    /// protocol messages only. At end of input, requests in flight finish and it exits 0.
+    Serve(ServeArgs),
+    /// Put the broker in front of a stdio MCP server: `fsbroker proxy [OPTIONS] -- SERVER ARGS`.
+    ///
+    /// The host runs this instead of the server. Messages pass through unchanged, except
+    /// that the host's `initialize` gains `roots.filesystemBrokering`, and the server's
+    /// `roots/list` and `files/*` requests are answered here and never reach the host. The
+    /// proxy exits with the server's exit code.
+    ///
+    /// Example: fsbroker proxy --root ~/src/project -- npx -y @modelcontextprotocol/server-filesystem
+    Proxy(ProxyArgs),
+    /// Check a policy file, or print its JSON Schema.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Work with audit logs.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+    /// The kernel sandbox of `proxy --confine` (Linux Landlock).
+    #[command(subcommand)]
+    Confine(ConfineCommand),
+    /// Print a shell completion script: `fsbroker completions bash > ~/.local/share/bash-completion/completions/fsbroker`.
+    ///
+    /// Shells: bash, zsh, fish, elvish, powershell. For zsh, write it as `_fsbroker` in a
+    /// directory of your `fpath`; for fish, to `~/.config/fish/completions/fsbroker.fish`.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Measure a broker over real pipes: chunked reads, a chunked upload, small operations,
+    /// watch latency, a large recursive listing.
+    ///
+    /// Starts `fsbroker serve` (this executable, or --broker-cmd) with a policy of its own (no
+    /// rate limits), makes a test file of random bytes in the temp directory (removed after)
+    /// unless --file is given, and prints MB/s, ops/s, latency p50/p99 and the broker's peak
+    /// memory (VmHWM). With --compare-sftp, OpenSSH's `sftp -D sftp-server` moves the same file
+    /// in the same run and the ratios are printed. A run can take several chunk sizes: reads
+    /// and uploads run once per size, each followed by sftp's. The report ends with the speed
+    /// goals the run measured, met or not.
+    ///
+    /// Example: fsbroker bench --size 1GiB --chunk-size 256KiB,1MiB,8MiB --compare-sftp --compare-mcp 'rust-mcp-filesystem {dir}'
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Read (and upload a copy of) this file instead of making one; it is left as it is.
+    #[arg(long, value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Size of the file to make: bytes, or with a unit (KiB, MiB, GiB; kB, MB, GB)
+    /// [default: 1GiB; with --quick 64MiB]
+    #[arg(long, value_name = "SIZE", value_parser = crate::bench::parse_size)]
+    size: Option<u64>,
+    /// Bytes per files/read and files/write request, at most 16MiB. Several sizes
+    /// (comma-separated or repeated) run the reads and the upload once per size, in the order
+    /// given [default: 8MiB; with --quick 1MiB]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        value_delimiter = ',',
+        value_parser = crate::bench::parse_size
+    )]
+    chunk_size: Vec<u64>,
+    /// Encoding of reads and uploads; for utf-8 the file made is random text.
+    #[arg(long, value_enum, value_name = "ENCODING", default_value = "base64")]
+    encoding: crate::bench::Encoding,
+    /// Read and upload requests in flight at once (the speed goals are set at 8).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    depth: usize,
+    /// Small operations (1 KiB reads, lists) per kind and mode
+    /// [default: 20000; with --quick 2000]
+    #[arg(long, value_name = "N")]
+    small_ops: Option<usize>,
+    /// Requests in flight in the pipelined small-operation runs.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    small_depth: usize,
+    /// Check every byte: the sha256 of everything read, and of the uploaded file (slower;
+    /// without it, three windows of every chunk are compared with the file).
+    #[arg(long)]
+    verify: bool,
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Small sizes for a short run: a 64MiB file, 1MiB chunks, 2000 small operations.
+    #[arg(long)]
+    quick: bool,
+    /// Also run OpenSSH's sftp against sftp-server (no ssh, just pipes) on the same file and
+    /// print the ratios; needs openssh-client and openssh-sftp-server.
+    #[arg(long)]
+    compare_sftp: bool,
+    /// Start this shell command as the broker instead of `fsbroker serve --policy FILE`;
+    /// {policy}, {data} and {scratch} become the bench's policy file and its two roots. A
+    /// command naming none of them gets ` serve --policy FILE` appended.
+    #[arg(long, value_name = "COMMAND")]
+    broker_cmd: Option<String>,
+    /// Run only these phases (comma-separated or repeated).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "PHASE")]
+    only: Vec<crate::bench::Phase>,
+    /// Changes timed by the watch phase (one every 60 ms) [default: 200; with --quick 20]
+    #[arg(long, value_name = "N")]
+    watch_samples: Option<usize>,
+    /// Entries of the tree the list phase makes and lists recursively
+    /// [default: 100000; with --quick 10000]
+    #[arg(long, value_name = "N")]
+    list_entries: Option<usize>,
+    #[command(flatten)]
+    mcp: crate::bench::McpArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Check an audit log's hash chain. Exit 0 with a one-line summary when every line is
+    /// intact and in order and every run of a broker ended with its seal; exit 1 naming the
+    /// first line that was edited, reformatted, removed, reordered or inserted (or when the
+    /// --head given is not in the log); exit 3 when the chain is intact but a run has no seal:
+    /// a broker still running, a crash, or lines removed from the end.
+    ///
+    /// A log rolled over by `[audit] max_bytes` is checked across its files: give them oldest
+    /// first and the current one last, e.g. `fsbroker audit verify audit.jsonl.2* audit.jsonl`.
+    /// A file left out or out of order breaks the chain at the next file's first line.
+    Verify {
+        /// The audit log (JSON lines): one file, or its files oldest first.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// A head printed earlier by `audit head` and kept elsewhere: it must still be the
+        /// hash of one of the log's lines (the log may have grown since).
+        #[arg(long, value_name = "HASH")]
+        head: Option<String>,
+    },
+    /// Print the log's head: the hash of its last line, after checking the chain. Keep it
+    /// somewhere the log's writers cannot reach, and check it later with `verify --head`.
+    Head {
+        /// The audit log (JSON lines): one file, or its files oldest first.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ProxyArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Use the shared broker listening on this Unix socket (`fsbroker serve --listen PATH`)
+    /// instead of a broker of this process; the other broker options are then ignored.
+    #[arg(long, value_name = "PATH")]
+    connect: Option<PathBuf>,
+    /// Start the server in a Landlock sandbox built from the policy: its roots (read-write or
+    /// read-only as the policy says; nothing of `deny` and unapproved `prompt` roots), what it
+    /// needs to run, a private TMPDIR, no network unless `[confine] net`. `--confine` enforces
+    /// what the kernel can and names the rest on stderr; `--confine=strict` refuses to start
+    /// unless every rule is enforced; `--confine=off` overrides the policy's `[confine] mode`.
+    /// See `fsbroker confine check`.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "best-effort"
+    )]
+    confine: Option<ConfineArg>,
+    /// The MCP server to run, after `--`.
+    #[arg(last = true, required = true, value_name = "SERVER")]
+    command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ConfineArg {
+    /// No sandbox.
+    Off,
+    /// Enforce what the kernel can; name the rest on stderr.
+    BestEffort,
+    /// Refuse to start unless every rule is enforced.
+    Strict,
+}
+
+impl From<ConfineArg> for fsbroker::policy::ConfineMode {
+    fn from(c: ConfineArg) -> Self {
+        match c {
+            ConfineArg::Off => fsbroker::policy::ConfineMode::Off,
+            ConfineArg::BestEffort => fsbroker::policy::ConfineMode::BestEffort,
+            ConfineArg::Strict => fsbroker::policy::ConfineMode::Strict,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfineCommand {
+    /// Print what the kernel supports and what `proxy --confine` would allow the server and
+    /// enforce: each allowed path and why, the roots withheld, and every rule that would not
+    /// be enforced (exit 0; exit 2 when `--confine=strict` would refuse to start).
+    ///
+    /// Example: fsbroker confine check --policy policy.toml -- npx @modelcontextprotocol/server-filesystem /
+    Check {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// The server's command line, after `--` (its program and scripts decide what it
+        /// needs to run). Without it, only the roots and the kernel are shown.
+        #[arg(last = true, value_name = "SERVER")]
+        command: Vec<std::ffi::OsString>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Policy file (TOML): roots, deny globs, limits. See `fsbroker policy schema`.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Add a root (repeatable), named after its last component, consent "auto", read-only
+    /// unless --read-write. Added to the policy's roots.
+    #[arg(long = "root", value_name = "DIR")]
+    roots: Vec<PathBuf>,
+    /// Make the --root directories writable (policy roots keep their own mode).
+    #[arg(long)]
+    read_write: bool,
+    /// Override the consent mode of every root.
+    #[arg(long, value_enum, value_name = "MODE")]
+    consent: Option<ConsentArg>,
+    /// Append a hash-chained audit line for every roots/list and files/* request to FILE
+    /// (overrides the policy's [audit] path). If it cannot be written, requests are refused.
+    #[arg(long, value_name = "FILE")]
+    audit: Option<PathBuf>,
+    /// Serve a Unix socket at PATH (owner-only) instead of stdio: each connection is a
+    /// session of one shared broker (locks, limits, audit and watches shared).
+    #[arg(long, value_name = "PATH")]
+    listen: Option<PathBuf>,
+    /// Longest accepted input line in bytes; longer lines are discarded and answered -32600.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_LINE)]
+    max_line_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ConsentArg {
+    /// Approve paths inside roots.
+    Auto,
+    /// Ask a person.
+    Prompt,
+    /// Approve nothing.
+    Deny,
+}
+
+impl From<ConsentArg> for ConsentMode {
+    fn from(c: ConsentArg) -> Self {
+        match c {
+            ConsentArg::Auto => ConsentMode::Auto,
+            ConsentArg::Prompt => ConsentMode::Prompt,
+            ConsentArg::Deny => ConsentMode::Deny,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Validate a policy: syntax, unknown keys, roots that exist and open, names, globs,
+    /// limits. Prints a summary and exits 0, or names the problem and exits 1.
+    Check {
+        /// The policy file.
+        file: PathBuf,
+    },
+    /// Print the JSON Schema of policy files, for editors (e.g. taplo, Even Better TOML).
+    Schema,
+}
+
+/// What `fsbroker --version` prints after the name: the version, and the MCP revisions the
+/// proxy understands (the `initialize` era up to 2025-11-25; the `server/discover` era from
+/// 2026-07-28, whose later dated revisions it treats the same way).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (MCP 2024-11-05 to 2025-11-25 through initialize; 2026-07-28 through server/discover)"
+);
+
+/// Parses the command line and runs it: what the `fsbroker` binary's `main` does.
+pub(crate) fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init();
+    match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Proxy(args) => proxy::run(args),
+        Command::Policy(PolicyCommand::Check { file }) => policy::check(file),
+        Command::Audit(AuditCommand::Verify { files, head }) => {
+            audit::verify(&files, head.as_deref())
+        }
+        Command::Audit(AuditCommand::Head { files }) => audit::head(&files),
+        Command::Bench(args) => bench::run(args),
+        Command::Confine(ConfineCommand::Check { serve, command }) => {
+            confine::check(&serve, &command)
+        }
+        Command::Policy(PolicyCommand::Schema) => policy::schema(),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "fsbroker",
+                &mut out,
+            );
+            print(&String::from_utf8_lossy(&out))
+        }
+    }
+}
+
+/// Writes command output to stdout; a reader that went away (`| head`) is not an error.
+fn print(text: &str) -> ExitCode {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fsbroker: cannot write output: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! `fsbroker proxy`: the broker in front of a stdio MCP server (or a relay to a shared broker,
+//! `--connect`), the server optionally confined (`--confine`), and ended when a reload revokes
+//! what it was confined to.
+
+use std::io;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use fsbroker::transport;
+use fsbroker::{Broker, Policy};
+
+use super::ProxyArgs;
+use super::running::{load_policy, runtime, start};
+
+/// Runs `fsbroker proxy`.
+pub(super) fn run(args: ProxyArgs) -> ExitCode {
+    let flag = args.confine.map(fsbroker::policy::ConfineMode::from);
+    let mut opts = transport::proxy::ProxyOptions {
+        command: args.command,
+        max_line: args.serve.max_line_bytes,
+        max_in_flight: fsbroker::policy::Limits::default().max_in_flight,
+        confine: None,
+        end_server: None,
+    };
+    let result = match &args.connect {
+        // A shared broker answers; this process only relays. Its confinement comes from the
+        // policy and roots given to this proxy, which should be the shared broker's.
+        Some(path) => runtime().and_then(|rt| {
+            if flag.is_some() {
+                let policy = match load_policy(&args.serve) {
+                    Ok(p) => p,
+                    Err(e) => return Err(io::Error::other(e)),
+                };
+                match confine_server(&policy, flag, &opts.command, None) {
+                    Ok(c) => opts.confine = c,
+                    Err(e) => return Err(io::Error::other(e)),
+                }
+            }
+            let code = rt.block_on(transport::proxy::run(
+                transport::proxy::Link::Remote(path.clone()),
+                opts,
+            ));
+            // A read of the host's stdin may still be blocked in tokio's blocking pool;
+            // waiting for it would keep the proxy alive after the server exited.
+            rt.shutdown_background();
+            code
+        }),
+        None => {
+            let running = match start(&args.serve) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("fsbroker: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let session = Arc::new(running.broker.session());
+            opts.max_in_flight = running.broker.policy().limits().max_in_flight;
+            match confine_server(
+                &running.broker.policy(),
+                flag,
+                &opts.command,
+                Some(&running.broker),
+            ) {
+                Ok(Some(c)) => {
+                    opts.end_server = revocations(&running.broker, &c);
+                    opts.confine = Some(c);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("fsbroker: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            let code = running
+                .run(transport::proxy::run(
+                    transport::proxy::Link::Local(session),
+                    opts,
+                ))
+                .unwrap_or_else(|signal| Ok(128 + signal));
+            // See above: do not wait for a blocked read of the host's stdin.
+            running.runtime.shutdown_background();
+            code
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The confinement of the proxy's server, when asked for (`--confine`, or the policy's
+/// `[confine] mode`): planned, checked (strict refuses here), reported on stderr and recorded
+/// in `broker`'s audit log.
+fn confine_server(
+    policy: &Policy,
+    flag: Option<fsbroker::policy::ConfineMode>,
+    command: &[std::ffi::OsString],
+    broker: Option<&Arc<Broker>>,
+) -> Result<Option<fsbroker::confine::Confinement>, String> {
+    let mode = fsbroker::confine::mode(flag, policy);
+    if mode == fsbroker::policy::ConfineMode::Off {
+        return Ok(None);
+    }
+    let confinement = fsbroker::confine::Confinement::prepare(policy, mode, command)
+        .map_err(|e| e.to_string())?;
+    let summary = confinement.summary();
+    if let Some((first, rest)) = summary.split_first() {
+        tracing::info!("{first}");
+        for line in rest {
+            tracing::warn!("{line}");
+        }
+    }
+    if let Some(log) = broker.and_then(|b| b.audit()) {
+        log.confinement(confinement.audit_record())
+            .map_err(|e| format!("cannot record the confinement in the audit log: {e}"))?;
+    }
+    Ok(Some(confinement))
+}
+
+/// A future that resolves, with the reason, when a reload takes away access the confined
+/// server was started with and `[confine] on_revoke` is `end`; with `keep`, it warns instead.
+fn revocations(
+    broker: &Arc<Broker>,
+    confinement: &fsbroker::confine::Confinement,
+) -> Option<transport::proxy::EndServer> {
+    let broker = Arc::downgrade(broker);
+    let plan = confinement.plan.clone();
+    let end = confinement.on_revoke == fsbroker::policy::OnRevoke::End;
+    let strict = confinement.mode == fsbroker::policy::ConfineMode::Strict;
+    let mut changes = broker.upgrade()?.policy_changes();
+    Some(Box::pin(async move {
+        loop {
+            if changes.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let Some(broker) = broker.upgrade() else {
+                return std::future::pending().await;
+            };
+            let policy = broker.policy();
+            let mut lost = plan.lost(&policy);
+            let unenforced = plan.newly_unenforced(&policy);
+            if strict {
+                // Strict started the server because every rule was enforced; a reload that
+                // asks for one the kernel cannot hold breaks that promise.
+                lost.extend(
+                    unenforced
+                        .iter()
+                        .map(|u| format!("no longer enforced: {u}")),
+                );
+            } else if !unenforced.is_empty() {
+                tracing::warn!(
+                    not_enforced = %unenforced.join("; "),
+                    "the reloaded policy asks for rules the kernel cannot hold the confined server to"
+                );
+            }
+            if lost.is_empty() {
+                continue;
+            }
+            let lost = lost.join("; ");
+            if end {
+                return format!("revoked: {lost}");
+            }
+            tracing::warn!(
+                revoked = %lost,
+                "the confined server keeps the access it was started with until it restarts ([confine] on_revoke = \"keep\")"
+            );
+        }
+    }))
+}
