@@ -169,3 +169,124 @@ pub(crate) const QUIET: Duration = Duration::from_millis(50);
 
 /// How long `serve --listen` waits before accepting again after running out of descriptors.
 pub(crate) const BACKOFF: Duration = Duration::from_millis(100);
+
+// ---- Paths and trees ----
+// How far a request may make the broker walk.
+
+/// The most components a request path may have beneath its root. Checks on a path (a deny
+/// glob for each folder above it, the tree lock held while a rename checks both names) cost
+/// more the deeper it is; no real tree needs more, and `PATH_MAX` stops the kernel not far
+/// beyond.
+pub(crate) const MAX_DEPTH: usize = 256;
+
+/// The most levels a walk goes beneath the folder it starts from (a recursive delete or
+/// listing). A tree can be deeper than any request path — renames nest folders without
+/// naming their contents — and a walk holds a directory, and for a listing that level's
+/// path, per level: deeper trees are refused (`QUOTA_EXCEEDED`), to be handled in parts.
+pub const MAX_WALK_DEPTH: usize = 128;
+
+/// The most entries a directory rename checks against deny globs and fsbroker's own files
+/// while it holds the tree lock exclusively; a larger tree is not moved (`QUOTA_EXCEEDED`).
+/// It bounds how long one rename can hold up every other session's changes (a few hundred
+/// milliseconds on a slow disk).
+pub(crate) const MAX_TREE_CHECK: usize = 20_000;
+
+/// The most glob matches (an entry's folders, counted for each entry) a directory rename
+/// makes under the tree lock; with [`MAX_TREE_CHECK`] it keeps a hold to a fraction of a
+/// second whatever the tree's shape.
+pub(crate) const MAX_TREE_WORK: usize = 200_000;
+
+// ---- Watches ----
+// What `files/watch` may make the broker remember and queue.
+
+/// The most entries one watch's snapshot holds (`QUOTA_EXCEEDED` beyond): a recursive watch
+/// remembers each entry to tell what changed.
+pub(crate) const MAX_ENTRIES: usize = 100_000;
+
+/// The most bytes of paths one watch's snapshot holds.
+pub(crate) const MAX_PATH_BYTES: usize = 16 << 20;
+
+/// Paths waiting per watch before further events are dropped (and the watch rescanned once
+/// the server catches up).
+pub(crate) const MAX_PENDING_PER_WATCH: usize = 10_000;
+
+/// A burst of events on one path within this window is one notification.
+pub(crate) const COALESCE: Duration = Duration::from_millis(50);
+
+/// Raw events waiting for the worker; beyond this the worker rescans instead.
+pub(crate) const EVENT_QUEUE: usize = 16 * 1024;
+
+/// When a new directory is listed (see `watch::worker::Worker::rechecks`): at once, and twice again.
+pub(crate) const RECHECK_AFTER: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+];
+
+/// How often every root is checked for having been deleted, moved or unmounted.
+pub(crate) const ROOT_CHECK: Duration = Duration::from_millis(500);
+
+// ---- The policy file ----
+
+/// The largest policy file read. Real ones are a few KiB.
+pub(crate) const MAX_POLICY_BYTES: u64 = 4 << 20;
+
+/// The smallest `[audit] max_bytes` (a log rolled over at that size): a few lines per file
+/// at least.
+pub const MIN_AUDIT_BYTES: u64 = 4096;
+
+// ---- The audit log ----
+// What a server can make the broker write, and how long a line waits.
+
+/// How long the broker's own lines (its start, a seal, a proxy's account) wait for the log:
+/// they have no request deadline of their own, and must not wait forever either.
+pub const OWN_LINE_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest path logged whole (Linux's `PATH_MAX`); a longer one is cut.
+pub const MAX_LOGGED_PATH: usize = 4096;
+
+/// How many of a consent request's paths a line lists.
+pub const MAX_LOGGED_PATHS: usize = 16;
+
+/// How many bytes of the consent paths a line lists, as written (escapes included).
+pub const MAX_LOGGED_PATHS_BYTES: usize = 16 << 10;
+
+/// The longest line `tail` and `verify` read: far above any line a broker writes (its strings
+/// are capped), far below what a file that is not a log can make them hold in memory.
+pub const MAX_LINE: u64 = 1 << 20;
+
+/// How long one send may wait for room in a collector's queue before the copy counts as down.
+pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// rsyslog's default `maxMessageSize`: a syslog message longer than this is cut by common
+/// collectors, so a longer line is sent elided (`audit::copy::syslog_message`).
+pub(crate) const SYSLOG_MAX: usize = 8192;
+
+/// How much of each long string an elided syslog message keeps.
+pub(crate) const SYSLOG_KEEP: usize = 512;
+
+// ---- Confinement and the runtime directory ----
+
+/// How many `#!` interpreters deep the search goes (a script run by a script …).
+pub(crate) const MAX_INTERPRETERS: usize = 4;
+
+/// How many fresh names a confined server's private temporary directory is tried under
+/// when the directory a proxy made is taken from it.
+pub(crate) const ATTEMPTS: usize = 8;
+
+/// How old (by its modification time: nothing is written into it while it is staged) an
+/// unlocked staging directory must be before clean-up takes it for abandoned: its proxy
+/// needs microseconds between making it and locking it, this leaves room for a stalled one.
+pub(crate) const STAGING_GRACE: Duration = Duration::from_secs(60);
+
+/// How many links `--confine`'s walk of a server's paths follows before it gives up (the
+/// kernel's own limit).
+pub(crate) const MAX_LINKS: usize = 40;
+
+/// How long `confine::reap::end_descendants` keeps ending a tree that keeps growing or will not die
+/// (a process in uninterruptible sleep dies only when it leaves the kernel).
+pub(crate) const GIVE_UP: Duration = Duration::from_secs(30);
+
+/// How many times (10 ms apart) a proxy looks for a shared broker's key that is not there
+/// yet (the broker writes it just after its socket appears).
+pub(crate) const KEY_WAIT_TRIES: u32 = 100;

@@ -26,6 +26,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::limits::KEY_WAIT_TRIES;
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use sha2::{Digest, Sha256};
 
@@ -205,9 +206,6 @@ pub(crate) struct ProxyKey {
     path: PathBuf,
     key: String,
 }
-
-/// How many times (10 ms apart) a proxy looks for a key that is not there yet.
-const KEY_WAIT_TRIES: u32 = 100;
 
 /// The length of a key, in hex digits (256 bits).
 const KEY_HEX: usize = 64;

@@ -20,9 +20,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("rfc3339", &[]),
     ("error", &[]),
     ("codec", &[]),
-    ("rundir", &["random"]),
-    ("sandbox", &["error", "random"]),
-    ("policy", &["rundir", "sandbox", "error"]),
+    ("rundir", &["limits", "random"]),
+    ("sandbox", &["error", "limits", "random"]),
+    ("policy", &["error", "limits", "rundir", "sandbox"]),
     ("throttle", &["error", "policy"]),
     (
         "consent",
@@ -30,7 +30,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("locks", &["error", "random"]),
     ("fair", &[]),
-    ("audit", &["policy", "rfc3339", "rundir", "sandbox"]),
+    (
+        "audit",
+        &["limits", "policy", "rfc3339", "rundir", "sandbox"],
+    ),
     ("outgoing", &["limits"]),
     ("jsonrpc", &["error", "outgoing"]),
     (
@@ -41,10 +44,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "watch",
         &[
-            "error", "jsonrpc", "throttle", "policy", "random", "rfc3339", "sandbox",
+            "consent", "error", "jsonrpc", "limits", "policy", "random", "rfc3339", "sandbox",
+            "throttle",
         ],
     ),
-    ("confine", &["policy", "random", "sandbox"]),
+    ("confine", &["limits", "policy", "random", "sandbox"]),
     (
         "broker",
         &[

@@ -18,21 +18,11 @@ use std::io::{IoSlice, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::limits::{SEND_TIMEOUT, SYSLOG_KEEP, SYSLOG_MAX};
 use crate::policy::CopyConfig;
-
-/// How long one send may wait for room in a collector's queue before the copy counts as down.
-pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// rsyslog's default `maxMessageSize`: a syslog message longer than this is cut by common
-/// collectors, so a longer line is sent elided ([`syslog_message`]).
-pub(crate) const SYSLOG_MAX: usize = 8192;
-
-/// How much of each long string an elided syslog message keeps.
-const SYSLOG_KEEP: usize = 512;
 
 /// A change in a copy's state, to be recorded in the log.
 #[derive(Debug, Clone, PartialEq, Eq)]

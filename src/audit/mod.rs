@@ -35,10 +35,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use serde_json::Value;
 
+pub use crate::limits::OWN_LINE_WAIT;
 use crate::policy::AuditConfig;
 use crate::rundir::LockFile;
 use append::Chain;
@@ -101,10 +102,6 @@ pub enum AuditError {
         reason: String,
     },
 }
-
-/// How long the broker's own lines (its start, a seal, a proxy's account) wait for the log:
-/// they have no request deadline of their own, and must not wait forever either.
-pub const OWN_LINE_WAIT: Duration = Duration::from_secs(10);
 
 /// An open, append-only audit log.
 pub struct AuditLog {

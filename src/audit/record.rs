@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::AuditLog;
 use super::chain::{Fields, sha256_hex};
+pub use crate::limits::{MAX_LOGGED_PATH, MAX_LOGGED_PATHS, MAX_LOGGED_PATHS_BYTES};
 
 /// What one request did, for its audit line.
 #[derive(Debug, Clone, Default)]
@@ -124,15 +125,6 @@ impl AuditLog {
         fields
     }
 }
-
-/// The longest path logged whole (Linux's `PATH_MAX`); a longer one is cut.
-pub const MAX_LOGGED_PATH: usize = 4096;
-
-/// How many of a consent request's paths a line lists.
-pub const MAX_LOGGED_PATHS: usize = 16;
-
-/// How many bytes of the consent paths a line lists, as written (escapes included).
-pub const MAX_LOGGED_PATHS_BYTES: usize = 16 << 10;
 
 /// The bytes `value` takes in a line once escaped: a control character is written as
 /// `\u00XX`, six bytes for one, so a cut by the value's own length would let a server's

@@ -13,6 +13,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{AuditError, GENESIS};
+pub use crate::limits::MAX_LINE;
 
 /// How a log file ends.
 pub(super) enum Tail {
@@ -40,10 +41,6 @@ pub(super) fn tail(mut file: &File, path: &Path) -> Result<Tail, AuditError> {
         })?;
     tail_until(file, path, len)
 }
-
-/// The longest line `tail` and `verify` read: far above any line a broker writes (its strings
-/// are capped), far below what a file that is not a log can make them hold in memory.
-pub const MAX_LINE: u64 = 1 << 20;
 
 /// [`tail`] of the file's first `len` bytes.
 pub(super) fn tail_until(mut file: &File, path: &Path, len: u64) -> Result<Tail, AuditError> {

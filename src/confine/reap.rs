@@ -22,11 +22,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::limits::GIVE_UP;
 use rustix::process::{Pid, PidfdFlags, Signal};
-
-/// How long [`end_descendants`] keeps ending a tree that keeps growing or will not die
-/// (a process in uninterruptible sleep dies only when it leaves the kernel).
-const GIVE_UP: Duration = Duration::from_secs(30);
 
 /// Makes this process the reaper of its orphaned descendants (`PR_SET_CHILD_SUBREAPER`).
 pub(crate) fn become_subreaper() {

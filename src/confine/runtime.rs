@@ -35,6 +35,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::{Access, ConfineError, Rule};
+use crate::limits::MAX_INTERPRETERS;
 
 /// System directories a runtime reads and runs programs from.
 const SYSTEM_DIRS: [&str; 7] = ["/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/opt"];
@@ -81,9 +82,6 @@ const DEVICES: [&str; 5] = [
     "/dev/random",
     "/dev/urandom",
 ];
-
-/// How many `#!` interpreters deep the search goes (a script run by a script …).
-const MAX_INTERPRETERS: usize = 4;
 
 /// What a server needs: a rule, and the narrower path to grant instead when the rule's
 /// turns out too broad (see `super::plan`).

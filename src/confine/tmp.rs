@@ -19,11 +19,12 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use rustix::fs::{AtFlags, CWD, FileType, FlockOperation, Mode, OFlags, RenameFlags};
 
 use super::ConfineError;
+use crate::limits::{ATTEMPTS, STAGING_GRACE};
 
 /// The start of the name of a confined server's temporary directory; the proxy's process id
 /// (for people reading `/tmp`) and a random part follow.
@@ -32,14 +33,6 @@ pub(crate) const PREFIX: &str = "fsbroker-server-";
 /// The start of the name a proxy makes the directory under, before it holds its lock; the
 /// proxy's process id and a random part follow.
 pub(crate) const STAGING: &str = "fsbroker-staging-";
-
-/// How old (by its modification time: nothing is written into it while it is staged) an
-/// unlocked staging directory must be before clean-up takes it for abandoned: its proxy
-/// needs microseconds between making it and locking it, this leaves room for a stalled one.
-pub(crate) const STAGING_GRACE: Duration = Duration::from_secs(60);
-
-/// How many fresh names a proxy tries when the directory it made is taken from it.
-const ATTEMPTS: usize = 8;
 
 /// The directory, locked while this lives, removed when it is dropped.
 #[derive(Debug)]

@@ -16,10 +16,8 @@ use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 
+use crate::limits::MAX_LINKS;
 use rustix::fs::{FileType, Mode, OFlags};
-
-/// How many links a walk follows before it gives up (the kernel's own limit).
-const MAX_LINKS: usize = 40;
 
 /// Where a walk ended.
 #[derive(Debug)]

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::compiled::expand;
 use super::{AuditFile, ConfineMode, CopyTarget, OnRevoke, PolicyError};
+pub use crate::limits::MIN_AUDIT_BYTES;
 
 /// How `prompt` roots ask a person.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,9 +81,6 @@ pub enum CopyConfig {
         socket: PathBuf,
     },
 }
-
-/// The smallest `max_bytes`: a few lines per file at least.
-pub const MIN_AUDIT_BYTES: u64 = 4096;
 
 /// Syslog facilities by name (RFC 5424 §6.2.1).
 const FACILITIES: &[(&str, u8)] = &[

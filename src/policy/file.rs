@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::PolicyError;
+use crate::limits::MAX_POLICY_BYTES;
 use crate::sandbox::{ConsentMode, Mode};
 
 /// A policy file (TOML). Unknown keys are errors.
@@ -177,9 +178,6 @@ pub struct RootEntry {
 /// under the 10 MiB the TypeScript SDK's stdio transports take in one line (a longer line
 /// closes their connection). 8 MiB of base64 is 11.2 MB.
 pub(super) const DEFAULT_MAX_CHUNK: u64 = 7 << 20;
-
-/// The largest policy file read. Real ones are a few KiB.
-pub(super) const MAX_POLICY_BYTES: u64 = 4 << 20;
 
 /// The `[limits]` table. Sizes are bytes, times milliseconds.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]

@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use super::Root;
 use crate::error::{Error, ErrorKind, Result};
+use crate::limits::MAX_DEPTH;
+pub use crate::limits::MAX_WALK_DEPTH;
 
 /// A request path placed beneath a root.
 ///
@@ -284,18 +286,6 @@ fn beneath(root: &Arc<Root>, rel: &str) -> Result<Resolved> {
         rel: parts.join("/"),
     })
 }
-
-/// The most components a request path may have beneath its root. Checks on a path (a deny
-/// glob for each folder above it, the tree lock held while a rename checks both names) cost
-/// more the deeper it is; no real tree needs more, and `PATH_MAX` stops the kernel not far
-/// beyond.
-pub(super) const MAX_DEPTH: usize = 256;
-
-/// The most levels a walk goes beneath the folder it starts from (a recursive delete or
-/// listing). A tree can be deeper than any request path — renames nest folders without
-/// naming their contents — and a walk holds a directory, and for a listing that level's
-/// path, per level: deeper trees are refused (`QUOTA_EXCEEDED`), to be handled in parts.
-pub const MAX_WALK_DEPTH: usize = 128;
 
 #[cfg(test)]
 #[allow(clippy::disallowed_methods)] // tests set up their own files

@@ -40,6 +40,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::policy::Policy;
 use crate::sandbox::Root;
 
+use crate::limits::EVENT_QUEUE;
 pub(crate) use change::{Change, EventSet};
 use registrar::Job;
 use registry::{Doomed, Entry, Registry, Shared, Watch};
@@ -60,8 +61,8 @@ pub(crate) trait Owner: Send + Sync {
 pub(crate) trait Subscriber: Send + Sync {
     /// Queues a notification frame for the session's peer; `false` if its queue is full.
     fn try_notify(&self, frame: Vec<u8>) -> bool;
-    /// Whether `abs` lies in something the person granted this session.
-    fn is_granted(&self, abs: &Path) -> bool;
+    /// What the person granted the session (see `crate::consent::allows`).
+    fn grants(&self) -> &crate::consent::Grants;
 }
 
 /// What a new watch covers.
@@ -137,9 +138,6 @@ fn abandoned(raw: &str) -> Error {
     )
     .with_path(raw)
 }
-
-/// Raw events waiting for the worker; beyond this the worker rescans instead.
-const EVENT_QUEUE: usize = 16 * 1024;
 
 impl WatchHub {
     /// Starts the hub, its worker thread and its registrar thread for `broker`.
@@ -218,8 +216,8 @@ impl WatchHub {
                             format!(
                                 "the tree is too large to watch (over {} entries or {} MiB of \
                              paths); watch a smaller part of it",
-                                snapshot::MAX_ENTRIES,
-                                snapshot::MAX_PATH_BYTES >> 20
+                                crate::limits::MAX_ENTRIES,
+                                crate::limits::MAX_PATH_BYTES >> 20
                             ),
                         )
                         .with_path(raw),

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, Metadata};
 
+use crate::limits::{MAX_ENTRIES, MAX_PATH_BYTES};
 use crate::sandbox::Root;
 use crate::sandbox::is_staging_name;
 
@@ -56,12 +57,6 @@ pub(super) enum Diff {
     /// In the old snapshot only.
     Deleted,
 }
-
-/// The most entries one watch's snapshot holds.
-pub(super) const MAX_ENTRIES: usize = 100_000;
-
-/// The most bytes of paths one watch's snapshot holds.
-pub(super) const MAX_PATH_BYTES: usize = 16 << 20;
 
 /// A tree too large to watch: over [`MAX_ENTRIES`] entries or [`MAX_PATH_BYTES`] of paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

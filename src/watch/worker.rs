@@ -21,21 +21,14 @@ use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 
 use super::snapshot::Stamp;
 use super::{Change, Owner, Subscriber, Watch, WatchHub};
+use crate::limits::{RECHECK_AFTER, ROOT_CHECK};
 use crate::policy::Policy;
+use crate::sandbox::Root;
 use crate::sandbox::is_staging_name;
-use crate::sandbox::{ConsentMode, Root};
 use outbox::{Pending, merge};
 
-/// When a new directory is listed (see `Worker::rechecks`): at once, and twice again.
-const RECHECK_AFTER: [Duration; 3] = [
-    Duration::ZERO,
-    Duration::from_millis(100),
-    Duration::from_millis(500),
-];
 /// How often the worker wakes with nothing to read.
 const TICK: Duration = Duration::from_millis(10);
-/// How often every root is checked for having been deleted, moved or unmounted.
-const ROOT_CHECK: Duration = Duration::from_millis(500);
 
 struct Worker {
     hub: Weak<WatchHub>,
@@ -289,12 +282,11 @@ fn visible(root: &Root, session: &Weak<dyn Subscriber>, rel: &str) -> bool {
     if root.protected().is_own_file(&abs, None) {
         return false;
     }
-    let granted = match root.consent_at(rel) {
-        ConsentMode::Auto => true,
-        ConsentMode::Deny => false,
-        ConsentMode::Prompt => session.upgrade().is_some_and(|s| s.is_granted(&abs)),
-    };
-    if !granted {
+    // A session that has ended is told nothing.
+    if !session
+        .upgrade()
+        .is_some_and(|s| crate::consent::allows(root, rel, s.grants()))
+    {
         return false;
     }
     match rel.rsplit_once('/') {

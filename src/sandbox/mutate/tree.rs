@@ -12,6 +12,7 @@ use cap_std::fs::Dir;
 
 use super::Parent;
 use crate::error::{Error, ErrorKind, Result};
+use crate::limits::{MAX_TREE_CHECK, MAX_TREE_WORK};
 use crate::sandbox::MAX_WALK_DEPTH;
 use crate::sandbox::open::denied;
 use crate::sandbox::protected::OWN_FILE;
@@ -123,17 +124,6 @@ impl TreeLock {
         }
     }
 }
-
-/// The most entries a directory rename checks against deny globs and fsbroker's own files
-/// while it holds the tree lock exclusively; a larger tree is not moved (`QUOTA_EXCEEDED`).
-/// It bounds how long one rename can hold up every other session's changes (a few hundred
-/// milliseconds on a slow disk).
-pub(crate) const MAX_TREE_CHECK: usize = 20_000;
-
-/// The most glob matches (an entry's folders, counted for each entry) a directory rename
-/// makes under the tree lock; with [`MAX_TREE_CHECK`] it keeps a hold to a fraction of a
-/// second whatever the tree's shape.
-pub(crate) const MAX_TREE_WORK: usize = 200_000;
 
 /// Checks every entry of the tree at `src` (walked without following symlinks) before it
 /// is moved to `dst` (or deleted, with `dst` `None`): nothing beneath it may be denied where

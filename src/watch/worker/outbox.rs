@@ -5,20 +5,15 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 
 use super::Worker;
 use crate::jsonrpc::{self, Json};
+use crate::limits::{COALESCE, MAX_PENDING_PER_WATCH};
 use crate::policy::Policy;
 use crate::watch::{Change, Watch, WatchHub};
-
-/// A burst of events on one path within this window is one notification.
-const COALESCE: Duration = Duration::from_millis(50);
-/// Paths waiting per watch before further events are dropped (and the watch rescanned once
-/// the server catches up).
-const MAX_PENDING_PER_WATCH: usize = 10_000;
 
 /// A change waiting to go out: the coalesced change, when the burst began, and when it was
 /// seen first (the notification's timestamp).
