@@ -20,6 +20,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::sync::{Semaphore, mpsc};
 
+use super::lenient;
 use super::modern::{self, Checked};
 use super::relay::ToServer;
 use crate::error::{Error, ErrorKind};
@@ -80,7 +81,7 @@ fn envelope_of(line: &[u8]) -> (Option<String>, bool) {
         // A `method` in another case (`"Method"`) makes it a request to a lenient reader too.
         Ok(env) => (
             env.id.map(|id| id.get().to_owned()),
-            env.method.is_some() || modern::lenient_envelope(line).1,
+            env.method.is_some() || lenient::lenient_envelope(line).1,
         ),
         Err(_) => (None, true),
     }
@@ -147,7 +148,7 @@ impl Asker {
 struct Kept {
     /// The host's id for it, as the host wrote it.
     host_id: Box<RawValue>,
-    /// [`modern::id_key`] of the host's id.
+    /// [`lenient::id_key`] of the host's id.
     host_key: String,
     /// The request as first sent, which each round sends again.
     request: Vec<u8>,
@@ -159,7 +160,7 @@ struct Kept {
 struct EraState {
     /// Whether the host's requests are of the 2026-07-28 era (the last one decides).
     modern: bool,
-    /// Kept host requests by the [`modern::id_key`] the server answers under: the host's own
+    /// Kept host requests by the [`lenient::id_key`] the server answers under: the host's own
     /// id, or the proxy's retry id.
     kept: HashMap<String, Kept>,
     /// Bytes of the requests in `kept`.
@@ -301,7 +302,7 @@ impl Eras {
                 line = modern::merge_responses(&line, &answers).unwrap_or(line);
             }
         }
-        let key = modern::raw_id_key(id);
+        let key = lenient::raw_id_key(id);
         if let Some(key) = key
             .filter(|_| modern::INPUT_METHODS.contains(&method) && line.len() <= MAX_KEPT_REQUEST)
         {
@@ -325,7 +326,7 @@ impl Eras {
         let Some(key) = msg
             .get("params")
             .and_then(|p| p.get("requestId"))
-            .and_then(modern::id_key)
+            .and_then(lenient::id_key)
         else {
             return line;
         };
@@ -441,21 +442,21 @@ impl Eras {
                     request = method;
                 }
                 // Not even that (a `NaN` somewhere): what a scan of the top level finds.
-                None => (ids, request) = modern::lenient_envelope(&line),
+                None => (ids, request) = lenient::lenient_envelope(&line),
             }
         }
         // One answer per distinct id, and few: a line may write its id any number of times.
         let mut seen = std::collections::HashSet::new();
-        ids.retain(|id| modern::id_key(id).is_some_and(|k| seen.insert(k)));
+        ids.retain(|id| lenient::id_key(id).is_some_and(|k| seen.insert(k)));
         ids.truncate(MAX_UNREADABLE_IDS);
         let kept: Vec<Kept> = {
             let mut state = self.state();
             ids.iter()
-                .filter_map(modern::id_key)
+                .filter_map(lenient::id_key)
                 .filter_map(|k| state.take(&k))
                 .collect()
         };
-        let names = broker || super::modern::names_broker_method(&line);
+        let names = broker || lenient::names_broker_method(&line);
         let err = Error::new(
             ErrorKind::InvalidRequest,
             if names {
@@ -563,7 +564,7 @@ impl Eras {
                     .await;
                 return;
             };
-            let key = modern::id_key(&Value::String(id)).unwrap_or_default();
+            let key = lenient::id_key(&Value::String(id)).unwrap_or_default();
             let retry = Kept {
                 rounds: kept.rounds + 1,
                 ..kept

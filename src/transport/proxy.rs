@@ -40,7 +40,7 @@ use tokio::sync::mpsc;
 use super::driver::Driver;
 use super::eras::{self, Asker, Eras, Outputs, Waiting};
 use super::framing::{Frame, LineReader};
-use super::modern;
+use super::lenient;
 use super::pipe::BlockingWriter;
 pub use super::relay::RELAY_BUDGET_KIB;
 use super::relay::{Budget, ToServer};
@@ -751,7 +751,7 @@ enum Route {
 /// reads it (the rest of the relay gets the line only back from here).
 ///
 /// A line is the broker's when any message in it has a `method` that any lenient reading
-/// takes for `roots/list` or `files/…` ([`modern::message_methods`]: escapes decoded, every
+/// takes for `roots/list` or `files/…` ([`lenient::message_methods`]: escapes decoded, every
 /// `method` member counted, batches and broken JSON scanned). The broker gets it when it is
 /// also a sound request ([`jsonrpc::parse`], the broker's own reader); any other form (an id
 /// that is an array or a fraction, no `jsonrpc`, params of the wrong type, a notification,
@@ -763,7 +763,7 @@ enum Route {
 /// result's content) go on to [`Eras::server_message`], which passes them as written when
 /// they read one way only, and refuses them otherwise.
 fn route(line: Vec<u8>) -> Route {
-    let claims = modern::message_methods(&line);
+    let claims = lenient::message_methods(&line);
     if !claims.broker && !claims.control {
         return Route::Relay(line);
     }
@@ -771,7 +771,7 @@ fn route(line: Vec<u8>) -> Route {
         "notifications/fsbroker/* are the proxy's own messages; the server's are not relayed"
     } else {
         match jsonrpc::parse(&line) {
-            Incoming::Request { method, .. } if modern::is_broker_method(&method) => {
+            Incoming::Request { method, .. } if lenient::is_broker_method(&method) => {
                 return Route::Broker(line);
             }
             _ => {
@@ -781,7 +781,7 @@ fn route(line: Vec<u8>) -> Route {
     };
     // Whatever ids its top level carries, if the server can match them: strings and
     // numbers (a fraction too), each once, and a few.
-    let (ids, _) = modern::lenient_envelope(&line);
+    let (ids, _) = lenient::lenient_envelope(&line);
     let ids = ids
         .iter()
         .filter_map(|id| RawValue::from_string(id.to_string()).ok())
