@@ -125,10 +125,10 @@ pub(crate) fn check_response(line: &[u8]) -> Checked {
     let request = sk.method.is_some();
     let claims = input_claims(line);
     let broker = sk.method_claimed || claims.top || claims.other;
-    // The relay's gate (`proxy::route`) keeps every message whose method is the broker's or
-    // the proxy's away from here; should one come all the same (a method in an array, which
-    // a JavaScript reader indexing its handlers with it takes for the string), it is not the
-    // host's.
+    // The relay's gate (`route`, in proxy/lines.rs) keeps every message whose method is the
+    // broker's or the proxy's away from here; should one come all the same (a method in an
+    // array, which a JavaScript reader indexing its handlers with it takes for the string),
+    // it is not the host's.
     if sk.dup || sk.odd || sk.method_claimed || claims.other {
         return Checked::Unreadable {
             ids: sk.ids,
