@@ -18,7 +18,7 @@ use crate::limits::{MAX_KEPT, MAX_KEPT_BYTES, MAX_STASHED, MAX_STASHED_BYTES};
 pub(super) struct Kept {
     /// The host's id for it, as the host wrote it.
     pub(super) host_id: Box<RawValue>,
-    /// [`lenient::id_key`](crate::transport::lenient::id_key) of the host's id.
+    /// [`id_key`](crate::transport::lenient::id_key) of the host's id.
     pub(super) host_key: String,
     /// The request as first sent, which each round sends again.
     pub(super) request: Vec<u8>,
@@ -30,12 +30,13 @@ pub(super) struct Kept {
 pub(super) struct EraState {
     /// Whether the host's requests are of the 2026-07-28 era (the last one decides).
     pub(super) modern: bool,
-    /// Kept host requests by the [`lenient::id_key`](crate::transport::lenient::id_key) the server answers under: the host's own
-    /// id, or the proxy's retry id.
+    /// Kept host requests by the [`id_key`](crate::transport::lenient::id_key) the server
+    /// answers under: the host's own id, or the proxy's retry id.
     pub(super) kept: HashMap<String, Kept>,
     /// Bytes of the requests in `kept`.
     kept_bytes: usize,
-    /// The broker's input responses waiting for the host's retry, by [`modern::retry_key`](crate::transport::modern::retry_key).
+    /// The broker's input responses waiting for the host's retry, by
+    /// [`retry_key`](crate::transport::modern::retry_key).
     stash: HashMap<String, BTreeMap<String, Box<RawValue>>>,
     /// The keys of `stash`, oldest first.
     stash_order: VecDeque<String>,
