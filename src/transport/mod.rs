@@ -4,6 +4,7 @@
 pub(crate) mod driver;
 mod eras;
 pub(crate) mod framing;
+mod lenient;
 pub mod listen;
 pub(crate) mod modern;
 pub(crate) mod pipe;

@@ -12,60 +12,31 @@
 //! bounded: the requests kept for a retry, the input requests per result and those the broker
 //! answers per round, the bytes of its answers, the rounds at once, the bytes of retries
 //! waiting for the server, and the answers waiting for the host.
+//!
+//! The parts: this file is the flow of one connection (a host request on its way out, a
+//! server message on its way back); `round.rs` is a round of the broker's answers;
+//! `state.rs` is what the proxy holds between them, within those bounds; `asker.rs` is how the
+//! proxy puts its own questions to the broker, local or shared.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+mod asker;
+mod round;
+mod state;
+
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::sync::{Semaphore, mpsc};
 
+use super::lenient;
 use super::modern::{self, Checked};
 use super::relay::ToServer;
 use crate::error::{Error, ErrorKind};
-use crate::host::Session;
 use crate::jsonrpc;
-use crate::limits::{
-    MAX_ANSWER_BYTES, MAX_BROKER_INPUTS, MAX_KEPT, MAX_KEPT_BYTES, MAX_KEPT_REQUEST, MAX_ROUNDS,
-    MAX_STASHED, MAX_STASHED_BYTES, MAX_UNREADABLE_IDS, ROUNDS_AT_ONCE,
-};
+use crate::limits::{MAX_KEPT_REQUEST, MAX_ROUNDS, MAX_UNREADABLE_IDS, ROUNDS_AT_ONCE};
 use crate::outgoing::Outgoing;
-
-/// The proxy asking the broker itself (the input requests of `input_required` results), and
-/// telling it which era the connection speaks.
-#[derive(Clone)]
-pub(super) enum Asker {
-    Local(Arc<Session>),
-    Remote {
-        to_broker: mpsc::Sender<Outgoing>,
-        waiting: Waiting,
-        /// The shared broker's key, which its notes about the server carry.
-        key: Option<Arc<str>>,
-    },
-}
-
-/// Questions to a shared broker waiting for their answers, by id.
-pub(super) type Waiting = Arc<Mutex<HashMap<String, tokio::sync::oneshot::Sender<Vec<u8>>>>>;
-
-/// The start of every answer to a question of the proxy's own: the broker writes every
-/// response beginning `{"jsonrpc":"2.0","id":`, and the proxy's ids begin `fsbroker-ask-`
-/// and a random nonce (so no id of the server's can take an answer meant for the proxy).
-pub(super) fn ask_prefix(nonce: &str) -> String {
-    format!("{{\"jsonrpc\":\"2.0\",\"id\":\"fsbroker-ask-{nonce}-")
-}
-
-/// Hands a shared broker's answer to the question waiting for it.
-pub(super) fn answer_ask(waiting: &Waiting, line: Vec<u8>) {
-    let Some(id) = response_id(&line) else { return };
-    let id: String = serde_json::from_str(&id).unwrap_or_default();
-    if let Some(tx) = waiting
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&id)
-    {
-        let _ = tx.send(line);
-    }
-}
+pub(super) use asker::{Asker, Waiting, answer_ask, ask_prefix};
+use state::{EraState, Kept};
 
 /// A message's `id` as written, and whether it has a `method` (is a request, or may be read
 /// as one): `(None, true)` when even that cannot be read one way.
@@ -80,146 +51,9 @@ fn envelope_of(line: &[u8]) -> (Option<String>, bool) {
         // A `method` in another case (`"Method"`) makes it a request to a lenient reader too.
         Ok(env) => (
             env.id.map(|id| id.get().to_owned()),
-            env.method.is_some() || modern::lenient_envelope(line).1,
+            env.method.is_some() || lenient::lenient_envelope(line).1,
         ),
         Err(_) => (None, true),
-    }
-}
-
-/// A response's `id`, as written.
-pub(super) fn response_id(line: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Reply<'a> {
-        #[serde(borrow)]
-        id: &'a RawValue,
-    }
-    serde_json::from_slice::<Reply>(line)
-        .ok()
-        .map(|r| r.id.get().to_owned())
-}
-
-impl Asker {
-    /// Sends `{"method": method, "params": params}` to the broker; returns its answer frame.
-    async fn ask(&self, id: &str, method: &str, params: Option<&RawValue>) -> Option<Vec<u8>> {
-        let mut request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method});
-        if let Some(p) = params.and_then(|p| serde_json::from_str::<Value>(p.get()).ok()) {
-            request["params"] = p;
-        }
-        let line = request.to_string().into_bytes();
-        match self {
-            Asker::Local(session) => session.handle(&line).await,
-            Asker::Remote {
-                to_broker, waiting, ..
-            } => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                waiting
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(id.to_owned(), tx);
-                let mut framed = line;
-                framed.push(b'\n');
-                to_broker.send(framed.into()).await.ok()?;
-                rx.await.ok()
-            }
-        }
-    }
-
-    /// Tells the broker whether the server speaks MCP 2026-07-28 (its results then carry
-    /// `resultType`).
-    async fn set_modern(&self, modern: bool) {
-        match self {
-            Asker::Local(session) => session.set_modern(modern),
-            Asker::Remote { to_broker, key, .. } => {
-                let version = if modern {
-                    modern::MODERN_VERSION
-                } else {
-                    "2025-11-25"
-                };
-                let params = serde_json::json!({ "protocolVersion": version });
-                let line = super::peer_note(key.as_deref(), params);
-                let _ = to_broker.send(line.into()).await;
-            }
-        }
-    }
-}
-
-/// A host request the proxy may have to send again.
-struct Kept {
-    /// The host's id for it, as the host wrote it.
-    host_id: Box<RawValue>,
-    /// [`modern::id_key`] of the host's id.
-    host_key: String,
-    /// The request as first sent, which each round sends again.
-    request: Vec<u8>,
-    /// Rounds of input requests the broker has answered for it.
-    rounds: u32,
-}
-
-#[derive(Default)]
-struct EraState {
-    /// Whether the host's requests are of the 2026-07-28 era (the last one decides).
-    modern: bool,
-    /// Kept host requests by the [`modern::id_key`] the server answers under: the host's own
-    /// id, or the proxy's retry id.
-    kept: HashMap<String, Kept>,
-    /// Bytes of the requests in `kept`.
-    kept_bytes: usize,
-    /// The broker's input responses waiting for the host's retry, by [`modern::retry_key`].
-    stash: HashMap<String, BTreeMap<String, Box<RawValue>>>,
-    /// The keys of `stash`, oldest first.
-    stash_order: VecDeque<String>,
-    /// Bytes of the answers in `stash`.
-    stash_bytes: usize,
-}
-
-fn answers_bytes(answers: &BTreeMap<String, Box<RawValue>>) -> usize {
-    answers.iter().map(|(k, v)| k.len() + v.get().len()).sum()
-}
-
-impl EraState {
-    /// Keeps `kept` under `key`; gives it back when the bounds are reached.
-    fn keep(&mut self, key: String, kept: Kept) -> Result<(), Kept> {
-        if self.kept.len() >= MAX_KEPT || self.kept_bytes + kept.request.len() > MAX_KEPT_BYTES {
-            tracing::warn!(
-                kept = self.kept.len(),
-                "too many host requests waiting; this one's input requests will not be answered by the broker"
-            );
-            return Err(kept);
-        }
-        self.kept_bytes += kept.request.len();
-        if let Some(old) = self.kept.insert(key, kept) {
-            self.kept_bytes -= old.request.len();
-        }
-        Ok(())
-    }
-
-    fn take(&mut self, key: &str) -> Option<Kept> {
-        let kept = self.kept.remove(key)?;
-        self.kept_bytes -= kept.request.len();
-        Some(kept)
-    }
-
-    fn stash(&mut self, key: String, answers: BTreeMap<String, Box<RawValue>>) {
-        self.stash_bytes += answers_bytes(&answers);
-        match self.stash.insert(key.clone(), answers) {
-            Some(old) => self.stash_bytes -= answers_bytes(&old),
-            None => self.stash_order.push_back(key),
-        }
-        while self.stash.len() > MAX_STASHED || self.stash_bytes > MAX_STASHED_BYTES {
-            let Some(old) = self.stash_order.pop_front() else {
-                break;
-            };
-            if let Some(answers) = self.stash.remove(&old) {
-                self.stash_bytes -= answers_bytes(&answers);
-            }
-        }
-    }
-
-    fn unstash(&mut self, key: &str) -> Option<BTreeMap<String, Box<RawValue>>> {
-        let answers = self.stash.remove(key)?;
-        self.stash_bytes -= answers_bytes(&answers);
-        self.stash_order.retain(|k| k != key);
-        Some(answers)
     }
 }
 
@@ -301,7 +135,7 @@ impl Eras {
                 line = modern::merge_responses(&line, &answers).unwrap_or(line);
             }
         }
-        let key = modern::raw_id_key(id);
+        let key = lenient::raw_id_key(id);
         if let Some(key) = key
             .filter(|_| modern::INPUT_METHODS.contains(&method) && line.len() <= MAX_KEPT_REQUEST)
         {
@@ -325,7 +159,7 @@ impl Eras {
         let Some(key) = msg
             .get("params")
             .and_then(|p| p.get("requestId"))
-            .and_then(modern::id_key)
+            .and_then(lenient::id_key)
         else {
             return line;
         };
@@ -441,21 +275,21 @@ impl Eras {
                     request = method;
                 }
                 // Not even that (a `NaN` somewhere): what a scan of the top level finds.
-                None => (ids, request) = modern::lenient_envelope(&line),
+                None => (ids, request) = lenient::lenient_envelope(&line),
             }
         }
         // One answer per distinct id, and few: a line may write its id any number of times.
         let mut seen = std::collections::HashSet::new();
-        ids.retain(|id| modern::id_key(id).is_some_and(|k| seen.insert(k)));
+        ids.retain(|id| lenient::id_key(id).is_some_and(|k| seen.insert(k)));
         ids.truncate(MAX_UNREADABLE_IDS);
         let kept: Vec<Kept> = {
             let mut state = self.state();
             ids.iter()
-                .filter_map(modern::id_key)
+                .filter_map(lenient::id_key)
                 .filter_map(|k| state.take(&k))
                 .collect()
         };
-        let names = broker || super::modern::names_broker_method(&line);
+        let names = broker || lenient::names_broker_method(&line);
         let err = Error::new(
             ErrorKind::InvalidRequest,
             if names {
@@ -536,127 +370,5 @@ impl Eras {
         let mut frame = jsonrpc::error_frame(Some(&id), &err);
         frame.truncate(frame.trim_ascii_end().len());
         Some(frame)
-    }
-
-    /// Answers the broker's input requests of `ir`; then retries the request itself when
-    /// every input request was the broker's, or else shows the host the rest and keeps the
-    /// broker's answers for the host's retry.
-    async fn answer_inputs(&self, ir: modern::InputRequired, kept: Kept, out: Outputs) {
-        let Outputs {
-            to_host,
-            to_server,
-            server_budget,
-        } = out;
-        let answers = self.answer_broker_inputs(&ir).await;
-        let hosts = ir.host_keys();
-        let host_id = kept.host_id.clone();
-        let failed = |why: &str| {
-            let err = Error::new(ErrorKind::Internal, format!("fsbroker: {why}"));
-            Outgoing::from(jsonrpc::error_frame(Some(&host_id), &err))
-        };
-        if hosts.is_empty() {
-            let id = self.fresh_id("retry");
-            let Some(line) = modern::retry(&kept.request, &id, &answers, ir.state.as_deref())
-            else {
-                let _ = to_host
-                    .send(failed("the request could not be sent again"))
-                    .await;
-                return;
-            };
-            let key = modern::id_key(&Value::String(id)).unwrap_or_default();
-            let retry = Kept {
-                rounds: kept.rounds + 1,
-                ..kept
-            };
-            if self.state().keep(key, retry).is_err() {
-                let _ = to_host
-                    .send(failed("too many requests are waiting to be sent again"))
-                    .await;
-                return;
-            }
-            let mut framed = line;
-            framed.push(b'\n');
-            if let Some(frame) = server_budget.frame(framed).await {
-                let _ = to_server.send(ToServer::Frame(frame)).await;
-            }
-            return;
-        }
-        // The host answers its part and retries; the broker's answers wait to be merged in.
-        if !answers.is_empty() {
-            if let Some(key) = modern::retry_key_for(&kept.request, &ir) {
-                self.state().stash(key, answers);
-            }
-        }
-        let frame = match modern::only_requests(&ir, &hosts, &kept.host_id) {
-            Some(mut line) => {
-                line.push(b'\n');
-                Outgoing::from(line)
-            }
-            None => failed("the server's input requests could not be passed on"),
-        };
-        let _ = to_host.send(frame).await;
-    }
-
-    /// The broker's answer to each of `ir`'s input requests that are its own, by key: at most
-    /// [`MAX_BROKER_INPUTS`] are asked and at most [`MAX_ANSWER_BYTES`] of answers kept; the
-    /// others are answered with a `QuotaExceeded` error.
-    async fn answer_broker_inputs(
-        &self,
-        ir: &modern::InputRequired,
-    ) -> BTreeMap<String, Box<RawValue>> {
-        #[derive(serde::Deserialize)]
-        struct Req<'a> {
-            #[serde(borrow)]
-            params: Option<&'a RawValue>,
-        }
-        let mut answers = BTreeMap::new();
-        let mut bytes = 0usize;
-        for (n, key) in ir.broker_keys().into_iter().enumerate() {
-            let method = ir.method(&key).unwrap_or_default().to_owned();
-            let id = self.fresh_id("ask");
-            let refuse = |why: String| {
-                let err = Error::new(ErrorKind::QuotaExceeded, why);
-                let id = RawValue::from_string(serde_json::to_string(&id).unwrap_or_default());
-                modern::input_response(&jsonrpc::error_frame(id.ok().as_deref(), &err))
-            };
-            let answer = if n >= MAX_BROKER_INPUTS {
-                refuse(format!(
-                    "fsbroker answers at most {MAX_BROKER_INPUTS} input requests at a time"
-                ))
-            } else if bytes > MAX_ANSWER_BYTES {
-                refuse(format!(
-                    "fsbroker's answers in one round are limited to {MAX_ANSWER_BYTES} bytes"
-                ))
-            } else {
-                let params = ir
-                    .requests
-                    .get(&key)
-                    .and_then(|r| serde_json::from_str::<Req>(r.get()).ok())
-                    .and_then(|r| r.params);
-                let answer = self
-                    .asker
-                    .ask(&id, &method, params)
-                    .await
-                    .and_then(|frame| modern::input_response(&frame));
-                match answer {
-                    Some(answer) if bytes + answer.get().len() > MAX_ANSWER_BYTES => {
-                        bytes = MAX_ANSWER_BYTES + 1;
-                        refuse(format!(
-                            "fsbroker's answers in one round are limited to {MAX_ANSWER_BYTES} bytes"
-                        ))
-                    }
-                    Some(answer) => Some(answer),
-                    None => {
-                        tracing::warn!(%method, "the broker did not answer an input request");
-                        None
-                    }
-                }
-            };
-            if let Some(answer) = answer {
-                bytes += answer.get().len().min(MAX_ANSWER_BYTES);
-                answers.insert(key, answer);
-            }
-        }
-        answers
     }
 }

@@ -1,0 +1,260 @@
+//! The relay of lines, each way: host → server (`initialize` and the 2026-07-28 era's
+//! requests rewritten to declare roots), and server → host, where every line first passes
+//! one gate, [`route`], that keeps the broker's requests, in any form a lenient host might
+//! read, away from the host.
+//!
+//! Each direction is one loop that reads a line, decides, and queues it in a bounded budget:
+//! the order of lines per direction is kept, and a side that stops reading stalls the other.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+use tokio::io::AsyncRead;
+use tokio::sync::mpsc;
+
+use super::broker::BrokerSide;
+use crate::jsonrpc::{self, Incoming};
+use crate::outgoing::Outgoing;
+use crate::transport::eras::{Eras, Outputs};
+use crate::transport::framing::{Frame, LineReader};
+use crate::transport::lenient;
+use crate::transport::relay::{Budget, ToServer};
+use crate::transport::serve::too_long;
+
+/// Host → server: verbatim, except `initialize` (2025 era) and the client capabilities of
+/// every request of the 2026-07-28 era ([`Eras::host_request`]).
+pub(super) async fn relay_host<R: AsyncRead + Unpin>(
+    input: R,
+    to_server: mpsc::Sender<ToServer>,
+    to_host: mpsc::Sender<Outgoing>,
+    init_id: Arc<Mutex<Option<Box<RawValue>>>>,
+    eras: Arc<Eras>,
+    budget: Budget,
+    max: usize,
+) {
+    let mut reader = LineReader::new(input, max);
+    while let Ok(Some(frame)) = reader.next_frame().await {
+        let line = match frame {
+            Frame::Line(line) => line,
+            // The proxy's readers have no shared budget, so they never refuse a line.
+            Frame::Refused { .. } => continue,
+            Frame::TooLong { len } => {
+                // Answer the host as a server would, so it does not wait for nothing.
+                tracing::warn!(len, "an over-long line from the host was not relayed");
+                let _ = to_host.send(too_long(len, max).into()).await;
+                continue;
+            }
+        };
+        let line = match jsonrpc::parse(&line) {
+            Incoming::Request { id, method, .. } if method == "initialize" => {
+                *init_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.to_owned());
+                eras.set_modern(false).await;
+                declare_brokering(&line).unwrap_or(line)
+            }
+            Incoming::Request { id, method, .. } => {
+                let id = id.to_owned();
+                eras.host_request(line, &id, &method).await
+            }
+            Incoming::Notification { method, .. } if method == "notifications/cancelled" => {
+                eras.cancelled(line)
+            }
+            _ => line,
+        };
+        let mut framed = line;
+        framed.push(b'\n');
+        let Some(frame) = budget.frame(framed).await else {
+            break;
+        };
+        if to_server.send(ToServer::Frame(frame)).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// `initialize` with `params.capabilities.roots` declaring brokering (other capabilities, and
+/// other members of `roots`, untouched). Members are kept as raw JSON, so numbers and
+/// strings pass through exactly as the host wrote them; only the order of the members of the
+/// message, of `params` and of `capabilities` may change.
+fn declare_brokering(line: &[u8]) -> Option<Vec<u8>> {
+    type Members = BTreeMap<String, Box<RawValue>>;
+    fn raw<T: serde::Serialize>(v: &T) -> Option<Box<RawValue>> {
+        serde_json::value::to_raw_value(v).ok()
+    }
+    let mut msg: Members = serde_json::from_slice(line).ok()?;
+    let mut params: Members = match msg.get("params") {
+        Some(p) => serde_json::from_str(p.get()).ok()?,
+        None => Members::new(),
+    };
+    let mut caps: Members = match params.get("capabilities") {
+        Some(c) => serde_json::from_str(c.get()).ok()?,
+        None => Members::new(),
+    };
+    let mut roots: serde_json::Map<String, Value> = caps
+        .get("roots")
+        .and_then(|r| serde_json::from_str(r.get()).ok())
+        .unwrap_or_default();
+    roots.insert("listChanged".into(), Value::Bool(true));
+    roots.insert("filesystemBrokering".into(), Value::Bool(true));
+    caps.insert("roots".into(), raw(&roots)?);
+    params.insert("capabilities".into(), raw(&caps)?);
+    msg.insert("params".into(), raw(&params)?);
+    serde_json::to_vec(&msg).ok()
+}
+
+/// Where the server's messages go, and what the relay knows of the eras.
+pub(super) struct Relay {
+    pub(super) out: Outputs,
+    pub(super) eras: Arc<Eras>,
+}
+
+/// Server → host: verbatim, except what [`route`] keeps away from the host (the broker's
+/// requests, any other line whose method a lenient reader takes for the broker's or the
+/// proxy's own), the lines the proxy cannot classify (the host could read a `roots/list`
+/// request into them: they are answered with an error, or dropped), and (2026-07-28 era) what
+/// [`Eras::server_message`] takes over.
+pub(super) async fn relay_server<R: AsyncRead + Unpin>(
+    output: R,
+    relay: &Relay,
+    broker: &mut BrokerSide,
+    init_id: &Mutex<Option<Box<RawValue>>>,
+    max: usize,
+) {
+    let to_host = &relay.out.to_host;
+    let budget = Budget::new();
+    let mut reader = LineReader::new(output, max);
+    while let Ok(Some(frame)) = reader.next_frame().await {
+        let line = match frame {
+            Frame::Line(line) => line,
+            Frame::Refused { .. } => continue,
+            Frame::TooLong { len } => {
+                tracing::warn!(len, "an over-long line from the server was not relayed");
+                broker.answer(too_long(len, max).into()).await;
+                continue;
+            }
+        };
+        let mut line = match route(line) {
+            Route::Relay(line) => line,
+            Route::Broker(line) => {
+                broker.request(line).await;
+                continue;
+            }
+            Route::Refused { ids, why, len } => {
+                tracing::warn!(len, why, "a line from the server was not relayed");
+                let err = crate::error::Error::new(
+                    crate::error::ErrorKind::InvalidRequest,
+                    format!("fsbroker: {why}"),
+                );
+                for id in ids {
+                    broker
+                        .answer(jsonrpc::error_frame(Some(&id), &err).into())
+                        .await;
+                }
+                continue;
+            }
+        };
+        if let Incoming::Response = jsonrpc::parse(&line) {
+            learn_server_name(&line, init_id, broker);
+        }
+        match relay.eras.server_message(line, &relay.out).await {
+            Some(passed) => line = passed,
+            None => continue,
+        }
+        line.push(b'\n');
+        let Some(frame) = budget.frame(line).await else {
+            break;
+        };
+        if to_host.send(frame).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Where a line from the server goes.
+enum Route {
+    /// On towards the host (through [`Eras::server_message`], which reads what it carries).
+    Relay(Vec<u8>),
+    /// A request for the broker: it answers the server.
+    Broker(Vec<u8>),
+    /// Neither: the server's ids that can be echoed get an error; the line goes nowhere.
+    Refused {
+        ids: Vec<Box<RawValue>>,
+        why: &'static str,
+        len: usize,
+    },
+}
+
+/// The one decision of where a server's line goes, made on every line before anything else
+/// reads it (the rest of the relay gets the line only back from here).
+///
+/// A line is the broker's when any message in it has a `method` that any lenient reading
+/// takes for `roots/list` or `files/…` ([`lenient::message_methods`]: escapes decoded, every
+/// `method` member counted, batches and broken JSON scanned). The broker gets it when it is
+/// also a sound request ([`jsonrpc::parse`], the broker's own reader); any other form (an id
+/// that is an array or a fraction, no `jsonrpc`, params of the wrong type, a notification,
+/// `method` twice, a batch, bytes or JSON no parser reads) is refused: a host that reads it
+/// loosely would answer it with its own roots. The same holds for a `method` under
+/// `notifications/fsbroker/`: those are the proxy's own words to a shared broker (the
+/// server's name, its era, its confinement, recorded in the audit log), never the server's,
+/// so they reach neither the broker nor the host. Lines naming such a method elsewhere (a
+/// result's content) go on to [`Eras::server_message`], which passes them as written when
+/// they read one way only, and refuses them otherwise.
+fn route(line: Vec<u8>) -> Route {
+    let claims = lenient::message_methods(&line);
+    if !claims.broker && !claims.control {
+        return Route::Relay(line);
+    }
+    let why = if claims.control {
+        "notifications/fsbroker/* are the proxy's own messages; the server's are not relayed"
+    } else {
+        match jsonrpc::parse(&line) {
+            Incoming::Request { method, .. } if lenient::is_broker_method(&method) => {
+                return Route::Broker(line);
+            }
+            _ => {
+                "a message naming roots/list or files/* that is not a sound request is not relayed"
+            }
+        }
+    };
+    // Whatever ids its top level carries, if the server can match them: strings and
+    // numbers (a fraction too), each once, and a few.
+    let (ids, _) = lenient::lenient_envelope(&line);
+    let ids = ids
+        .iter()
+        .filter_map(|id| RawValue::from_string(id.to_string()).ok())
+        .collect();
+    Route::Refused {
+        ids,
+        why,
+        len: line.len(),
+    }
+}
+
+/// The `initialize` result names the server; consent prompts show it.
+fn learn_server_name(line: &[u8], init_id: &Mutex<Option<Box<RawValue>>>, broker: &mut BrokerSide) {
+    let mut guard = init_id.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(want) = guard.as_deref() else { return };
+    #[derive(serde::Deserialize)]
+    struct Reply<'a> {
+        #[serde(borrow)]
+        id: &'a RawValue,
+        result: Option<Value>,
+    }
+    let Ok(reply) = serde_json::from_slice::<Reply>(line) else {
+        return;
+    };
+    if reply.id.get() != want.get() {
+        return;
+    }
+    // Only the one answer matters; later responses are not parsed.
+    *guard = None;
+    if let Some(name) = reply
+        .result
+        .as_ref()
+        .and_then(|r| r.pointer("/serverInfo/name"))
+        .and_then(Value::as_str)
+    {
+        broker.name_server(name);
+    }
+}

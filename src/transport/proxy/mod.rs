@@ -1,0 +1,308 @@
+//! `fsbroker proxy -- SERVER [ARGS]`: put the broker between an MCP host and a stdio server.
+//!
+//! The proxy relays raw lines in both directions and parses only a thin envelope of each
+//! (method, id) — never a full MCP model that could drop fields it does not know. It rewrites
+//! one message, the host's `initialize`, to declare `roots.listChanged` and
+//! `roots.filesystemBrokering`; it hands the server's `roots/list` and `files/*` requests to the
+//! broker (they never reach the host, in any form: `route`); it sends the broker's
+//! notifications to the server.
+//! Everything else passes through verbatim and in order, per direction: one writer owns each
+//! output, and the server may send its requests at any moment — before `initialized`, while
+//! host requests are in flight, many at once.
+//!
+//! The proxy is a transport, not a second session driver: the server's requests go to the
+//! same `Driver` as `serve`'s, with the same in-flight limit, input budget and output budget,
+//! and every relayed line waits in a queue bounded in bytes ([`RELAY_BUDGET_KIB`]). A server
+//! that stops reading its stdin, or a host that stops reading the proxy's stdout, stops the
+//! proxy reading the other side instead of growing its memory.
+//!
+//! Either side closing ends the proxy: host EOF (or a stop signal) closes the server's stdin,
+//! and a server that does not exit by itself is ended (`end_server`: SIGTERM after
+//! [`HOST_GONE_GRACE`], or [`CLOSE_GRACE`] when the proxy is stopping, then SIGKILL after
+//! [`STOP_KILL_GRACE`]); the server's exit ends the relay. The proxy exits with the server's
+//! exit code.
+//!
+//! The parts: this file starts the server and the two relays and sees them end; `lines.rs`
+//! is the relay of lines each way (and `route`, the gate every server line passes first);
+//! `broker.rs` is the broker end (a local session or a shared broker's socket); `child.rs`
+//! ends the server's process (and a confined server's tree); `stderr.rs` copies a confined
+//! server's stderr.
+
+mod broker;
+mod child;
+mod lines;
+mod stderr;
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rustix::process::{Pid, PidfdFlags};
+use serde_json::value::RawValue;
+use tokio::sync::mpsc;
+
+use super::eras::{Eras, Outputs};
+use super::pipe::BlockingWriter;
+pub use super::relay::RELAY_BUDGET_KIB;
+use super::relay::{Budget, ToServer};
+use super::serve::{spawn_writer, write_frames};
+use crate::host::Session;
+pub use crate::limits::{CLOSE_GRACE, END_GRACE, HOST_GONE_GRACE, STOP_KILL_GRACE};
+use crate::limits::{DRAIN, OUTPUT_QUEUE};
+use crate::outgoing::Outgoing;
+use broker::BrokerSide;
+use child::{GroupGuard, Target, end_orphans, end_server, exit_code, wait_gone};
+use lines::{Relay, relay_host, relay_server};
+use stderr::copy_stderr;
+
+/// How the proxy reaches a broker.
+#[derive(Debug)]
+pub enum Link {
+    /// A broker in this process.
+    Local(Arc<Session>),
+    /// A shared broker behind `fsbroker serve --listen PATH`.
+    Remote(PathBuf),
+}
+
+/// A future that resolves, with the reason, when the server must be ended.
+pub type EndServer = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
+
+/// What to run and how.
+pub struct ProxyOptions {
+    /// The server's command line.
+    pub command: Vec<OsString>,
+    /// Longest relayed line.
+    pub max_line: usize,
+    /// Server requests the local broker handles at once (`max_in_flight`).
+    pub max_in_flight: usize,
+    /// The kernel sandbox to start the server in (`--confine`).
+    pub confine: Option<crate::confine::Confinement>,
+    /// Resolves, with the reason, when the server must be ended (a reload took away access a
+    /// confined server holds): it is sent SIGTERM, then SIGKILL after [`END_GRACE`].
+    pub end_server: Option<EndServer>,
+}
+
+/// Runs the proxy until the server exits; returns its exit code.
+pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
+    let (program, args) = opts
+        .command
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no server command given"))?;
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        // A confined server gets a pipe, not the proxy's stderr: that may be the user's
+        // terminal, whose foreground a server could take (`tcsetpgrp`) to read what the user
+        // types or to turn echo off. Its lines are copied to the proxy's stderr as they come.
+        .stderr(if opts.confine.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::inherit()
+        })
+        .kill_on_drop(true);
+    if let Some(confine) = &opts.confine {
+        confine.apply(&mut command);
+        // The server and everything it starts are ended together (crate::confine::reap).
+        crate::confine::reap::become_subreaper();
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))?;
+    // A confined server leads its own process group (crate::confine::reap). However this
+    // function ends (returns, or is dropped when a stop signal's grace runs out), the group
+    // and what is left below the proxy go with it.
+    let group = child.id().map_or(0, |id| id as i32);
+    // Once the server is reaped its number may go to another process (pid_max can be as low
+    // as 32768): from then on nothing signals the group but the kill right after the reap.
+    let reaped = Arc::new(AtomicBool::new(false));
+    let _ends_group = opts.confine.is_some().then(|| GroupGuard {
+        group,
+        reaped: Arc::clone(&reaped),
+    });
+    // Whom the end of the server is signalled to: a confined server's whole tree, else the
+    // server itself (it shares the proxy's process group).
+    let target = if opts.confine.is_some() {
+        Target::Tree {
+            group,
+            reaped: Arc::clone(&reaped),
+        }
+    } else {
+        Target::Server {
+            pidfd: Pid::from_raw(group)
+                .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok()),
+            pid: group,
+            reaped: Arc::clone(&reaped),
+        }
+    };
+    // Set once the server is to end: the host has gone (its EOF) or the broker stops (the
+    // server's stdin is then closed), or the server closed its stdout. A server that does not
+    // exit by itself is then ended ([`end_server`]).
+    let (ending, gone) = tokio::sync::watch::channel(false);
+    let revoked = opts.end_server.take().filter(|_| opts.confine.is_some());
+    let stopped: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
+        Link::Local(session) => Box::pin(session.broker().stopped()),
+        Link::Remote(_) => Box::pin(std::future::pending()),
+    };
+    let ender = tokio::spawn(end_server(
+        revoked,
+        wait_gone(gone.clone()),
+        stopped,
+        target,
+    ));
+    if let Some(err) = child.stderr.take() {
+        let err = std::fs::File::from(err.into_owned_fd()?);
+        std::thread::Builder::new()
+            .name("fsbroker-server-stderr".into())
+            .spawn(move || copy_stderr(err))?;
+    }
+    let server_in = child
+        .stdin
+        .take()
+        .ok_or_else(|| io::Error::other("no stdin"))?
+        .into_owned_fd()?;
+    let server_out = child
+        .stdout
+        .take()
+        .ok_or_else(|| io::Error::other("no stdout"))?;
+
+    // The server's stdin: host lines, broker answers and broker notifications, one writer
+    // thread, which writes large read answers straight from their pages, as `serve` does.
+    let (to_server, server_rx) = mpsc::channel::<ToServer>(OUTPUT_QUEUE);
+    let _server_writer = std::thread::Builder::new()
+        .name("fsbroker-server-writer".into())
+        .spawn(move || write_frames(server_rx, BlockingWriter(server_in)))?;
+
+    // The host's stdout: the server's messages, one writer thread.
+    let (to_host, host_rx) = mpsc::channel::<Outgoing>(OUTPUT_QUEUE);
+    let stdout = BlockingWriter(io::stdout().as_fd().try_clone_to_owned()?);
+    let host_writer = spawn_writer("fsbroker-host-writer", host_rx, stdout)?;
+
+    // A local broker asked to stop (SIGTERM, SIGINT) stops reading the host, as at the host's
+    // EOF: the server's stdin is closed and the server is ended ([`end_server`]) in time for
+    // the broker to seal its log; the server's file requests are no longer taken.
+    let stopping = Arc::new(AtomicBool::new(false));
+    let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
+        Link::Local(session) => {
+            let stopped = session.broker().stopped();
+            let flag = Arc::clone(&stopping);
+            tokio::spawn(async move {
+                stopped.await;
+                flag.store(true, Ordering::Release);
+            });
+            Box::pin(session.broker().stopped())
+        }
+        Link::Remote(_) => Box::pin(std::future::pending()),
+    };
+    // Makes the proxy's own ids (its questions to the broker, its retries) its own.
+    let nonce = crate::random::hex(8);
+    let (mut broker, asker) =
+        BrokerSide::start(link, to_server.clone(), &opts, &nonce, stopping).await?;
+    if let (BrokerSide::Remote { to_broker, key, .. }, Some(confine)) = (&broker, &opts.confine) {
+        // A shared broker records the confinement in its audit log, as a local one does.
+        let params = serde_json::json!({ "confinement": confine.audit_record() });
+        let line = super::peer_note(key.as_deref(), params);
+        let _ = to_broker.send(line.into()).await;
+    }
+    let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
+    let eras = Arc::new(Eras::new(asker, nonce));
+
+    // The host → server queue's budget, shared by the proxy's own retries.
+    let server_budget = Budget::new();
+    let host_reader = {
+        let to_server = to_server.clone();
+        let budget = server_budget.clone();
+        let to_host = to_host.clone();
+        let init_id = Arc::clone(&init_id);
+        let eras = Arc::clone(&eras);
+        let max = opts.max_line;
+        let ending = ending.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init_id, eras, budget, max) => {}
+                () = stop => {}
+            }
+            // Before the close is queued: a server that stopped reading its stdin leaves no
+            // room for it, and must be ended all the same.
+            ending.send_replace(true);
+            let _ = to_server.send(ToServer::Close).await;
+        })
+    };
+    let relay = Relay {
+        out: Outputs {
+            to_host: to_host.clone(),
+            to_server: to_server.clone(),
+            server_budget,
+        },
+        eras,
+    };
+    let confined = opts.confine.is_some();
+    let mut exited = None;
+    {
+        let relayed = relay_server(server_out, &relay, &mut broker, &init_id, opts.max_line);
+        tokio::pin!(relayed);
+        tokio::select! {
+            () = &mut relayed => {}
+            status = child.wait() => {
+                reaped.store(true, Ordering::SeqCst);
+                exited = Some(status);
+                if confined {
+                    // A confined server's descendants may hold its stdout open after it exits
+                    // (and keep its access): they are ended, and the relay drains.
+                    end_orphans(group).await;
+                    relayed.await;
+                } else {
+                    // What an unconfined server started may hold its stdout open after it
+                    // exits: their lines are relayed while the host is there; once it has
+                    // gone, for [`DRAIN`] at most.
+                    tokio::select! {
+                        () = &mut relayed => {}
+                        () = async {
+                            wait_gone(gone).await;
+                            tokio::time::sleep(DRAIN).await;
+                        } => {
+                            tracing::warn!("the server exited, but what it started still holds its stdout open; not waiting for it");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // The server closed its stdout: it is exiting. Stop reading the host, let the host see
+    // everything the server said, and return the server's exit code.
+    host_reader.abort();
+    // The relay's senders go too: the host's writer ends once every sender is gone.
+    drop(relay);
+    drop(to_server);
+    // The group is signalled only at the moment its leader is reaped: here, unless that was
+    // done above.
+    let just_reaped = if exited.is_some() { 0 } else { group };
+    let status = match exited {
+        Some(status) => status?,
+        None => {
+            // It closed its stdout; it is ended if it does not exit by itself.
+            ending.send_replace(true);
+            let status = child.wait().await;
+            reaped.store(true, Ordering::SeqCst);
+            status?
+        }
+    };
+    ender.abort();
+    if confined {
+        end_orphans(just_reaped).await;
+    }
+    // The server's requests still running finish, and are recorded, before the proxy ends
+    // (and its broker seals the log): a request past its commit point has acted.
+    broker.finish().await;
+    drop(to_host);
+    if let Ok(Err(e)) = host_writer.await {
+        tracing::debug!(error = %e, "host output");
+    }
+    Ok(exit_code(status))
+}
