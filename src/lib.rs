@@ -9,9 +9,11 @@
 //!
 //! - [`Policy`] ([`policy`]): the roots, their modes, consent and deny globs, and the limits,
 //!   from a TOML file and command-line [`Overrides`].
-//! - [`Broker`]: the state every session shares. [`Broker::session`] opens a [`Session`] per
-//!   MCP server; [`Session::handle`] answers one message; [`Session::take_notifications`]
-//!   streams `notifications/roots/list_changed` and `notifications/files/changed`.
+//! - [`Broker`]: the state every session shares (`broker/`: the policy, reloads and
+//!   revocation, `stop`). [`Broker::session`] opens a [`Session`] per MCP server;
+//!   [`Session::handle`] answers one message; [`Session::take_notifications`] streams
+//!   `notifications/roots/list_changed` and `notifications/files/changed`. A session's whole
+//!   API is in one file, `host.rs`.
 //! - [`transport`]: the ready-made ways to connect servers: [`transport::serve_stdio`],
 //!   [`transport::serve_connection`] (any byte stream), [`transport::listen::listen`] (one
 //!   broker shared over a Unix socket) and [`transport::proxy::run`] (in front of any stdio
@@ -35,45 +37,55 @@
 //! which module may use which, and the table for circles):
 //!
 //! ```text
-//! bytes ─► transport ─► jsonrpc ─► methods (dispatch) ─► methods/<name> ─► sandbox (cap-std) ─► disk
-//!                                  └─ session (one server's state) ─► broker (shared state)
+//! bytes ─► transport ─► host (Session) ─► methods: table ─► call ─► <method>.rs ─► op ─► sandbox ─► disk
+//!                                                     consent (may it?) ─┘     └─ session, broker (state)
 //! ```
 //!
-//! - `transport/`: line framing with a named maximum (`framing.rs`), the stdio server
-//!   (`serve.rs`), the Unix-socket server (`listen.rs`), the proxy (`proxy.rs`, its relay
-//!   queues in `relay.rs`, the MCP 2026-07-28 era in `eras.rs` and `modern.rs`), the session
-//!   driver every transport shares (`driver.rs`), and pipe writes (`pipe.rs`).
-//! - `jsonrpc.rs`: envelope parsing (id kept raw, params parsed by each method) and response
-//!   frames written straight into a buffer; `outgoing.rs`: a frame on its way out, with a
-//!   large read's base64 body in pages of its own, reused by the session's next large read.
-//! - `methods/`: one file per method (`roots.rs`, `read.rs`, `list.rs`, `write.rs`,
-//!   `create.rs`, `delete.rs`, `rename.rs`, `unlock.rs`, `consent.rs`, `watch.rs`,
-//!   `ping.rs`), each with its `Params`, result and `handle`; `methods/mod.rs` dispatches
-//!   (it holds [`Session::handle`]).
-//! - `session.rs`: one connected server's state (grants, uploads, notifications).
-//! - `broker.rs`: the state every session shares (the policy, hence the roots; the lock
-//!   table; the watch hub; the audit log). It reaches sessions through a small interface
-//!   they implement, never the other way up.
-//! - `consent/`: the providers that ask a person (command, terminal).
-//! - `audit/`: the hash-chained audit log, its verifier, its roll-over and its copies to
-//!   syslog or the journal.
+//! - `transport/`: the ways in. Line framing with a named maximum (`framing.rs`), the stdio
+//!   server (`serve.rs`), the Unix-socket server (`listen.rs`), the session driver every one
+//!   of them shares (`driver.rs`), pipe writes (`pipe.rs`), and the proxy: `proxy/` (the
+//!   server's process, the relay loops, the broker side), `relay.rs` (its queues), `eras/`
+//!   and `modern/` (the MCP 2026-07-28 era), `lenient/` (how the loosest host reader might
+//!   read a server's line, so that no reader can be handed one of the broker's methods).
+//! - `host.rs`: the host's API, [`Session`] and [`Notifications`]; the transports use it too.
+//! - `methods/`: `mod.rs` is the table of every method (its name, what it does, its
+//!   handler); `call.rs` takes a request from arrival to answer (rate limit, dispatch, audit
+//!   line); `op.rs` is an operation's runtime (resolve, authorize, lock, commit, inline or on
+//!   the pool); one file per method (`read.rs`, `write.rs`, ...) with its `Params`, result
+//!   and `handle`, in the order its checks run.
+//! - `consent/`: the one place that decides whether a session may touch a path now: grants
+//!   and the check (`grants.rs`), turns to ask (`turns.rs`), and the providers that ask a
+//!   person (`command.rs`, `terminal.rs`).
+//! - `session.rs`: one connected server's state that operations share (grants, uploads,
+//!   output budget, notifications, requests in flight).
+//! - `broker/`: the state every session shares (the policy, hence the roots; the lock table;
+//!   the watch hub; the audit log), and its reloads and revocations (`reload.rs`). It
+//!   reaches sessions through a small interface they implement, never the other way up.
 //! - `sandbox/`: [`sandbox::Root`] (the only ambient-authority open, and the strictest rules
 //!   of every root covering a path), path resolution ([`sandbox::resolve`]), deny globs,
 //!   fsbroker's own files (`protected.rs`), safe opens (`open.rs`) and the building blocks of
-//!   mutations (`mutate.rs`).
-//! - `locks.rs` (path locks, SEP-1708), `limits.rs` (rate limits and deadlines), `fair.rs`
-//!   (the blocking pool shared fairly between sessions), `fast.rs` (small reads run inline,
-//!   with a watchdog that answers `TIMEOUT` for one stuck there), `upload.rs` (chunked uploads
-//!   staged beside their targets), `watch/` (`files/watch`: one notify watcher per broker,
-//!   registered and unregistered by a thread of its own, `registrar.rs`), `random.rs` (ids
-//!   and nonces), `rfc3339.rs` (timestamps), `rundir.rs` (the user's private runtime
-//!   directory: the audit log's lock, and the key a proxy proves its link to a shared broker
-//!   with).
+//!   mutations (`mutate.rs`, `mutate/`). `clippy.toml` keeps `std::fs` out of every module
+//!   that handles a request path.
+//! - `audit/`: the hash-chained audit log (a request's line in `pending.rs` and
+//!   `record.rs`, the chain, appends under a lock, the tail, roll-over), its verifier and its
+//!   copies to syslog or the journal.
+//! - `limits.rs`: every fixed bound, with its value and why, in one table. The limits a
+//!   policy sets are [`policy`]'s; `throttle.rs` applies rates and deadlines at run time.
+//! - `jsonrpc.rs` (envelopes in, frames out), `outgoing.rs` (a frame on its way out, with a
+//!   large read's body in pages of its own), `codec.rs` (UTF-8 and base64, SIMD): private.
+//! - `locks.rs` (path locks, SEP-1708), `fair.rs` (the blocking pool shared fairly between
+//!   sessions), `fast.rs` (small reads run inline, with a watchdog that answers `TIMEOUT`
+//!   for one stuck there), `upload.rs` (chunked uploads staged beside their targets),
+//!   `watch/` (`files/watch`: one notify watcher per broker, registered and unregistered by
+//!   a thread of its own), `random.rs` (ids and nonces), `rfc3339.rs` (timestamps),
+//!   `rundir.rs` (the user's private runtime directory: the audit log's lock, and the key a
+//!   proxy proves its link to a shared broker with).
 //! - [`confine`]: `proxy --confine`, the Landlock domain and seccomp filter a server runs in.
 //! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`Policy`].
-//! - [`codec`]: UTF-8 and base64 content, with the SIMD base64 engine.
-//! - Not in the library: `cli/` and `bench/` are the binary's (`main.rs`): the `fsbroker`
-//!   command line and `fsbroker bench`.
+//! - Built only for tests and fuzzing: `properties.rs` (property tests of the private
+//!   layers) and `fuzzing.rs` (what `cargo fuzz` may ask of them).
+//! - Not in the library: `main.rs`, `cli/` and `bench/` are the binary's: the `fsbroker`
+//!   command line and `fsbroker bench`, on this public API alone.
 //!
 //! # Embedding
 //!

@@ -64,20 +64,9 @@ pub(super) fn copy_stderr(mut from: std::fs::File) {
     }
 }
 
-/// Bytes written to the pipe `fd` and not yet read.
+/// Bytes written to the pipe `fd` and not yet read (none when the kernel will not say).
 fn unread(fd: &std::fs::File) -> usize {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one `c_int` to the pointer, a live local of that type; the
-    // descriptor is `fd`'s, open for the call.
-    #[allow(unsafe_code)]
-    let done = unsafe {
-        libc::ioctl(
-            std::os::fd::AsRawFd::as_raw_fd(fd),
-            libc::FIONREAD,
-            &mut n as *mut libc::c_int,
-        )
-    };
-    if done == 0 { n.max(0) as usize } else { 0 }
+    rustix::io::ioctl_fionread(fd).map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 /// Makes a byte stream safe to show on a terminal, across reads: valid UTF-8 passes, except
