@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{Value, json};
 
+use common::fsb::{Fsb, Got, Listener};
 use common::procs::Pids;
-use common::socket::{Conn, Got, Listener};
 use common::{PolicyToml, RootToml, bin, proc_status_kib, python, tempdir, write_policy};
 
 /// Longest any one test may run before its processes are killed and it fails.
@@ -139,7 +139,7 @@ fn is_session_refusal(m: &Value) -> bool {
 
 /// Connects until a connection is served (its `ping` answered), for at most `limit`;
 /// connections refused for `max_sessions` are retried. Returns how many were refused.
-fn connect_served(l: &Listener, limit: Duration, what: &str) -> (Conn, usize) {
+fn connect_served(l: &Listener, limit: Duration, what: &str) -> (Fsb, usize) {
     let end = Instant::now() + limit;
     let mut refused = 0;
     let mut n = 0;
@@ -169,7 +169,10 @@ fn connect_served(l: &Listener, limit: Duration, what: &str) -> (Conn, usize) {
         let id = json!(format!("fresh-{n}"));
         let msg =
             serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": "ping"})).unwrap();
-        if c.stream.write_all(&[msg, b"\n".to_vec()].concat()).is_err() {
+        if c.stream()
+            .write_all(&[msg, b"\n".to_vec()].concat())
+            .is_err()
+        {
             refused += 1;
             continue;
         }
@@ -594,7 +597,7 @@ fn listen_refuses_connections_past_max_sessions() {
         let policy = write_policy(&dir, &root, "", "max_sessions = 3");
         let l = Listener::start(&policy, &dir.join("broker.sock"), &[], &pids);
 
-        let mut served: Vec<Conn> = (0..3).map(|_| l.connect()).collect();
+        let mut served: Vec<Fsb> = (0..3).map(|_| l.connect()).collect();
         for (i, c) in served.iter_mut().enumerate() {
             c.ping(&format!("s{i}"));
         }

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::audit::s;
-use common::{Broker, bin, tempdir};
+use common::{Fsb, bin, tempdir};
 use serde_json::json;
 
 /// `fsbroker audit verify LOG`: (exit code, stdout + stderr).
@@ -34,8 +34,8 @@ fn setup() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     (t, root, dir.join("audit.jsonl"))
 }
 
-fn serve_audited(root: &Path, log: &Path) -> Broker {
-    Broker::spawn(&[
+fn serve_audited(root: &Path, log: &Path) -> Fsb {
+    Fsb::spawn(&[
         "serve",
         "--root",
         s(root),
@@ -398,7 +398,7 @@ fn sigterm_seals_the_log() {
 }
 
 /// Waits for the broker to exit (it must, within 10 s, on its own).
-fn with_deadline_wait(b: &mut Broker) -> std::process::ExitStatus {
+fn with_deadline_wait(b: &mut Fsb) -> std::process::ExitStatus {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         if let Some(status) = b.try_wait() {
@@ -536,7 +536,7 @@ fn sigterm_lets_running_work_finish_and_be_recorded_before_the_seal() {
 fn a_shared_broker_stopping_records_everything_before_its_seal() {
     let (_t, root, log) = setup();
     let sock = log.with_file_name("broker.sock");
-    let mut b = Broker::spawn(&[
+    let mut b = Fsb::spawn(&[
         "serve",
         "--root",
         s(&root),

@@ -22,8 +22,7 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use common::{
-    Broker, PolicyToml, RootToml, code, proc_status_kib, request_line, serve_policy, tempdir,
-    uri_path,
+    Fsb, PolicyToml, RootToml, code, proc_status_kib, request_line, serve_policy, tempdir, uri_path,
 };
 
 const RATE_LIMITED: i64 = -31008;
@@ -31,7 +30,7 @@ const TIMEOUT: i64 = -31005;
 
 /// Reads `n` messages and returns them by id (`None` for `id: null`); an id answered twice
 /// fails the test.
-fn collect(b: &mut Broker, n: usize) -> (HashMap<u64, Value>, Vec<Value>) {
+fn collect(b: &mut Fsb, n: usize) -> (HashMap<u64, Value>, Vec<Value>) {
     let mut by_id = HashMap::new();
     let mut null_ids = Vec::new();
     for _ in 0..n {
@@ -702,7 +701,7 @@ fn max_in_flight_stops_reading_until_a_request_finishes() {
         .consent_command(&[Path::new("/bin/sh"), &script], "")
         .unlimited_with("max_in_flight = 2")
         .write_to(&pdir.join("policy.toml"));
-    let mut b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
+    let mut b = Fsb::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
     assert_eq!(b.ok("ping", json!({})), json!({}));
 
     let mut input = Vec::new();

@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{LiveBroker, bin, request_line, tempdir};
+use common::{Fsb, bin, request_line, tempdir};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -297,7 +297,7 @@ fn start_listener(args: &[OsString], sock: &Path) -> Child {
 // ---------------------------------------------------------------------------------------------
 
 enum Server {
-    Stdio(LiveBroker),
+    Stdio(Fsb),
     Socket { child: Child, conn: Sock },
 }
 
@@ -587,7 +587,7 @@ impl Lab {
     fn start(&mut self) {
         let server = match &self.listen {
             None => {
-                let mut b = LiveBroker::start(&self.args, DEADLINE);
+                let mut b = Fsb::start(&self.args, DEADLINE);
                 let r = b.request("roots/list", json!({}));
                 assert!(r.get("error").is_none(), "roots/list failed: {r}");
                 Server::Stdio(b)
@@ -632,7 +632,7 @@ impl Lab {
     }
 
     /// The stdio broker (panics for a listening lab).
-    fn live(&mut self) -> &mut LiveBroker {
+    fn live(&mut self) -> &mut Fsb {
         match self.server.as_mut() {
             Some(Server::Stdio(b)) => b,
             _ => panic!("not a stdio broker"),

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use common::fsb::Listener;
 use common::procs::Pids;
-use common::socket::Listener;
 use common::{PolicyToml, RootToml, bin, tempdir, uri_path};
 
 /// How long one expected line may take (debug builds, 20 MiB lines, a loaded CI machine).

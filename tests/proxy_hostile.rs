@@ -877,8 +877,7 @@ fn a_servers_peer_note_reaches_neither_the_host_nor_the_audit_log() {
         let path = write_table(&dir, &table);
         let sock = dir.join("broker.sock");
         let pids = common::procs::Pids::default();
-        let mut listener =
-            shared.then(|| common::socket::Listener::start(&policy, &sock, &[], &pids));
+        let mut listener = shared.then(|| common::fsb::Listener::start(&policy, &sock, &[], &pids));
         let args: Vec<&str> = if shared {
             vec!["--connect", sock.to_str().unwrap()]
         } else {

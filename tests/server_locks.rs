@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::audit::{log_lines, verify_files};
 use common::policy::{PolicyToml, RootToml};
-use common::{LiveBroker, code, python, tempdir};
+use common::{Fsb, code, python, tempdir};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -90,8 +90,8 @@ fn root_and_policy(rw: bool) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
 }
 
 /// `fsbroker serve --policy POLICY`, its answers waited for 10 s at most.
-fn serve(policy: &Path) -> LiveBroker {
-    LiveBroker::start(
+fn serve(policy: &Path) -> Fsb {
+    Fsb::start(
         &["serve", "--policy", policy.to_str().unwrap()],
         Duration::from_secs(10),
     )
@@ -281,7 +281,7 @@ fn a_lease_on_the_consent_command_is_a_denial_in_time() {
         .unlimited()
         .consent_command(&[&command], "timeout_ms = 1500\n")
         .write_to(&dir.join("policy.toml"));
-    let mut b = LiveBroker::start(
+    let mut b = Fsb::start(
         &["serve", "--policy", path.to_str().unwrap()],
         Duration::from_secs(15),
     );

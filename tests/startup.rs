@@ -19,8 +19,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::confine::{Fixture, results};
+use common::fsb::Fsb;
 use common::procs::{Pids, kill_group, within};
-use common::socket::Conn;
 use common::{bin, tempdir};
 use serde_json::{Value, json};
 
@@ -323,7 +323,7 @@ fn connect_at_once(sock: &Path, broker: &mut Child) -> Result<(), String> {
     assert!(meta.file_type().is_socket());
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(meta.permissions().mode() & 0o777, 0o600, "owner-only");
-    let mut c = Conn::new(stream);
+    let mut c = Fsb::from_stream(stream);
     assert_eq!(c.ok("ping", json!({})), json!({}));
     let roots = c.ok("roots/list", json!({}));
     assert_eq!(roots["roots"].as_array().map(Vec::len), Some(1), "{roots}");
@@ -592,7 +592,7 @@ fn two_brokers_on_one_path_one_serves_the_other_says_so() {
         };
         assert!(!status.success(), "the second broker on the path exits");
         // The first still serves the path.
-        let mut c = Conn::connect(&sock);
+        let mut c = Fsb::connect(&sock);
         assert_eq!(c.ok("ping", json!({})), json!({}));
         drop(c);
         drop(first);

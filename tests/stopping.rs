@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use common::audit::verify_files;
+use common::fsb::{Got, Listener};
 use common::procs::{Pids, within};
-use common::socket::{Got, Listener};
 use common::{PolicyToml, RootToml, bin, python, tempdir};
 
 /// Longest a whole test may run before its processes are killed and it fails.
@@ -412,7 +412,7 @@ fn sigterm_abandons_pipelined_huge_watches_and_seals() {
         let mut listener = Listener::start(&policy, &sock, &[], &pids);
         let mut conn = listener.connect();
         for _ in 0..WATCHES {
-            conn.send_numbered("files/watch", json!({"path": path, "recursive": true}));
+            conn.send("files/watch", json!({"path": path, "recursive": true}));
         }
         wait_registering(listener.pid());
         let status = listener.terminate(EXIT_BOUND);
