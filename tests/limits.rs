@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{Value, json};
 
+use common::procs::vm_hwm_mib;
 use common::{
     Fsb, PolicyToml, RootToml, code, proc_status_kib, request_line, serve_policy, tempdir, uri_path,
 };
@@ -64,10 +65,6 @@ fn retry_after(resp: &Value) -> u64 {
 
 fn is_rate_limited(resp: &Value) -> bool {
     resp["error"]["code"] == RATE_LIMITED
-}
-
-fn vm_hwm_mib(pid: u32) -> f64 {
-    proc_status_kib(pid, "VmHWM") as f64 / 1024.0
 }
 
 fn staging_files(dir: &Path) -> Vec<String> {

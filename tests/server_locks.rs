@@ -312,7 +312,7 @@ fn a_lease_on_the_policy_does_not_delay_a_confined_servers_revocation() {
     use common::confine::{Fixture, wait_ended};
     let fx = Fixture::new();
     let policy = fx.policy("");
-    let (child, _host_stdin, _line) =
+    let (mut proxy, _line) =
         fx.start_with("--confine", &policy, &json!([]), &[("PROBE_STAY", "1")]);
     let new = fx.dir.join("policy.toml.new");
     PolicyToml::new()
@@ -321,7 +321,7 @@ fn a_lease_on_the_policy_does_not_delay_a_confined_servers_revocation() {
     let held = Held::take(&new, "write-lease");
     let revoked = Instant::now();
     std::fs::rename(&new, &policy).unwrap();
-    let status = wait_ended(child);
+    let status = wait_ended(&mut proxy);
     let took = revoked.elapsed();
     drop(held);
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");

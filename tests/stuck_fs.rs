@@ -104,16 +104,8 @@ fn setup_with(
 fn ended_within(pid: u32, limit: Duration) -> bool {
     let end = Instant::now() + limit;
     loop {
-        let state = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("State:"))
-                    .map(str::to_owned)
-            });
-        match state {
-            None => return true,
-            Some(s) if s.contains('Z') => return true,
+        match common::kit::state(pid) {
+            None | Some('Z') => return true,
             Some(_) if Instant::now() >= end => return false,
             Some(_) => std::thread::sleep(Duration::from_millis(20)),
         }

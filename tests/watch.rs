@@ -320,13 +320,7 @@ impl Live {
 
     /// Resident memory of the broker, in kB (`VmRSS` from `/proc/PID/status`).
     fn rss_kb(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .expect("read /proc/PID/status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no VmRSS in {status}"))
+        common::proc_status_kib(self.pid(), "VmRSS")
     }
 }
 

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use common::fsb::{Fsb, Got, Listener};
+use common::kit::inotify_watches;
 use common::procs::Pids;
 use common::{PolicyToml, RootToml, tempdir};
 
@@ -42,28 +43,6 @@ const PING_P99: Duration = Duration::from_millis(250);
 const PING_MAX: Duration = Duration::from_millis(1000);
 /// Longest wait for one `files/watch` or `files/unwatch` answer on the huge tree.
 const ANSWER: Duration = Duration::from_secs(60);
-
-/// The inotify watches process `pid` holds, over all its inotify instances.
-fn inotify_watches(pid: u32) -> usize {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return 0;
-    };
-    let mut n = 0;
-    for fd in fds.flatten() {
-        let is_inotify =
-            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().contains("inotify"));
-        if !is_inotify {
-            continue;
-        }
-        let info = format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy());
-        n += std::fs::read_to_string(info)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with("inotify wd:"))
-            .count();
-    }
-    n
-}
 
 /// Waits (at most `limit`) until `pid` holds `want` inotify watches; returns what it holds.
 fn settle_watches(pid: u32, want: usize, limit: Duration) -> usize {

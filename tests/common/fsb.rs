@@ -43,7 +43,7 @@ pub const SPAWN_DEADLINE: Duration = Duration::from_secs(300);
 pub const SOCKET_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Where a started process's stderr goes.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum Log {
     /// The test's own stderr (shown when a test fails).
     Inherit,
@@ -54,6 +54,10 @@ pub enum Log {
     File(PathBuf),
     /// Nowhere.
     Null,
+    /// A pipe whose reading end is already closed (a host that closed it): writes fail.
+    Closed,
+    /// This descriptor (the writing end of a pipe the test reads when it likes, say).
+    Fd(std::os::fd::OwnedFd),
 }
 
 /// One line of output: its bytes (newline included), when it was read, and its JSON (`None`
@@ -231,6 +235,7 @@ pub struct Cmd {
     group: bool,
     pids: Option<Pids>,
     ahead: bool,
+    record: bool,
     deadline: Duration,
     fd_limit: Option<u32>,
 }
@@ -253,6 +258,7 @@ impl Cmd {
             group: false,
             pids: None,
             ahead: false,
+            record: false,
             deadline: SPAWN_DEADLINE,
             fd_limit: None,
         }
@@ -296,6 +302,12 @@ impl Cmd {
         self
     }
 
+    /// Records every line read, in order ([`Fsb::received`]).
+    pub fn record(mut self) -> Cmd {
+        self.record = true;
+        self
+    }
+
     /// How long a wait for a message may take.
     pub fn deadline(mut self, deadline: Duration) -> Cmd {
         self.deadline = deadline;
@@ -309,8 +321,8 @@ impl Cmd {
         self
     }
 
-    /// The command, with stdin and stdout as given.
-    fn command(&self, stdin: Stdio, stdout: Stdio) -> Command {
+    /// The command, with stdin and stdout as given (the log is taken: a command is made once).
+    fn command(&mut self, stdin: Stdio, stdout: Stdio) -> Command {
         let mut cmd = match self.fd_limit {
             Some(n) => {
                 let mut c = Command::new("sh");
@@ -335,22 +347,27 @@ impl Cmd {
         if self.group {
             cmd.process_group(0);
         }
-        match &self.log {
+        match std::mem::replace(&mut self.log, Log::Inherit) {
             Log::Inherit => cmd.stderr(Stdio::inherit()),
             Log::Keep => cmd.stderr(Stdio::piped()),
+            Log::Closed => {
+                self.log = Log::Closed;
+                cmd.stderr(Stdio::piped())
+            }
             Log::Null => cmd.stderr(Stdio::null()),
             Log::File(path) => {
-                let f = std::fs::File::create(path)
+                let f = std::fs::File::create(&path)
                     .unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
                 cmd.stderr(Stdio::from(f))
             }
+            Log::Fd(fd) => cmd.stderr(Stdio::from(fd)),
         };
         cmd
     }
 
     /// Starts the process with its stdin and stdout piped to the test. Does not wait for it
     /// to answer.
-    pub fn spawn(self) -> Fsb {
+    pub fn spawn(mut self) -> Fsb {
         let mut child = self
             .command(Stdio::piped(), Stdio::piped())
             .spawn()
@@ -360,10 +377,18 @@ impl Cmd {
         }
         let stdin = child.stdin.take().expect("stdin");
         let stdout = child.stdout.take().expect("stdout");
-        let stderr = child.stderr.take().map(read_stderr);
+        let stderr = match self.log {
+            // Closed at once: the process writes into a pipe nobody will read.
+            Log::Closed => {
+                drop(child.stderr.take());
+                None
+            }
+            _ => child.stderr.take().map(read_stderr),
+        };
         let mut f = Fsb::over(Box::new(stdin), stdout, None, self.ahead, self.deadline);
         f.child = Some(child);
         f.group = self.group;
+        f.received = self.record.then(Vec::new);
         f.stderr = stderr;
         f
     }
@@ -386,6 +411,8 @@ pub struct Fsb {
     stderr: Option<Stderr>,
     /// Lines read while waiting for something else, oldest first.
     pending: VecDeque<Line>,
+    /// Every line read, in order, when recorded ([`Cmd::record`]).
+    received: Option<Vec<Vec<u8>>>,
     /// Numeric ids of the requests written and not yet answered.
     asked: std::collections::BTreeSet<u64>,
     /// The id [`Fsb::send`] gives its next request.
@@ -503,6 +530,7 @@ impl Fsb {
             ended: None,
             stderr,
             pending: VecDeque::new(),
+            received: None,
             asked: Default::default(),
             next_id: 1,
             deadline,
@@ -685,7 +713,12 @@ impl Fsb {
         let got = self.out.recv_timeout(limit);
         self.gate.update(|s| s.waiting = false);
         match got {
-            Ok(Event::Line(l)) => Raw::Line(l),
+            Ok(Event::Line(l)) => {
+                if let Some(r) = self.received.as_mut() {
+                    r.push(l.raw.clone());
+                }
+                Raw::Line(l)
+            }
             Ok(Event::End { partial, error }) => {
                 self.ended = Some((partial.clone(), error.clone()));
                 Raw::End { partial, error }
@@ -696,6 +729,14 @@ impl Fsb {
                 error: Some("the reader is gone".into()),
             },
         }
+    }
+
+    /// Every line read so far (newline included), in order: what the peer received.
+    /// Recorded sessions only ([`Cmd::record`]).
+    pub fn received(&self) -> &[Vec<u8>] {
+        self.received
+            .as_deref()
+            .expect("not recorded (Cmd::record)")
     }
 
     /// The next raw line (set-aside ones first) within `limit`.
@@ -964,6 +1005,11 @@ impl Fsb {
     /// (each within the session's deadline); returns the status and whatever the output
     /// still held, as text.
     pub fn finish(mut self) -> (ExitStatus, String) {
+        self.end()
+    }
+
+    /// [`Fsb::finish`], keeping the session (its log, when kept, can be read after).
+    pub fn end(&mut self) -> (ExitStatus, String) {
         self.close_stdin();
         let deadline = self.deadline;
         let end = Instant::now() + deadline;
@@ -1078,7 +1124,9 @@ impl Drop for Fsb {
 // ---------------------------------------------------------------------------------------------
 
 /// `fsbroker serve --listen SOCK ...` in a process group of its own (stdin and stdout null);
-/// dropping it kills the whole group (consent commands included) and reaps the broker.
+/// dropping it kills the whole group (consent commands included) and reaps the broker. (A
+/// broker already reaped, by [`Listener::exited`] say, is not killed as a group: its id
+/// may name another group by then.)
 /// Sessions with it are [`Fsb::connect`]ions.
 pub struct Listener {
     child: Child,
@@ -1200,9 +1248,12 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        // The group first (the broker is not reaped yet, so its id is still its own).
-        kill_group(self.child.id());
-        let _ = self.child.kill();
+        // The group first, while the broker is not reaped (its id, and its group's, are then
+        // surely still its own).
+        if let Ok(None) = self.child.try_wait() {
+            kill_group(self.child.id());
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
     }
 }
