@@ -358,15 +358,8 @@ fn timeouts_answer_timeout_and_never_leave_a_torn_file() {
 
 /// 64 KiB that are not UTF-8 (so they travel as base64, ~87 KiB per response).
 fn binary_64k() -> Vec<u8> {
-    let mut x: u32 = 0x1234_5678;
-    (0..64 * 1024)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x >> 24) as u8 | 0x80
-        })
-        .collect()
+    let mut rng = common::kit::Rng::new(0x1234_5678);
+    rng.bytes(64 * 1024).into_iter().map(|b| b | 0x80).collect()
 }
 
 #[test]

@@ -795,14 +795,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Printable, varied, deterministic: corruption or truncation anywhere changes the hash.
 fn varied_text(len: usize) -> String {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rng = common::kit::Rng::new(0x9e37_79b9_7f4a_7c15);
     (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (b'a' + (x % 26) as u8) as char
-        })
+        .map(|_| (b'a' + rng.below(26) as u8) as char)
         .collect()
 }
 

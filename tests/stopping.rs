@@ -232,15 +232,12 @@ fn build_tree(root: &Path) {
     }
 }
 
-/// Whether process `pid` holds an inotify watch: its watches have begun to be registered.
-fn registering(pid: u32) -> bool {
-    inotify_watches(pid) > 0
-}
-
-/// Waits (at most [`START_BOUND`]) until broker `pid` has begun registering the watches.
-fn wait_registering(pid: u32) {
+/// Waits (at most [`START_BOUND`]) until broker `pid` has begun registering the watches: it
+/// holds more inotify watches than `before`, what it held once it served (its policy
+/// watcher's).
+fn wait_registering(pid: u32, before: usize) {
     let end = Instant::now() + START_BOUND;
-    while !registering(pid) {
+    while inotify_watches(pid) <= before {
         assert!(
             Instant::now() < end,
             "the watches did not begin within {START_BOUND:?}"
@@ -297,6 +294,10 @@ fn sigterm_abandons_pipelined_huge_watches_and_seals() {
             &["serve".as_ref(), "--policy".as_ref(), policy.as_os_str()],
             &pids,
         );
+        // Serving (its policy watcher is set up before it serves): what it watches now is
+        // not the tree.
+        broker.ping("up");
+        let before = inotify_watches(broker.pid());
         for id in 1..=WATCHES {
             broker.send_request(
                 &json!(id),
@@ -304,7 +305,7 @@ fn sigterm_abandons_pipelined_huge_watches_and_seals() {
                 json!({"path": path, "recursive": true}),
             );
         }
-        wait_registering(broker.pid());
+        wait_registering(broker.pid(), before);
         broker.signal(rustix::process::Signal::TERM);
         let status = exit(&mut broker, "serve, SIGTERM during huge watches");
         check_answers(&broker.messages_until_closed(EXIT_BOUND));
@@ -318,10 +319,12 @@ fn sigterm_abandons_pipelined_huge_watches_and_seals() {
         let sock = policy.with_file_name("broker.sock");
         let mut listener = Listener::start(&policy, &sock, &[], &pids);
         let mut conn = listener.connect();
+        conn.ping("up");
+        let before = inotify_watches(listener.pid());
         for _ in 0..WATCHES {
             conn.send("files/watch", json!({"path": path, "recursive": true}));
         }
-        wait_registering(listener.pid());
+        wait_registering(listener.pid(), before);
         let status = listener.terminate(EXIT_BOUND);
         let mut answers = Vec::new();
         loop {

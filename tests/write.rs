@@ -126,18 +126,9 @@ fn num(e: &Value) -> i64 {
     e["code"].as_i64().unwrap_or_else(|| panic!("no code: {e}"))
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*), so failures reproduce.
+/// Deterministic pseudo-random bytes (the kit's generator), so failures reproduce.
 fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    out.truncate(len);
-    out
+    common::kit::Rng::new(seed).bytes(len)
 }
 
 /// The mode a new file gets here: `0o666 & !umask`, learned by creating one with std

@@ -72,6 +72,11 @@ impl Rng {
         (self.next() % n.max(1) as u64) as usize
     }
 
+    /// A number in `0..n` for `u64` bounds (file offsets, lengths); panics when `n` is 0.
+    pub fn below_u64(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
     /// `n` incompressible bytes.
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(n + 8);
@@ -126,27 +131,32 @@ pub fn open_fds(pid: u32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64)
 }
 
+/// The `fdinfo` text of each inotify instance process `pid` holds (none when it is gone).
+fn inotify_fdinfo(pid: u32) -> impl Iterator<Item = String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().contains("inotify"))
+        })
+        .map(move |fd| {
+            let info = format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy());
+            std::fs::read_to_string(info).unwrap_or_default()
+        })
+}
+
 /// The inotify watches process `pid` holds, over all its inotify instances (from
 /// `/proc/PID/fdinfo`; 0 when it is gone).
 pub fn inotify_watches(pid: u32) -> usize {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return 0;
-    };
-    let mut n = 0;
-    for fd in fds.flatten() {
-        let is_inotify =
-            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().contains("inotify"));
-        if !is_inotify {
-            continue;
-        }
-        let info = format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy());
-        n += std::fs::read_to_string(info)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with("inotify wd:"))
-            .count();
-    }
-    n
+    inotify_fdinfo(pid)
+        .map(|t| t.lines().filter(|l| l.starts_with("inotify wd:")).count())
+        .sum()
+}
+
+/// Whether process `pid` holds any inotify watch (stops at the first instance that has one).
+pub fn holds_inotify_watch(pid: u32) -> bool {
+    inotify_fdinfo(pid).any(|t| t.contains("inotify wd:"))
 }
 
 /// Whether a Unix socket bound at `path` is listening (`__SO_ACCEPTCON` in `/proc/net/unix`).
