@@ -1,6 +1,6 @@
 //! The confinement probe: a Python "server" that opens files itself and tries, on the real
 //! kernel, whatever `$PROBE` lists, then reports what the kernel let it do; and a fixture of
-//! roots around it. Used by `tests/confine.rs` and `tests/confine_review.rs`.
+//! roots around it. Used by `tests/confine.rs` and `tests/confine_escapes.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

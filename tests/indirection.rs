@@ -1,7 +1,12 @@
-//! Regression tests for the attacks a security review found, ported from the reviewer's
-//! reproducing scripts, through the real binary over real pipes on real temp dirs.
+//! Indirection: attacks through what a name leads to, changed between the broker's check and
+//! its use or resolved otherwise than the check assumed (a folder renamed onto a denied one,
+//! a file swapped for a folder, a link on the way to the policy or a root replaced, a listing
+//! through a link into a nested root, `--root .` with absolute paths, a module or a `PATH`
+//! entry planted for the consent command). Through the real binary over real pipes on real
+//! temp dirs; each attack is ported from a reproducing script.
 //!
-//! Each test names its finding (F1 ... F11, and the relative `--root .`), performs the attack
+//! Each test names its finding (F1 ... F11, R2 ... R4, and the relative `--root .`: the ids
+//! the commit history uses), performs the attack
 //! exactly as a hostile MCP server would, and asserts the behaviour wanted once it is fixed:
 //! the exact refusal (`-31002` / `PERMISSION_DENIED`, its reason where the contract gives one,
 //! `data.path` the path as sent) and the state of the disk (nothing landed, nothing ran,

@@ -1,5 +1,5 @@
-//! Regression tests for three attacks on a shared broker (`serve --listen`), through the real
-//! binary over real Unix sockets:
+//! Sessions of a shared broker (`serve --listen`) that must not hold up the others: three
+//! attacks, through the real binary over real Unix sockets:
 //! - connections that half-close and stop reading must not freeze the other sessions (their
 //!   writers are awaited, not joined on an async worker);
 //! - a connection that sent one over-long line must not keep its share of the shared input

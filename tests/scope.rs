@@ -1,6 +1,6 @@
-//! Confinement end to end, through the real binary over real pipes: the rules that keep a
-//! server inside what the person approved, where the paths it names and where they really
-//! lead can differ.
+//! The scope a server is held to, end to end, through the real binary over real pipes: the
+//! rules that keep a server inside what the person approved, where the paths it names and
+//! where they really lead can differ.
 //!
 //! 1. **Consent is exact.** `files/consent` approves canonical absolute paths (symlinks
 //!    resolved, a leading dot kept), a subset of what was asked and never outside a root; the

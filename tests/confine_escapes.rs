@@ -1,6 +1,6 @@
-//! `--confine` against the routes a hostile review found around Landlock: each test is one
-//! route, tried on the real kernel by the probe server (`tests/common/confine.rs`), and
-//! fails if the route is open again.
+//! Escapes from `--confine`: the routes around Landlock a hostile server could take, each test
+//! one route, tried on the real kernel by the probe server (`tests/common/confine.rs`), and
+//! failing if the route is open again.
 //!
 //! - things Landlock does not see: datagram socket pairs that `sendto` any path, netlink
 //!   beyond routing, System V IPC, set-id bits, descriptors the host left open, the terminal;
