@@ -655,7 +655,7 @@ fn an_idle_upload_is_abandoned_after_lock_timeout() {
 #[derive(Debug)]
 enum Probe {
     /// Its ping was answered; the connection stays open.
-    Served(Fsb),
+    Served(Box<Fsb>),
     /// One JSON-RPC error line, then the connection was closed.
     Refused(Value),
 }
@@ -679,7 +679,7 @@ fn try_probe(sock: &Path) -> Result<Probe, String> {
         return Err(format!("not JSON-RPC 2.0: {m}"));
     }
     if m["id"] == json!(id) && m.get("result").is_some() {
-        return Ok(Probe::Served(c));
+        return Ok(Probe::Served(Box::new(c)));
     }
     if m.get("error").is_none() {
         return Err(format!("neither the ping's answer nor an error: {m}"));
@@ -740,7 +740,7 @@ fn while_and_after_exhaustion(broker: &mut Listener, root: &Path, sessions: Vec<
         ) {
             Probe::Served(c) => {
                 served += 1;
-                held.push(c);
+                held.push(*c);
             }
             Probe::Refused(e) => {
                 println!("probe {k} refused: {e}");
@@ -857,7 +857,7 @@ fn descriptor_exhaustion_by_many_sessions_never_ends_the_broker() {
             attempts += 1;
             let k = sessions.len();
             let mut c = match probe(&mut broker, &format!("session {k}'s connection")) {
-                Probe::Served(c) => c,
+                Probe::Served(c) => *c,
                 Probe::Refused(e) => {
                     exhausted = Some(format!("session {k} turned away: {e}"));
                     break;

@@ -530,7 +530,10 @@ fn policy(dir: &Path, root: &Path) -> PathBuf {
     write_policy(dir, root, "", &limits)
 }
 
-/// A broker process: killed if still running when dropped.
+/// A broker process: killed if still running when dropped. Not the kit's driver
+/// (`common::fsb::Fsb`) on purpose: these tests take the broker's raw stdin and stdout (or
+/// leave them null for `--listen`) and read them themselves, in irregular pieces and with
+/// stalls ([`FrameReader`]), to check the framing byte for byte; the driver reads whole lines.
 struct Proc {
     child: Child,
     /// Its stderr, in a file (read after it exits).
