@@ -1003,7 +1003,9 @@ impl Fsb {
 
     /// Closes the input, reads the output to its end and waits for the process to exit
     /// (each within the session's deadline); returns the status and whatever the output
-    /// still held, as text.
+    /// still held, as text: what nobody read, after what was set aside and never asked for
+    /// (but for `notifications/roots/list_changed`, which a grant sends between responses and
+    /// a request passes over).
     pub fn finish(mut self) -> (ExitStatus, String) {
         self.end()
     }
@@ -1014,9 +1016,17 @@ impl Fsb {
         let deadline = self.deadline;
         let end = Instant::now() + deadline;
         let mut rest = Vec::new();
+        for l in std::mem::take(&mut self.pending) {
+            let list_changed = l.json.as_ref().is_some_and(|m| {
+                is_notification(m) && m["method"] == "notifications/roots/list_changed"
+            });
+            if !list_changed {
+                rest.extend_from_slice(&l.raw);
+            }
+        }
         loop {
             let left = end.saturating_duration_since(Instant::now());
-            match self.next_line(left) {
+            match self.fresh(left) {
                 Raw::Line(l) => rest.extend_from_slice(&l.raw),
                 Raw::End { partial, error } => {
                     assert!(error.is_none(), "read the rest: {error:?}");
