@@ -64,6 +64,18 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{Value, json};
 
+mod kit;
+use kit::{Rng, broker_binary, is_listening, mib, nearest_rank, open_fds, status_field};
+
+/// `VmRSS`, `VmHWM` (KiB) and `Threads` of `pid`.
+fn proc_status(pid: u32) -> Option<(u64, u64, u64)> {
+    Some((
+        status_field(pid, "VmRSS")?,
+        status_field(pid, "VmHWM")?,
+        status_field(pid, "Threads")?,
+    ))
+}
+
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// The file honest session 1 reads 1 KiB at a time.
@@ -223,41 +235,6 @@ fn parse_args() -> Opts {
         hostile: hostile && !attacks.is_empty(),
         attacks,
         scale: if short { SHORT } else { FULL },
-    }
-}
-
-/// The broker binary: the one cargo built for this bench, else `target/release/fsbroker`.
-fn broker_binary() -> Option<PathBuf> {
-    let candidates = [
-        option_env!("CARGO_BIN_EXE_fsbroker").map(PathBuf::from),
-        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/fsbroker")),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
-
-/// splitmix64: fixed seeds, so every run asks for the same mix.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(n + 8);
-        while out.len() < n {
-            out.extend_from_slice(&self.next().to_le_bytes());
-        }
-        out.truncate(n);
-        out
     }
 }
 
@@ -1531,39 +1508,6 @@ impl<'a> Hostile<'a> {
 // Memory, the broker, the report
 // ---------------------------------------------------------------------------------------------
 
-/// `VmRSS`, `VmHWM` (KiB) and `Threads` of `pid`.
-fn proc_status(pid: u32) -> Option<(u64, u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse::<u64>().ok())
-    };
-    Some((field("VmRSS:")?, field("VmHWM:")?, field("Threads:")?))
-}
-
-fn open_fds(pid: u32) -> u64 {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64)
-}
-
-/// Whether a Unix socket bound at `path` is listening (`__SO_ACCEPTCON` in `/proc/net/unix`):
-/// asked without connecting, since a probe would be a session of its own.
-fn is_listening(path: &Path) -> bool {
-    let Some(path) = path.to_str() else {
-        return false;
-    };
-    std::fs::read_to_string("/proc/net/unix")
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-        .any(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() >= 8 && f[7] == path && f[3] == "00010000"
-        })
-}
-
 struct Second {
     t: u64,
     attack: u8,
@@ -1588,13 +1532,7 @@ struct Stats {
 /// Latency figures (ms) of `lat_us` over `secs` seconds.
 fn stats(lat_us: &mut [u32], secs: f64) -> Stats {
     lat_us.sort_unstable();
-    let pick = |q: f64| -> f64 {
-        if lat_us.is_empty() {
-            return 0.0;
-        }
-        let i = ((q * lat_us.len() as f64).ceil() as usize).clamp(1, lat_us.len()) - 1;
-        f64::from(lat_us[i]) / 1000.0
-    };
+    let pick = |q: f64| -> f64 { nearest_rank(lat_us, q).map_or(0.0, |us| f64::from(us) / 1000.0) };
     Stats {
         n: lat_us.len(),
         per_s: if secs > 0.0 {
@@ -1621,18 +1559,14 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
 fn main() -> ExitCode {
     let opts = parse_args();
-    let Some(binary) = broker_binary() else {
-        eprintln!(
-            "abuse: no fsbroker binary found (looked for CARGO_BIN_EXE_fsbroker and {}/target/release/fsbroker); run `cargo build --release` first",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        return ExitCode::FAILURE;
+    let binary = match broker_binary() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("abuse: {e}");
+            return ExitCode::FAILURE;
+        }
     };
     match run(&opts, &binary) {
         Ok(true) => ExitCode::SUCCESS,

@@ -32,7 +32,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
@@ -40,6 +40,9 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde_json::{Value, json};
+
+mod kit;
+use kit::{Rng, broker_binary, memory_kib, mib, nearest_rank};
 
 /// Requests (and unparseable lines) in flight at once.
 const WINDOW: usize = 256;
@@ -99,48 +102,6 @@ fn parse_args() -> Opts {
     }
     opts.seconds = opts.seconds.max(1);
     opts
-}
-
-/// The broker binary: the one cargo built for this bench, else `target/release/fsbroker`.
-fn broker_binary() -> Option<PathBuf> {
-    let candidates = [
-        option_env!("CARGO_BIN_EXE_fsbroker").map(PathBuf::from),
-        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/fsbroker")),
-    ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
-}
-
-/// splitmix64: fixed seeds, so every run asks for the same mix.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(n + 8);
-        while out.len() < n {
-            out.extend_from_slice(&self.next().to_le_bytes());
-        }
-        out.truncate(n);
-        out
-    }
-
-    fn text(&mut self, n: usize) -> Vec<u8> {
-        const LINE: &[u8] =
-            b"The quick brown fox jumps over the lazy dog; \"quoted\" \\ 0123456789\n";
-        let start = self.below(LINE.len());
-        LINE.iter().copied().cycle().skip(start).take(n).collect()
-    }
 }
 
 /// A file the bench created before starting the broker, kept in memory to check reads.
@@ -821,19 +782,6 @@ fn reader(
     }
 }
 
-/// `VmRSS` and `VmHWM` of `pid`, in KiB.
-fn memory_kib(pid: u32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse::<u64>().ok())
-    };
-    Some((field("VmRSS:")?, field("VmHWM:")?))
-}
-
 struct Sample {
     t: u64,
     requests: u64,
@@ -842,18 +790,14 @@ struct Sample {
     hwm_kib: u64,
 }
 
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
 fn main() -> ExitCode {
     let opts = parse_args();
-    let Some(binary) = broker_binary() else {
-        eprintln!(
-            "soak: no fsbroker binary found (looked for CARGO_BIN_EXE_fsbroker and {}/target/release/fsbroker); run `cargo build --release` first",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        return ExitCode::FAILURE;
+    let binary = match broker_binary() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("soak: {e}");
+            return ExitCode::FAILURE;
+        }
     };
     match run(&opts, &binary) {
         Ok(true) => ExitCode::SUCCESS,
@@ -1046,7 +990,7 @@ fn run(opts: &Opts, binary: &Path) -> Result<bool, Box<dyn std::error::Error>> {
     let first = rss.first().copied().unwrap_or(0);
     let last = rss.last().copied().unwrap_or(0);
     rss.sort_unstable();
-    let median = rss.get(rss.len() / 2).copied().unwrap_or(0);
+    let median = nearest_rank(&rss, 0.5).unwrap_or(0);
     let max = rss.last().copied().unwrap_or(0);
     // Skip the warm-up second when judging the steady state.
     let steady: Vec<u64> = samples.iter().skip(2).map(|s| s.rss_kib).collect();

@@ -35,6 +35,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod kit;
+use kit::{broker_binary, nearest_rank};
+
 /// The broker's coalescing window (`src/watch/worker.rs`), part of every figure.
 const COALESCE_MS: u64 = 50;
 /// The least time between two writes, so each one is a burst of its own.
@@ -85,28 +88,6 @@ fn parse_args() -> Result<Args, String> {
         DEFAULT_SAMPLES
     });
     Ok(Args { samples, json })
-}
-
-/// The `fsbroker` binary: Cargo's own when it says where that is, else a built one.
-fn binary() -> Result<PathBuf, String> {
-    if let Some(p) = option_env!("CARGO_BIN_EXE_fsbroker") {
-        let p = PathBuf::from(p);
-        if p.is_file() {
-            return Ok(p);
-        }
-    }
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for profile in ["release", "debug"] {
-        let p = manifest.join("target").join(profile).join("fsbroker");
-        if p.is_file() {
-            return Ok(p);
-        }
-    }
-    Err(format!(
-        "no fsbroker binary (looked for $CARGO_BIN_EXE_fsbroker and target/{{release,debug}}/fsbroker \
-         under {}): run `cargo build --release` first",
-        manifest.display()
-    ))
 }
 
 /// One line from the broker's stdout, stamped when it was read.
@@ -251,11 +232,7 @@ impl Case {
 
     /// Nearest-rank percentile.
     fn pct(sorted: &[f64], p: f64) -> f64 {
-        if sorted.is_empty() {
-            return f64::NAN;
-        }
-        let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-        sorted[rank.clamp(1, sorted.len()) - 1]
+        nearest_rank(sorted, p / 100.0).unwrap_or(f64::NAN)
     }
 
     fn stats(&self) -> Stats {
@@ -336,7 +313,7 @@ fn pace(last_write: &mut Option<Instant>) {
 }
 
 fn run(args: &Args) -> Result<(PathBuf, Vec<Case>), String> {
-    let bin = binary()?;
+    let bin = broker_binary()?;
     let tmp = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
     // The root's own path, symlinks resolved, as the broker and inotify see it.
     let dir = tmp

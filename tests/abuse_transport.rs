@@ -16,19 +16,17 @@
 mod common;
 
 use std::ffi::OsString;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde_json::{Value, json};
 
-use common::procs::Pids;
-use common::socket::{Conn, Got, Listener};
-use common::{PolicyToml, RootToml, bin, proc_status_kib, python, tempdir, write_policy};
+use common::fsb::{Cmd, Fsb, Got, Listener, Raw};
+use common::procs::{Pids, vm_hwm_mib};
+use common::{PolicyToml, RootToml, proc_status_kib, python, tempdir, write_policy};
 
 /// Longest any one test may run before its processes are killed and it fails.
 const TEST_DEADLINE: Duration = Duration::from_secs(60);
@@ -44,89 +42,27 @@ fn within<T: Send + 'static>(pids: &Pids, f: impl FnOnce(Pids) -> T + Send + 'st
     common::procs::within(TEST_DEADLINE, pids, f)
 }
 
-/// A child process killed and reaped when dropped.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// `fsbroker ARGS...` (stderr inherited, so a failing test shows the logs), registered with
+/// `pids`; the host (the test) reads its output as it comes when `host_reads`, else only
+/// when it asks.
+fn spawn_fsbroker(args: &[OsString], pids: &Pids, host_reads: bool) -> Fsb {
+    let cmd = Cmd::new(args).pids(pids).deadline(TEST_DEADLINE);
+    if host_reads { cmd.ahead() } else { cmd }.spawn()
 }
 
-impl Reaped {
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-
-    /// Panics when the process has exited.
-    fn assert_alive(&mut self, what: &str) {
-        if let Some(status) = self.0.try_wait().expect("try_wait") {
-            panic!("{what} exited ({status})");
-        }
-    }
-}
-
-fn vm_hwm_mib(pid: u32) -> f64 {
-    proc_status_kib(pid, "VmHWM") as f64 / 1024.0
-}
-
-/// `fsbroker ARGS...` with piped stdin and stdout (stderr inherited, so a failing test shows
-/// the logs).
-fn spawn_fsbroker(args: &[OsString], pids: &Pids) -> (Reaped, ChildStdin, ChildStdout) {
-    let mut child = Command::new(bin())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start fsbroker");
-    pids.add(child.id());
-    let stdin = child.stdin.take().expect("stdin");
-    let stdout = child.stdout.take().expect("stdout");
-    (Reaped(child), stdin, stdout)
-}
-
-/// Reads the proxy's stdout on a thread of its own: one parsed message per line (lines that
-/// are not JSON are passed over).
-fn read_lines(stdout: ChildStdout) -> mpsc::Receiver<Value> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(stdout);
-        loop {
-            let mut line = Vec::new();
-            match r.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if let Ok(v) = serde_json::from_slice::<Value>(&line) {
-                        if tx.send(v).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-    });
-    rx
-}
-
-/// The first message `want` accepts, within `limit` (others are passed over).
-fn wait_for(
-    rx: &mpsc::Receiver<Value>,
-    limit: Duration,
-    what: &str,
-    want: impl Fn(&Value) -> bool,
-) -> Value {
+/// The first message `want` accepts, within `limit` (others, and lines that are not JSON,
+/// are passed over).
+fn wait_for(p: &mut Fsb, limit: Duration, what: &str, want: impl Fn(&Value) -> bool) -> Value {
     let end = Instant::now() + limit;
     loop {
         let left = end.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(m) if want(&m) => return m,
-            Ok(_) => {}
-            Err(mpsc::RecvTimeoutError::Timeout) => panic!("no {what} within {limit:?}"),
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                panic!("the proxy closed its output before {what}")
-            }
+        match p.next_line(left) {
+            Raw::Line(l) => match l.json {
+                Some(m) if want(&m) => return m,
+                _ => {}
+            },
+            Raw::Timeout => panic!("no {what} within {limit:?}"),
+            Raw::End { .. } => panic!("the proxy closed its output before {what}"),
         }
     }
 }
@@ -139,7 +75,7 @@ fn is_session_refusal(m: &Value) -> bool {
 
 /// Connects until a connection is served (its `ping` answered), for at most `limit`;
 /// connections refused for `max_sessions` are retried. Returns how many were refused.
-fn connect_served(l: &Listener, limit: Duration, what: &str) -> (Conn, usize) {
+fn connect_served(l: &Listener, limit: Duration, what: &str) -> (Fsb, usize) {
     let end = Instant::now() + limit;
     let mut refused = 0;
     let mut n = 0;
@@ -169,7 +105,10 @@ fn connect_served(l: &Listener, limit: Duration, what: &str) -> (Conn, usize) {
         let id = json!(format!("fresh-{n}"));
         let msg =
             serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": "ping"})).unwrap();
-        if c.stream.write_all(&[msg, b"\n".to_vec()].concat()).is_err() {
+        if c.stream()
+            .write_all(&[msg, b"\n".to_vec()].concat())
+            .is_err()
+        {
             refused += 1;
             continue;
         }
@@ -270,14 +209,9 @@ fn flood_the_proxy(host_reads: bool) {
             "proj/big.bin".into(),
             "proj/small.txt".into(),
         ];
-        let (mut proxy, host_in, host_out) = spawn_fsbroker(&args, &pids);
-        let pid = proxy.pid();
         // The host: reads everything the proxy relays, or nothing at all.
-        let (seen, unread) = if host_reads {
-            (Some(read_lines(host_out)), None)
-        } else {
-            (None, Some(host_out))
-        };
+        let mut proxy = spawn_fsbroker(&args, &pids, host_reads);
+        let pid = proxy.pid();
 
         // Watch the server's progress; sample once its writes stall (the proxy stopped
         // reading it), or it has written everything and the proxy had time to take it in,
@@ -313,14 +247,12 @@ fn flood_the_proxy(host_reads: bool) {
             if host_reads { "reading" } else { "not reading" },
             started.elapsed()
         );
-        drop(proxy);
-        drop(host_in);
-        drop(unread);
-        if let Some(rx) = seen {
+        proxy.kill_now();
+        if host_reads {
             // The notification the server wrote before its flood reached the host.
             let mut notes = Vec::new();
-            while let Ok(m) = rx.recv_timeout(Duration::from_secs(5)) {
-                notes.push(m);
+            while let Raw::Line(l) = proxy.next_line(Duration::from_secs(5)) {
+                notes.extend(l.json);
             }
             assert!(
                 notes.iter().any(|m| m["params"]["data"] == "flood starts"),
@@ -411,10 +343,9 @@ fn proxy_answers_every_request_of_an_honest_pipelining_server() {
             script.into(),
             N.to_string().into(),
         ];
-        let (mut proxy, host_in, host_out) = spawn_fsbroker(&args, &pids);
-        let rx = read_lines(host_out);
+        let mut proxy = spawn_fsbroker(&args, &pids, true);
         let report = wait_for(
-            &rx,
+            &mut proxy,
             Duration::from_secs(30),
             "the server's test/answers",
             |m| m["method"] == "test/answers",
@@ -442,7 +373,7 @@ fn proxy_answers_every_request_of_an_honest_pipelining_server() {
             );
         }
         println!("honest pipelining: {N} reads answered once each and right");
-        drop(host_in);
+        proxy.close_stdin();
         proxy.assert_alive("the proxy");
     });
 }
@@ -527,25 +458,27 @@ fn shared_broker_names_the_server_behind_proxy_connect_in_consent_requests() {
             python().into(),
             server.into(),
         ];
-        let (_proxy, mut host_in, host_out) = spawn_fsbroker(&args, &pids);
-        let rx = read_lines(host_out);
+        let mut proxy = spawn_fsbroker(&args, &pids, true);
         let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "abuse-host", "version": "1.0"}}});
-        host_in
-            .write_all(&[serde_json::to_vec(&init).unwrap(), b"\n".to_vec()].concat())
-            .unwrap();
-        host_in.flush().unwrap();
-        let r = wait_for(&rx, Duration::from_secs(20), "the initialize result", |m| {
-            m["id"] == 0 && m.get("method").is_none()
-        });
+        proxy.send_msg(&init);
+        let r = wait_for(
+            &mut proxy,
+            Duration::from_secs(20),
+            "the initialize result",
+            |m| m["id"] == 0 && m.get("method").is_none(),
+        );
         assert_eq!(
             r["result"]["serverInfo"]["name"], "abuse-test-server",
             "{r}"
         );
-        let answer = wait_for(&rx, Duration::from_secs(30), "the consent answer", |m| {
-            m["method"] == "test/consent"
-        });
+        let answer = wait_for(
+            &mut proxy,
+            Duration::from_secs(30),
+            "the consent answer",
+            |m| m["method"] == "test/consent",
+        );
         let result = &answer["params"]["result"];
         assert!(
             result["approvedPaths"]
@@ -572,7 +505,7 @@ fn shared_broker_names_the_server_behind_proxy_connect_in_consent_requests() {
             consent_line["server"], "abuse-test-server",
             "{consent_line}"
         );
-        drop(host_in);
+        proxy.close_stdin();
     });
 }
 
@@ -594,7 +527,7 @@ fn listen_refuses_connections_past_max_sessions() {
         let policy = write_policy(&dir, &root, "", "max_sessions = 3");
         let l = Listener::start(&policy, &dir.join("broker.sock"), &[], &pids);
 
-        let mut served: Vec<Conn> = (0..3).map(|_| l.connect()).collect();
+        let mut served: Vec<Fsb> = (0..3).map(|_| l.connect()).collect();
         for (i, c) in served.iter_mut().enumerate() {
             c.ping(&format!("s{i}"));
         }

@@ -19,7 +19,7 @@ use serde_json::json;
 
 /// Builds, through the broker, a chain of folders `steps × 251 + 5` levels deep under
 /// `r/deep`, and returns the path of its top (`r/deep/t{steps-1}`).
-fn deep_tree(b: &mut common::Broker, steps: usize) -> String {
+fn deep_tree(b: &mut common::Fsb, steps: usize) -> String {
     let chain = vec!["a"; 250].join("/");
     b.ok(
         "files/create",

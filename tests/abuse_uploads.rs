@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use common::fsb::{Fsb, Got, Listener};
 use common::procs::Pids;
-use common::socket::{Conn, Got, Listener};
-use common::{Broker, code, request_line, tempdir, with_deadline, write_policy};
+use common::{code, request_line, tempdir, with_deadline, write_policy};
 
 const RW: &str = "mode = \"read-write\"";
 
@@ -65,9 +65,9 @@ impl Fixture {
     }
 
     /// `fsbroker serve --policy` over pipes.
-    fn stdio(&self, limits: &str) -> Broker {
+    fn stdio(&self, limits: &str) -> Fsb {
         let policy = self.policy(limits);
-        Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()])
+        Fsb::spawn(&["serve", "--policy", policy.to_str().unwrap()])
     }
 
     /// `fsbroker serve --listen SOCK --policy`, optionally under `ulimit -n`.
@@ -155,7 +155,7 @@ fn ten_bytes(round: usize, i: usize) -> String {
 /// (offset 0, `final: false`) is sent and answered; chunks 1..n-1 (the last `final: true`)
 /// then go in ONE write without waiting. Every chunk must succeed, with the right sizes, and
 /// the file must be their concatenation. Fails at the first error answer.
-fn pipelined_upload(b: &mut Broker, root: &Path, name: &str, n: usize, round: usize) {
+fn pipelined_upload(b: &mut Fsb, root: &Path, name: &str, n: usize, round: usize) {
     assert!(n >= 2);
     let path = format!("r/{name}");
     let chunks: Vec<String> = (0..n).map(|i| ten_bytes(round, i)).collect();
@@ -350,8 +350,8 @@ fn one_sessions_stalled_chunks_do_not_delay_another_sessions_reads() {
     with_deadline(Duration::from_secs(20), kill(pid), move || {
         let stop = Arc::new(AtomicBool::new(false));
         let batches = Arc::new(AtomicUsize::new(0));
-        let mut a = Conn::connect(&sock);
-        a.set_read_timeout(Duration::from_secs(15));
+        let mut a = Fsb::connect(&sock);
+        a.set_deadline(Duration::from_secs(15));
         let first = a.request(
             "files/write",
             chunk_params("r/up.txt", 0, "0123456789", false),
@@ -377,10 +377,10 @@ fn one_sessions_stalled_chunks_do_not_delay_another_sessions_reads() {
                     ));
                     id += 1;
                 }
-                a.send_raw(&batch).expect("A: send a batch");
+                a.try_send_raw(&batch).expect("A: send a batch");
                 batches_a.fetch_add(1, Ordering::AcqRel);
                 for _ in 0..size {
-                    let m = a.message("A: a bogus chunk");
+                    let m = a.read_message();
                     let got = m["id"].as_u64().expect("id");
                     assert!((first_id..id).contains(&got), "A: odd answer {m}");
                     assert_eq!(
@@ -406,15 +406,15 @@ fn one_sessions_stalled_chunks_do_not_delay_another_sessions_reads() {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        let mut b = Conn::connect(&sock);
-        b.set_read_timeout(Duration::from_secs(6));
+        let mut b = Fsb::connect(&sock);
+        b.set_deadline(Duration::from_secs(6));
         let started = Instant::now();
         let mut reads = 0;
         let mut slowest = Duration::ZERO;
         while started.elapsed() < Duration::from_secs(3) {
             let t = Instant::now();
-            let id = b.send_numbered("files/read", json!({"path": "r/data.txt"}));
-            let r = b.response_to(id, "B: files/read of 1 KiB (A flooding)");
+            let id = b.send("files/read", json!({"path": "r/data.txt"}));
+            let r = b.response(id);
             let took = t.elapsed();
             assert!(
                 is_ok(&r),
@@ -603,8 +603,8 @@ fn an_idle_upload_is_abandoned_after_lock_timeout() {
     let root = f.root.clone();
     let (pid, sock) = (broker.pid(), broker.sock.clone());
     with_deadline(Duration::from_secs(20), kill(pid), move || {
-        let mut a = Conn::connect(&sock);
-        let mut b = Conn::connect(&sock);
+        let mut a = Fsb::connect(&sock);
+        let mut b = Fsb::connect(&sock);
         let r = a.request("files/write", chunk_params("r/f.txt", 0, "AAA", false));
         assert!(is_ok(&r), "A's first chunk: {r}");
         let idle_since = Instant::now();
@@ -655,7 +655,7 @@ fn an_idle_upload_is_abandoned_after_lock_timeout() {
 #[derive(Debug)]
 enum Probe {
     /// Its ping was answered; the connection stays open.
-    Served(Conn),
+    Served(Box<Fsb>),
     /// One JSON-RPC error line, then the connection was closed.
     Refused(Value),
 }
@@ -664,13 +664,13 @@ enum Probe {
 /// line comes and the connection is closed (`Refused`); anything else (nothing within 5 s, a
 /// close without an error line, more after the error) is `Err`.
 fn try_probe(sock: &Path) -> Result<Probe, String> {
-    let mut c = Conn::connect(sock);
-    c.set_read_timeout(Duration::from_secs(5));
+    let mut c = Fsb::connect(sock);
+    c.set_deadline(Duration::from_secs(5));
     // The broker may already have closed the connection: a failed write is no failure yet.
     let id = c.next_id;
     c.next_id += 1;
-    let _ = c.send_raw(&request_line(id, "ping", json!({})));
-    let m = match c.line() {
+    let _ = c.try_send_raw(&request_line(id, "ping", json!({})));
+    let m = match c.next(c.deadline()) {
         Got::Line(m) => m,
         Got::Eof => return Err("connection closed or reset without a JSON-RPC error line".into()),
         Got::Timeout => return Err("no answer within 5 s (a hang)".into()),
@@ -679,12 +679,12 @@ fn try_probe(sock: &Path) -> Result<Probe, String> {
         return Err(format!("not JSON-RPC 2.0: {m}"));
     }
     if m["id"] == json!(id) && m.get("result").is_some() {
-        return Ok(Probe::Served(c));
+        return Ok(Probe::Served(Box::new(c)));
     }
     if m.get("error").is_none() {
         return Err(format!("neither the ping's answer nor an error: {m}"));
     }
-    match c.line() {
+    match c.next(c.deadline()) {
         Got::Eof => Ok(Probe::Refused(m)),
         Got::Line(more) => Err(format!("after the error {m}, more came: {more}")),
         Got::Timeout => Err(format!("after the error {m}, the connection stayed open")),
@@ -712,7 +712,7 @@ fn probe(broker: &mut Listener, label: &str) -> Probe {
 }
 
 /// One upload start (offset 0, `final: false`) to `r/NAME`; the answer.
-fn start_upload(c: &mut Conn, name: &str) -> Value {
+fn start_upload(c: &mut Fsb, name: &str) -> Value {
     c.request(
         "files/write",
         chunk_params(&format!("r/{name}"), 0, "x", false),
@@ -724,7 +724,7 @@ fn start_upload(c: &mut Conn, name: &str) -> Value {
 /// or one JSON-RPC error line and a close — no hang — and the broker stays alive throughout;
 /// once those sessions are gone (their staging files removed), a fresh connection is served
 /// normally: ping, a read and a write.
-fn while_and_after_exhaustion(broker: &mut Listener, root: &Path, sessions: Vec<Conn>) {
+fn while_and_after_exhaustion(broker: &mut Listener, root: &Path, sessions: Vec<Fsb>) {
     let sock = broker.sock.clone();
     assert!(
         broker.exited().is_none(),
@@ -740,7 +740,7 @@ fn while_and_after_exhaustion(broker: &mut Listener, root: &Path, sessions: Vec<
         ) {
             Probe::Served(c) => {
                 served += 1;
-                held.push(c);
+                held.push(*c);
             }
             Probe::Refused(e) => {
                 println!("probe {k} refused: {e}");
@@ -767,7 +767,7 @@ fn while_and_after_exhaustion(broker: &mut Listener, root: &Path, sessions: Vec<
     );
     assert!(broker.exited().is_none(), "the broker exited");
 
-    let mut fresh = Conn::connect(&sock);
+    let mut fresh = Fsb::connect(&sock);
     assert_eq!(fresh.ok("ping", json!({})), json!({}));
     let r = fresh.ok("files/read", json!({"path": "r/hello.txt"}));
     assert_eq!(r["content"], "hello");
@@ -800,7 +800,7 @@ fn descriptor_exhaustion_by_one_sessions_uploads_never_ends_the_broker() {
     let root = f.root.clone();
     let pid = broker.pid();
     with_deadline(Duration::from_secs(30), kill(pid), move || {
-        let mut a = Conn::connect(&broker.sock);
+        let mut a = Fsb::connect(&broker.sock);
         let mut refused = None;
         let mut accepted = 0;
         for i in 0..3000 {
@@ -849,7 +849,7 @@ fn descriptor_exhaustion_by_many_sessions_never_ends_the_broker() {
     let root = f.root.clone();
     let pid = broker.pid();
     with_deadline(Duration::from_secs(30), kill(pid), move || {
-        let mut sessions: Vec<Conn> = Vec::new();
+        let mut sessions: Vec<Fsb> = Vec::new();
         let mut attempts = 0;
         let mut accepted = 0;
         let mut exhausted = None;
@@ -857,7 +857,7 @@ fn descriptor_exhaustion_by_many_sessions_never_ends_the_broker() {
             attempts += 1;
             let k = sessions.len();
             let mut c = match probe(&mut broker, &format!("session {k}'s connection")) {
-                Probe::Served(c) => c,
+                Probe::Served(c) => *c,
                 Probe::Refused(e) => {
                     exhausted = Some(format!("session {k} turned away: {e}"));
                     break;
@@ -911,7 +911,7 @@ fn default_max_uploads_caps_a_flood_of_upload_starts() {
     let root = f.root.clone();
     let (pid, sock) = (broker.pid(), broker.sock.clone());
     with_deadline(Duration::from_secs(30), kill(pid), move || {
-        let mut a = Conn::connect(&sock);
+        let mut a = Fsb::connect(&sock);
         for i in 0..16 {
             let r = a.request(
                 "files/write",
@@ -934,9 +934,9 @@ fn default_max_uploads_caps_a_flood_of_upload_starts() {
                 ));
                 id += 1;
             }
-            a.send_raw(&batch).expect("send a batch");
+            a.try_send_raw(&batch).expect("send a batch");
             for _ in next..end {
-                let m = a.message("A: an upload start past the quota");
+                let m = a.read_message();
                 let i = next + (m["id"].as_u64().expect("id") - first_id) as usize;
                 assert_eq!(
                     outcome(&m),
@@ -953,7 +953,7 @@ fn default_max_uploads_caps_a_flood_of_upload_starts() {
         assert!(broker.exited().is_none(), "the broker exited");
 
         // Another session is served while A's 16 uploads stay open.
-        let mut b = Conn::connect(&sock);
+        let mut b = Fsb::connect(&sock);
         assert_eq!(b.ok("ping", json!({})), json!({}));
         assert_eq!(
             b.ok("files/read", json!({"path": "r/hello.txt"}))["content"],

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use common::hostile::{
     A_TXT, B_TXT, DENIED, DENIED_MARKER, MARKER, OUTSIDE, S_TXT, World, number, put, shown_str,
 };
-use common::{Broker, code};
+use common::{Fsb, code};
 use serde_json::{Value, json};
 
 /// Names that exist only outside the root: no listing may show them.
@@ -86,7 +86,7 @@ fn control(desc: &'static str, path: impl Into<String>, read: Want, list: Want) 
 }
 
 /// Runs one row against one method and asserts everything the contract promises about it.
-fn check(b: &mut Broker, method: &str, case: &Case, want: Want, forbidden: &[&str]) {
+fn check(b: &mut Fsb, method: &str, case: &Case, want: Want, forbidden: &[&str]) {
     let ctx = format!("{method} [{}] {}", case.desc, shown_str(&case.path));
     let started = Instant::now();
     let resp = b.request(method, json!({ "path": case.path }));
@@ -133,7 +133,7 @@ fn check(b: &mut Broker, method: &str, case: &Case, want: Want, forbidden: &[&st
 }
 
 /// Runs every row against `files/read` and `files/list`; returns the number of hostile rows.
-fn run_table(b: &mut Broker, cases: &[Case], forbidden: &[&str]) -> usize {
+fn run_table(b: &mut Fsb, cases: &[Case], forbidden: &[&str]) -> usize {
     for case in cases {
         check(b, "files/read", case, case.read, forbidden);
         check(b, "files/list", case, case.list, forbidden);
@@ -377,7 +377,7 @@ fn hostile_paths_single_root() {
     let w = world();
     guarded(w, |w| {
         let cases = single_root_cases(&w);
-        let mut b = Broker::serve_root(&w.proj);
+        let mut b = Fsb::serve_root(&w.proj);
         let hostile = run_table(&mut b, &cases, &[MARKER]);
         println!(
             "single root: {hostile} hostile cases (+{} controls), each against files/read and files/list",
@@ -475,7 +475,7 @@ fn hostile_paths_two_roots_with_deny_globs() {
     let w = world();
     guarded(w, |w| {
         let cases = two_root_cases(&w);
-        let mut b = Broker::spawn(&["serve".as_ref(), "--policy".as_ref(), w.policy.as_os_str()]);
+        let mut b = Fsb::spawn(&["serve".as_ref(), "--policy".as_ref(), w.policy.as_os_str()]);
         let hostile = run_table(&mut b, &cases, &[MARKER, DENIED_MARKER]);
         println!(
             "two roots + deny globs: {hostile} hostile cases (+{} controls), each against files/read and files/list",
@@ -486,7 +486,7 @@ fn hostile_paths_two_roots_with_deny_globs() {
 }
 
 /// `path -> type` of a recursive, hidden-included listing, checked for leaks on the way.
-fn listing(b: &mut Broker, path: &str, forbidden: &[&str]) -> BTreeMap<String, String> {
+fn listing(b: &mut Fsb, path: &str, forbidden: &[&str]) -> BTreeMap<String, String> {
     let result = b.ok(
         "files/list",
         json!({"path": path, "recursive": true, "includeHidden": true}),
@@ -571,7 +571,7 @@ fn recursive_listing_stays_inside_and_never_follows_symlinks() {
     guarded(w, |w| {
         // One root, no deny globs: exactly the planted tree, symlinks as `symlink`, none
         // descended into (nothing under lnk_dir_*, lnk_parent, sub/lnk_root, gitlink).
-        let mut b = Broker::serve_root(&w.proj);
+        let mut b = Fsb::serve_root(&w.proj);
         let got = listing(&mut b, "proj", &[MARKER]);
         assert_eq!(got, proj_tree());
         let uri = format!("file://localhost{}", w.proj.to_str().unwrap());
@@ -579,7 +579,7 @@ fn recursive_listing_stays_inside_and_never_follows_symlinks() {
         drop(b);
 
         // Two roots with deny globs: the denied entries vanish, the rest is unchanged.
-        let mut b = Broker::spawn(&["serve".as_ref(), "--policy".as_ref(), w.policy.as_os_str()]);
+        let mut b = Fsb::spawn(&["serve".as_ref(), "--policy".as_ref(), w.policy.as_os_str()]);
         let got = listing(
             &mut b,
             "proj",

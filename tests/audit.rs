@@ -18,7 +18,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
-use common::{Broker, PolicyToml, RootToml, bin, code, tempdir, uri_path};
+use common::fsb::{Cmd, Log};
+use common::{Fsb, PolicyToml, RootToml, bin, code, tempdir, uri_path};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -101,7 +102,7 @@ fn s(p: &Path) -> String {
 
 /// `fsbroker serve --root ROOT --read-write EXTRA...` in the workspace, `RUST_LOG=warn`, stderr
 /// into `stderr_file`.
-fn serve(ws: &Ws, extra: &[&str], stderr_file: &Path) -> Broker {
+fn serve(ws: &Ws, extra: &[&str], stderr_file: &Path) -> Fsb {
     let mut args = vec![
         "serve".to_owned(),
         "--root".to_owned(),
@@ -109,7 +110,11 @@ fn serve(ws: &Ws, extra: &[&str], stderr_file: &Path) -> Broker {
         "--read-write".to_owned(),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
-    Broker::spawn_stderr_to_file(&args, &ws.dir, "warn", stderr_file)
+    Cmd::new(&args)
+        .cwd(&ws.dir)
+        .env("RUST_LOG", "warn")
+        .log(Log::File(stderr_file.to_owned()))
+        .spawn()
 }
 
 /// Runs `fsbroker ARGS` with stdin closed and returns its output.
@@ -137,7 +142,7 @@ fn stderr(o: &Output) -> String {
 }
 
 /// Closes stdin, waits for a clean exit, and returns the broker's stderr.
-fn finish(b: Broker, stderr_file: &Path) -> String {
+fn finish(b: Fsb, stderr_file: &Path) -> String {
     let (status, rest) = b.finish();
     let err = std::fs::read_to_string(stderr_file).unwrap_or_default();
     assert!(status.success(), "fsbroker exited {status}; stderr:\n{err}");
@@ -1035,12 +1040,11 @@ fn redaction_leaves_no_plain_path() {
         .write_to(&dir.join("policy.toml"));
     let err_file = dir.join("broker.stderr");
     let start = now_ms();
-    let mut b = Broker::spawn_stderr_to_file(
-        &["serve", "--policy", policy.to_str().unwrap()],
-        &dir,
-        "warn",
-        &err_file,
-    );
+    let mut b = Cmd::new(&["serve", "--policy", policy.to_str().unwrap()])
+        .cwd(&dir)
+        .env("RUST_LOG", "warn")
+        .log(Log::File(err_file.to_owned()))
+        .spawn();
     let pid = b.pid();
     let abs = s(&root.join("giraffe.txt"));
     let uri = format!("file://{}", uri_path(&root.join("giraffe.txt")));
@@ -1356,7 +1360,7 @@ fn an_unwritable_log_fails_every_audited_request_closed() {
 }
 
 /// Closes stdin and waits, whatever the exit status.
-fn finish_any(b: Broker) {
+fn finish_any(b: Fsb) {
     let (_status, rest) = b.finish();
     assert!(rest.is_empty(), "unexpected output: {rest}");
 }
@@ -1396,18 +1400,17 @@ fn cli_audit_overrides_the_policy_path() {
     let cli_log = ws.dir.join("cli-audit.jsonl");
     let err_file = ws.dir.join("broker.stderr");
     let start = now_ms();
-    let mut b = Broker::spawn_stderr_to_file(
-        &[
-            "serve",
-            "--policy",
-            policy.to_str().unwrap(),
-            "--audit",
-            cli_log.to_str().unwrap(),
-        ],
-        &ws.dir,
-        "warn",
-        &err_file,
-    );
+    let mut b = Cmd::new(&[
+        "serve",
+        "--policy",
+        policy.to_str().unwrap(),
+        "--audit",
+        cli_log.to_str().unwrap(),
+    ])
+    .cwd(&ws.dir)
+    .env("RUST_LOG", "warn")
+    .log(Log::File(err_file.to_owned()))
+    .spawn();
     let pid = b.pid();
     let r = b.ok("files/read", json!({"path": "r/f1.txt"}));
     finish(b, &err_file);
@@ -1446,12 +1449,11 @@ fn the_policy_audit_path_is_relative_to_the_policy_file() {
         .write_to(&pol_dir.join("policy.toml"));
     let err_file = ws.dir.join("broker.stderr");
     let start = now_ms();
-    let mut b = Broker::spawn_stderr_to_file(
-        &["serve", "--policy", policy.to_str().unwrap()],
-        &cwd,
-        "warn",
-        &err_file,
-    );
+    let mut b = Cmd::new(&["serve", "--policy", policy.to_str().unwrap()])
+        .cwd(&cwd)
+        .env("RUST_LOG", "warn")
+        .log(Log::File(err_file.to_owned()))
+        .spawn();
     let pid = b.pid();
     b.ok("roots/list", json!({}));
     b.err("files/read", json!({"path": "r/nope.txt"}));
@@ -1495,12 +1497,11 @@ fn refusals_are_warned_on_stderr_with_session_and_path() {
         .write_to(&ws.dir.join("policy.toml"));
     let err_file = ws.dir.join("broker.stderr");
     let start = now_ms();
-    let mut b = Broker::spawn_stderr_to_file(
-        &["serve", "--policy", policy.to_str().unwrap()],
-        &ws.dir,
-        "warn",
-        &err_file,
-    );
+    let mut b = Cmd::new(&["serve", "--policy", policy.to_str().unwrap()])
+        .cwd(&ws.dir)
+        .env("RUST_LOG", "warn")
+        .log(Log::File(err_file.to_owned()))
+        .spawn();
     let pid = b.pid();
     b.ok("files/read", json!({"path": "r/f1.txt"}));
     let outside = s(&ws.outside_file);

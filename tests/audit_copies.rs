@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::audit::{log_lines, s};
-use common::{Broker, bin, code, tempdir};
+use common::{Fsb, bin, code, tempdir};
 use serde_json::{Value, json};
 
 /// A datagram received.
@@ -155,7 +155,7 @@ fn every_line_reaches_syslog_and_the_journal_as_each_frames_it() {
     let syslog = Collector::bind(&dir.join("syslog.sock"));
     let journal = Collector::bind(&dir.join("journal.sock"));
 
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     b.ok("files/read", json!({"path": "r/f.txt"}));
     b.err("files/read", json!({"path": "r/no\nsuch.txt"}));
     b.ok("files/write", json!({"path": "r/new.txt", "content": "x"}));
@@ -230,7 +230,7 @@ fn a_huge_request_is_logged_capped_and_reaches_both_copies() {
     ));
     let syslog = Collector::bind(&dir.join("syslog.sock"));
     let journal = Collector::bind(&dir.join("journal.sock"));
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     let paths: Vec<String> = (0..3000)
         .map(|i| format!("r/{i:04}-{}", "p".repeat(1017)))
         .collect();
@@ -274,7 +274,7 @@ fn a_path_longer_than_path_max_is_logged_cut_with_its_digest() {
     let (_t, dir) = tempdir();
     let (_t2, _, policy, log) = setup(&format!("syslog = '{}'", s(&dir.join("syslog.sock"))));
     let syslog = Collector::bind(&dir.join("syslog.sock"));
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     let path = format!("r/{}../../etc/passwd", "./".repeat(4200));
     b.err("files/read", json!({"path": path}));
     b.finish();
@@ -304,7 +304,7 @@ fn a_lost_copy_is_recorded_in_the_chain_and_so_is_its_return() {
     let (_t, dir) = tempdir();
     let sock = dir.join("syslog.sock");
     let (_t2, _, policy, log) = setup(&format!("syslog = '{}'", s(&sock)));
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     // Nobody listens yet: the start line and these three are lost.
     for _ in 0..3 {
         b.ok("files/read", json!({"path": "r/f.txt"}));
@@ -352,7 +352,7 @@ fn require_copies_refuses_requests_once_a_copy_is_lost() {
     let sock = dir.join("absent.sock");
     let (_t2, root_dir, policy, log) =
         setup(&format!("syslog = '{}'\nrequire_copies = true", s(&sock)));
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     let e = b.err("files/write", json!({"path": "r/new.txt", "content": "x"}));
     assert_eq!(code(&e), "IO_ERROR", "{e}");
     assert!(e.to_string().contains("audit log unavailable"), "{e}");
@@ -374,7 +374,7 @@ fn require_copies_serves_again_once_the_copy_is_back() {
     let sock = dir.join("syslog.sock");
     let (_t2, root_dir, policy, log) =
         setup(&format!("syslog = '{}'\nrequire_copies = true", s(&sock)));
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     let e = b.err("files/write", json!({"path": "r/a.txt", "content": "x"}));
     assert_eq!(code(&e), "IO_ERROR", "{e}");
     let collector = Collector::bind(&sock);
@@ -442,7 +442,7 @@ fn brokers_sharing_a_rolling_log_copy_it_in_order() {
         .map(|_| {
             let policy = policy.clone();
             std::thread::spawn(move || {
-                let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+                let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
                 for _ in 0..100 {
                     b.ok("files/read", json!({"path": "r/f.txt"}));
                 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::audit::{lines_of, s};
-use common::{Broker, bin};
+use common::{Fsb, bin};
 use serde_json::{Value, json};
 
 /// A root `r` holding `f.txt`, and a policy whose log `audit.jsonl` rolls over past
@@ -53,7 +53,7 @@ fn verify(files: &[PathBuf]) -> (i32, String) {
 #[test]
 fn a_full_log_rolls_over_and_verifies_across_its_files() {
     let (_t, _dir, policy, log) = setup(4096);
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     for _ in 0..100 {
         b.ok("files/read", json!({"path": "r/f.txt"}));
     }
@@ -142,7 +142,7 @@ fn a_full_log_rolls_over_and_verifies_across_its_files() {
 #[test]
 fn a_cut_seal_is_found_across_files() {
     let (_t, _dir, policy, log) = setup(4096);
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     for _ in 0..60 {
         b.ok("files/read", json!({"path": "r/f.txt"}));
     }
@@ -170,7 +170,7 @@ fn three_brokers_rolling_one_log_over_lose_no_line() {
         .map(|_| {
             let policy = policy.clone();
             std::thread::spawn(move || {
-                let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+                let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
                 for _ in 0..200 {
                     b.ok("files/read", json!({"path": "r/f.txt"}));
                 }
@@ -206,7 +206,7 @@ fn three_brokers_rolling_one_log_over_lose_no_line() {
 #[test]
 fn a_roll_over_that_cannot_happen_keeps_the_log_growing() {
     let (_t, dir, policy, log) = setup(4096);
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     let blocker = dir.join(format!("audit.jsonl.new-{}", b.pid()));
     std::fs::create_dir(&blocker).unwrap();
     std::fs::write(blocker.join("x"), "").unwrap();
@@ -241,8 +241,8 @@ fn a_roll_over_that_cannot_happen_keeps_the_log_growing() {
 #[test]
 fn a_log_moved_removed_or_emptied_outside_the_broker_stays_linked() {
     let (_t, dir, policy, log) = setup(1 << 20);
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
-    let read = |b: &mut Broker| {
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
+    let read = |b: &mut Fsb| {
         b.ok("files/read", json!({"path": "r/f.txt"}));
     };
     read(&mut b);
@@ -295,7 +295,7 @@ fn a_log_moved_removed_or_emptied_outside_the_broker_stays_linked() {
 #[test]
 fn an_interrupted_roll_over_is_finished_by_the_next_broker() {
     let (_t, dir, policy, log) = setup(1 << 20);
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     b.ok("files/read", json!({"path": "r/f.txt"}));
     b.finish();
     // What a broker killed mid-roll leaves: the kept name linked, the rotate line written.
@@ -325,7 +325,7 @@ fn an_interrupted_roll_over_is_finished_by_the_next_broker() {
     .unwrap();
     drop(file);
 
-    let mut b = Broker::spawn(&["serve", "--policy", s(&policy)]);
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
     b.ok("files/read", json!({"path": "r/f.txt"}));
     let (status, stderr) = b.finish();
     assert!(status.success(), "{stderr}");

@@ -10,9 +10,11 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::audit::s;
-use common::{Broker, bin, tempdir};
+use common::fsb::{Cmd, Log};
+use common::{Fsb, bin, tempdir};
 use serde_json::json;
 
 /// `fsbroker audit verify LOG`: (exit code, stdout + stderr).
@@ -34,8 +36,8 @@ fn setup() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     (t, root, dir.join("audit.jsonl"))
 }
 
-fn serve_audited(root: &Path, log: &Path) -> Broker {
-    Broker::spawn(&[
+fn serve_audited(root: &Path, log: &Path) -> Fsb {
+    Fsb::spawn(&[
         "serve",
         "--root",
         s(root),
@@ -300,37 +302,28 @@ fn requests_in_flight_when_the_log_fails_do_not_act_unrecorded() {
     // pipe, which the limit does not touch.
     let script =
         "trap '' XFSZ; ulimit -f 2; exec \"$0\" serve --root \"$1\" --read-write --audit \"$2\"";
-    let mut child = Command::new("sh")
-        .args(["-c", script, bin(), s(&root), s(&log)])
+    let mut b = Cmd::program("sh", &["-c", script, bin(), s(&root), s(&log)])
         .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err_pipe = child.stderr.take().unwrap();
-    let err_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut err_pipe, &mut text).unwrap();
-        text
-    });
+        .log(Log::Keep)
+        .spawn();
     let mut requests = String::new();
     for i in 0..40 {
         let line = json!({"jsonrpc": "2.0", "id": i, "method": "files/delete",
             "params": {"path": format!("root/f{i:02}.txt")}});
         requests += &format!("{line}\n");
     }
-    let mut stdin = child.stdin.take().unwrap();
-    std::io::Write::write_all(&mut stdin, requests.as_bytes()).unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
-    let answers: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
+    b.send_raw(requests.as_bytes());
+    let (_status, out) = b.end();
+    let answers: Vec<serde_json::Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(answers.len(), 40);
-    let stderr = err_reader.join().unwrap();
+    assert!(
+        b.log_closed_within(Duration::from_secs(60)),
+        "stderr still open"
+    );
+    let stderr = b.log_text();
     let logged: Vec<serde_json::Value> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
@@ -398,7 +391,7 @@ fn sigterm_seals_the_log() {
 }
 
 /// Waits for the broker to exit (it must, within 10 s, on its own).
-fn with_deadline_wait(b: &mut Broker) -> std::process::ExitStatus {
+fn with_deadline_wait(b: &mut Fsb) -> std::process::ExitStatus {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         if let Some(status) = b.try_wait() {
@@ -415,27 +408,19 @@ fn with_deadline_wait(b: &mut Broker) -> std::process::ExitStatus {
 #[test]
 fn a_closed_stderr_costs_no_answer_and_no_audit_line() {
     let (_t, root, log) = setup();
-    let mut child = Command::new(bin())
-        .args(["serve", "--root", s(&root), "--audit", s(&log)])
+    let mut b = Cmd::new(&["serve", "--root", s(&root), "--audit", s(&log)])
         .env("RUST_LOG", "debug")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stderr.take());
-    let mut stdin = child.stdin.take().unwrap();
+        .log(Log::Closed)
+        .spawn();
     let requests = [
         json!({"jsonrpc": "2.0", "id": 1, "method": "files/read", "params": {"path": "/etc/passwd"}}),
         json!({"jsonrpc": "2.0", "id": 2, "method": "files/read", "params": {"path": "root/f.txt"}}),
     ];
     for r in &requests {
-        std::io::Write::write_all(&mut stdin, format!("{r}\n").as_bytes()).unwrap();
+        b.send_raw(format!("{r}\n").as_bytes());
     }
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
-    let answers: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
+    let (_status, out) = b.end();
+    let answers: Vec<serde_json::Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
@@ -536,7 +521,7 @@ fn sigterm_lets_running_work_finish_and_be_recorded_before_the_seal() {
 fn a_shared_broker_stopping_records_everything_before_its_seal() {
     let (_t, root, log) = setup();
     let sock = log.with_file_name("broker.sock");
-    let mut b = Broker::spawn(&[
+    let mut b = Fsb::spawn(&[
         "serve",
         "--root",
         s(&root),

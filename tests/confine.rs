@@ -12,11 +12,12 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::confine::{Fixture, check, growing, results, wait_ended};
-use common::{PolicyToml, RootToml, bin};
+use common::procs::Pids;
+use common::{Listener, PolicyToml, RootToml, bin};
 use serde_json::{Value, json};
 
 /// Rule: under `--confine` the server can read and write its read-write root, read its
@@ -352,7 +353,7 @@ fn revoking_a_root_ends_a_confined_server() {
     for (extra, ends) in [("", true), ("[confine]\non_revoke = \"keep\"\n", false)] {
         let fx = Fixture::new();
         let policy = fx.policy(extra);
-        let (mut child, host_stdin, line) = fx.start(&policy, &json!([]), &[("PROBE_STAY", "1")]);
+        let (mut proxy, line) = fx.start(&policy, &json!([]), &[("PROBE_STAY", "1")]);
         assert!(line.contains("probe"), "{line}");
         // The policy without the read-write root, renamed over the old one.
         let text = std::fs::read_to_string(&policy).unwrap();
@@ -366,7 +367,7 @@ fn revoking_a_root_ends_a_confined_server() {
         let deadline = std::time::Instant::now() + wait;
         let mut status = None;
         while std::time::Instant::now() < deadline {
-            if let Some(s) = child.try_wait().unwrap() {
+            if let Some(s) = proxy.try_wait() {
                 status = Some(s);
                 break;
             }
@@ -374,12 +375,14 @@ fn revoking_a_root_ends_a_confined_server() {
         }
         if !ends {
             assert!(status.is_none(), "with keep, the server runs on");
-            drop(host_stdin);
+            proxy.close_stdin();
         }
         if ends && status.is_none() {
-            let _ = child.kill();
+            proxy.kill_now();
         }
-        let status = child.wait().unwrap();
+        let status = proxy
+            .wait_exit(Duration::from_secs(60))
+            .expect("the proxy exits");
         if ends {
             assert_eq!(
                 status.code(),
@@ -400,16 +403,7 @@ fn a_proxy_of_a_shared_broker_confines_and_the_broker_records_it() {
     let log = fx.dir.join("audit.jsonl");
     let policy = fx.policy(&format!("[audit]\npath = {:?}\n", log.to_str().unwrap()));
     let sock = fx.dir.join("broker.sock");
-    let mut broker = Command::new(bin())
-        .args(["serve", "--policy", policy.to_str().unwrap(), "--listen"])
-        .arg(&sock)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !sock.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let broker = Listener::start(&policy, &sock, &[], &Pids::default());
     let ops = json!([["read", fx.p("outside/f.txt")], ["read", fx.p("ro/f.txt")]]);
     let out = fx.run(
         &[
@@ -436,8 +430,7 @@ fn a_proxy_of_a_shared_broker_confines_and_the_broker_records_it() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = broker.kill();
-    let _ = broker.wait();
+    drop(broker);
     let c = found.expect("the shared broker recorded the confinement");
     assert_eq!(c["confinement"]["enforced"], true, "{c}");
     // Recorded as the proxy's account of its server, for the proxy's session.
@@ -464,7 +457,7 @@ fn daemons_of_a_confined_server_end_with_it() {
 
     // Ended by a revocation: the daemon goes too.
     std::fs::remove_file(&trace).unwrap();
-    let (mut child, _host_stdin, _line) = fx.start(
+    let (mut proxy, _line) = fx.start(
         &policy,
         &json!([["daemon", trace.to_str().unwrap()]]),
         &[("PROBE_STAY", "1")],
@@ -478,7 +471,9 @@ fn daemons_of_a_confined_server_end_with_it() {
     )
     .unwrap();
     std::fs::rename(&tmp, &policy).unwrap();
-    let status = child.wait().unwrap();
+    let status = proxy
+        .wait_exit(Duration::from_secs(60))
+        .expect("the proxy exits");
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");
     assert!(!growing(&trace), "the daemon outlived the revocation");
 }
@@ -517,7 +512,7 @@ fn a_killed_proxy_takes_its_confined_server_along() {
     let fx = Fixture::new();
     let policy = fx.policy("");
     // A server that outlives its stdin: only the kernel's death signal ends it.
-    let (mut child, _host_stdin, line) = fx.start(
+    let (mut proxy, line) = fx.start(
         &policy,
         &json!([["pid"], ["nodeath"], ["setsid"]]),
         &[("PROBE_STAY", "1"), ("PROBE_LINGER", "1")],
@@ -538,8 +533,7 @@ fn a_killed_proxy_takes_its_confined_server_along() {
             .is_ok_and(|s| !s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'))
     };
     assert!(alive(&pid));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    proxy.kill_now();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while alive(&pid) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -555,19 +549,19 @@ fn a_host_stop_ends_what_the_server_started() {
     let fx = Fixture::new();
     let policy = fx.policy("");
     let trace = fx.dir.join("rw/child.txt");
-    let (mut child, host_stdin, _line) = fx.start(
+    let (mut proxy, _line) = fx.start(
         &policy,
         &json!([["daemon", trace.to_str().unwrap()], ["ignore_term"]]),
         &[("PROBE_LINGER", "1")],
     );
     assert!(growing(&trace), "the child runs");
-    drop(host_stdin);
+    proxy.close_stdin();
     std::thread::sleep(Duration::from_millis(300));
     let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &proxy.pid().to_string()])
         .status();
-    let status = common::with_deadline(Duration::from_secs(30), || {}, move || child.wait());
-    assert!(status.is_ok());
+    let status = proxy.wait_exit(Duration::from_secs(30));
+    assert!(status.is_some(), "the proxy did not exit within 30 s");
     assert!(
         !growing(&trace),
         "the server's child outlived the host's stop"
@@ -833,12 +827,12 @@ fn a_deny_root_added_inside_a_held_root_ends_the_server() {
     let fx = Fixture::new();
     std::fs::create_dir(fx.dir.join("rw/secret")).unwrap();
     let policy = fx.policy("");
-    let (child, _host_stdin, _line) = fx.start(&policy, &json!([]), &[("PROBE_STAY", "1")]);
+    let (mut proxy, _line) = fx.start(&policy, &json!([]), &[("PROBE_STAY", "1")]);
     let tmp = fx
         .roots()
         .root(RootToml::at(&fx.dir.join("rw/secret")).consent("deny"))
         .write_to(&fx.dir.join("policy.toml.new"));
     std::fs::rename(&tmp, &policy).unwrap();
-    let status = wait_ended(child);
+    let status = wait_ended(&mut proxy);
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");
 }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Broker, PolicyToml, RootToml, bin, code, tempdir};
+use common::{Fsb, PolicyToml, RootToml, bin, code, tempdir};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -198,8 +198,8 @@ impl Env {
         env
     }
 
-    fn serve(&self) -> Broker {
-        Broker::spawn(&["serve", "--policy", self.policy.to_str().unwrap()])
+    fn serve(&self) -> Fsb {
+        Fsb::spawn(&["serve", "--policy", self.policy.to_str().unwrap()])
     }
 
     fn abs(&self, rel: &str) -> String {
@@ -218,7 +218,7 @@ impl Env {
 }
 
 /// `files/consent` that must succeed; checks the result's shape and returns `approvedPaths`.
-fn consent(b: &mut Broker, message: Option<&str>, paths: &[&str]) -> Vec<String> {
+fn consent(b: &mut Fsb, message: Option<&str>, paths: &[&str]) -> Vec<String> {
     let mut params = json!({ "requestedPaths": paths });
     if let Some(m) = message {
         params["message"] = json!(m);
@@ -251,12 +251,12 @@ fn assert_no_consent(e: &Value, path: &str) {
     assert_eq!(e["data"]["path"], path, "{e}");
 }
 
-fn read_ok(b: &mut Broker, path: &str, expect: &str) {
+fn read_ok(b: &mut Fsb, path: &str, expect: &str) {
     let r = b.ok("files/read", json!({ "path": path }));
     assert_eq!(r["content"], expect, "{path}: {r}");
 }
 
-fn read_refused(b: &mut Broker, path: &str) {
+fn read_refused(b: &mut Fsb, path: &str) {
     let e = b.err("files/read", json!({ "path": path }));
     assert_no_consent(&e, path);
 }
@@ -403,7 +403,7 @@ fn auto_root_needs_no_consent_and_approves_only_paths_inside() {
 #[test]
 fn command_line_roots_are_auto() {
     let env = Env::new();
-    let mut b = Broker::serve_root(&env.root);
+    let mut b = Fsb::serve_root(&env.root);
     read_ok(&mut b, "root/a/b/f.txt", "deep");
     let approved = consent(&mut b, None, &["root/a", "/etc"]);
     assert_eq!(approved, vec![env.abs("a")]);
@@ -414,7 +414,7 @@ fn command_line_roots_are_auto() {
 // ---------------------------------------------------------------------------------------------
 
 /// Every `files/*` method that names a path, refused "no consent" on `r`.
-fn assert_every_method_refused(b: &mut Broker, env: &Env) {
+fn assert_every_method_refused(b: &mut Fsb, env: &Env) {
     read_refused(b, "r/a/b/f.txt");
     read_refused(b, &env.abs("a/x.txt"));
     let e = b.err("files/list", json!({"path": "r"}));
@@ -489,7 +489,7 @@ fn deny_root_refuses_everything_and_approves_nothing() {
 #[test]
 fn consent_flag_deny_overrides_command_line_roots() {
     let env = Env::new();
-    let mut b = Broker::spawn(&[
+    let mut b = Fsb::spawn(&[
         "serve".as_ref(),
         "--root".as_ref(),
         env.root.as_os_str(),
@@ -775,7 +775,7 @@ fn consent_for_a_whole_root() {
         read_ok(&mut fresh, "r/e/e.txt", "e");
     }
     // An auto root too.
-    let mut auto = Broker::serve_root(&env.root);
+    let mut auto = Fsb::serve_root(&env.root);
     let approved = consent(&mut auto, None, &["root"]);
     assert_eq!(approved, vec![root.clone()]);
     read_refused(&mut b, "r/e/e.txt");
@@ -990,7 +990,7 @@ fn terminal_without_a_controlling_terminal_fails_closed() {
 
 /// A broker whose controlling terminal is a pty answered with `answers`; stdin and stdout
 /// stay the test's pipes. Returns the broker and the transcript file.
-fn serve_on_pty(env: &Env, answers: &[&str]) -> (Broker, PathBuf) {
+fn serve_on_pty(env: &Env, answers: &[&str]) -> (Fsb, PathBuf) {
     let helper = env.dir.join("pty.py");
     std::fs::write(&helper, PTY_PY).unwrap();
     let transcript = env.dir.join("transcript");
@@ -1003,7 +1003,7 @@ fn serve_on_pty(env: &Env, answers: &[&str]) -> (Broker, PathBuf) {
         "--policy".to_owned(),
         s(&env.policy),
     ];
-    (Broker::spawn_program(python(), &args), transcript)
+    (Fsb::spawn_program(python(), &args), transcript)
 }
 
 fn transcript(path: &Path) -> String {

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{Value, json};
 
+use common::procs::vm_hwm_mib;
 use common::{
-    Broker, PolicyToml, RootToml, code, proc_status_kib, request_line, serve_policy, tempdir,
-    uri_path,
+    Fsb, PolicyToml, RootToml, code, proc_status_kib, request_line, serve_policy, tempdir, uri_path,
 };
 
 const RATE_LIMITED: i64 = -31008;
@@ -31,7 +31,7 @@ const TIMEOUT: i64 = -31005;
 
 /// Reads `n` messages and returns them by id (`None` for `id: null`); an id answered twice
 /// fails the test.
-fn collect(b: &mut Broker, n: usize) -> (HashMap<u64, Value>, Vec<Value>) {
+fn collect(b: &mut Fsb, n: usize) -> (HashMap<u64, Value>, Vec<Value>) {
     let mut by_id = HashMap::new();
     let mut null_ids = Vec::new();
     for _ in 0..n {
@@ -65,10 +65,6 @@ fn retry_after(resp: &Value) -> u64 {
 
 fn is_rate_limited(resp: &Value) -> bool {
     resp["error"]["code"] == RATE_LIMITED
-}
-
-fn vm_hwm_mib(pid: u32) -> f64 {
-    proc_status_kib(pid, "VmHWM") as f64 / 1024.0
 }
 
 fn staging_files(dir: &Path) -> Vec<String> {
@@ -362,15 +358,8 @@ fn timeouts_answer_timeout_and_never_leave_a_torn_file() {
 
 /// 64 KiB that are not UTF-8 (so they travel as base64, ~87 KiB per response).
 fn binary_64k() -> Vec<u8> {
-    let mut x: u32 = 0x1234_5678;
-    (0..64 * 1024)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x >> 24) as u8 | 0x80
-        })
-        .collect()
+    let mut rng = common::kit::Rng::new(0x1234_5678);
+    rng.bytes(64 * 1024).into_iter().map(|b| b | 0x80).collect()
 }
 
 #[test]
@@ -702,7 +691,7 @@ fn max_in_flight_stops_reading_until_a_request_finishes() {
         .consent_command(&[Path::new("/bin/sh"), &script], "")
         .unlimited_with("max_in_flight = 2")
         .write_to(&pdir.join("policy.toml"));
-    let mut b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
+    let mut b = Fsb::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
     assert_eq!(b.ok("ping", json!({})), json!({}));
 
     let mut input = Vec::new();

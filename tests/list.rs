@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{Broker, code, serve_policy, tempdir};
+use common::{Fsb, code, serve_policy, tempdir};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -115,12 +115,12 @@ fn year_of(s: &str) -> i64 {
 
 /// Walks a listing page by page with `limit`, returning every entry in order and the number
 /// of pages; checks that every page but the last is full and carries a `nextCursor`.
-fn walk_pages(b: &mut Broker, params: Value, limit: u64) -> (Vec<Value>, usize) {
+fn walk_pages(b: &mut Fsb, params: Value, limit: u64) -> (Vec<Value>, usize) {
     walk_clamped_pages(b, params, limit, limit)
 }
 
 /// [`walk_pages`] where a full page holds `page` entries (the limit after clamping).
-fn walk_clamped_pages(b: &mut Broker, params: Value, limit: u64, page: u64) -> (Vec<Value>, usize) {
+fn walk_clamped_pages(b: &mut Fsb, params: Value, limit: u64, page: u64) -> (Vec<Value>, usize) {
     let mut all = Vec::new();
     let mut cursor: Option<String> = None;
     let mut pages = 0;
@@ -158,7 +158,7 @@ fn entry_fields_and_the_four_types() {
     std::fs::create_dir(root.join("d")).unwrap();
     std::os::unix::fs::symlink("f.txt", root.join("link")).unwrap();
     mkfifo(&root.join("pipe"));
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     // The root itself by its bare name.
     let r = b.ok("files/list", json!({"path": "proj"}));
     assert!(r.get("nextCursor").is_none(), "{r}");
@@ -210,7 +210,7 @@ fn modified_is_the_file_time_in_utc() {
         .unwrap()
         .set_modified(when)
         .unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let r = b.ok("files/list", json!({"path": "proj"}));
     let modified = entries(&r)[0]["modified"].as_str().unwrap().to_owned();
     assert!(modified.starts_with("2023-11-14T22:13:20"), "{modified}");
@@ -227,7 +227,7 @@ fn sorted_by_path_in_byte_order() {
     ] {
         touch(&root, rel, "x");
     }
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let flat = b.ok("files/list", json!({"path": "proj"}));
     let p = paths(&flat);
     let mut sorted = p.clone();
@@ -276,7 +276,7 @@ fn recursive_lists_the_whole_tree() {
     ] {
         touch(&root, rel, "data");
     }
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let r = b.ok("files/list", json!({"path": "proj", "recursive": true}));
     assert_eq!(
         paths(&r),
@@ -322,7 +322,7 @@ fn recursion_never_follows_symlinks() {
     std::fs::create_dir(&outside).unwrap();
     std::fs::write(outside.join("secret.txt"), "s").unwrap();
     std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let r = b.ok("files/list", json!({"path": "proj", "recursive": true}));
     assert_eq!(
         paths(&r),
@@ -356,7 +356,7 @@ fn hidden_entries_need_include_hidden() {
     ] {
         touch(&root, rel, "x");
     }
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let r = b.ok("files/list", json!({"path": "proj", "recursive": true}));
     assert_eq!(
         paths(&r),
@@ -497,7 +497,7 @@ fn pages_concatenate_to_the_full_listing_exactly_once() {
     let (_t, root) = fixture();
     let n = big_tree(&root);
     assert!((240..=260).contains(&n), "{n}");
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let params = json!({"path": "proj", "recursive": true});
     let full = b.ok("files/list", params.clone());
     assert!(full.get("nextCursor").is_none());
@@ -567,7 +567,7 @@ fn limit_is_clamped_to_max_list_entries() {
 fn bad_limit_and_cursor_are_invalid_params() {
     let (_t, root) = fixture();
     std::fs::write(root.join("f"), "x").unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let bad = [
         json!({"path": "proj", "limit": 0}),
         json!({"path": "proj", "limit": -1}),
@@ -605,7 +605,7 @@ fn listing_a_file_is_invalid_path() {
     let (_t, root) = fixture();
     std::fs::write(root.join("f.txt"), "x").unwrap();
     mkfifo(&root.join("pipe"));
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     for path in ["proj/f.txt", "proj/pipe"] {
         let e = b.err("files/list", json!({"path": path}));
         assert_eq!(e["code"], -31003, "{path}: {e}");
@@ -623,7 +623,7 @@ fn listing_a_file_is_invalid_path() {
 fn every_path_form_lists_with_name_rel_results() {
     let (_t, root) = fixture();
     touch(&root, "my dir é/x.txt", "x");
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let abs = root.join("my dir é");
     let want = ["proj/my dir é/x.txt"];
     for path in [
@@ -659,7 +659,7 @@ fn result_paths_can_be_sent_back_as_they_are() {
     for (rel, content) in files {
         touch(&root, rel, content);
     }
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let r = b.ok("files/list", json!({"path": "proj", "recursive": true}));
     let mut read = 0;
     for e in entries(&r) {

@@ -15,26 +15,23 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fsbroker::policy::{Overrides, Policy};
-use fsbroker::{Broker, Session};
+use fsbroker::Session;
 use serde_json::{Value, json};
 
+use common::memory::{Memory, call_raw, err, ok};
 use common::{PolicyToml, RootToml};
 
-/// How long any single request may take before the test calls it a hang.
-const HANG: Duration = Duration::from_secs(20);
 /// "At once": a refused request must come back well within this.
 const AT_ONCE: Duration = Duration::from_secs(2);
 
-/// A broker over one read-write root `r` (consent auto) in a fresh temporary directory.
+/// A broker in process ([`Memory`]) over one read-write root `r` (consent auto) in a fresh
+/// temporary directory.
 struct Env {
-    _tmp: tempfile::TempDir,
+    mem: Memory,
     /// The root's canonical path.
     root: PathBuf,
-    broker: Arc<Broker>,
 }
 
 impl Env {
@@ -46,25 +43,24 @@ impl Env {
     /// Like [`Env::new`]; with `inner`, the directory `r/INNER` (created here) is a second,
     /// nested read-write root named `inner`.
     fn with_inner_root(limits: &str, inner: Option<&str>) -> Env {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let base = tmp.path().canonicalize().expect("canonicalize");
-        let root = base.join("r");
-        std::fs::create_dir(&root).unwrap();
-        let mut policy = PolicyToml::new().root(RootToml::at(&root).name("r").rw());
-        if let Some(inner) = inner {
-            let dir = root.join(inner);
-            std::fs::create_dir_all(&dir).unwrap();
-            policy = policy.root(RootToml::at(&dir).name("inner").rw());
-        }
-        let policy_path = policy
-            .unlimited_with(limits)
-            .write_to(&base.join("policy.toml"));
-        let policy = Policy::load(Some(&policy_path), &Overrides::default()).expect("policy");
-        Env {
-            _tmp: tmp,
-            root,
-            broker: Broker::new(policy).expect("broker"),
-        }
+        let mut root = PathBuf::new();
+        let mem = Memory::new(|base| {
+            root = base.join("r");
+            std::fs::create_dir(&root).unwrap();
+            let mut policy = PolicyToml::new().root(RootToml::at(&root).name("r").rw());
+            if let Some(inner) = inner {
+                let dir = root.join(inner);
+                std::fs::create_dir_all(&dir).unwrap();
+                policy = policy.root(RootToml::at(&dir).name("inner").rw());
+            }
+            policy.unlimited_with(limits)
+        });
+        Env { mem, root }
+    }
+
+    /// A new session of the broker.
+    fn session(&self) -> Session {
+        self.mem.session()
     }
 
     fn path(&self, rel: &str) -> PathBuf {
@@ -87,39 +83,6 @@ impl Env {
     fn get(&self, rel: &str) -> String {
         std::fs::read_to_string(self.path(rel)).unwrap()
     }
-}
-
-/// Sends one request and returns the parsed response and its raw frame.
-async fn call_raw(s: &Session, method: &str, params: Value) -> (Value, String) {
-    let msg = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let line = serde_json::to_vec(&msg).unwrap();
-    let frame = tokio::time::timeout(HANG, s.handle(&line))
-        .await
-        .unwrap_or_else(|_| panic!("{method} {params} hung"))
-        .expect("a request gets a response");
-    assert!(frame.ends_with(b"\n"), "frame without newline");
-    let text = String::from_utf8(frame).expect("UTF-8 frame");
-    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
-    assert_eq!(v["jsonrpc"], "2.0");
-    assert_eq!(v["id"], 1);
-    (v, text)
-}
-
-/// The result of a request that must succeed.
-async fn ok(s: &Session, method: &str, params: Value) -> Value {
-    let (v, _) = call_raw(s, method, params.clone()).await;
-    assert!(v.get("error").is_none(), "{method} {params} failed: {v}");
-    v["result"].clone()
-}
-
-/// The error of a request that must fail.
-async fn err(s: &Session, method: &str, params: Value) -> Value {
-    let (v, _) = call_raw(s, method, params.clone()).await;
-    assert!(
-        v.get("result").is_none(),
-        "{method} {params} should fail: {v}"
-    );
-    v["error"].clone()
 }
 
 /// A request that must fail at once with `FILE_LOCKED` naming `path`, and whose whole
@@ -238,8 +201,8 @@ async fn readers_never_refuse_readers() {
     // Large enough that two reads of it overlap on the blocking pool.
     let big = "x".repeat(2 << 20);
     env.put("f.txt", &big);
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     for _ in 0..8 {
         let params = json!({"path": "r/f.txt", "length": 4 << 20});
         let (ra, rb, ra2, rb2) = tokio::join!(
@@ -267,8 +230,8 @@ async fn readers_never_refuse_readers() {
 async fn keep_locked_on_write_read_create_returns_distinct_128_bit_ids() {
     let env = Env::new("");
     env.put("read.txt", "r");
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
 
     let plain = write(&a, "r/plain.txt", "p").await;
     assert!(
@@ -323,8 +286,8 @@ async fn a_kept_lock_refuses_the_other_session_at_once_and_not_its_holder() {
     let env = Env::new("");
     env.put("f.txt", "old");
     env.put("h.txt", "other file");
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     let id = keep_write(&a, "r/f.txt", "held by a").await;
     let ids = [id.as_str()];
 
@@ -453,8 +416,8 @@ async fn a_directory_lock_covers_its_subtree() {
     let env = Env::new("");
     env.put("d/inside.txt", "inside");
     env.put("dx/sibling.txt", "sibling");
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     let id = lock_id(
         &ok(
             &a,
@@ -540,8 +503,8 @@ async fn a_file_lock_covers_its_ancestors_against_delete_and_rename() {
     env.put("p/q/f.txt", "deep");
     env.put("p/other.txt", "other");
     env.put("px/f.txt", "prefix sibling");
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     let id = keep_write(&a, "r/p/q/f.txt", "kept").await;
     let ids = [id.as_str()];
 
@@ -612,8 +575,8 @@ async fn a_file_lock_covers_its_ancestors_against_delete_and_rename() {
 async fn unlock_releases_only_with_the_holders_own_id() {
     let env = Env::new("");
     env.put("f.txt", "old");
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     let id = keep_write(&a, "r/f.txt", "a").await;
     let b_id = keep_write(&b, "r/g.txt", "b").await;
 
@@ -663,8 +626,8 @@ async fn a_kept_lock_ends_with_its_session() {
     let env = Env::new("");
     env.put("f.txt", "old");
     env.put("d/x.txt", "x");
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     let id = keep_write(&a, "r/f.txt", "a").await;
     let dir_id = lock_id(
         &ok(
@@ -692,7 +655,7 @@ async fn a_kept_lock_ends_with_its_session() {
     let e = err(&b, "files/unlock", json!({"lockId": id})).await;
     assert_eq!(e["code"], -32602, "{e}");
     // A new session may keep the path.
-    let c = env.broker.session();
+    let c = env.session();
     keep_read(&c, "r/f.txt").await;
     all_locked(&b, &[], vec![read_of("r/f.txt")]).await;
 }
@@ -701,8 +664,8 @@ async fn a_kept_lock_ends_with_its_session() {
 async fn a_kept_lock_ends_after_lock_timeout_ms() {
     let env = Env::new("lock_timeout_ms = 300");
     env.put("f.txt", "old");
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     let id = keep_write(&a, "r/f.txt", "a").await;
     all_locked(&b, &[&id], vec![write_of("r/f.txt")]).await;
 
@@ -726,8 +689,8 @@ async fn max_locks_is_a_per_session_quota() {
     for n in 1..=5 {
         env.put(&format!("{n}.txt"), &format!("file {n}"));
     }
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     let id1 = keep_read(&a, "r/1.txt").await;
     keep_read(&a, "r/2.txt").await;
 
@@ -768,7 +731,7 @@ async fn a_keep_refused_by_the_quota_changes_nothing() {
     let env = Env::new("max_locks = 1");
     env.put("held.txt", "h");
     env.put("w.txt", "old");
-    let a = env.broker.session();
+    let a = env.session();
     keep_read(&a, "r/held.txt").await;
 
     let e = err(
@@ -800,8 +763,8 @@ async fn a_keep_refused_by_the_quota_changes_nothing() {
 async fn an_upload_in_progress_locks_its_path() {
     let env = Env::new("");
     env.put("up.bin", "old content");
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     let first = ok(
         &a,
         "files/write",
@@ -918,8 +881,8 @@ async fn dropping_a_session_mid_upload_removes_its_staging_file_and_releases_the
     let env = Env::new("");
     env.put("up.bin", "old content");
     env.put("sub/deep.bin", "old deep");
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     for path in ["r/up.bin", "r/sub/deep.bin", "r/sub/fresh.bin"] {
         ok(
             &a,
@@ -977,8 +940,8 @@ async fn one_file_under_several_spellings_is_one_lock() {
     let env = Env::new("");
     env.put("f.txt", "content");
     std::os::unix::fs::symlink("f.txt", env.path("alias")).unwrap();
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
     let abs = env.abs("f.txt");
     let uri = format!("file://{abs}");
 
@@ -1052,8 +1015,8 @@ async fn a_symlinked_directory_and_a_nested_root_reach_the_same_lock() {
     let env = Env::with_inner_root("", Some("sub"));
     env.put("sub/f.txt", "content");
     std::os::unix::fs::symlink("sub", env.path("dl")).unwrap();
-    let a = env.broker.session();
-    let b = env.broker.session();
+    let a = env.session();
+    let b = env.session();
 
     let id = keep_write(&a, "r/sub/f.txt", "a").await;
     let ids = [id.as_str()];

@@ -11,7 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{Broker, bin, tempdir};
+use common::{Fsb, bin, tempdir};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -478,7 +478,7 @@ fn setup() -> Setup {
     }
 }
 
-fn root_names(b: &mut Broker) -> Vec<String> {
+fn root_names(b: &mut Fsb) -> Vec<String> {
     let r = b.ok("roots/list", json!({}));
     r["roots"]
         .as_array()
@@ -500,7 +500,7 @@ fn policy_roots_come_first_then_command_line_roots() {
         ),
     )
     .unwrap();
-    let mut b = Broker::spawn(&[
+    let mut b = Fsb::spawn(&[
         "serve",
         "--root",
         s.cli_dir.to_str().unwrap(),
@@ -523,7 +523,7 @@ fn policy_roots_come_first_then_command_line_roots() {
     // Several --root flags keep their order after the policy's roots.
     let extra = s.cli_dir.parent().unwrap().join("zz-extra");
     std::fs::create_dir(&extra).unwrap();
-    let mut b = Broker::spawn(&[
+    let mut b = Fsb::spawn(&[
         "serve",
         "--policy",
         s.policy.to_str().unwrap(),
@@ -624,7 +624,7 @@ fn consent_override_is_accepted_and_applies_to_every_root() {
         }
     }
     // And through the pipes helper: a session starts and answers.
-    let mut b = Broker::spawn(&[
+    let mut b = Fsb::spawn(&[
         "serve",
         "--root",
         s.cli_dir.to_str().unwrap(),
@@ -720,7 +720,7 @@ fn policy_limits_reach_the_session() {
         "[[root]]\npath = {}\nconsent = \"auto\"\n\n[limits]\nchunk_size = 4\nmax_chunk_size = 6\nmax_list_entries = 2\n",
         lit(&root)
     ));
-    let mut b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
+    let mut b = Fsb::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
     let r = b.ok("files/read", json!({"path": "r/f.txt"}));
     assert_eq!(r["content"], "0123");
     let r = b.ok("files/read", json!({"path": "r/f.txt", "length": 100}));

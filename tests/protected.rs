@@ -38,14 +38,14 @@ use common::hostile::{put, shown, uri};
 use common::{PolicyToml, RootToml, lit, path_str as s};
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt, symlink};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{LiveBroker, bin, request_line, tempdir};
+use common::fsb::{Cmd, Listener};
+use common::{Fsb, bin, tempdir};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -230,66 +230,24 @@ fn protected_refusal(resp: &Value, blame: &str) -> Result<(), String> {
 // A server reached over a Unix socket (`serve --listen`)
 // ---------------------------------------------------------------------------------------------
 
-/// One connection to `serve --listen`: requests and their responses, notifications skipped.
-struct Sock {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-    next_id: u64,
-}
-
-impl Sock {
-    fn connect(path: &Path) -> std::io::Result<Sock> {
-        let stream = UnixStream::connect(path)?;
-        stream.set_read_timeout(Some(DEADLINE))?;
-        let writer = stream.try_clone()?;
-        Ok(Sock {
-            reader: BufReader::new(stream),
-            writer,
-            next_id: 1,
-        })
+/// `fsbroker serve --listen SOCK ...` (`args`, from `serve` on) with `RUST_LOG=warn`, once its
+/// socket is there, and a session with it.
+fn start_listener(args: &[OsString], sock: &Path) -> (Listener, Fsb) {
+    assert_eq!(
+        args[..3],
+        [
+            "serve".into(),
+            "--listen".into(),
+            sock.as_os_str().to_owned()
+        ]
+    );
+    let mut l = Listener::spawn(sock, Cmd::new(&args[3..]).env("RUST_LOG", "warn"));
+    if let Err(status) = l.wait_listening(Duration::from_secs(10)) {
+        panic!("serve --listen exited ({status})");
     }
-
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.writer
-            .write_all(&request_line(id, method, params))
-            .expect("write to the socket");
-        loop {
-            let mut line = String::new();
-            let n = self
-                .reader
-                .read_line(&mut line)
-                .expect("read from the socket (no answer in time?)");
-            assert!(n > 0, "the broker closed the connection");
-            let v: Value =
-                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
-            if v.get("method").is_none() && v["id"] == json!(id) {
-                return v;
-            }
-        }
-    }
-}
-
-/// `fsbroker serve --listen SOCK ...`, once a connection is accepted.
-fn start_listener(args: &[OsString], sock: &Path) -> Child {
-    let mut child = Command::new(bin())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start fsbroker serve --listen");
-    let end = Instant::now() + Duration::from_secs(10);
-    while UnixStream::connect(sock).is_err() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("serve --listen exited ({status})");
-        }
-        assert!(Instant::now() < end, "no listening socket after 10 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child
+    let mut conn = l.connect();
+    conn.set_deadline(DEADLINE);
+    (l, conn)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -297,8 +255,8 @@ fn start_listener(args: &[OsString], sock: &Path) -> Child {
 // ---------------------------------------------------------------------------------------------
 
 enum Server {
-    Stdio(LiveBroker),
-    Socket { child: Child, conn: Sock },
+    Stdio(Fsb),
+    Socket { listener: Listener, conn: Fsb },
 }
 
 /// What a step must answer.
@@ -587,17 +545,16 @@ impl Lab {
     fn start(&mut self) {
         let server = match &self.listen {
             None => {
-                let mut b = LiveBroker::start(&self.args, DEADLINE);
+                let mut b = Fsb::start(&self.args, DEADLINE);
                 let r = b.request("roots/list", json!({}));
                 assert!(r.get("error").is_none(), "roots/list failed: {r}");
                 Server::Stdio(b)
             }
             Some(sock) => {
-                let child = start_listener(&self.args, sock);
-                let mut conn = Sock::connect(sock).expect("connect");
+                let (listener, mut conn) = start_listener(&self.args, sock);
                 let r = conn.request("roots/list", json!({}));
                 assert!(r.get("error").is_none(), "roots/list failed: {r}");
-                Server::Socket { child, conn }
+                Server::Socket { listener, conn }
             }
         };
         self.server = Some(server);
@@ -606,10 +563,9 @@ impl Lab {
     fn stop(&mut self) {
         match self.server.take() {
             Some(Server::Stdio(b)) => drop(b),
-            Some(Server::Socket { mut child, conn }) => {
+            Some(Server::Socket { listener, conn }) => {
                 drop(conn);
-                let _ = child.kill();
-                let _ = child.wait();
+                drop(listener);
             }
             None => {}
         }
@@ -632,7 +588,7 @@ impl Lab {
     }
 
     /// The stdio broker (panics for a listening lab).
-    fn live(&mut self) -> &mut LiveBroker {
+    fn live(&mut self) -> &mut Fsb {
         match self.server.as_mut() {
             Some(Server::Stdio(b)) => b,
             _ => panic!("not a stdio broker"),
@@ -1526,7 +1482,8 @@ fn the_listen_socket_is_protected() {
         listed.contains(&"project/a.txt".to_owned()) && !listed.contains(&f.rel),
         "the socket must be left out of listings: {listed:?}"
     );
-    let mut fresh = Sock::connect(&lab.p("proj/fsbroker.sock")).expect("the socket still accepts");
+    let mut fresh = Fsb::connect(&lab.p("proj/fsbroker.sock"));
+    fresh.set_deadline(DEADLINE);
     let r = fresh.request("roots/list", json!({}));
     assert!(r.get("error").is_none(), "{r}");
 }

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use common::{Broker, bin, tempdir, uri_path};
+use common::{Fsb, bin, tempdir, uri_path};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -30,7 +30,7 @@ fn fixture() -> (tempfile::TempDir, PathBuf) {
 /// Sends one raw line (a newline is added), then a `ping`, and returns the response to the
 /// line, checking that the ping is answered too. Responses may come in either order; the
 /// ping's id is numeric and small, so the raw line must not use it.
-fn bad_line_then_ping(b: &mut Broker, line: &[u8]) -> Value {
+fn bad_line_then_ping(b: &mut Fsb, line: &[u8]) -> Value {
     let mut raw = line.to_vec();
     raw.push(b'\n');
     b.send_raw(&raw);
@@ -96,7 +96,7 @@ fn run_with_input(
 #[test]
 fn ping_answers_an_empty_object() {
     let (_t, root) = fixture();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     assert_eq!(b.ok("ping", json!({})), json!({}));
     assert_eq!(
         b.ok("ping", json!({"_meta": {"progressToken": 1}})),
@@ -107,7 +107,7 @@ fn ping_answers_an_empty_object() {
     let resp = b.read_message();
     assert_eq!(resp, json!({"jsonrpc": "2.0", "id": 99, "result": {}}));
     // A broker with no roots still answers ping.
-    let mut none = Broker::spawn(&["serve"]);
+    let mut none = Fsb::spawn(&["serve"]);
     assert_eq!(none.ok("ping", json!({})), json!({}));
 }
 
@@ -116,7 +116,7 @@ fn roots_list_before_any_handshake_with_percent_encoded_uris() {
     let (_t, base) = tempdir();
     let root = base.join("my dir é");
     std::fs::create_dir(&root).unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     // The very first message: no initialize, no initialized notification.
     let r = b.ok("roots/list", json!({}));
     let roots = r["roots"].as_array().expect("roots array");
@@ -152,7 +152,7 @@ fn roots_list_uri_escapes_uri_delimiters_and_round_trips() {
     let root = base.join("a#b?c%d");
     std::fs::create_dir(&root).unwrap();
     std::fs::write(root.join("x.txt"), "delims").unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let r = b.ok("roots/list", json!({}));
     let uri = r["roots"][0]["uri"].as_str().unwrap().to_owned();
     assert!(uri.ends_with("/a%23b%3Fc%25d"), "{uri}");
@@ -168,20 +168,20 @@ fn roots_list_uses_canonical_paths() {
     std::fs::create_dir(&real).unwrap();
     std::os::unix::fs::symlink(&real, base.join("alias")).unwrap();
     let alias = base.join("alias");
-    let mut b = Broker::spawn(&["serve", "--root", alias.to_str().unwrap()]);
+    let mut b = Fsb::spawn(&["serve", "--root", alias.to_str().unwrap()]);
     let r = b.ok("roots/list", json!({}));
     assert_eq!(
         r,
         json!({"roots": [{"uri": format!("file://{}", uri_path(&real)), "name": "real"}]})
     );
-    let mut empty = Broker::spawn(&["serve"]);
+    let mut empty = Fsb::spawn(&["serve"]);
     assert_eq!(empty.ok("roots/list", json!({})), json!({"roots": []}));
 }
 
 #[test]
 fn roots_list_before_initialize_and_with_a_handshake() {
     let (_t, root) = fixture();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let before = b.ok("roots/list", json!({}));
     // An MCP handshake's notification is accepted silently.
     b.send_raw(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n");
@@ -196,7 +196,7 @@ fn roots_list_before_initialize_and_with_a_handshake() {
 #[test]
 fn every_bad_message_is_answered_and_the_session_goes_on() {
     let (_t, root) = fixture();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let null = Value::Null;
     let cases: Vec<(&[u8], i64, Value)> = vec![
         (b"this is not json", -32700, null.clone()),
@@ -331,7 +331,7 @@ fn params_as_an_array_never_succeed_silently_for_files_methods() {
     // MCP params are objects; a positional array for files/read must be an error carrying
     // the id (either -32600 or -32602), and the session goes on.
     let (_t, root) = fixture();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     for line in [
         &b"{\"jsonrpc\":\"2.0\",\"id\":1100,\"method\":\"files/read\",\"params\":[\"proj/f.txt\"]}"[..],
         b"{\"jsonrpc\":\"2.0\",\"id\":1101,\"method\":\"files/read\",\"params\":[]}",
@@ -350,7 +350,7 @@ fn params_as_an_array_never_succeed_silently_for_files_methods() {
 #[test]
 fn over_long_line_is_discarded_with_a_small_maximum() {
     let (_t, root) = fixture();
-    let mut b = Broker::spawn(&[
+    let mut b = Fsb::spawn(&[
         "serve",
         "--root",
         root.to_str().unwrap(),
@@ -389,7 +389,7 @@ fn over_long_line_is_discarded_with_a_small_maximum() {
 #[test]
 fn over_long_line_with_the_default_32_mib_maximum() {
     let (_t, root) = fixture();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let head =
         b"{\"jsonrpc\":\"2.0\",\"id\":3000,\"method\":\"ping\",\"params\":{\"_meta\":{\"pad\":\"";
     let tail = b"\"}}}";
@@ -410,7 +410,7 @@ fn over_long_line_with_the_default_32_mib_maximum() {
 #[test]
 fn notifications_and_stray_responses_get_no_response() {
     let (_t, root) = fixture();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let silent: [&[u8]; 7] = [
         b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n",
         b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":1}}\n",
@@ -449,7 +449,7 @@ fn two_hundred_requests_in_flight_each_answered_once() {
     for i in 0..10 {
         std::fs::write(root.join(format!("n{i}.txt")), format!("file {i}")).unwrap();
     }
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let mut sent: BTreeMap<u64, (String, Value)> = BTreeMap::new();
     for i in 0..200u64 {
         let (method, params) = match i % 4 {
@@ -501,7 +501,7 @@ fn eof_finishes_requests_in_flight_and_exits_zero() {
     let (_t, root) = fixture();
     let big: String = (0..20_000).map(|i| format!("{i}\n")).collect();
     std::fs::write(root.join("big.txt"), &big).unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let mut ids = BTreeSet::new();
     for i in 0..60 {
         let id = if i % 3 == 0 {
@@ -532,7 +532,7 @@ fn eof_finishes_requests_in_flight_and_exits_zero() {
 #[test]
 fn eof_with_nothing_sent_exits_zero() {
     let (_t, root) = fixture();
-    let b = Broker::serve_root(&root);
+    let b = Fsb::serve_root(&root);
     let (status, rest) = b.finish();
     assert_eq!(status.code(), Some(0));
     assert_eq!(rest, "");
@@ -549,7 +549,7 @@ fn eof_with_nothing_sent_exits_zero() {
 #[test]
 fn ids_are_echoed_exactly() {
     let (_t, root) = fixture();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let ids = [
         "7",
         "\"7\"",

@@ -13,20 +13,19 @@
 mod common;
 
 use std::ffi::{OsStr, OsString};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::ops::{Deref, DerefMut};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use common::fsb::{Cmd, Fsb, Listener, Log, Raw};
 use common::procs::Pids;
-use common::socket::Listener;
-use common::{PolicyToml, RootToml, bin, tempdir, uri_path};
+use common::{PolicyToml, RootToml, tempdir, uri_path};
 
 /// How long one expected line may take (debug builds, 20 MiB lines, a loaded CI machine).
 const LINE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -237,133 +236,57 @@ impl Fixture {
     }
 }
 
-/// A running `fsbroker proxy`, seen from the host's side.
+/// A running `fsbroker proxy`, seen from the host's side: the driver ([`Fsb`]: its output
+/// read ahead and every line recorded, its stderr, which the server's is, kept) and the
+/// server's log of raw lines received.
 struct Proxy {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<Vec<u8>>,
-    stderr: Arc<Mutex<Vec<u8>>>,
-    stderr_thread: Option<std::thread::JoinHandle<()>>,
-    /// Every line the host received (newline included), in order.
-    received: Vec<Vec<u8>>,
-    /// Lines read while waiting for something else, not yet handed out.
-    parked: std::collections::VecDeque<Vec<u8>>,
-    /// The server's log of raw lines received.
+    b: Fsb,
     log: PathBuf,
+}
+
+impl Deref for Proxy {
+    type Target = Fsb;
+    fn deref(&self) -> &Fsb {
+        &self.b
+    }
+}
+
+impl DerefMut for Proxy {
+    fn deref_mut(&mut self) -> &mut Fsb {
+        &mut self.b
+    }
 }
 
 impl Proxy {
     fn spawn(args: &[OsString], log: PathBuf) -> Proxy {
-        let mut child = Command::new(bin())
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start fsbroker proxy");
-        let stdin = child.stdin.take();
-        let mut stdout = BufReader::with_capacity(1 << 20, child.stdout.take().unwrap());
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            loop {
-                let mut line = Vec::new();
-                match stdout.read_until(b'\n', &mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        if tx.send(line).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&stderr);
-        let mut err = child.stderr.take().unwrap();
-        let stderr_thread = std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().extend_from_slice(&buf[..n]);
-                // Pass it on (captured by the test harness), so a failing test shows the
-                // proxy's and the server's logs.
-                eprint!("{}", String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        Proxy {
-            child,
-            stdin,
-            lines,
-            stderr,
-            stderr_thread: Some(stderr_thread),
-            received: Vec::new(),
-            parked: Default::default(),
-            log,
-        }
+        let b = Cmd::new(args)
+            .log(Log::Keep)
+            .ahead()
+            .record()
+            .deadline(LINE_TIMEOUT)
+            .spawn();
+        Proxy { b, log }
     }
 
-    fn send_raw(&mut self, bytes: &[u8]) {
-        let stdin = self.stdin.as_mut().expect("host stdin open");
-        stdin.write_all(bytes).expect("write to the proxy");
-        stdin.flush().unwrap();
-    }
-
-    /// Sends one message (compact JSON, newline added).
-    fn send(&mut self, msg: &Value) {
-        let mut line = serde_json::to_vec(msg).unwrap();
-        line.push(b'\n');
-        self.send_raw(&line);
-    }
-
-    /// The next raw line from the proxy's stdout (newline included), `None` at end of output.
+    /// The next raw line from the proxy's stdout (newline included; set-aside ones first),
+    /// `None` at end of output.
     fn next_raw(&mut self) -> Option<Vec<u8>> {
-        match self.parked.pop_front() {
-            Some(line) => Some(line),
-            None => self.recv(),
+        match self.b.next_line(LINE_TIMEOUT) {
+            Raw::Line(l) => Some(l.raw),
+            Raw::End { .. } => None,
+            Raw::Timeout => panic!("no line from the proxy within {LINE_TIMEOUT:?}"),
         }
     }
 
-    /// A new line from the proxy's stdout, recorded in `received`.
-    fn recv(&mut self) -> Option<Vec<u8>> {
-        match self.lines.recv_timeout(LINE_TIMEOUT) {
-            Ok(line) => {
-                self.received.push(line.clone());
-                Some(line)
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => None,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                panic!("no line from the proxy within {LINE_TIMEOUT:?}")
-            }
-        }
-    }
-
-    /// The response with this id; lines read on the way are parked for [`Proxy::next_raw`].
+    /// The response with this id; lines read on the way are set aside for
+    /// [`Proxy::next_raw`].
     fn response(&mut self, id: &Value) -> Value {
-        let is_it = |line: &[u8]| {
-            serde_json::from_slice::<Value>(line)
-                .ok()
-                .filter(|m| m.get("method").is_none() && m.get("id") == Some(id))
-        };
-        if let Some(pos) = self.parked.iter().position(|l| is_it(l).is_some()) {
-            let line = self.parked.remove(pos).unwrap();
-            return is_it(&line).unwrap();
-        }
-        loop {
-            let Some(line) = self.recv() else {
-                panic!("the proxy closed its output before the response to {id}")
-            };
-            if let Some(msg) = is_it(&line) {
-                return msg;
-            }
-            self.parked.push_back(line);
-        }
+        self.b.answer(id, LINE_TIMEOUT)
     }
 
     /// Sends a request and returns its response's `result`.
     fn call(&mut self, id: Value, method: &str, params: Value) -> Value {
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        self.send_msg(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         let resp = self.response(&id);
         assert!(resp.get("error").is_none(), "{method} failed: {resp}");
         resp["result"].clone()
@@ -393,7 +316,7 @@ impl Proxy {
     }
 
     fn initialized(&mut self) {
-        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        self.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     }
 
     /// Lets the server ask the client `requests`; returns the responses it got.
@@ -402,23 +325,14 @@ impl Proxy {
         result["results"].as_array().expect("results").clone()
     }
 
-    fn close_stdin(&mut self) {
-        drop(self.stdin.take());
-    }
-
     /// Waits for the proxy to exit (killing it and failing after [`EXIT_TIMEOUT`]).
-    fn wait_exit(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + EXIT_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
+    fn exit(&mut self) -> ExitStatus {
+        match self.b.wait_exit(EXIT_TIMEOUT) {
+            Some(status) => status,
+            None => {
+                self.b.kill_now();
                 panic!("the proxy did not exit within {EXIT_TIMEOUT:?}");
             }
-            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -433,10 +347,11 @@ impl Proxy {
 
     /// The proxy's stderr (which the server's stderr is), once the proxy has exited.
     fn stderr_text(&mut self) -> String {
-        if let Some(t) = self.stderr_thread.take() {
-            t.join().unwrap();
-        }
-        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+        assert!(
+            self.b.log_closed_within(EXIT_TIMEOUT),
+            "the proxy's stderr still open {EXIT_TIMEOUT:?} after its exit"
+        );
+        self.b.log_text()
     }
 
     /// Every raw line the server received so far (newlines stripped).
@@ -450,7 +365,7 @@ impl Proxy {
 
     /// The host never saw a `roots/list` or `files/*` request: the broker answered them all.
     fn assert_host_saw_no_broker_traffic(&mut self) {
-        for line in &self.received {
+        for line in self.received() {
             let Ok(msg) = serde_json::from_slice::<Value>(line) else {
                 continue;
             };
@@ -464,13 +379,6 @@ impl Proxy {
                 "the host saw a message of the server's own requests: {msg}"
             );
         }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -565,7 +473,7 @@ fn initialize_declares_brokering_and_keeps_everything_else() {
         let log = format!("init{i}.log");
         let root = fx.proj();
         let mut p = fx.proxy_with(&[OsStr::new("--root"), root.as_os_str()], &log, json!({}));
-        p.send(&sent);
+        p.send_msg(&sent);
         let resp = p.response(&sent["id"]);
         assert_eq!(resp["result"]["serverInfo"]["name"], "pyserver");
         let saw = p.server_saw();
@@ -582,7 +490,7 @@ fn initialize_declares_brokering_and_keeps_everything_else() {
             json!(true)
         );
         p.close_stdin();
-        assert_eq!(p.wait_exit().code(), Some(0));
+        assert_eq!(p.exit().code(), Some(0));
     }
 }
 
@@ -627,7 +535,7 @@ fn host_messages_reach_the_server_byte_for_byte() {
             .collect::<Vec<_>>()
     );
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -651,20 +559,21 @@ fn server_messages_reach_the_host_byte_for_byte() {
     let result = p.tool(json!("raw-1"), "raw", json!({"lines": lines}));
     assert_eq!(result["written"], json!(lines.len()));
     // The lines came before the tool result, in order, exactly as written.
-    let got: Vec<String> = p.received[p.received.len() - 1 - lines.len()..p.received.len() - 1]
+    let got: Vec<String> = p.received()
+        [p.received().len() - 1 - lines.len()..p.received().len() - 1]
         .iter()
         .map(|l| String::from_utf8(l.clone()).unwrap())
         .collect();
     let want: Vec<String> = lines.iter().map(|l| format!("{l}\n")).collect();
     assert_eq!(got, want);
     // The server's own response formatting (Python's ", " and ": ") is kept too.
-    let last = String::from_utf8(p.received.last().unwrap().clone()).unwrap();
+    let last = String::from_utf8(p.received().last().unwrap().clone()).unwrap();
     assert_eq!(
         last,
         "{\"jsonrpc\": \"2.0\", \"id\": \"raw-1\", \"result\": {\"written\": 6}}\n"
     );
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
 }
 
 #[test]
@@ -691,7 +600,7 @@ fn server_writing_non_json_is_relayed_verbatim() {
     // And the session goes on.
     p.initialize();
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -759,7 +668,7 @@ fn server_requests_are_answered_by_the_broker_even_before_initialized() {
     assert_eq!(result_of(&after[0])["content"], "file number 7\n");
     p.assert_host_saw_no_broker_traffic();
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
 }
 
 #[test]
@@ -773,13 +682,13 @@ fn server_requests_interleaved_with_host_requests_in_flight() {
             .map(|i| json!({"method": "files/read", "params": {"path": format!("proj/f{i}.txt")}}))
             .collect();
         let ask_id = json!(format!("ask-{round}"));
-        p.send(
+        p.send_msg(
             &json!({"jsonrpc": "2.0", "id": ask_id, "method": "tools/call",
             "params": {"name": "ask", "arguments": {"requests": reqs}}}),
         );
         // While the server's 50 requests are with the broker, the host fires its own.
         for i in 0..100 {
-            p.send(
+            p.send_msg(
                 &json!({"jsonrpc": "2.0", "id": round * 1000 + i, "method": "tools/call",
                 "params": {"name": "echo", "arguments": {"i": i}}}),
             );
@@ -798,7 +707,7 @@ fn server_requests_interleaved_with_host_requests_in_flight() {
     }
     p.assert_host_saw_no_broker_traffic();
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
 }
 
 #[test]
@@ -828,7 +737,7 @@ fn two_hundred_server_requests_at_once() {
     }
     p.assert_host_saw_no_broker_traffic();
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
 }
 
 #[test]
@@ -841,7 +750,7 @@ fn order_is_kept_in_each_direction() {
     // The server sends N numbered notifications to the host, with a roots/list to the broker
     // every 10 (the broker's answers join the host's messages on the server's stdin), while
     // the host sends N numbered notifications to the server.
-    p.send(
+    p.send_msg(
         &json!({"jsonrpc": "2.0", "id": "burst", "method": "tools/call",
         "params": {"name": "burst", "arguments": {"n": N, "every": 10}}}),
     );
@@ -859,7 +768,7 @@ fn order_is_kept_in_each_direction() {
     let done = p.response(&json!("burst"));
     assert_eq!(done["result"]["done"], json!(N));
     let seqs: Vec<u64> = p
-        .received
+        .received()
         .iter()
         .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
         .filter(|m| m["method"] == "test/seq")
@@ -871,7 +780,7 @@ fn order_is_kept_in_each_direction() {
     assert_eq!(seen, (0..N).collect::<Vec<_>>(), "host → server order");
     p.assert_host_saw_no_broker_traffic();
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -886,14 +795,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Printable, varied, deterministic: corruption or truncation anywhere changes the hash.
 fn varied_text(len: usize) -> String {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rng = common::kit::Rng::new(0x9e37_79b9_7f4a_7c15);
     (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (b'a' + (x % 26) as u8) as char
-        })
+        .map(|_| (b'a' + rng.below(26) as u8) as char)
         .collect()
 }
 
@@ -921,7 +825,7 @@ fn twenty_mib_messages_are_relayed_intact_both_ways() {
     );
 
     // Server → host: a 20 MiB response, then a notification with its hash.
-    p.send(
+    p.send_msg(
         &json!({"jsonrpc": "2.0", "id": "down", "method": "tools/call",
         "params": {"name": "big", "arguments": {"size": SIZE}}}),
     );
@@ -942,7 +846,7 @@ fn twenty_mib_messages_are_relayed_intact_both_ways() {
     assert_eq!(parsed["id"], "down");
     assert_eq!(parsed["result"]["data"].as_str().unwrap().len(), SIZE);
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -961,7 +865,7 @@ fn exit_code_is_the_servers() {
         let mut p = fx.proxy(config.clone());
         p.initialize();
         p.close_stdin();
-        let status = p.wait_exit();
+        let status = p.exit();
         assert_eq!(status.code(), Some(want), "{config}: {status:?}");
     }
 }
@@ -972,14 +876,14 @@ fn host_closing_stdin_ends_the_server_and_the_proxy() {
     let mut p = fx.proxy(json!({"exitOnEof": 3}));
     p.initialize();
     p.initialized();
-    p.send(&json!({"jsonrpc": "2.0", "method": "notifications/last"}));
+    p.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/last"}));
     p.close_stdin();
     // The server saw EOF (it says so after reading everything), the proxy relayed what the
     // server wrote after that, and exits with the server's code.
     let rest = p.rest();
     let last: Value = serde_json::from_slice(rest.last().expect("test/eof")).unwrap();
     assert_eq!(last["method"], "test/eof");
-    assert_eq!(p.wait_exit().code(), Some(3));
+    assert_eq!(p.exit().code(), Some(3));
     let saw = p.server_saw();
     let last_seen: Value = serde_json::from_slice(saw.last().unwrap()).unwrap();
     assert_eq!(last_seen["method"], "notifications/last");
@@ -996,7 +900,7 @@ fn server_exiting_early_ends_the_proxy_and_the_host_gets_everything() {
     let big = 3 << 20;
     let mut p = fx.proxy(json!({"early": {"lines": lines, "bigLine": big, "exit": 5}}));
     // The host keeps its stdin open: the proxy must not wait for it.
-    let status = p.wait_exit();
+    let status = p.exit();
     assert_eq!(status.code(), Some(5), "{status:?}");
     let got = p.rest();
     assert_eq!(got.len(), lines.len() + 1, "lines: {}", got.len());
@@ -1018,11 +922,11 @@ fn host_writing_after_the_server_exited() {
         let msg = json!({"jsonrpc": "2.0", "id": i, "method": "tools/list"});
         let mut line = serde_json::to_vec(&msg).unwrap();
         line.push(b'\n');
-        if p.stdin.as_mut().unwrap().write_all(&line).is_err() {
+        if p.try_send_raw(&line).is_err() {
             break;
         }
     }
-    assert_eq!(p.wait_exit().code(), Some(4));
+    assert_eq!(p.exit().code(), Some(4));
 }
 
 #[test]
@@ -1031,14 +935,14 @@ fn servers_stderr_passes_through() {
     let mut p = fx.proxy(json!({}));
     p.initialize();
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
     let err = p.stderr_text();
     assert!(
         err.contains("pyserver: stderr marker 7f3a"),
         "stderr: {err:?}"
     );
     // And nothing of the server's stderr leaked to stdout.
-    for line in &p.received {
+    for line in p.received() {
         assert!(!String::from_utf8_lossy(line).contains("stderr marker"));
     }
 }
@@ -1092,11 +996,11 @@ fn roots_list_changed_reaches_the_server_when_the_policy_changes() {
     assert_eq!(names, ["proj", "other"]);
     assert_eq!(result_of(&after[1])["content"], "other\n");
     // The host never sees the broker's notification (it goes to the server only).
-    for line in &p.received {
+    for line in p.received() {
         assert!(!String::from_utf8_lossy(line).contains("list_changed"));
     }
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
 }
 
 #[test]
@@ -1125,11 +1029,11 @@ fn file_watches_notify_the_server_through_the_proxy() {
                 })
         },
     );
-    for line in &p.received {
+    for line in p.received() {
         assert!(!String::from_utf8_lossy(line).contains("files/changed"));
     }
     p.close_stdin();
-    assert_eq!(p.wait_exit().code(), Some(0));
+    assert_eq!(p.exit().code(), Some(0));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1230,7 +1134,7 @@ fn shared_broker_coordinates_locks_across_servers() {
     );
     result_of(&r[0]);
     a.close_stdin();
-    assert_eq!(a.wait_exit().code(), Some(0));
+    assert_eq!(a.exit().code(), Some(0));
     let mut n = 10;
     eventually(Duration::from_secs(10), "A's lock released", || {
         n += 1;
@@ -1251,7 +1155,7 @@ fn shared_broker_coordinates_locks_across_servers() {
         "the socket file was left behind"
     );
     b.close_stdin();
-    assert_eq!(b.wait_exit().code(), Some(0));
+    assert_eq!(b.exit().code(), Some(0));
 }
 
 #[test]
@@ -1263,7 +1167,7 @@ fn connecting_to_a_missing_socket_fails_clearly() {
         "server.log",
         json!({}),
     );
-    let status = p.wait_exit();
+    let status = p.exit();
     assert!(!status.success(), "{status:?}");
     assert!(status.signal().is_none(), "{status:?}");
     let err = p.stderr_text();

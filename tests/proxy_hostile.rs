@@ -12,12 +12,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{bin, tempdir};
+use common::fsb::{Cmd, Fsb, Log, Raw};
+use common::tempdir;
 use serde_json::{Value, json};
 
 const SERVER: &str = r#"
@@ -125,10 +123,13 @@ for line in sys.stdin.buffer:
         send({"jsonrpc": "2.0", "id": i, "result": {"resultType": "complete", "got": None}})
 "#;
 
+/// How long the host waits for a line, or for the proxy to exit.
+const LINE: Duration = Duration::from_secs(30);
+
+/// The host's side of `fsbroker proxy ... -- python3 server.py`: the driver ([`Fsb`], the
+/// proxy's output read ahead, its stderr dropped) and the root's URI.
 struct Host {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<Vec<u8>>,
+    b: Fsb,
     root_uri: String,
 }
 
@@ -150,51 +151,35 @@ impl Host {
         std::fs::write(proj.join("hello.txt"), "hello\n").unwrap();
         std::fs::write(proj.join("big.bin"), vec![7u8; 5 << 20]).unwrap();
         std::fs::write(dir.join("server.py"), SERVER).unwrap();
-        let mut child = Command::new(bin())
-            .arg("proxy")
-            .args(broker_args)
-            .args(["--", "python3"])
-            .arg(dir.join("server.py"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .envs(env.iter().copied())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            loop {
-                let mut line = Vec::new();
-                match stdout.read_until(b'\n', &mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        if tx.send(line).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
+        let server = dir.join("server.py");
+        let mut args = vec!["proxy"];
+        args.extend(broker_args);
+        args.extend(["--", "python3", server.to_str().unwrap()]);
+        let mut cmd = Cmd::new(&args).log(Log::Null).ahead().deadline(LINE);
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
         Host {
-            child,
-            stdin,
-            lines,
+            b: cmd.spawn(),
             root_uri: format!("file://{}", common::uri_path(&proj)),
         }
     }
 
     fn send(&mut self, msg: Value) {
-        writeln!(self.stdin, "{msg}").unwrap();
+        self.b.send_msg(&msg);
+    }
+
+    /// The next line from the proxy, unchecked; `None` when none came within [`LINE`].
+    fn line(&mut self) -> Option<Vec<u8>> {
+        match self.b.next_line(LINE) {
+            Raw::Line(l) => Some(l.raw),
+            _ => None,
+        }
     }
 
     /// The next line from the proxy, checked: nothing in it names a broker method.
     fn next(&mut self) -> Vec<u8> {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(30))
-            .expect("a line from the proxy");
+        let line = self.line().expect("a line from the proxy");
         assert_no_broker_method(&line);
         line
     }
@@ -205,13 +190,17 @@ impl Host {
         serde_json::from_slice(&self.next()).expect("the answer is JSON")
     }
 
+    /// Closes the proxy's stdin: it exits 0, and nothing else it wrote names a broker method.
     fn finish(mut self) {
-        drop(self.stdin);
-        let status = self.child.wait().unwrap();
+        self.b.close_stdin();
+        let status = self.b.wait_exit(LINE).expect("the proxy exits");
         assert!(status.success(), "{status}");
-        // Nothing else came.
-        while let Ok(line) = self.lines.try_recv() {
-            assert_no_broker_method(&line);
+        loop {
+            match self.b.next_line(LINE) {
+                Raw::Line(l) => assert_no_broker_method(&l.raw),
+                Raw::End { .. } => break,
+                Raw::Timeout => panic!("the proxy's output still open after its exit"),
+            }
         }
     }
 }
@@ -773,9 +762,8 @@ fn run_table(host: &mut Host, table: &[Hostile], id_base: u64, meta: bool) {
         let mut host_error = false;
         loop {
             let line = host
-                .lines
-                .recv_timeout(Duration::from_secs(30))
-                .unwrap_or_else(|_| panic!("{}: no answer from the proxy", row.what));
+                .line()
+                .unwrap_or_else(|| panic!("{}: no answer from the proxy", row.what));
             let got = serde_json::from_slice::<Value>(&line).unwrap_or_default();
             if got["id"] == json!(id) && got["result"]["after"] == json!(n) {
                 if row.host_error && !host_error {
@@ -877,8 +865,7 @@ fn a_servers_peer_note_reaches_neither_the_host_nor_the_audit_log() {
         let path = write_table(&dir, &table);
         let sock = dir.join("broker.sock");
         let pids = common::procs::Pids::default();
-        let mut listener =
-            shared.then(|| common::socket::Listener::start(&policy, &sock, &[], &pids));
+        let mut listener = shared.then(|| common::fsb::Listener::start(&policy, &sock, &[], &pids));
         let args: Vec<&str> = if shared {
             vec!["--connect", sock.to_str().unwrap()]
         } else {

@@ -10,12 +10,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{bin, tempdir};
+use common::{Fsb, tempdir};
 use serde_json::{Value, json};
 
 const SERVER: &str = r#"
@@ -75,30 +72,19 @@ fn input_required_is_answered_by_the_broker_on_the_wire() {
     std::fs::create_dir(&proj).unwrap();
     std::fs::write(proj.join("hello.txt"), "hello from the broker\n").unwrap();
     std::fs::write(dir.join("server.py"), SERVER).unwrap();
-    let mut child = Command::new(bin())
-        .args(["proxy", "--root", proj.to_str().unwrap(), "--", "python3"])
-        .arg(dir.join("server.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in stdout.lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let server = dir.join("server.py");
+    let mut proxy = Fsb::spawn(&[
+        "proxy".as_ref(),
+        "--root".as_ref(),
+        proj.as_os_str(),
+        "--".as_ref(),
+        "python3".as_ref(),
+        server.as_os_str(),
+    ]);
+    proxy.set_deadline(Duration::from_secs(30));
     let mut ask = |request: Value| -> Value {
-        writeln!(stdin, "{request}").unwrap();
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("an answer from the proxy");
-        serde_json::from_str(&line).unwrap()
+        proxy.send_msg(&request);
+        proxy.read_message()
     };
     let root_uri = url_of(&proj);
 
@@ -171,8 +157,10 @@ fn input_required_is_answered_by_the_broker_on_the_wire() {
     assert_eq!(answer["result"]["resultType"], "complete", "{r}");
     assert_eq!(answer["result"]["content"], "hello from the broker\n");
 
-    drop(stdin);
-    let status = child.wait().unwrap();
+    proxy.close_stdin();
+    let status = proxy
+        .wait_exit(Duration::from_secs(30))
+        .expect("the proxy exits");
     assert!(status.success(), "{status}");
 }
 

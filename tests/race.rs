@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Broker, PolicyToml, RootToml, code, tempdir, with_deadline};
+use common::{Fsb, PolicyToml, RootToml, code, tempdir, with_deadline};
 use serde_json::json;
 
 const MARKER: &str = "OUTSIDE-MARKER-7f3a";
@@ -88,7 +88,7 @@ fn swapping_a_directory_for_an_outside_symlink_never_leaks() {
     let reader = {
         let stop = Arc::clone(&stop);
         move || {
-            let mut b = Broker::spawn(&["serve".as_ref(), "--policy".as_ref(), policy.as_os_str()]);
+            let mut b = Fsb::spawn(&["serve".as_ref(), "--policy".as_ref(), policy.as_os_str()]);
             let mut tally = Tally::default();
             let started = Instant::now();
             let mut i = 0u64;

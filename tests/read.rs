@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use base64::Engine;
-use common::{Broker, code, serve_policy, tempdir, uri_path};
+use common::{Fsb, code, serve_policy, tempdir, uri_path};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ fn decoded(r: &Value) -> Vec<u8> {
 /// Reads `path` chunk by chunk (`length` per request, `encoding` if given), checking the
 /// chunk invariants on the way; returns the reassembled bytes and every chunk's result.
 fn read_in_chunks(
-    b: &mut Broker,
+    b: &mut Fsb,
     path: &str,
     length: u64,
     encoding: Option<&str>,
@@ -96,7 +96,7 @@ fn read_in_chunks(
     (out, chunks)
 }
 
-fn etag(b: &mut Broker, path: &str) -> String {
+fn etag(b: &mut Fsb, path: &str) -> String {
     let r = b.ok("files/read", json!({"path": path}));
     r["etag"].as_str().expect("etag is a string").to_owned()
 }
@@ -109,7 +109,7 @@ fn etag(b: &mut Broker, path: &str) -> String {
 fn every_field_of_a_whole_small_file() {
     let (_t, root) = fixture();
     std::fs::write(root.join("hello.txt"), "hello, world\n").unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let r = b.ok("files/read", json!({"path": "proj/hello.txt"}));
     assert_eq!(r["content"], "hello, world\n");
     assert_eq!(r["encoding"], "utf-8", "default encoding is utf-8");
@@ -132,7 +132,7 @@ fn every_field_of_a_whole_small_file() {
 fn empty_file() {
     let (_t, root) = fixture();
     std::fs::write(root.join("empty.txt"), "").unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let r = b.ok("files/read", json!({"path": "proj/empty.txt"}));
     assert_eq!(r["content"], "");
     assert_eq!(r["encoding"], "utf-8");
@@ -195,7 +195,7 @@ fn text_chunks_reassemble_exactly() {
     let (_t, root) = fixture();
     let text: String = (0..331).map(|i| format!("line {i}\n")).collect::<String>();
     std::fs::write(root.join("lines.txt"), &text).unwrap();
-    let (_p, mut b) = Broker::serve_root_unlimited(&root);
+    let (_p, mut b) = Fsb::serve_root_unlimited(&root);
     for length in [1u64, 7, 64, 1000, 1 << 20] {
         let (all, chunks) = read_in_chunks(&mut b, "proj/lines.txt", length, None);
         assert_eq!(all, text.as_bytes(), "length {length}");
@@ -215,7 +215,7 @@ fn binary_chunks_reassemble_exactly_in_base64() {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     std::fs::write(root.join("blob.bin"), &data).unwrap();
-    let (_p, mut b) = Broker::serve_root_unlimited(&root);
+    let (_p, mut b) = Fsb::serve_root_unlimited(&root);
     for length in [1u64, 3, 1000, 4096, 5_000] {
         let (all, chunks) = read_in_chunks(&mut b, "proj/blob.bin", length, Some("base64"));
         assert_eq!(all, data, "length {length}");
@@ -232,7 +232,7 @@ fn binary_chunks_reassemble_exactly_in_base64() {
 fn offset_past_the_end_is_empty_and_eof() {
     let (_t, root) = fixture();
     std::fs::write(root.join("f.txt"), "12345").unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     for offset in [5u64, 6, 1000, u64::MAX / 2] {
         let r = b.ok(
             "files/read",
@@ -265,7 +265,7 @@ fn utf8_chunks_never_split_a_character() {
         .map(|i| format!("{}{unit}", "x".repeat(i % 4)))
         .collect();
     std::fs::write(root.join("u.txt"), &text).unwrap();
-    let (_p, mut b) = Broker::serve_root_unlimited(&root);
+    let (_p, mut b) = Fsb::serve_root_unlimited(&root);
     // With room for at least one whole character, every chunk is utf-8 and ends on a
     // character boundary.
     for length in 4u64..=13 {
@@ -318,7 +318,7 @@ fn non_utf8_bytes_come_back_as_base64() {
     let (_t, root) = fixture();
     let data = b"ab\xff\xfecd\x80".to_vec();
     std::fs::write(root.join("latin.txt"), &data).unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     for params in [
         json!({"path": "proj/latin.txt"}),
         json!({"path": "proj/latin.txt", "encoding": "utf-8"}),
@@ -346,7 +346,7 @@ fn explicit_base64_round_trips_every_byte_value() {
     let data: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
     std::fs::write(root.join("all.bin"), &data).unwrap();
     std::fs::write(root.join("text.txt"), "plain text").unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let r = b.ok(
         "files/read",
         json!({"path": "proj/all.bin", "encoding": "base64"}),
@@ -404,7 +404,7 @@ fn mime_type_from_extension_and_sniff() {
     let mut mixed = vec![0u8, 1, 2, 3];
     mixed.extend_from_slice(b"only text after the first bytes");
     std::fs::write(root.join("mixed"), &mixed).unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let cases = [
         ("proj/a.json", "application/json"),
         ("proj/a.png", "image/png"),
@@ -434,7 +434,7 @@ fn etag_is_stable_and_changes_with_the_file() {
     let (_t, root) = fixture();
     let f = root.join("e.txt");
     std::fs::write(&f, "hello world").unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let p = "proj/e.txt";
 
     let e1 = etag(&mut b, p);
@@ -502,7 +502,7 @@ fn all_four_path_forms_read_the_same_file() {
     let name = "a b é 中.txt";
     std::fs::write(root.join("sub dir").join(name), "same file").unwrap();
     let abs = root.join("sub dir").join(name);
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let forms = [
         format!("proj/sub dir/{name}"),
         abs.to_str().unwrap().to_owned(),
@@ -531,7 +531,7 @@ fn all_four_path_forms_read_the_same_file() {
 #[test]
 fn missing_file_is_file_not_found() {
     let (_t, root) = fixture();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     for path in ["proj/nope.txt", "proj/no/such/dir/file", "nope.txt"] {
         let e = b.err("files/read", json!({"path": path}));
         assert_eq!(e["code"], -31001, "{path}: {e}");
@@ -545,7 +545,7 @@ fn missing_file_is_file_not_found() {
 fn directory_is_invalid_path() {
     let (_t, root) = fixture();
     std::fs::create_dir(root.join("d")).unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     for path in ["proj/d", "proj", "d"] {
         let e = b.err("files/read", json!({"path": path}));
         assert_eq!(e["code"], -31003, "{path}: {e}");
@@ -561,7 +561,7 @@ fn fifo_fails_at_once() {
         .status()
         .expect("run mkfifo");
     assert!(status.success());
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let e = b.err("files/read", json!({"path": "proj/pipe"}));
     let c = code(&e);
     assert!(c == "INVALID_PATH" || c == "IO_ERROR", "{e}");
@@ -573,7 +573,7 @@ fn fifo_fails_at_once() {
 fn bad_params_are_invalid_params() {
     let (_t, root) = fixture();
     std::fs::write(root.join("f.txt"), "x").unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let bad = [
         json!({"path": "proj/f.txt", "encoding": "utf-16"}),
         json!({"path": "proj/f.txt", "encoding": "latin1"}),
@@ -611,7 +611,7 @@ fn bad_params_are_invalid_params() {
 fn meta_param_is_accepted() {
     let (_t, root) = fixture();
     std::fs::write(root.join("f.txt"), "meta").unwrap();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     let r = b.ok(
         "files/read",
         json!({"path": "proj/f.txt", "_meta": {"progressToken": "tok-1", "x": [1, 2]}}),
@@ -624,7 +624,7 @@ fn meta_param_is_accepted() {
 #[test]
 fn bad_paths() {
     let (_t, root) = fixture();
-    let mut b = Broker::serve_root(&root);
+    let mut b = Fsb::serve_root(&root);
     for path in ["", "proj/a\0b"] {
         let e = b.err("files/read", json!({"path": path}));
         assert_eq!(code(&e), "INVALID_PATH", "{path:?}: {e}");
@@ -642,7 +642,7 @@ trait RawRequest {
     fn send_raw_request(&mut self, line: &str) -> Value;
 }
 
-impl RawRequest for Broker {
+impl RawRequest for Fsb {
     fn send_raw_request(&mut self, line: &str) -> Value {
         let v: Value = serde_json::from_str(line).unwrap();
         self.send_raw(format!("{line}\n").as_bytes());

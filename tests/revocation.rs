@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{LiveBroker, RootToml, lit};
+use common::{Fsb, RootToml, lit};
 use serde_json::{Value, json};
 
 /// Longest wait for a response or for a notification that must come.
@@ -46,23 +46,23 @@ fn list_changed() -> Value {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A live broker ([`common::LiveBroker`]: stdout and stderr read by threads, every wait
+// A live broker ([`common::Fsb`]: stdout and stderr read by threads, every wait
 // bounded) with the checks these tests make on it.
 // ---------------------------------------------------------------------------------------------
 
-/// `fsbroker serve --policy FILE` as a [`LiveBroker`]: each message stamped with its arrival
+/// `fsbroker serve --policy FILE` as a [`Fsb`]: each message stamped with its arrival
 /// time, stderr kept and echoed so a failing test shows the broker's log.
-struct Live(LiveBroker);
+struct Live(Fsb);
 
 impl Deref for Live {
-    type Target = LiveBroker;
-    fn deref(&self) -> &LiveBroker {
+    type Target = Fsb;
+    fn deref(&self) -> &Fsb {
         &self.0
     }
 }
 
 impl DerefMut for Live {
-    fn deref_mut(&mut self) -> &mut LiveBroker {
+    fn deref_mut(&mut self) -> &mut Fsb {
         &mut self.0
     }
 }
@@ -71,7 +71,7 @@ impl Live {
     /// Starts the broker on `policy` and waits until it answers (its policy watcher is set up
     /// before it serves, so a change made after this is seen).
     fn start(policy: &Path) -> Live {
-        let mut live = Live(LiveBroker::start(
+        let mut live = Live(Fsb::start(
             &["serve".as_ref(), "--policy".as_ref(), policy.as_os_str()],
             DEADLINE,
         ));
@@ -1092,9 +1092,9 @@ fn a_reload_reaches_every_session_of_a_shared_broker() {
     let rb = root(&b, "b", "read-only", "auto");
     let mut policy = PolicyFile::new(&format!("{ra}{rb}{LIMITS}"));
     let pids = common::procs::Pids::default();
-    let broker = common::socket::Listener::start(&policy.path, &base.join("sock"), &[], &pids);
+    let broker = common::fsb::Listener::start(&policy.path, &base.join("sock"), &[], &pids);
     let mut sessions: Vec<Live> = (0..2)
-        .map(|_| Live(LiveBroker::connect(&broker.sock, DEADLINE)))
+        .map(|_| Live(Fsb::connect_live(&broker.sock, DEADLINE)))
         .collect();
     for s in &mut sessions {
         assert_eq!(s.root_names(), ["a", "b"]);

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::audit::{log_lines, verify_files};
 use common::policy::{PolicyToml, RootToml};
-use common::{LiveBroker, code, python, tempdir};
+use common::{Fsb, code, python, tempdir};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -90,8 +90,8 @@ fn root_and_policy(rw: bool) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
 }
 
 /// `fsbroker serve --policy POLICY`, its answers waited for 10 s at most.
-fn serve(policy: &Path) -> LiveBroker {
-    LiveBroker::start(
+fn serve(policy: &Path) -> Fsb {
+    Fsb::start(
         &["serve", "--policy", policy.to_str().unwrap()],
         Duration::from_secs(10),
     )
@@ -281,7 +281,7 @@ fn a_lease_on_the_consent_command_is_a_denial_in_time() {
         .unlimited()
         .consent_command(&[&command], "timeout_ms = 1500\n")
         .write_to(&dir.join("policy.toml"));
-    let mut b = LiveBroker::start(
+    let mut b = Fsb::start(
         &["serve", "--policy", path.to_str().unwrap()],
         Duration::from_secs(15),
     );
@@ -312,7 +312,7 @@ fn a_lease_on_the_policy_does_not_delay_a_confined_servers_revocation() {
     use common::confine::{Fixture, wait_ended};
     let fx = Fixture::new();
     let policy = fx.policy("");
-    let (child, _host_stdin, _line) =
+    let (mut proxy, _line) =
         fx.start_with("--confine", &policy, &json!([]), &[("PROBE_STAY", "1")]);
     let new = fx.dir.join("policy.toml.new");
     PolicyToml::new()
@@ -321,7 +321,7 @@ fn a_lease_on_the_policy_does_not_delay_a_confined_servers_revocation() {
     let held = Held::take(&new, "write-lease");
     let revoked = Instant::now();
     std::fs::rename(&new, &policy).unwrap();
-    let status = wait_ended(child);
+    let status = wait_ended(&mut proxy);
     let took = revoked.elapsed();
     drop(held);
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");

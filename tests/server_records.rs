@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::audit::{log_lines, verify_files};
+use common::fsb::Listener;
 use common::policy::{PolicyToml, RootToml};
 use common::procs::Pids;
-use common::socket::Listener;
-use common::{LiveBroker, tempdir};
+use common::{Fsb, tempdir};
 use serde_json::{Value, json};
 
 /// A forged note: a name, an era, and a `confinement` object of `pad` bytes, with `key` if
@@ -62,8 +62,8 @@ fn setup() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
 }
 
 /// `fsbroker serve --policy POLICY`, its answers waited for a minute at most.
-fn serve(policy: &Path) -> LiveBroker {
-    LiveBroker::start(
+fn serve(policy: &Path) -> Fsb {
+    Fsb::start(
         &["serve", "--policy", policy.to_str().unwrap()],
         Duration::from_secs(60),
     )
@@ -130,10 +130,10 @@ fn a_socket_peer_without_the_key_cannot_write_records() {
     let sock = dir.join("b.sock");
     let mut listener = Listener::start(&policy, &sock, &[], &pids);
     let mut c = listener.connect();
-    c.send(&forged(4 << 20, None));
+    c.send_raw(&forged(4 << 20, None));
     for i in 0..300 {
         let key = (i % 2 == 0).then_some("ab".repeat(32));
-        c.send(&forged(512, key.as_deref()));
+        c.send_raw(&forged(512, key.as_deref()));
     }
     let read = c.ok("files/read", json!({"path": "r/f.txt"}));
     assert_eq!(read["content"], "hi");

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use common::kit::{Rng, splitmix64};
 use common::{bin, proc_status_kib, request_line, tempdir, with_deadline, write_policy};
 use serde_json::{Value, json};
 
@@ -42,20 +43,13 @@ const MAX_CHUNK: u64 = 8 * MIB;
 /// The top bits of a page tag (the first eight bytes of every 4-KiB page).
 const TAG: u64 = 0xF5B0 << 48;
 
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Eight-byte word `i` of the file made from `seed`: a tag (seed, page) at the start of each
 /// page, pseudo-random bytes elsewhere.
 fn word(seed: u64, i: u64) -> u64 {
     if i % 512 == 0 {
         TAG | (seed << 32) | (i / 512)
     } else {
-        splitmix(seed.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ i)
+        splitmix64(seed.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ i)
     }
 }
 
@@ -135,20 +129,6 @@ fn first_difference(got: &[u8], want: &[u8], offset: u64) -> String {
         want.len(),
         want.len().div_ceil(4096)
     )
-}
-
-/// A small deterministic generator for request plans and read pacing.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(1);
-        splitmix(self.0)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -509,15 +489,15 @@ where
             let Some(Check::Read(w)) = pending.get(&id_in_head(head)?) else {
                 return None;
             };
-            if w.length() < PAGES_FROM || rng.below(2) == 0 {
+            if w.length() < PAGES_FROM || rng.below_u64(2) == 0 {
                 return None;
             }
             let end = start + 4 * w.length().div_ceil(3) as usize;
-            let stop = match rng.below(6) {
-                0 => end,                              // the body read, not what follows
-                1 => end + 1 + rng.below(20) as usize, // inside what follows
-                2 => end - 1,                          // all but the last byte
-                _ => end - 1 - rng.below(64 << 10) as usize,
+            let stop = match rng.below_u64(6) {
+                0 => end,                                  // the body read, not what follows
+                1 => end + 1 + rng.below_u64(20) as usize, // inside what follows
+                2 => end - 1,                              // all but the last byte
+                _ => end - 1 - rng.below_u64(64 << 10) as usize,
             };
             stalls += 1;
             Some(stop.max(head.len()))
@@ -550,7 +530,10 @@ fn policy(dir: &Path, root: &Path) -> PathBuf {
     write_policy(dir, root, "", &limits)
 }
 
-/// A broker process: killed if still running when dropped.
+/// A broker process: killed if still running when dropped. Not the kit's driver
+/// (`common::fsb::Fsb`) on purpose: these tests take the broker's raw stdin and stdout (or
+/// leave them null for `--listen`) and read them themselves, in irregular pieces and with
+/// stalls ([`FrameReader`]), to check the framing byte for byte; the driver reads whole lines.
 struct Proc {
     child: Child,
     /// Its stderr, in a file (read after it exits).
@@ -691,8 +674,8 @@ fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf) {
 /// A length between 256 KiB and 8 MiB, small ones more often (so bodies of many sizes are
 /// made, and small ones reuse the pages of large ones).
 fn large_length(rng: &mut Rng) -> u64 {
-    let bits = 18 + rng.below(6); // 256 KiB .. 8 MiB
-    let len = (1 << bits) + rng.below(1 << bits);
+    let bits = 18 + rng.below_u64(6); // 256 KiB .. 8 MiB
+    let len = (1 << bits) + rng.below_u64(1 << bits);
     len.clamp(PAGES_FROM, MAX_CHUNK)
 }
 
@@ -700,11 +683,11 @@ fn large_length(rng: &mut Rng) -> u64 {
 fn offset_for(rng: &mut Rng, size: u64, len: u64) -> u64 {
     let room = size.saturating_sub(len).max(1);
     let pages = (room / 4096).max(1);
-    match rng.below(4) {
+    match rng.below_u64(4) {
         // A page boundary plus a little, or minus a little.
-        0 => (rng.below(pages) * 4096 + 1 + rng.below(7)).min(room - 1),
-        1 => (rng.below(pages) * 4096).saturating_sub(1 + rng.below(5)),
-        _ => rng.below(room),
+        0 => (rng.below_u64(pages) * 4096 + 1 + rng.below_u64(7)).min(room - 1),
+        1 => (rng.below_u64(pages) * 4096).saturating_sub(1 + rng.below_u64(5)),
+        _ => rng.below_u64(room),
     }
 }
 
@@ -734,12 +717,16 @@ fn large_reads(path: &str, data: &Arc<Vec<u8>>, n: usize, seed: u64) -> Vec<Want
         let len = large_length(&mut rng);
         let off = offset_for(&mut rng, size, len);
         // Now and then past the end.
-        let len = if rng.below(10) == 0 { len + size } else { len };
+        let len = if rng.below_u64(10) == 0 {
+            len + size
+        } else {
+            len
+        };
         v.push(want(off, len));
     }
     // Shuffle, so edge cases sit between the random reads.
     for i in (1..v.len()).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
+        let j = rng.below_u64(i as u64 + 1) as usize;
         v.swap(i, j);
     }
     v
@@ -887,8 +874,8 @@ fn alternating_files_with_small_frames_between_keep_their_own_bytes() {
         checks.push(Check::Read(Want {
             path: path.into(),
             data: Arc::clone(data),
-            offset: rng.below(min_size),
-            asked: 1 + rng.below(20_000),
+            offset: rng.below_u64(min_size),
+            asked: 1 + rng.below_u64(20_000),
         }));
     }
     let stdin = with_deadline(Duration::from_secs(120), kill(p.pid()), move || {
@@ -958,11 +945,11 @@ fn a_file_that_shrinks_under_large_reads_gives_consistent_chunks() {
             let mut rng = Rng(77);
             let mut cuts = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let cut = rng.below(data.len() as u64 / 4096) * 4096;
+                let cut = rng.below_u64(data.len() as u64 / 4096) * 4096;
                 f.set_len(cut).unwrap();
-                std::thread::sleep(Duration::from_micros(rng.below(1500)));
+                std::thread::sleep(Duration::from_micros(rng.below_u64(1500)));
                 f.write_all_at(&data[cut as usize..], cut).unwrap();
-                std::thread::sleep(Duration::from_micros(2000 + rng.below(20_000)));
+                std::thread::sleep(Duration::from_micros(2000 + rng.below_u64(20_000)));
                 cuts += 1;
             }
             cuts
@@ -1226,7 +1213,7 @@ fn streaming_a_large_file_keeps_broker_memory_bounded() {
             // boundaries of the base64, i.e. 3-byte boundaries of the file).
             let mut spots = vec![0u64, b64.len() as u64 / 4 - 1024];
             for _ in 0..12 {
-                spots.push(rng.below(b64.len() as u64 / 4 - 1024));
+                spots.push(rng.below_u64(b64.len() as u64 / 4 - 1024));
             }
             for q in spots {
                 let window = &b64[(q * 4) as usize..(q * 4 + 4096) as usize];

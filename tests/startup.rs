@@ -14,13 +14,13 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::confine::{Fixture, results};
+use common::fsb::{Cmd, Fsb, Listener};
 use common::procs::{Pids, kill_group, within};
-use common::socket::Conn;
 use common::{bin, tempdir};
 use serde_json::{Value, json};
 
@@ -143,7 +143,7 @@ fn a_start_removes_what_killed_proxies_left_and_nothing_else() {
     let base_env = base.to_str().unwrap().to_owned();
 
     // A proxy killed outright (SIGKILL): its directory stays, unlocked.
-    let (mut killed, _stdin, line) = fx.start(
+    let (mut killed, line) = fx.start(
         &policy,
         &json!([["tmpdir"], ["pid"]]),
         &[("TMPDIR", &base_env), ("PROBE_STAY", "1")],
@@ -156,8 +156,7 @@ fn a_start_removes_what_killed_proxies_left_and_nothing_else() {
         .collect();
     let killed_dir = private_dir(&r[0], &base);
     let server = r[1].strip_prefix("ok:").unwrap().to_owned();
-    killed.kill().unwrap();
-    killed.wait().unwrap();
+    killed.kill_now();
     let end = Instant::now() + Duration::from_secs(20);
     while std::fs::read_to_string(format!("/proc/{server}/stat"))
         .is_ok_and(|s| !s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'))
@@ -171,7 +170,7 @@ fn a_start_removes_what_killed_proxies_left_and_nothing_else() {
     );
 
     // A running proxy, holding its directory.
-    let (running, running_stdin, line) = fx.start(
+    let (mut running, line) = fx.start(
         &policy,
         &json!([["tmpdir"]]),
         &[("TMPDIR", &base_env), ("PROBE_STAY", "1")],
@@ -226,29 +225,20 @@ fn a_start_removes_what_killed_proxies_left_and_nothing_else() {
     );
 
     // The running proxy's own end removes its directory.
-    drop(running_stdin);
-    let status = common::confine::wait_ended(running);
+    running.close_stdin();
+    let status = common::confine::wait_ended(&mut running);
     assert!(status.success(), "{status:?}");
     assert!(!running_dir.exists(), "the proxy removes its directory");
 }
 
-/// `fsbroker serve --listen SOCK --root ROOT` in a process group of its own, with `env`.
-fn serve_listen(sock: &Path, root: &Path, env: &[(&str, &Path)], pids: &Pids) -> Reaped {
-    let child = Command::new(bin())
-        .arg("serve")
-        .arg("--listen")
-        .arg(sock)
-        .arg("--root")
-        .arg(root)
-        .envs(env.iter().copied())
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start fsbroker serve --listen");
-    pids.add(child.id());
-    Reaped(child)
+/// `fsbroker serve --listen SOCK --root ROOT` in a process group of its own, with `env`; not
+/// waited for (the moment its socket appears is what these tests look at).
+fn serve_listen(sock: &Path, root: &Path, env: &[(&str, &Path)], pids: &Pids) -> Listener {
+    let mut cmd = Cmd::new(&["--root".as_ref(), root.as_os_str()]).pids(pids);
+    for (k, v) in env {
+        cmd = cmd.env(k, v);
+    }
+    Listener::spawn(sock, cmd)
 }
 
 /// [`serve_listen`] held by the shim between `bind` and `listen`: returns the broker, the
@@ -259,7 +249,7 @@ fn serve_listen_held(
     shim: &Path,
     gates: &Path,
     pids: &Pids,
-) -> (Reaped, PathBuf, PathBuf) {
+) -> (Listener, PathBuf, PathBuf) {
     let at = gates.join("bound");
     let gate = gates.join("gate");
     let broker = serve_listen(
@@ -275,30 +265,15 @@ fn serve_listen_held(
     (broker, at, gate)
 }
 
-/// A process the test started, killed with its group when dropped: a failing test leaves
-/// nothing behind, held at a gate or serving.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        // Only while it is not reaped is its id (and its group's) surely still its own.
-        if let Ok(None) = self.0.try_wait() {
-            kill_group(self.0.id());
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
-    }
-}
-
 /// Waits, spinning (no sleep: the moment matters), for something to exist at `sock`; panics
 /// if the broker exits first or nothing comes within 20 s.
-fn spin_until_exists(sock: &Path, broker: &mut Child) {
+fn spin_until_exists(sock: &Path, broker: &mut Listener) {
     let end = Instant::now() + Duration::from_secs(20);
     let mut spins = 0u32;
     while std::fs::symlink_metadata(sock).is_err() {
         spins = spins.wrapping_add(1);
         if spins % 4096 == 0 {
-            if let Some(status) = broker.try_wait().unwrap() {
+            if let Some(status) = broker.exited() {
                 panic!("serve --listen exited before its socket appeared: {status}");
             }
             assert!(Instant::now() < end, "no socket at {}", sock.display());
@@ -308,7 +283,7 @@ fn spin_until_exists(sock: &Path, broker: &mut Child) {
 
 /// Connects the moment `sock` exists; `Err` with what went wrong, else a `ping` and a
 /// `roots/list` must be answered.
-fn connect_at_once(sock: &Path, broker: &mut Child) -> Result<(), String> {
+fn connect_at_once(sock: &Path, broker: &mut Listener) -> Result<(), String> {
     spin_until_exists(sock, broker);
     let stream = match UnixStream::connect(sock) {
         Ok(s) => s,
@@ -323,7 +298,7 @@ fn connect_at_once(sock: &Path, broker: &mut Child) -> Result<(), String> {
     assert!(meta.file_type().is_socket());
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(meta.permissions().mode() & 0o777, 0o600, "owner-only");
-    let mut c = Conn::new(stream);
+    let mut c = Fsb::from_stream(stream);
     assert_eq!(c.ok("ping", json!({})), json!({}));
     let roots = c.ok("roots/list", json!({}));
     assert_eq!(roots["roots"].as_array().map(Vec::len), Some(1), "{roots}");
@@ -345,7 +320,7 @@ fn a_socket_that_exists_accepts() {
         for i in 0..BROKERS {
             let sock = dir.join(format!("b{i}.sock"));
             let mut broker = serve_listen(&sock, &root, &[], &pids);
-            if let Err(e) = connect_at_once(&sock, &mut broker.0) {
+            if let Err(e) = connect_at_once(&sock, &mut broker) {
                 refused.push(format!("broker {i}: {e}"));
             }
             drop(broker);
@@ -433,11 +408,15 @@ int mkdir(const char *path, mode_t mode) {
     lib
 }
 
-/// Waits (at most 20 s) for `cond`, failing with `what` if `child` exits first.
-fn wait_for(what: &str, child: &mut Child, mut cond: impl FnMut() -> bool) {
+/// Waits (at most 20 s) for `cond`, failing with `what` if the process `exited` first.
+fn wait_for(
+    what: &str,
+    mut exited: impl FnMut() -> Option<ExitStatus>,
+    mut cond: impl FnMut() -> bool,
+) {
     let end = Instant::now() + Duration::from_secs(20);
     while !cond() {
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = exited() {
             panic!("exited ({status}) while waiting for {what}");
         }
         assert!(Instant::now() < end, "no {what} within 20 s");
@@ -476,9 +455,11 @@ fn a_directory_being_made_is_not_taken_by_another_start() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        wait_for("the held proxy's directory", &mut held, || {
-            names(&base).iter().any(|n| n.starts_with("fsbroker-"))
-        });
+        wait_for(
+            "the held proxy's directory",
+            || held.try_wait().unwrap(),
+            || names(&base).iter().any(|n| n.starts_with("fsbroker-")),
+        );
         let made = base.join(&names(&base)[0]);
         if aged {
             let long_ago = SystemTime::now() - Duration::from_secs(3600);
@@ -532,7 +513,7 @@ fn a_socket_appears_only_once_it_listens() {
     within(Duration::from_secs(120), &pids, move |pids| {
         let sock = dir.join("held.sock");
         let (mut broker, at, gate) = serve_listen_held(&sock, &root, &shim, &gates, &pids);
-        wait_for("the broker to bind", &mut broker.0, || at.exists());
+        wait_for("the broker to bind", || broker.exited(), || at.exists());
         if sock.symlink_metadata().is_ok() {
             let why = match UnixStream::connect(&sock) {
                 Ok(_) => "it connected (to what?)".to_owned(),
@@ -548,7 +529,7 @@ fn a_socket_appears_only_once_it_listens() {
             }
         }
         std::fs::write(&gate, "").unwrap();
-        connect_at_once(&sock, &mut broker.0).unwrap();
+        connect_at_once(&sock, &mut broker).unwrap();
         drop(broker);
         std::fs::remove_file(&sock).unwrap();
         assert_eq!(
@@ -575,13 +556,13 @@ fn two_brokers_on_one_path_one_serves_the_other_says_so() {
     within(Duration::from_secs(120), &pids, move |pids| {
         let sock = dir.join("one.sock");
         let (mut held, at, gate) = serve_listen_held(&sock, &root, &shim, &gates, &pids);
-        wait_for("the held broker to bind", &mut held.0, || at.exists());
+        wait_for("the held broker to bind", || held.exited(), || at.exists());
         let mut first = serve_listen(&sock, &root, &[], &pids);
-        connect_at_once(&sock, &mut first.0).unwrap();
+        connect_at_once(&sock, &mut first).unwrap();
         std::fs::write(&gate, "").unwrap();
         let end = Instant::now() + Duration::from_secs(20);
         let status = loop {
-            if let Some(status) = held.0.try_wait().unwrap() {
+            if let Some(status) = held.exited() {
                 break status;
             }
             assert!(
@@ -592,7 +573,7 @@ fn two_brokers_on_one_path_one_serves_the_other_says_so() {
         };
         assert!(!status.success(), "the second broker on the path exits");
         // The first still serves the path.
-        let mut c = Conn::connect(&sock);
+        let mut c = Fsb::connect(&sock);
         assert_eq!(c.ok("ping", json!({})), json!({}));
         drop(c);
         drop(first);

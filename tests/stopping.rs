@@ -19,18 +19,17 @@
 mod common;
 
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use common::audit::verify_files;
+use common::fsb::{Cmd, Fsb, Got, Listener, Log};
+use common::kit::inotify_watches;
 use common::procs::{Pids, within};
-use common::socket::{Got, Listener};
-use common::{PolicyToml, RootToml, bin, python, tempdir};
+use common::{PolicyToml, RootToml, python, tempdir};
 
 /// Longest a whole test may run before its processes are killed and it fails.
 const TEST_DEADLINE: Duration = Duration::from_secs(120);
@@ -57,127 +56,41 @@ while time.time() < deadline:
     time.sleep(0.2)
 "#;
 
-/// A process of the test: stdin piped, stdout read line by line (JSON) and stderr read line by
-/// line (echoed), each by a thread.
-struct Proc {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    out: Receiver<Value>,
-    err: Receiver<String>,
+/// `fsbroker ARGS...` as the live driver ([`Fsb::start`]: stdout and stderr read by threads,
+/// stderr echoed), registered with `pids`.
+fn start<S: AsRef<OsStr>>(args: &[S], pids: &Pids) -> Fsb {
+    Cmd::new(args)
+        .env("RUST_LOG", "fsbroker=info")
+        .log(Log::Keep)
+        .ahead()
+        .deadline(EXIT_BOUND)
+        .pids(pids)
+        .spawn()
 }
 
-impl Proc {
-    fn start<S: AsRef<OsStr>>(args: &[S], pids: &Pids) -> Proc {
-        let mut child = Command::new(bin())
-            .args(args)
-            .env("RUST_LOG", "fsbroker=info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start fsbroker");
-        pids.add(child.id());
-        let stdout = child.stdout.take().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (out_tx, out) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let v: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
-                if out_tx.send(v).is_err() {
-                    break;
-                }
-            }
-        });
-        let (err_tx, err) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("[fsbroker] {line}");
-                let _ = err_tx.send(line);
-            }
-        });
-        Proc {
-            stdin: child.stdin.take(),
-            child,
-            out,
-            err,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn send(&mut self, id: u64, method: &str, params: Value) {
-        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin
-            .write_all(format!("{line}\n").as_bytes())
-            .expect("write to fsbroker");
-        stdin.flush().expect("flush");
-    }
-
-    /// The stubborn server's pid, from the proxy's stderr (the server's own, inherited or
-    /// copied), within [`START_BOUND`].
-    fn server_pid(&self) -> u32 {
-        let end = Instant::now() + START_BOUND;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.err.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(pid) = line
-                        .split("stubborn-server pid ")
-                        .nth(1)
-                        .and_then(|p| p.trim().parse().ok())
-                    {
-                        return pid;
-                    }
-                }
-                Err(e) => panic!("the stubborn server did not start within {START_BOUND:?}: {e}"),
-            }
-        }
-    }
-
-    fn signal(&self, signal: rustix::process::Signal) {
-        let pid = rustix::process::Pid::from_raw(self.pid() as i32).unwrap();
-        rustix::process::kill_process(pid, signal).expect("signal fsbroker");
-    }
-
-    /// The exit status within [`EXIT_BOUND`]; panics, naming `what`, when it does not exit.
-    fn exit(&mut self, what: &str) -> ExitStatus {
-        let end = Instant::now() + EXIT_BOUND;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < end,
-                "{what}: fsbroker still running {EXIT_BOUND:?} later"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Every message it wrote on stdout, up to its close (it has exited).
-    fn messages(&self) -> Vec<Value> {
-        let mut got = Vec::new();
-        loop {
-            match self.out.recv_timeout(EXIT_BOUND) {
-                Ok(m) => got.push(m),
-                Err(RecvTimeoutError::Disconnected) => return got,
-                Err(RecvTimeoutError::Timeout) => panic!("stdout still open after the exit"),
-            }
+/// The stubborn server's pid, from the proxy's stderr (the server's own, inherited or
+/// copied), within [`START_BOUND`].
+fn server_pid(proxy: &mut Fsb) -> u32 {
+    let end = Instant::now() + START_BOUND;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let Some(line) = proxy.next_log_line(left) else {
+            panic!("the stubborn server did not start within {START_BOUND:?}");
+        };
+        if let Some(pid) = line
+            .split("stubborn-server pid ")
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+        {
+            return pid;
         }
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The exit status within [`EXIT_BOUND`]; panics, naming `what`, when it does not exit.
+fn exit(p: &mut Fsb, what: &str) -> ExitStatus {
+    p.wait_exit(EXIT_BOUND)
+        .unwrap_or_else(|| panic!("{what}: fsbroker still running {EXIT_BOUND:?} later"))
 }
 
 /// Whether the stubborn server `pid` is still running (a zombie, or a number given to another
@@ -238,20 +151,20 @@ fn proxy_ends_a_stubborn_server(confine: bool, how: HostStop) {
             args.push("--confine".as_ref());
         }
         args.extend(["--".as_ref(), python().as_ref(), script.as_os_str()]);
-        let mut proxy = Proc::start(&args, &pids);
-        let server = proxy.server_pid();
+        let mut proxy = start(&args, &pids);
+        let server = server_pid(&mut proxy);
         pids.add(server);
         let _leftover = Leftover(server);
         let what = format!("{how:?}, confine {confine}");
         match how {
-            HostStop::Eof => drop(proxy.stdin.take()),
+            HostStop::Eof => proxy.close_stdin(),
             HostStop::Term => proxy.signal(rustix::process::Signal::TERM),
             HostStop::EofThenTerm => {
-                drop(proxy.stdin.take());
+                proxy.close_stdin();
                 proxy.signal(rustix::process::Signal::TERM);
             }
         }
-        let status = proxy.exit(&what);
+        let status = exit(&mut proxy, &what);
         assert!(
             !stubborn_alive(server),
             "{what}: the server outlived the proxy"
@@ -319,25 +232,12 @@ fn build_tree(root: &Path) {
     }
 }
 
-/// Whether process `pid` holds an inotify watch: its watches have begun to be registered.
-fn registering(pid: u32) -> bool {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.flatten().any(|fd| {
-        let is_inotify =
-            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().contains("inotify"));
-        is_inotify && {
-            let info = format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy());
-            std::fs::read_to_string(info).is_ok_and(|t| t.contains("inotify wd:"))
-        }
-    })
-}
-
-/// Waits (at most [`START_BOUND`]) until broker `pid` has begun registering the watches.
-fn wait_registering(pid: u32) {
+/// Waits (at most [`START_BOUND`]) until broker `pid` has begun registering the watches: it
+/// holds more inotify watches than `before`, what it held once it served (its policy
+/// watcher's).
+fn wait_registering(pid: u32, before: usize) {
     let end = Instant::now() + START_BOUND;
-    while !registering(pid) {
+    while inotify_watches(pid) <= before {
         assert!(
             Instant::now() < end,
             "the watches did not begin within {START_BOUND:?}"
@@ -390,17 +290,25 @@ fn sigterm_abandons_pipelined_huge_watches_and_seals() {
         let path = tree.to_str().unwrap().to_owned();
 
         // stdio
-        let mut broker = Proc::start(
+        let mut broker = start(
             &["serve".as_ref(), "--policy".as_ref(), policy.as_os_str()],
             &pids,
         );
+        // Serving (its policy watcher is set up before it serves): what it watches now is
+        // not the tree.
+        broker.ping("up");
+        let before = inotify_watches(broker.pid());
         for id in 1..=WATCHES {
-            broker.send(id, "files/watch", json!({"path": path, "recursive": true}));
+            broker.send_request(
+                &json!(id),
+                "files/watch",
+                json!({"path": path, "recursive": true}),
+            );
         }
-        wait_registering(broker.pid());
+        wait_registering(broker.pid(), before);
         broker.signal(rustix::process::Signal::TERM);
-        let status = broker.exit("serve, SIGTERM during huge watches");
-        check_answers(&broker.messages());
+        let status = exit(&mut broker, "serve, SIGTERM during huge watches");
+        check_answers(&broker.messages_until_closed(EXIT_BOUND));
         let (code, out) = verify_files(&[&log], &[]);
         assert_eq!(code, 0, "serve: the run's log is not sealed: {out}");
         assert_eq!(status.code(), Some(0), "serve: {status}");
@@ -411,10 +319,12 @@ fn sigterm_abandons_pipelined_huge_watches_and_seals() {
         let sock = policy.with_file_name("broker.sock");
         let mut listener = Listener::start(&policy, &sock, &[], &pids);
         let mut conn = listener.connect();
+        conn.ping("up");
+        let before = inotify_watches(listener.pid());
         for _ in 0..WATCHES {
-            conn.send_numbered("files/watch", json!({"path": path, "recursive": true}));
+            conn.send("files/watch", json!({"path": path, "recursive": true}));
         }
-        wait_registering(listener.pid());
+        wait_registering(listener.pid(), before);
         let status = listener.terminate(EXIT_BOUND);
         let mut answers = Vec::new();
         loop {
@@ -437,17 +347,21 @@ fn sigterm_abandons_pipelined_huge_watches_and_seals() {
         // stdio, with slow listings pipelined instead: work queued for the pool, or walking
         // the tree, when the stop comes answers TIMEOUT at once.
         std::fs::remove_file(&log).unwrap();
-        let mut broker = Proc::start(
+        let mut broker = start(
             &["serve".as_ref(), "--policy".as_ref(), policy.as_os_str()],
             &pids,
         );
         for id in 1..=LISTINGS {
-            broker.send(id, "files/list", json!({"path": path, "recursive": true}));
+            broker.send_request(
+                &json!(id),
+                "files/list",
+                json!({"path": path, "recursive": true}),
+            );
         }
         std::thread::sleep(Duration::from_millis(300));
         broker.signal(rustix::process::Signal::TERM);
-        let status = broker.exit("serve, SIGTERM during huge listings");
-        for a in broker.messages() {
+        let status = exit(&mut broker, "serve, SIGTERM during huge listings");
+        for a in broker.messages_until_closed(EXIT_BOUND) {
             let ok =
                 a["result"]["entries"].is_array() || a["error"]["data"]["code"] == json!("TIMEOUT");
             assert!(ok, "a listing neither done nor abandoned: {a}");

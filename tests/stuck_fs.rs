@@ -18,7 +18,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::policy::{PolicyToml, RootToml};
-use common::{LiveBroker, code, python, tempdir};
+use common::{Fsb, code, python, tempdir};
 use serde_json::json;
 
 const TIMEOUT: i64 = -31005;
@@ -104,16 +104,8 @@ fn setup_with(
 fn ended_within(pid: u32, limit: Duration) -> bool {
     let end = Instant::now() + limit;
     loop {
-        let state = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("State:"))
-                    .map(str::to_owned)
-            });
-        match state {
-            None => return true,
-            Some(s) if s.contains('Z') => return true,
+        match common::kit::state(pid) {
+            None | Some('Z') => return true,
             Some(_) if Instant::now() >= end => return false,
             Some(_) => std::thread::sleep(Duration::from_millis(20)),
         }
@@ -124,13 +116,13 @@ fn ended_within(pid: u32, limit: Duration) -> bool {
 /// process whose threads wait in a FUSE read cannot be reaped until that read ends.
 struct Run {
     fs: StuckFs,
-    b: LiveBroker,
+    b: Fsb,
 }
 
 impl Run {
     /// `fsbroker serve --policy POLICY` over the mounted `fs`.
     fn start(fs: StuckFs, policy: &Path) -> Run {
-        let b = LiveBroker::start(
+        let b = Fsb::start(
             &["serve", "--policy", policy.to_str().unwrap()],
             Duration::from_secs(20),
         );
@@ -173,7 +165,7 @@ fn reads_stuck_in_a_hung_file_system_are_answered_timeout_and_everything_else_go
     let r = b.ok("ping", json!({}));
     assert!(r.is_object(), "{r}");
     // No answer twice: nothing more arrives for the stuck requests.
-    if let Some((_, m)) = b.next_raw(Duration::from_millis(300)) {
+    if let Some((_, m)) = b.next_stamped(Duration::from_millis(300)) {
         panic!("unexpected message after the TIMEOUT answers: {m}");
     }
     // The peer leaves: the broker ends although three reads are still stuck. Its process

@@ -41,7 +41,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{LiveBroker, PolicyToml, RootToml};
+use common::{Fsb, PolicyToml, RootToml};
 use serde_json::{Value, json};
 
 /// Longest wait for a response, or for notifications that must come.
@@ -52,7 +52,7 @@ const QUIET: Duration = Duration::from_millis(300);
 const SETTLE: Duration = Duration::from_secs(5);
 
 // ---------------------------------------------------------------------------------------------
-// A live broker ([`common::LiveBroker`]: stdout read by a thread that can be paused, a server
+// A live broker ([`common::Fsb`]: stdout read by a thread that can be paused, a server
 // that stops reading; stderr kept and echoed; every wait bounded) and what it reported.
 // ---------------------------------------------------------------------------------------------
 
@@ -122,24 +122,24 @@ fn pairs(list: &[(&str, &str)]) -> BTreeSet<(String, String)> {
 /// Held for writing while a test keeps every core busy on purpose.
 static BUSY: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-/// A running `fsbroker` ([`LiveBroker`]: every pipe read by a thread, stdout reading can be
+/// A running `fsbroker` ([`Fsb`]: every pipe read by a thread, stdout reading can be
 /// paused) with what this session was given.
 struct Live {
-    b: LiveBroker,
+    b: Fsb,
     /// Every `watchId` this session was given.
     ids: HashSet<String>,
     started: SystemTime,
 }
 
 impl Deref for Live {
-    type Target = LiveBroker;
-    fn deref(&self) -> &LiveBroker {
+    type Target = Fsb;
+    fn deref(&self) -> &Fsb {
         &self.b
     }
 }
 
 impl DerefMut for Live {
-    fn deref_mut(&mut self) -> &mut LiveBroker {
+    fn deref_mut(&mut self) -> &mut Fsb {
         &mut self.b
     }
 }
@@ -157,7 +157,7 @@ impl Live {
     fn start_now<S: AsRef<OsStr>>(args: &[S]) -> Live {
         let started = SystemTime::now();
         let mut live = Live {
-            b: LiveBroker::start(args, DEADLINE),
+            b: Fsb::start(args, DEADLINE),
             ids: HashSet::new(),
             started,
         };
@@ -246,7 +246,7 @@ impl Live {
 
     /// Collects notifications until `done` holds (at most `limit`), then until none has
     /// arrived for [`QUIET`] (at most [`SETTLE`] more). Responses that arrive meanwhile are
-    /// kept for [`LiveBroker::response`].
+    /// kept for [`Fsb::response`].
     fn collect_until(&mut self, limit: Duration, done: impl Fn(&Seen) -> bool) -> Seen {
         let mut seen = Seen::default();
         while let Some((_, m)) = self.pop_note() {
@@ -258,9 +258,8 @@ impl Live {
             if left.is_zero() {
                 break;
             }
-            match self.next_raw(left) {
-                Some((_, m)) if LiveBroker::is_notification(&m) => self.record(&mut seen, m),
-                Some((at, m)) => self.set_aside(at, m),
+            match self.next_notification(left) {
+                Some((_, m)) => self.record(&mut seen, m),
                 None => break,
             }
         }
@@ -272,13 +271,9 @@ impl Live {
             if left.is_zero() {
                 break;
             }
-            match self.next_raw(left) {
-                Some((_, m)) if LiveBroker::is_notification(&m) => {
-                    self.record(&mut seen, m);
-                    last = Instant::now();
-                }
-                Some((at, m)) => self.set_aside(at, m),
-                None => {}
+            if let Some((_, m)) = self.next_notification(left) {
+                self.record(&mut seen, m);
+                last = Instant::now();
             }
         }
         seen
@@ -325,13 +320,7 @@ impl Live {
 
     /// Resident memory of the broker, in kB (`VmRSS` from `/proc/PID/status`).
     fn rss_kb(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .expect("read /proc/PID/status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no VmRSS in {status}"))
+        common::proc_status_kib(self.pid(), "VmRSS")
     }
 }
 

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use common::fsb::{Fsb, Got, Listener};
+use common::kit::inotify_watches;
 use common::procs::Pids;
-use common::socket::{Conn, Got, Listener};
 use common::{PolicyToml, RootToml, tempdir};
 
 /// Longest the whole test may run before its broker is killed and it fails.
@@ -42,28 +43,6 @@ const PING_P99: Duration = Duration::from_millis(250);
 const PING_MAX: Duration = Duration::from_millis(1000);
 /// Longest wait for one `files/watch` or `files/unwatch` answer on the huge tree.
 const ANSWER: Duration = Duration::from_secs(60);
-
-/// The inotify watches process `pid` holds, over all its inotify instances.
-fn inotify_watches(pid: u32) -> usize {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return 0;
-    };
-    let mut n = 0;
-    for fd in fds.flatten() {
-        let is_inotify =
-            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().contains("inotify"));
-        if !is_inotify {
-            continue;
-        }
-        let info = format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy());
-        n += std::fs::read_to_string(info)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with("inotify wd:"))
-            .count();
-    }
-    n
-}
 
 /// Waits (at most `limit`) until `pid` holds `want` inotify watches; returns what it holds.
 fn settle_watches(pid: u32, want: usize, limit: Duration) -> usize {
@@ -93,7 +72,7 @@ fn build_tree(at: &Path) -> usize {
 
 /// The answers to `ids` (in any order; notifications are passed over), each within
 /// [`ANSWER`].
-fn answers(c: &mut Conn, ids: &[u64]) -> Vec<Value> {
+fn answers(c: &mut Fsb, ids: &[u64]) -> Vec<Value> {
     let mut got: Vec<Option<Value>> = vec![None; ids.len()];
     let end = Instant::now() + ANSWER;
     while got.iter().any(Option::is_none) {
@@ -121,13 +100,13 @@ fn watch_id(r: &Value) -> String {
         .to_owned()
 }
 
-fn watch(c: &mut Conn, path: &str, recursive: bool) -> String {
-    let id = c.send_numbered("files/watch", json!({"path": path, "recursive": recursive}));
+fn watch(c: &mut Fsb, path: &str, recursive: bool) -> String {
+    let id = c.send("files/watch", json!({"path": path, "recursive": recursive}));
     watch_id(&answers(c, &[id])[0])
 }
 
-fn unwatch(c: &mut Conn, watch_id: &str) {
-    let id = c.send_numbered("files/unwatch", json!({"watchId": watch_id}));
+fn unwatch(c: &mut Fsb, watch_id: &str) {
+    let id = c.send("files/unwatch", json!({"watchId": watch_id}));
     let r = &answers(c, &[id])[0];
     assert_eq!(r["result"], json!({}), "files/unwatch: {r}");
 }
@@ -143,16 +122,16 @@ fn small_watches() -> usize {
 /// Asks for a watch of the huge tree and, while it is being registered, ends
 /// [`small_watches`] small watches: no end may wait for the tree's registration. Returns the
 /// tree's watch id.
-fn watch_tree_while_unwatching(c: &mut Conn) -> String {
+fn watch_tree_while_unwatching(c: &mut Fsb) -> String {
     let small: Vec<String> = (0..small_watches())
         .map(|i| watch(c, &format!("r/small/{i}"), false))
         .collect();
-    let tree = c.send_numbered("files/watch", json!({"path": "r/tree", "recursive": true}));
+    let tree = c.send("files/watch", json!({"path": "r/tree", "recursive": true}));
     // Into the tree's registration (which takes seconds) before the small ones end.
     std::thread::sleep(Duration::from_millis(300));
     let ends: Vec<u64> = small
         .iter()
-        .map(|w| c.send_numbered("files/unwatch", json!({"watchId": w})))
+        .map(|w| c.send("files/unwatch", json!({"watchId": w})))
         .collect();
     let ids: Vec<u64> = std::iter::once(tree).chain(ends).collect();
     let got = answers(c, &ids);
@@ -163,7 +142,7 @@ fn watch_tree_while_unwatching(c: &mut Conn) -> String {
 }
 
 /// Pings on `c` until `stop`, one at a time; returns every round trip.
-fn ping_until(mut c: Conn, stop: Arc<AtomicBool>) -> Vec<Duration> {
+fn ping_until(mut c: Fsb, stop: Arc<AtomicBool>) -> Vec<Duration> {
     let mut took = Vec::new();
     let mut n = 0u64;
     while !stop.load(Ordering::Acquire) {
@@ -171,7 +150,7 @@ fn ping_until(mut c: Conn, stop: Arc<AtomicBool>) -> Vec<Duration> {
         let id: Value = json!(format!("p{n}"));
         let started = Instant::now();
         c.send_msg(&json!({"jsonrpc": "2.0", "id": id, "method": "ping"}));
-        let r = c.response(&id, Duration::from_secs(30));
+        let r = c.answer(&id, Duration::from_secs(30));
         assert_eq!(r["result"], json!({}), "ping: {r}");
         took.push(started.elapsed());
         std::thread::sleep(Duration::from_millis(2));
@@ -285,7 +264,7 @@ fn timeout_ms_bounds_the_registration(dir: &Path, root: &Path, pids: &Pids) {
     c.ping_within("warm-up", Duration::from_secs(5));
     let before = inotify_watches(pid);
     let t = Instant::now();
-    let id = c.send_numbered("files/watch", json!({"path": "r/tree", "recursive": true}));
+    let id = c.send("files/watch", json!({"path": "r/tree", "recursive": true}));
     let r = &answers(&mut c, &[id])[0];
     let took = t.elapsed();
     println!("with timeout_ms = {}: {r} in {took:?}", limit.as_millis());
@@ -303,7 +282,7 @@ fn timeout_ms_bounds_the_registration(dir: &Path, root: &Path, pids: &Pids) {
     // try may run past it, which is a TIMEOUT like any other, so a few tries are allowed.
     let mut tries = 0;
     let small = loop {
-        let id = c.send_numbered(
+        let id = c.send(
             "files/watch",
             json!({"path": "r/small/0", "recursive": false}),
         );

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
-use common::{Broker, PolicyToml, RootToml, code, serve_policy, tempdir, with_deadline};
+use common::{Fsb, PolicyToml, RootToml, code, serve_policy, tempdir, with_deadline};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -33,7 +33,7 @@ fn fixture() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// `root` served read-write as the root `r`, default limits.
-fn rw(root: &Path) -> (tempfile::TempDir, Broker) {
+fn rw(root: &Path) -> (tempfile::TempDir, Fsb) {
     serve_policy(root, RW, "")
 }
 
@@ -49,7 +49,7 @@ fn b64_decode(s: &str) -> Vec<u8> {
 
 /// Reads a whole file through `files/read` (base64, chunk by chunk); returns its bytes and the
 /// last chunk's `etag`.
-fn read_back(b: &mut Broker, path: &str) -> (Vec<u8>, String) {
+fn read_back(b: &mut Fsb, path: &str) -> (Vec<u8>, String) {
     let mut out = Vec::new();
     loop {
         let r = b.ok(
@@ -126,18 +126,9 @@ fn num(e: &Value) -> i64 {
     e["code"].as_i64().unwrap_or_else(|| panic!("no code: {e}"))
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*), so failures reproduce.
+/// Deterministic pseudo-random bytes (the kit's generator), so failures reproduce.
 fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    out.truncate(len);
-    out
+    common::kit::Rng::new(seed).bytes(len)
 }
 
 /// The mode a new file gets here: `0o666 & !umask`, learned by creating one with std
@@ -155,19 +146,19 @@ fn mode_of(p: &Path) -> u32 {
 }
 
 /// A policy serving each `(dir, name)` read-write with consent auto.
-fn serve_roots(roots: &[(&Path, &str)]) -> (tempfile::TempDir, Broker) {
+fn serve_roots(roots: &[(&Path, &str)]) -> (tempfile::TempDir, Fsb) {
     let (t, dir) = tempdir();
     let mut policy = PolicyToml::new();
     for (path, name) in roots {
         policy = policy.root(RootToml::at(path).name(name).rw());
     }
     let policy = policy.write_to(&dir.join("policy.toml"));
-    let b = Broker::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
+    let b = Fsb::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
     (t, b)
 }
 
 /// Sends one upload chunk.
-fn chunk(b: &mut Broker, path: &str, offset: usize, data: &[u8], last: bool) -> Value {
+fn chunk(b: &mut Fsb, path: &str, offset: usize, data: &[u8], last: bool) -> Value {
     b.request(
         "files/write",
         json!({"path": path, "content": b64(data), "encoding": "base64",
@@ -568,9 +559,9 @@ fn read_only_root_refuses_every_mutation() {
     std::fs::create_dir(root.join("d")).unwrap();
     std::fs::write(root.join("d/b.txt"), b"b").unwrap();
     let before = snapshot(&root);
-    let mut b = Broker::serve_root(&root); // named `proj`, read-only
+    let mut b = Fsb::serve_root(&root); // named `proj`, read-only
     let mut refused = 0;
-    let mut check = |b: &mut Broker, method: &str, params: Value| {
+    let mut check = |b: &mut Fsb, method: &str, params: Value| {
         let e = b.err(method, params.clone());
         assert_eq!(code(&e), "PERMISSION_DENIED", "{method} {params}: {e}");
         assert_eq!(num(&e), -31002, "{e}");
@@ -1177,7 +1168,7 @@ fn new_files_follow_the_brokers_umask() {
     let (_t, root) = fixture();
     std::fs::write(root.join("old.txt"), b"old").unwrap();
     std::fs::set_permissions(root.join("old.txt"), std::fs::Permissions::from_mode(0o664)).unwrap();
-    let mut b = Broker::spawn_program(
+    let mut b = Fsb::spawn_program(
         "sh",
         &[
             "-c",
@@ -1719,7 +1710,7 @@ fn a_write_failing_mid_way_leaves_the_target_intact() {
     std::fs::write(root.join("t.bin"), &old).unwrap();
     // `ulimit -f` counts 512-byte blocks in dash, 1024-byte ones in bash: 32 or 64 KiB.
     let script = "ulimit -f 64 && trap '' XFSZ && exec \"$0\" \"$@\"";
-    let mut b = Broker::spawn_program(
+    let mut b = Fsb::spawn_program(
         "sh",
         &[
             "-c",

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use common::hostile::{
     DENIED, DENIED_MARKER, MARKER, OUTSIDE, SECRET_TXT, World, number, put, shown,
 };
-use common::{Broker, PolicyToml, RootToml, code};
+use common::{Fsb, PolicyToml, RootToml, code};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -382,7 +382,7 @@ fn log_state(path: &Path) -> (u64, Vec<u8>) {
 }
 
 /// Runs one row and asserts everything the contract promises about it.
-fn check(b: &mut Broker, g: &Guarded, case: &Case) {
+fn check(b: &mut Fsb, g: &Guarded, case: &Case) {
     let ctx = format!("{} [{}] {}", case.method, case.desc, shown(&case.params));
     let outside_before = snapshot_outside(g.base, &g.roots);
     let denied_before = snapshot_of(g.base, &g.denied);
@@ -479,7 +479,7 @@ fn check(b: &mut Broker, g: &Guarded, case: &Case) {
 
 /// Runs every row (all of them, even after one fails, so a run reports every broken row),
 /// prints and asserts the number of hostile rows, then panics listing the rows that failed.
-fn run_table(b: &mut Broker, g: &Guarded, label: &str, cases: &[Case]) {
+fn run_table(b: &mut Fsb, g: &Guarded, label: &str, cases: &[Case]) {
     let mut failed = Vec::new();
     for case in cases {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(b, g, case)));
@@ -1399,7 +1399,7 @@ fn hostile_mutations_single_root() {
     let w = world();
     guarded(w, |w| {
         let cases = single_root_cases(&w);
-        let mut b = Broker::spawn(&[
+        let mut b = Fsb::spawn(&[
             "serve".as_ref(),
             "--root".as_ref(),
             w.proj.as_os_str(),
@@ -1706,7 +1706,7 @@ fn hostile_mutations_two_roots_with_deny_globs() {
     let w = world();
     guarded(w, |w| {
         let cases = policy_cases(&w);
-        let mut b = Broker::spawn(&["serve".as_ref(), "--policy".as_ref(), w.policy.as_os_str()]);
+        let mut b = Fsb::spawn(&["serve".as_ref(), "--policy".as_ref(), w.policy.as_os_str()]);
         let p = &w.proj;
         let g = Guarded {
             base: &w.base,
@@ -1934,7 +1934,7 @@ fn hostile_mutations_on_protected_paths() {
     let w = protected_world();
     guarded(w, |w| {
         let cases = protected_cases(&w);
-        let mut b = Broker::spawn(&["serve".as_ref(), "--policy".as_ref(), w.policy.as_os_str()]);
+        let mut b = Fsb::spawn(&["serve".as_ref(), "--policy".as_ref(), w.policy.as_os_str()]);
         // The first request makes sure the audit log exists before its first row.
         b.ok("roots/list", json!({}));
         let g = Guarded {

@@ -1,6 +1,6 @@
 //! The confinement probe: a Python "server" that opens files itself and tries, on the real
 //! kernel, whatever `$PROBE` lists, then reports what the kernel let it do; and a fixture of
-//! roots around it. Used by `tests/confine.rs` and `tests/confine_review.rs`.
+//! roots around it. Used by `tests/confine.rs` and `tests/confine_escapes.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{PolicyToml, RootToml, bin, tempdir};
+use super::fsb::{Cmd, Raw};
+use super::{Fsb, PolicyToml, RootToml, bin, tempdir};
 
 /// Runs each operation of `$PROBE` (a JSON list) and writes the results as one notification;
 /// with `$PROBE_STAY` it then reads stdin until it closes; with `$PROBE_LINGER` it then stays
@@ -233,14 +234,9 @@ impl Fixture {
     }
 
     /// `fsbroker proxy --policy POLICY --confine -- python3 probe.py` with `$PROBE = ops` and
-    /// `env`, left running: the proxy, its stdin (the host's end, held open until dropped),
-    /// and the first line it relayed.
-    pub fn start(
-        &self,
-        policy: &Path,
-        ops: &Value,
-        env: &[(&str, &str)],
-    ) -> (std::process::Child, std::process::ChildStdin, String) {
+    /// `env`, left running: the proxy (its stdin, the host's end, held open until closed or
+    /// dropped) and the first line it relayed.
+    pub fn start(&self, policy: &Path, ops: &Value, env: &[(&str, &str)]) -> (Fsb, String) {
         self.start_with("--confine", policy, ops, env)
     }
 
@@ -251,23 +247,27 @@ impl Fixture {
         policy: &Path,
         ops: &Value,
         env: &[(&str, &str)],
-    ) -> (std::process::Child, std::process::ChildStdin, String) {
-        let mut child = Command::new(bin())
-            .args(["proxy", "--policy"])
-            .arg(policy)
-            .args([flag, "--", "python3"])
-            .arg(self.dir.join("srv/probe.py"))
-            .env("PROBE", ops.to_string())
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
-        (child, stdin, line)
+    ) -> (Fsb, String) {
+        let probe = self.dir.join("srv/probe.py");
+        let mut cmd = Cmd::new(&[
+            "proxy".as_ref(),
+            "--policy".as_ref(),
+            policy.as_os_str(),
+            flag.as_ref(),
+            "--".as_ref(),
+            "python3".as_ref(),
+            probe.as_os_str(),
+        ])
+        .env("PROBE", ops.to_string());
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
+        let mut proxy = cmd.deadline(Duration::from_secs(60)).spawn();
+        let line = match proxy.next_line(Duration::from_secs(60)) {
+            Raw::Line(l) => l.text(),
+            other => panic!("the confined probe said nothing: {other:?}"),
+        };
+        (proxy, line)
     }
 
     /// `fsbroker proxy ARGS -- python3 probe.py` with `$PROBE = ops`, its stdin closed.
@@ -311,12 +311,10 @@ impl Fixture {
 }
 
 /// Waits (at most 20 s) for a proxy told to end its server (a revocation) to exit.
-pub fn wait_ended(mut child: std::process::Child) -> std::process::ExitStatus {
-    super::with_deadline(
-        Duration::from_secs(20),
-        || {},
-        move || child.wait().unwrap(),
-    )
+pub fn wait_ended(proxy: &mut Fsb) -> std::process::ExitStatus {
+    proxy
+        .wait_exit(Duration::from_secs(20))
+        .expect("the proxy did not exit within 20 s")
 }
 
 /// Whether the file at `trace` grows within 0.6 s (something still writes to it).

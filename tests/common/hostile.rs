@@ -1,7 +1,7 @@
 //! The hostile-path kit: a temp tree full of traps around a root, the markers that must never
 //! reach the wire, the contract's error numbers, and small file helpers. The attack suites
 //! (`attacks.rs` for reads and listings, `write_attacks.rs` for mutations, `protected.rs`,
-//! `review_attacks.rs`) build on it and add the traps only they need.
+//! `indirection.rs`) build on it and add the traps only they need.
 
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};

@@ -1,7 +1,6 @@
-//! Processes a test starts, ended if the test runs past its deadline, and whether a broker's
-//! Unix socket is listening yet: what the abuse tests' `serve --listen` and proxy drivers share.
+//! Processes a test starts, ended if the test runs past its deadline, and what `/proc` says
+//! of them (the readers themselves are the kit's, shared with the benches: [`super::kit`]).
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,16 +51,14 @@ pub fn within<T: Send + 'static>(
     super::with_deadline(deadline, move || killer.kill_all(), move || f(inner))
 }
 
-/// Whether a Unix socket bound at `path` is listening (`__SO_ACCEPTCON` in `/proc/net/unix`).
-/// Asked without connecting: a probe would be a session of its own.
-pub fn is_listening(path: &Path) -> bool {
-    let path = path.to_str().expect("UTF-8 temp path");
-    std::fs::read_to_string("/proc/net/unix")
-        .expect("read /proc/net/unix")
-        .lines()
-        .skip(1)
-        .any(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() >= 8 && f[7] == path && f[3] == "00010000"
-        })
+/// A field of `/proc/PID/status` given in kB (`VmRSS`, `VmHWM`, ...), in KiB; panics when the
+/// process or the field is gone ([`super::kit::status_field`] says `None` instead).
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    super::kit::status_field(pid, field)
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// `VmHWM` of `pid` in MiB (panics when it is gone).
+pub fn vm_hwm_mib(pid: u32) -> f64 {
+    super::kit::mib(proc_status_kib(pid, "VmHWM"))
 }

@@ -1,7 +1,12 @@
-//! Regression tests for the attacks a security review found, ported from the reviewer's
-//! reproducing scripts, through the real binary over real pipes on real temp dirs.
+//! Indirection: attacks through what a name leads to, changed between the broker's check and
+//! its use or resolved otherwise than the check assumed (a folder renamed onto a denied one,
+//! a file swapped for a folder, a link on the way to the policy or a root replaced, a listing
+//! through a link into a nested root, `--root .` with absolute paths, a module or a `PATH`
+//! entry planted for the consent command). Through the real binary over real pipes on real
+//! temp dirs; each attack is ported from a reproducing script.
 //!
-//! Each test names its finding (F1 ... F11, and the relative `--root .`), performs the attack
+//! Each test names its finding (F1 ... F11, R2 ... R4, and the relative `--root .`: the ids
+//! the commit history uses), performs the attack
 //! exactly as a hostile MCP server would, and asserts the behaviour wanted once it is fixed:
 //! the exact refusal (`-31002` / `PERMISSION_DENIED`, its reason where the contract gives one,
 //! `data.path` the path as sent) and the state of the disk (nothing landed, nothing ran,
@@ -38,7 +43,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Broker, LiveBroker, RootToml, bin, code, tempdir};
+use common::fsb::{Cmd, Log};
+use common::{Fsb, RootToml, bin, code, tempdir};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -75,8 +81,8 @@ fn root_toml(path: &str, name: &str, mode: &str, consent: &str, deny: &[&str]) -
 const LIMITS: &str = "[limits]\nrequests_per_second = 0\n";
 
 /// `fsbroker serve --policy FILE`.
-fn serve(policy: &Path) -> LiveBroker {
-    LiveBroker::start(
+fn serve(policy: &Path) -> Fsb {
+    Fsb::start(
         &[
             OsStr::new("serve"),
             OsStr::new("--policy"),
@@ -187,7 +193,7 @@ fn exists(p: &Path) -> bool {
 }
 
 /// The `path`s of a `files/list` (hidden entries included), or the whole response on failure.
-fn listed(b: &mut LiveBroker, path: &str, recursive: bool) -> Result<Vec<String>, Value> {
+fn listed(b: &mut Fsb, path: &str, recursive: bool) -> Result<Vec<String>, Value> {
     let r = b.request(
         "files/list",
         json!({"path": path, "recursive": recursive, "includeHidden": true}),
@@ -204,7 +210,7 @@ fn listed(b: &mut LiveBroker, path: &str, recursive: bool) -> Result<Vec<String>
 /// Sends SIGHUP, then for [`AFTER_RELOAD`] checks that `roots/list` stays `roots` and that
 /// none of `outside` (paths as a server would send them) is readable. Returns what was seen
 /// instead, each kind once (a reload the policy watcher did first shows up the same way).
-fn after_sighup(b: &mut LiveBroker, roots: &Value, outside: &[String]) -> Vec<String> {
+fn after_sighup(b: &mut Fsb, roots: &Value, outside: &[String]) -> Vec<String> {
     hangup(b.pid());
     let mut seen = Vec::new();
     let (mut roots_seen, mut read_seen) = (false, vec![false; outside.len()]);
@@ -255,7 +261,7 @@ const APPROVE_ALL_PY: &str = "import json, sys\nr = json.load(sys.stdin)\nprint(
 
 /// `T/proj` (root `p`, read-write, auto, deny `.github/workflows/*.yml`) holding an empty
 /// `.github/`, and `T/other` (root `o`, read-write, auto, no globs).
-fn upload_world() -> (tempfile::TempDir, PathBuf, LiveBroker) {
+fn upload_world() -> (tempfile::TempDir, PathBuf, Fsb) {
     let (t, dir) = tempdir();
     mkdirs(&dir, &["proj/.github", "other", "policy"]);
     let policy = dir.join("policy/policy.toml");
@@ -377,7 +383,7 @@ fn f1_an_upload_moved_onto_a_denied_folder_of_another_root_never_lands_there() {
 
 /// `T/proj` (with an empty `.github`) as the read-write auto root `p` denying `glob`, served
 /// live. Returns the temp dir, `T/proj` and the broker.
-fn one_root_denying(glob: &str) -> (tempfile::TempDir, PathBuf, LiveBroker) {
+fn one_root_denying(glob: &str) -> (tempfile::TempDir, PathBuf, Fsb) {
     let (t, dir) = tempdir();
     let proj = dir.join("proj");
     mkdirs(&dir, &["proj/.github", "policy"]);
@@ -644,7 +650,7 @@ fn f4_the_consent_program_is_the_one_resolved_at_load_not_a_later_path_lookup() 
         s(&dir.join("realbin")),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut b = Broker::spawn_program(
+    let mut b = Fsb::spawn_program(
         "env",
         &[
             format!("PATH={path}"),
@@ -733,7 +739,7 @@ struct Chain {
     _t: tempfile::TempDir,
     dir: PathBuf,
     home: PathBuf,
-    b: LiveBroker,
+    b: Fsb,
 }
 
 impl Chain {
@@ -906,7 +912,7 @@ fn f5_no_hop_of_the_symlink_chain_to_the_policy_can_be_replaced() {
 /// F6 world: `T/proj` (root `p`, read-write, auto), `T/vendor/readme.txt`, the user's links
 /// `T/proj/vendor -> T/vendor` (the root `vendor` is configured as `path = "proj/vendor"`) and
 /// `T/proj/secret-link -> T/home-secret` (holding `id_rsa`).
-fn vendor_world() -> (tempfile::TempDir, PathBuf, LiveBroker) {
+fn vendor_world() -> (tempfile::TempDir, PathBuf, Fsb) {
     let (t, dir) = tempdir();
     let proj = dir.join("proj");
     std::fs::create_dir(&proj).unwrap();
@@ -1090,7 +1096,7 @@ fn f7_the_audit_log_in_use_stays_protected_after_the_audit_path_changes() {
 /// ```
 ///
 /// No deny glob anywhere.
-fn nested_world() -> (tempfile::TempDir, PathBuf, LiveBroker) {
+fn nested_world() -> (tempfile::TempDir, PathBuf, Fsb) {
     let (t, dir) = tempdir();
     let proj = dir.join("proj");
     put(&proj.join("visible.txt"), "v");
@@ -1352,12 +1358,11 @@ fn relative_root_an_absolute_path_outside_is_outside_every_root() {
         &proj.join("usr/share/fsb-review/marker.txt"),
         "in-proj-marker\n",
     );
-    let mut b = Broker::spawn_stderr_to_file(
-        &["serve", "--root", "."],
-        &proj,
-        "fsbroker=info",
-        &dir.join("stderr.log"),
-    );
+    let mut b = Cmd::new(&["serve", "--root", "."])
+        .cwd(&proj)
+        .env("RUST_LOG", "fsbroker=info")
+        .log(Log::File(dir.join("stderr.log")))
+        .spawn();
     let roots = b.ok("roots/list", json!({}));
     assert_eq!(
         roots["roots"][0]["uri"],
@@ -1544,7 +1549,7 @@ fn r2_the_consent_command_does_not_run_the_users_python_site_code() {
         ),
     )
     .unwrap();
-    let mut b = Broker::spawn_program(
+    let mut b = Fsb::spawn_program(
         "env",
         &[
             format!("HOME={}", s(&home)),
@@ -1722,7 +1727,7 @@ fn r3_the_consent_command_does_not_run_code_from_the_brokers_working_directory()
         ),
     )
     .unwrap();
-    let mut b = Broker::spawn_program(
+    let mut b = Fsb::spawn_program(
         "sh",
         &[
             "-c".to_owned(),

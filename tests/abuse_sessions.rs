@@ -1,5 +1,5 @@
-//! Regression tests for three attacks on a shared broker (`serve --listen`), through the real
-//! binary over real Unix sockets:
+//! Sessions of a shared broker (`serve --listen`) that must not hold up the others: three
+//! attacks, through the real binary over real Unix sockets:
 //! - connections that half-close and stop reading must not freeze the other sessions (their
 //!   writers are awaited, not joined on an async worker);
 //! - a connection that sent one over-long line must not keep its share of the shared input
@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use common::fsb::{Fsb, Got, Listener};
 use common::procs::Pids;
-use common::socket::{Conn, Got, Listener};
 use common::{PolicyToml, RootToml, code, python, request_line, tempdir, write_policy};
 
 /// Longest any one test may run before its processes are killed and it fails.
@@ -106,7 +106,7 @@ fn half_closed_connections_that_stop_reading_do_not_freeze_other_sessions() {
         for k in 0..n {
             let s = UnixStream::connect(&l.sock).expect("connect");
             set_recv_buffer(&s, 4096);
-            let mut c = Conn::new(s);
+            let mut c = Fsb::from_stream(s);
             let mut input = Vec::new();
             for i in 0..6 {
                 input.extend(request_line(
@@ -115,12 +115,12 @@ fn half_closed_connections_that_stop_reading_do_not_freeze_other_sessions() {
                     json!({"path": "r/big.txt", "length": 1048576}),
                 ));
             }
-            c.send(&input);
+            c.send_raw(&input);
             attackers.push(c);
         }
         std::thread::sleep(Duration::from_millis(500));
         for c in &attackers {
-            c.stream
+            c.stream()
                 .shutdown(std::net::Shutdown::Write)
                 .expect("shutdown(SHUT_WR)");
         }
@@ -177,7 +177,7 @@ fn an_over_long_line_gives_back_its_share_of_the_input_budget() {
             let mut c = l.connect();
             let mut line = vec![b'x'; 3 << 19];
             line.push(b'\n');
-            c.send(&line);
+            c.send_raw(&line);
             let m = match c.next(Duration::from_secs(5)) {
                 Got::Line(m) => m,
                 other => panic!("attacker {k}: no answer to its over-long line: {other:?}"),
@@ -265,11 +265,11 @@ struct HostileReport {
 /// A hostile session: keeps [`OUTSTANDING`] `files/consent` requests for `p/p.txt` in flight
 /// (one more sent whenever one is answered) until `stop`; every request must be answered
 /// within `bound` of being sent.
-fn hostile(mut c: Conn, k: usize, stop: Arc<AtomicBool>, bound: Duration) -> HostileReport {
+fn hostile(mut c: Fsb, k: usize, stop: Arc<AtomicBool>, bound: Duration) -> HostileReport {
     let mut report = HostileReport::default();
     let mut sent: std::collections::HashMap<String, Instant> = Default::default();
     let mut next = 0;
-    let mut send = |c: &mut Conn, sent: &mut std::collections::HashMap<String, Instant>| {
+    let mut send = |c: &mut Fsb, sent: &mut std::collections::HashMap<String, Instant>| {
         let id = format!("hostile-{k}-{next}");
         next += 1;
         c.send_request(
@@ -378,7 +378,7 @@ fn consent_prompts_nobody_answers_do_not_hold_other_sessions_reads() {
             let id = json!(format!("h-read-{n}"));
             let at = Instant::now();
             honest.send_request(&id, "files/read", json!({"path": "r/small.txt"}));
-            let m = match honest.next_answer(&id, Duration::from_secs(4)) {
+            let m = match honest.answer_within(&id, Duration::from_secs(4)) {
                 Some(m) => m,
                 None => {
                     reads.push((at.elapsed(), "no answer within 4 s".to_owned()));

@@ -1,6 +1,6 @@
-//! Confinement end to end, through the real binary over real pipes: the rules that keep a
-//! server inside what the person approved, where the paths it names and where they really
-//! lead can differ.
+//! The scope a server is held to, end to end, through the real binary over real pipes: the
+//! rules that keep a server inside what the person approved, where the paths it names and
+//! where they really lead can differ.
 //!
 //! 1. **Consent is exact.** `files/consent` approves canonical absolute paths (symlinks
 //!    resolved, a leading dot kept), a subset of what was asked and never outside a root; the
@@ -20,7 +20,7 @@
 //!
 //! Each refusal is checked for its exact code, reason and `data.path`, and for the disk being
 //! exactly as it was; each "must not" has a control showing the same request shape succeeds
-//! where it should. Every broker is a [`LiveBroker`] (notifications set aside, every wait
+//! where it should. Every broker is a [`Fsb`] (notifications set aside, every wait
 //! bounded), since a grant may now be announced by a notification between two responses.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{LiveBroker, PolicyToml, RootToml, bin, code, tempdir};
+use common::{Fsb, PolicyToml, RootToml, bin, code, tempdir};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -77,8 +77,8 @@ fn replace_file(policy: &Path, text: &str) {
 }
 
 /// `fsbroker serve --policy FILE`, not yet asked anything.
-fn serve(policy: &Path) -> LiveBroker {
-    LiveBroker::start(
+fn serve(policy: &Path) -> Fsb {
+    Fsb::start(
         &[
             OsStr::new("serve"),
             OsStr::new("--policy"),
@@ -215,7 +215,7 @@ fn assert_denied(e: &Value, path: &str, reason: Reason) {
 /// Sends a request that must be refused `PERMISSION_DENIED` with `reason` for `path`, and must
 /// leave everything beneath `tree` exactly as it was. Returns the error.
 fn refused(
-    b: &mut LiveBroker,
+    b: &mut Fsb,
     tree: &Path,
     method: &str,
     params: Value,
@@ -233,19 +233,19 @@ fn refused(
     e
 }
 
-fn read_ok(b: &mut LiveBroker, path: &str, expect: &str) {
+fn read_ok(b: &mut Fsb, path: &str, expect: &str) {
     let r = b.ok("files/read", json!({ "path": path }));
     assert_eq!(r["content"], expect, "{path}: {r}");
 }
 
-fn no_consent(b: &mut LiveBroker, path: &str) {
+fn no_consent(b: &mut Fsb, path: &str) {
     let e = b.err("files/read", json!({ "path": path }));
     assert_denied(&e, path, Reason::Is("no consent"));
 }
 
 /// `files/consent` that must succeed: checks the result's shape, and that every approved path
 /// is absolute, listed once and beneath one of `roots`. Returns `approvedPaths`.
-fn consent(b: &mut LiveBroker, paths: &[&str], roots: &[&Path]) -> Vec<String> {
+fn consent(b: &mut Fsb, paths: &[&str], roots: &[&Path]) -> Vec<String> {
     let r = b.ok(
         "files/consent",
         json!({"message": "m", "requestedPaths": paths}),
@@ -269,7 +269,7 @@ fn consent(b: &mut LiveBroker, paths: &[&str], roots: &[&Path]) -> Vec<String> {
 }
 
 /// The names in a `files/list` of `path` (hidden entries included).
-fn listed(b: &mut LiveBroker, path: &str, recursive: bool) -> Vec<String> {
+fn listed(b: &mut Fsb, path: &str, recursive: bool) -> Vec<String> {
     let r = b.ok(
         "files/list",
         json!({"path": path, "recursive": recursive, "includeHidden": true}),
@@ -283,7 +283,7 @@ fn listed(b: &mut LiveBroker, path: &str, recursive: bool) -> Vec<String> {
 }
 
 /// `roots/list` as a set of `(name, uri)`.
-fn roots(b: &mut LiveBroker) -> BTreeSet<(String, String)> {
+fn roots(b: &mut Fsb) -> BTreeSet<(String, String)> {
     let r = b.ok("roots/list", json!({}));
     r["roots"]
         .as_array()
@@ -304,7 +304,7 @@ fn entry(name: &str, dir: &Path) -> (String, String) {
 }
 
 /// Waits for `notifications/roots/list_changed` (exactly as the contract writes it).
-fn expect_list_changed(b: &mut LiveBroker, what: &str) {
+fn expect_list_changed(b: &mut Fsb, what: &str) {
     let Some((_, n)) = b.next_notification(DEADLINE) else {
         panic!("{what}: no notifications/roots/list_changed within {DEADLINE:?}");
     };
@@ -316,7 +316,7 @@ fn expect_list_changed(b: &mut LiveBroker, what: &str) {
 }
 
 /// Drops notifications already received, and any arriving within `limit`.
-fn drain_notifications(b: &mut LiveBroker, limit: Duration) {
+fn drain_notifications(b: &mut Fsb, limit: Duration) {
     let end = Instant::now() + limit;
     while b
         .next_notification(end.saturating_duration_since(Instant::now()))
@@ -394,7 +394,7 @@ impl ConsentEnv {
         }
     }
 
-    fn serve(&self) -> LiveBroker {
+    fn serve(&self) -> Fsb {
         serve(&self.policy)
     }
 
@@ -581,7 +581,7 @@ struct RenameEnv {
     dir: PathBuf,
     proj: PathBuf,
     other: PathBuf,
-    b: LiveBroker,
+    b: Fsb,
 }
 
 impl RenameEnv {
@@ -861,11 +861,11 @@ impl Nested {
         }
     }
 
-    fn serve(&self) -> LiveBroker {
+    fn serve(&self) -> Fsb {
         serve(&self.policy)
     }
 
-    fn inner_listed(&self, b: &mut LiveBroker) -> bool {
+    fn inner_listed(&self, b: &mut Fsb) -> bool {
         let want = entry("inner", &self.inner);
         roots(b).contains(&want)
     }

@@ -1,6 +1,6 @@
-//! `--confine` against the routes a hostile review found around Landlock: each test is one
-//! route, tried on the real kernel by the probe server (`tests/common/confine.rs`), and
-//! fails if the route is open again.
+//! Escapes from `--confine`: the routes around Landlock a hostile server could take, each test
+//! one route, tried on the real kernel by the probe server (`tests/common/confine.rs`), and
+//! failing if the route is open again.
 //!
 //! - things Landlock does not see: datagram socket pairs that `sendto` any path, netlink
 //!   beyond routing, System V IPC, set-id bits, descriptors the host left open, the terminal;
@@ -22,6 +22,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::confine::{Fixture, PROBE, check, results, wait_ended};
+use common::fsb::{Cmd, Log};
 use common::{PolicyToml, RootToml, bin};
 use serde_json::json;
 
@@ -328,8 +329,7 @@ fn a_reload_adding_a_deny_glob_ends_a_strict_server() {
     for (flag, ends) in [("--confine=strict", true), ("--confine", false)] {
         let fx = Fixture::new();
         let policy = fx.roots().write_to(&fx.dir.join("policy.toml"));
-        let (mut child, _host_stdin, _line) =
-            fx.start_with(flag, &policy, &json!([]), &[("PROBE_STAY", "1")]);
+        let (mut proxy, _line) = fx.start_with(flag, &policy, &json!([]), &[("PROBE_STAY", "1")]);
         let tmp = PolicyToml::new()
             .root(RootToml::at(&fx.dir.join("rw")).rw().deny(&["**/.env"]))
             .root(RootToml::at(&fx.dir.join("ro")))
@@ -338,16 +338,12 @@ fn a_reload_adding_a_deny_glob_ends_a_strict_server() {
             .write_to(&fx.dir.join("policy.toml.new"));
         std::fs::rename(&tmp, &policy).unwrap();
         if ends {
-            let status = wait_ended(child);
+            let status = wait_ended(&mut proxy);
             assert_eq!(status.code(), Some(128 + 15), "{flag}: {status:?}");
         } else {
             std::thread::sleep(Duration::from_secs(2));
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "{flag}: the server ended"
-            );
-            let _ = child.kill();
-            let _ = child.wait();
+            assert!(proxy.try_wait().is_none(), "{flag}: the server ended");
+            proxy.kill_now();
         }
     }
 }
@@ -513,14 +509,14 @@ fn a_reload_taking_a_confine_path_or_the_network_ends_the_server() {
             .roots()
             .table("confine", table(&before))
             .write_to(&fx.dir.join("policy.toml"));
-        let (child, _host_stdin, _line) =
+        let (mut proxy, _line) =
             fx.start_with("--confine", &policy, &json!([]), &[("PROBE_STAY", "1")]);
         let tmp = fx
             .roots()
             .table("confine", table(&after))
             .write_to(&fx.dir.join("policy.toml.new"));
         std::fs::rename(&tmp, &policy).unwrap();
-        let status = wait_ended(child);
+        let status = wait_ended(&mut proxy);
         assert_eq!(
             status.code(),
             Some(128 + 15),
@@ -537,23 +533,22 @@ fn a_flood_on_stderr_does_not_stop_a_revocation() {
     let fx = Fixture::new();
     let policy = fx.policy("");
     let (reader, writer) = std::io::pipe().unwrap();
-    let mut child = Command::new(bin())
-        .args(["proxy", "--policy"])
-        .arg(&policy)
-        .args(["--confine", "--", "python3"])
-        .arg(fx.dir.join("srv/probe.py"))
-        .env("PROBE", json!([["flood", 1 << 20]]).to_string())
-        .env("PROBE_STAY", "1")
-        .env("RUST_LOG", "fsbroker=info")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(writer)
-        .spawn()
-        .unwrap();
-    let _host_stdin = child.stdin.take().unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    let probe = fx.dir.join("srv/probe.py");
+    let mut proxy = Cmd::new(&[
+        "proxy".as_ref(),
+        "--policy".as_ref(),
+        policy.as_os_str(),
+        "--confine".as_ref(),
+        "--".as_ref(),
+        "python3".as_ref(),
+        probe.as_os_str(),
+    ])
+    .env("PROBE", json!([["flood", 1 << 20]]).to_string())
+    .env("PROBE_STAY", "1")
+    .env("RUST_LOG", "fsbroker=info")
+    .log(Log::Fd(writer.into()))
+    .spawn();
+    let line = proxy.read_message().to_string();
     assert!(line.contains("probe"), "{line}");
     // The flood has gone in; the proxy's stderr pipe is full or nearly so. Revoke.
     std::thread::sleep(Duration::from_millis(300));
@@ -561,7 +556,7 @@ fn a_flood_on_stderr_does_not_stop_a_revocation() {
         .root(RootToml::at(&fx.dir.join("ro")))
         .write_to(&fx.dir.join("policy.toml.new"));
     std::fs::rename(&tmp, &policy).unwrap();
-    let status = wait_ended(child);
+    let status = wait_ended(&mut proxy);
     assert_eq!(status.code(), Some(128 + 15), "{status:?}");
     // What got through has no escape character.
     // Every writer is gone with the proxy and its server: the pipe reads to its end.
