@@ -1,4 +1,4 @@
-//! What the fuzz targets (`fuzz/`) need of the private layers, built only under
+//! What the fuzz targets (`tests/fuzz/`) need of the private layers, built only under
 //! `cargo fuzz` (which sets `--cfg fuzzing`): the framer and the parser stay private to
 //! every other build, and the targets see only these two questions about them.
 

@@ -1,4 +1,4 @@
-//! The crate as a host embeds it: without its command line, and through `examples/embed.rs`.
+//! The crate as a host embeds it: without its command line, and through `docs/examples/embed.rs`.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).
@@ -109,7 +109,7 @@ fn example(name: &str) -> PathBuf {
     path
 }
 
-/// `examples/embed.rs` does what its comments say: lists the root, reads a file, refuses a
+/// `docs/examples/embed.rs` does what its comments say: lists the root, reads a file, refuses a
 /// path outside the root, and reports a change through a watch.
 #[test]
 fn the_embedding_example_runs() {

@@ -1,4 +1,4 @@
-//! `examples/rmcp_host.rs` as a test: the rmcp client, its `ClientHandler` delegating to a
+//! `docs/examples/rmcp_host.rs` as a test: the rmcp client, its `ClientHandler` delegating to a
 //! fsbroker `Session`, against a small Python MCP server that asks the client for `roots/list`
 //! and `files/read` right after the handshake and reports the answers in a tool result.
 
@@ -7,7 +7,7 @@
 #![allow(clippy::disallowed_methods)]
 
 #[allow(dead_code)] // the example's `main` and argument parsing
-#[path = "../examples/rmcp_host.rs"]
+#[path = "../docs/examples/rmcp_host.rs"]
 mod rmcp_host;
 
 use serde_json::{Value, json};
