@@ -47,6 +47,9 @@
 //! when an honest answer was wrong or missing, an honest request was answered with an error,
 //! a hostile request was never answered (a hang), or the broker died or did not exit cleanly
 //! on SIGTERM at the end.
+//!
+//! One file though long: a bench is one program with its own `main`; the hostile session and
+//! the honest ones share the one broker, the sampler and the report.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -25,6 +25,9 @@
 //! With `--json` or `--csv` the table goes to stderr and the data to stdout. The exit status
 //! is non-zero when any answer was wrong, missing or duplicated, or the broker did not exit
 //! cleanly at the end of its input.
+//!
+//! One file though long: a bench is one program with its own `main`; its phases share the
+//! broker, the load and the memory sampler.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -8,6 +8,9 @@
 //! Memory bounds are read from `/proc/PID/status` (VmHWM) and are correctness bounds, not
 //! speed: a transport that buffers whatever a peer sends has no bound at all. Figures are
 //! printed; run with `--nocapture` to see them.
+//!
+//! One file though long: every test floods one transport with the same hostile peers and
+//! measures the same honest session beside them.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -17,6 +17,9 @@
 //! Bounds on time here are correctness bounds (an answer that must come before `timeout_ms`
 //! could have run out, or a read that must not sit behind another session's stalled work),
 //! never speed measurements. Every wait is bounded, so a broker that hangs fails a test.
+//!
+//! One file though long: every test abuses chunked uploads through the same fixture and checks
+//! the same invariants (nothing half-written, staging files gone).
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

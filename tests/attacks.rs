@@ -14,6 +14,9 @@
 //! Every case is a row of a table; one `check` runs a row against one method and asserts the
 //! exact `data.code`, the numeric code, `data.path` echoing the request, the reason for
 //! confinement and deny refusals, and that no marker byte appears on the wire.
+//!
+//! One file though long: its tables share one tree of traps and one runner, and the hostile-
+//! case counts it prints are this file's; split, a row could land where no runner checks it.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -5,6 +5,9 @@
 //! first bad line of an edited, deleted, swapped, inserted or truncated log; `redact_paths`; a
 //! restart adding a second start line and continuing the chain, and a torn log refusing to
 //! start (naming its torn line); an unwritable log failing closed; refusals warned on stderr.
+//!
+//! One file though long: each test is a rule of this part of the contract on the same fixture;
+//! split by rule, the fixture and the contract's section would be scattered across files.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

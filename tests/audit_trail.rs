@@ -1,6 +1,9 @@
 //! The audit log as an auditor relies on it: several brokers appending to one file form one
 //! chain, the hash covers the exact bytes written (a reformatted line fails), and line
 //! separators inside strings are escaped so every line splitter sees the same lines.
+//!
+//! One file though long: each test is one promise the log makes to an auditor, on the same
+//! several-brokers fixture.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -1,6 +1,9 @@
 //! `fsbroker bench`: short runs whose JSON parses and whose numbers are all positive and
 //! finite. No timing thresholds: speed is measured on release builds (docs/benchmarks.md),
 //! not asserted in tests.
+//!
+//! One file though long: each test is one `fsbroker bench` option checked on the same JSON
+//! shape.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

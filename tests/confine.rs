@@ -4,6 +4,9 @@
 //! disk, its temporary directory, the network. What it reports back is what the kernel let
 //! it do. Also: the simulated kernel without Landlock (strict refuses, best effort warns),
 //! `confine check`, the audit record, and revocation ending the server.
+//!
+//! One file though long: every test runs the same probe server under `--confine` on the real
+//! kernel; its fixture and probe are shared.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

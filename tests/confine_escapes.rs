@@ -9,6 +9,9 @@
 //! - rules the kernel cannot hold: a read-only root inside a writable one, signal scoping on
 //!   an old kernel, a deny glob added by a reload;
 //! - shared directories and what a killed proxy leaves in them.
+//!
+//! One file though long: its tables share one tree of traps and one runner, and the hostile-
+//! case counts it prints are this file's; split, a row could land where no runner checks it.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -4,6 +4,9 @@
 //! pseudo-terminal, driven by a small python helper), and fail closed when neither can ask.
 //! Grants are per session, cover subtrees, and are checked for both paths of a rename and
 //! for where a symlink really leads.
+//!
+//! One file though long: each test is a rule of this part of the contract on the same fixture;
+//! split by rule, the fixture and the contract's section would be scattered across files.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

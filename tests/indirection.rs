@@ -26,6 +26,9 @@
 //! | `f10_*` | a listing through a symlink shows a nested deny root or an ungranted folder |
 //! | `f11_*` | a listing through a symlink to the audit log's folder shows the logs |
 //! | `relative_root_*` | with `--root .`, an absolute path outside answers a file beneath `$PWD` |
+//!
+//! One file though long: its tables share one tree of traps and one runner, and the hostile-
+//! case counts it prints are this file's; split, a row could land where no runner checks it.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -4,6 +4,9 @@
 //!
 //! Figures (retry-after values, VmHWM, requests/s) are printed; run with `--nocapture`.
 //! Timing assertions are lower bounds only, so a slow or busy machine cannot fail them.
+//!
+//! One file though long: each test is one limit of docs/protocol.md section 7 pressed on the
+//! same fixture; they share the load generators.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -7,6 +7,9 @@
 //! with `files/unlock` (own id only), with the session, or after `lock_timeout_ms`; `max_locks`
 //! is a per-session quota; an upload in progress locks its path, and an abandoned one leaves
 //! nothing behind; one file reached through several spellings is one lock.
+//!
+//! One file though long: each test is a rule of this part of the contract on the same fixture;
+//! split by rule, the fixture and the contract's section would be scattered across files.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -1,6 +1,9 @@
 //! Policy files and command-line merging through the real binary (docs/protocol.md §1, §2):
 //! the example policies in `policy/` check clean, bad policies fail with a clear message,
 //! `policy schema` is JSON, and `serve` merges `--policy` with `--root`.
+//!
+//! One file though long: each test is a rule of this part of the contract on the same fixture;
+//! split by rule, the fixture and the contract's section would be scattered across files.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -6,6 +6,9 @@
 //! directory, a broker, a tokio runtime) is built once per test and the strategies can name
 //! the fixture's real paths. Failures print proptest's shrunk input. `PROPTEST_CASES` raises
 //! (or lowers) every property's case count for a longer local run.
+//!
+//! One file though long: the properties share one harness (`check`) and the fixtures its
+//! strategies name real paths of.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

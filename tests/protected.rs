@@ -27,6 +27,9 @@
 //! T/proj/audit.jsonl       the audit log, written by the broker
 //! T/proj/a.txt, sub/b.txt  ordinary files
 //! ```
+//!
+//! One file though long: its tables share one tree of traps and one runner, and the hostile-
+//! case counts it prints are this file's; split, a row could land where no runner checks it.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

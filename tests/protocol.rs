@@ -1,5 +1,8 @@
 //! JSON-RPC and MCP stdio behaviour of `fsbroker serve` through the real binary (contract
 //! §1, §1.1, §4, §5 `ping` and `roots/list`).
+//!
+//! One file though long: each test is a rule of this part of the contract on the same fixture;
+//! split by rule, the fixture and the contract's section would be scattered across files.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -5,6 +5,9 @@
 //! its stdout. The Python server (written into a temp dir, see [`SERVER`]) logs every raw line
 //! it receives, answers a few test tools, and sends `roots/list` and `files/*` requests to the
 //! client on command, reporting the answers it got in tool results.
+//!
+//! One file though long: every test drives the proxy with the same small Python MCP server
+//! behind it.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

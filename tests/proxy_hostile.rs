@@ -5,6 +5,9 @@
 //! proxy never kept, rounds without end, a flood of input requests, batches and bytes that are
 //! not UTF-8. Whatever it writes, no line the host gets names a broker method, and the host is
 //! never left without an answer.
+//!
+//! One file though long: every test is the host in front of the same scripted hostile server;
+//! the table of hostile lines and its counts are this file's.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

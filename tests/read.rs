@@ -1,4 +1,7 @@
 //! `files/read` through the real binary, on real temp directories (docs/protocol.md §3, §4, §5.4).
+//!
+//! One file though long: each test is a rule of this part of the contract on the same fixture;
+//! split by rule, the fixture and the contract's section would be scattered across files.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

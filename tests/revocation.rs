@@ -17,6 +17,9 @@
 //!
 //! Every read from the broker has a deadline: a missing notification fails the test, it
 //! never hangs it.
+//!
+//! One file though long: every test reloads the policy under the same live sessions (`Live`)
+//! and checks the same sequence: `list_changed`, refusals, ended work.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -22,6 +22,9 @@
 //! exactly as it was; each "must not" has a control showing the same request shape succeeds
 //! where it should. Every broker is a [`Fsb`] (notifications set aside, every wait
 //! bounded), since a grant may now be announced by a notification between two responses.
+//!
+//! One file though long: each test is one rule of a server's approved scope on the same roots;
+//! the rules are read together.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

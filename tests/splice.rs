@@ -8,6 +8,9 @@
 //! with readers that are slow and irregular, readers that leave in the middle of a response,
 //! readers that splice onward, and two files at once. Every 4-KiB page of a test file starts
 //! with a tag naming its file and page, so a wrong byte is reported with where it came from.
+//!
+//! One file though long: every test reads large chunks through the same raw-pipe reader that
+//! checks framing byte for byte.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

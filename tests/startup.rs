@@ -2,6 +2,9 @@
 //! (a desktop host starting all its servers) each get their private temporary directory, and a
 //! start clears what killed proxies left but nothing another proxy still uses or is still
 //! making; a shared broker's socket accepts a connection from the moment its path exists.
+//!
+//! One file though long: every test starts brokers or proxies at once under the same
+//! `LD_PRELOAD` shim that holds the race windows open.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -25,6 +25,9 @@
 //! watched; coalescing; a server that stops reading (alive, responsive, bounded memory, every
 //! path reported, `roots/list_changed` not lost); watched directories that move (out of the
 //! root, or within it); watches that share directories; brokers started on a busy machine.
+//!
+//! One file though long: each test is a rule of this part of the contract on the same fixture;
+//! split by rule, the fixture and the contract's section would be scattered across files.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -1,5 +1,8 @@
 //! `files/write`, `files/create`, `files/delete` and `files/rename` through the real binary,
 //! on real temp directories (docs/protocol.md §2 limits, §4 errors, §5).
+//!
+//! One file though long: each test is a rule of this part of the contract on the same fixture;
+//! split by rule, the fixture and the contract's section would be scattered across files.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

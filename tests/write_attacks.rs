@@ -24,6 +24,9 @@
 //! at a rotated sibling of the log that does not exist yet, and at the folders holding them:
 //! each must be refused as protected, the policy (and the absent sibling) stay exactly as they
 //! were, and the audit log only grows, in place.
+//!
+//! One file though long: its tables share one tree of traps and one runner, and the hostile-
+//! case counts it prints are this file's; split, a row could land where no runner checks it.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).

@@ -19,6 +19,9 @@
 //! [`Cmd`] starts a process with more than the shortcuts say: environment, working
 //! directory, where its stderr goes ([`Log`]), a process group of its own, registration with
 //! a test's [`Pids`].
+//!
+//! One file though long: the driver is one type and its builder; spawning, reading ahead or on
+//! demand and waiting all share the reader thread's state.
 
 use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
