@@ -14,14 +14,15 @@
 
 mod common;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::audit::{log_lines, verify_files};
-use common::fsb::Listener;
+use common::fsb::{Cmd, Listener, Raw};
 use common::policy::{PolicyToml, RootToml};
 use common::procs::Pids;
-use common::{Fsb, tempdir};
+use common::{Fsb, python, tempdir};
 use serde_json::{Value, json};
 
 /// A forged note: a name, an era, and a `confinement` object of `pad` bytes, with `key` if
@@ -249,4 +250,137 @@ fn a_request_line_is_small_whatever_its_strings_hold() {
     assert_eq!(consent["pathsCount"], 16, "{consent}");
     let (code, out) = verify_files(&[&log], &[]);
     assert_eq!(code, 0, "{out}");
+}
+
+/// How long a late-named server's run may take.
+const LATE_NAME_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Approves every requested path, after 2 s (a person taking their time).
+const SLOW_CONSENT_PY: &str = r#"
+import json, sys, time
+data = sys.stdin.buffer.read()
+time.sleep(2)
+print(json.dumps({"approvedPaths": json.loads(data)["requestedPaths"]}))
+"#;
+
+/// Asks `files/consent` first, and only then answers `initialize` as `late-named-server`.
+const LATE_NAMED_PY: &str = r#"
+import json, sys, time
+out = sys.stdout.buffer
+def send(o):
+    out.write(json.dumps(o).encode() + b"\n")
+    out.flush()
+while True:
+    raw = sys.stdin.buffer.readline()
+    if not raw:
+        break
+    try:
+        msg = json.loads(raw)
+    except ValueError:
+        continue
+    if not isinstance(msg, dict):
+        continue
+    if msg.get("method") == "initialize" and "id" in msg:
+        send({"jsonrpc": "2.0", "id": "srv-consent", "method": "files/consent",
+              "params": {"message": "review", "requestedPaths": ["r/doc.txt"]}})
+        time.sleep(0.7)
+        send({"jsonrpc": "2.0", "id": msg["id"], "result": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "serverInfo": {"name": "late-named-server", "version": "1.0"}}})
+    elif msg.get("id") == "srv-consent" and "method" not in msg:
+        send({"jsonrpc": "2.0", "method": "test/consent", "params": msg})
+"#;
+
+fn wait_for(p: &mut Fsb, limit: Duration, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+    let end = Instant::now() + limit;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        match p.next_line(left) {
+            Raw::Line(l) => match l.json {
+                Some(m) if want(&m) => return m,
+                _ => {}
+            },
+            Raw::Timeout => panic!("no {what} within {limit:?}"),
+            Raw::End { .. } => panic!("the proxy closed its output before {what}"),
+        }
+    }
+}
+
+fn consent_line_of_a_late_named_server(connect: bool) -> Value {
+    let pids = Pids::default();
+    common::procs::within(LATE_NAME_DEADLINE, &pids, move |pids| {
+        let (_t, dir) = tempdir();
+        let root = dir.join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("doc.txt"), "doc\n").unwrap();
+        let consent = dir.join("consent.py");
+        std::fs::write(&consent, SLOW_CONSENT_PY).unwrap();
+        let log = dir.join("audit.jsonl");
+        let policy = PolicyToml::new()
+            .root(RootToml::at(&root).name("r").consent("prompt"))
+            .consent_command(&[Path::new(python()), &consent], "timeout_ms = 20000")
+            .audit(&log, "")
+            .write_to(&dir.join("policy.toml"));
+        let server = dir.join("late.py");
+        std::fs::write(&server, LATE_NAMED_PY).unwrap();
+        let listener;
+        let mut args: Vec<OsString> = vec!["proxy".into()];
+        if connect {
+            listener = Some(Listener::start(&policy, &dir.join("b.sock"), &[], &pids));
+            args.extend([
+                "--connect".into(),
+                listener.as_ref().unwrap().sock.clone().into(),
+            ]);
+        } else {
+            listener = None;
+            args.extend(["--policy".into(), policy.clone().into()]);
+        }
+        args.extend(["--".into(), python().into(), server.into()]);
+        let mut proxy = Cmd::new(&args)
+            .pids(&pids)
+            .deadline(LATE_NAME_DEADLINE)
+            .ahead()
+            .spawn();
+        proxy.send_msg(
+            &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "review-host", "version": "1.0"}}}),
+        );
+        let answer = wait_for(
+            &mut proxy,
+            Duration::from_secs(30),
+            "the consent answer",
+            |m| m["method"] == "test/consent",
+        );
+        assert!(answer["params"]["result"].is_object(), "{answer}");
+        proxy.close_stdin();
+        let _ = proxy.next_line(Duration::from_secs(10));
+        drop(proxy);
+        if let Some(mut l) = listener {
+            l.terminate(Duration::from_secs(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let audit = std::fs::read_to_string(&log).expect("the audit log");
+        let line: Value = audit
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|r| r["method"] == "files/consent")
+            .unwrap_or_else(|| panic!("no files/consent line: {audit}"));
+        line
+    })
+}
+
+/// Rule: a request's audit line names the server as it is known when the line is written: a
+/// server that asks for consent first and answers `initialize` (its name) while the person is
+/// asked is named in the consent's line, behind a local broker and behind `--connect`.
+#[test]
+fn consent_line_names_a_server_named_while_the_prompt_ran_local() {
+    let line = consent_line_of_a_late_named_server(false);
+    assert_eq!(line["server"], "late-named-server", "{line}");
+}
+
+#[test]
+fn consent_line_names_a_server_named_while_the_prompt_ran_connect() {
+    let line = consent_line_of_a_late_named_server(true);
+    assert_eq!(line["server"], "late-named-server", "{line}");
 }

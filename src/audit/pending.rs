@@ -54,6 +54,14 @@ impl PendingLine {
         }
     }
 
+    /// Names the server as its transport knows it now: a name learnt while the request ran
+    /// (a server that answers `initialize` after asking for consent) is the line's.
+    pub(crate) fn name_server(&mut self, server: Option<String>) {
+        if server.is_some() {
+            self.server = server;
+        }
+    }
+
     /// The finished line: how the request ended (`ok` or its error's code), the payload bytes
     /// it moved, and the refusals over the rate folded into it.
     pub(crate) fn record(

@@ -90,9 +90,10 @@ pub(crate) async fn call(
         // Answered and recorded by the watchdog; this answer is dropped.
         return frame;
     }
-    let (Some(log), Some(line)) = (audit, line) else {
+    let (Some(log), Some(mut line)) = (audit, line) else {
         return frame;
     };
+    line.name_server(state.peer_name());
     let record = line.record(outcome.code, outcome.bytes, also_refused);
     // The line waits for the log no longer than the request's own deadline: past it a
     // request that only looked (a read, a listing) answers TIMEOUT and its content is not
