@@ -1,6 +1,6 @@
 //! The blocking pool, shared fairly between sessions.
 //!
-//! File-system work runs on a small pool of threads (see the runtime in `cli.rs`). Handed to
+//! File-system work runs on a small pool of threads (see the runtime in `cli/running.rs`). Handed to
 //! it first come, first served, one session with many slow requests in flight would fill
 //! every thread and make the other sessions' one-millisecond reads wait behind it. So work
 //! passes through a [`FairPool`] before it takes a thread:

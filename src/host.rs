@@ -1,6 +1,6 @@
 //! The host's API: a [`Session`] per connected MCP server, and what it is asked.
 //!
-//! A host builds a [`Broker`] (`broker.rs`: the policy, reloads, revocation, the audit log,
+//! A host builds a [`Broker`] (`broker/`: the policy, reloads, revocation, the audit log,
 //! `stop`), opens a [`Session`] per server with [`Broker::session`], feeds each line the
 //! server sends to [`Session::handle`], and sends what [`Session::take_notifications`]
 //! yields. The transports (`transport/`) are hosts of this API too: they use nothing else of
