@@ -1,7 +1,7 @@
 //! The blocking pool, shared fairly between sessions.
 //!
-//! File-system work runs on a small pool of threads (see the runtime in `cli/running.rs`). Handed to
-//! it first come, first served, one session with many slow requests in flight would fill
+//! File-system work runs on a small pool of threads (see the runtime in `cli/running.rs`).
+//! Handed to it first come, first served, one session with many slow requests in flight would fill
 //! every thread and make the other sessions' one-millisecond reads wait behind it. So work
 //! passes through a [`FairPool`] before it takes a thread:
 //! - a session never runs on more than [`FairPool::per_session`] slots at once, which leaves
