@@ -106,6 +106,13 @@ impl Session {
         self.state.set_peer_name(name.into());
     }
 
+    /// Says how the session's server is connected, for a host that shows its sessions
+    /// ([`Broker::sessions`]). The transports of this crate set it; a library host's
+    /// sessions are [`crate::Transport::Library`].
+    pub fn set_transport(&self, transport: crate::Transport) {
+        self.state.set_transport(transport);
+    }
+
     /// Marks the peer as speaking MCP 2026-07-28 (or not): every result the session sends it
     /// then carries `"resultType":"complete"`, which that revision requires and earlier ones
     /// do not expect.
@@ -160,6 +167,8 @@ impl Session {
         if self.broker.rate_limits().check_request(self.id()).is_err() {
             return ignore("the session is over its request rate");
         }
+        // A link that proves it is a proxy's is one.
+        self.set_transport(crate::Transport::Proxy);
         if let Some(version) = &peer.protocol_version {
             self.set_modern(crate::jsonrpc::is_modern(version));
         }

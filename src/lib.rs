@@ -147,7 +147,7 @@ pub mod transport;
 mod upload;
 mod watch;
 
-pub use broker::{Broker, PolicyWatcher, ReloadReport};
+pub use broker::{Broker, PolicyWatcher, ReloadReport, SessionInfo, Transport};
 pub use error::{Error, ErrorKind};
 pub use host::{Notifications, PEER_NOTIFICATION, Session};
 pub use policy::{Overrides, Policy, PolicyError};

@@ -5,10 +5,12 @@
 //! bookkeeping of requests in flight), held by the broker only weakly.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
+use crate::broker::{SessionInfo, Transport};
 use crate::consent::{Grants, SessionTurns};
 use crate::limits::{MAX_PEER_NAME, NOTIFICATION_QUEUE, OUTPUT_BUDGET_KIB, RATE_REFUSAL_LINES};
 use crate::outgoing::BodyPool;
@@ -53,6 +55,37 @@ pub(crate) struct SessionState {
     progress: Arc<tokio::sync::watch::Sender<u64>>,
     /// One prompt to the person at a time for this session.
     pub(crate) turns: SessionTurns,
+    /// When the session opened, how its server is connected, and what it has done: what a
+    /// host shows of it ([`crate::SessionInfo`]).
+    started: std::time::SystemTime,
+    transport: Mutex<Transport>,
+    pub(crate) stats: Stats,
+}
+
+/// A session's running counts, kept by the methods' `call`.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    requests: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    errors: AtomicU64,
+    denials: AtomicU64,
+}
+
+impl Stats {
+    /// Counts one answered request: its outcome (`ok` or an error's code) and the payload
+    /// bytes it read or wrote.
+    pub(crate) fn count(&self, outcome: &str, read: u64, written: u64) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes_read.fetch_add(read, Ordering::Relaxed);
+        self.bytes_written.fetch_add(written, Ordering::Relaxed);
+        if outcome != "ok" {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+            if outcome == "PERMISSION_DENIED" {
+                self.denials.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// What the session's notification stream ([`crate::Notifications`]) reads from.
@@ -86,6 +119,9 @@ impl SessionState {
             next_arrival: Default::default(),
             progress,
             turns: SessionTurns::default(),
+            started: std::time::SystemTime::now(),
+            transport: Mutex::default(),
+            stats: Stats::default(),
         });
         (state, Outbox { rx, wake })
     }
@@ -134,6 +170,11 @@ impl SessionState {
             name.truncate(cut);
         }
         *self.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(name);
+    }
+
+    /// Says how the session's server is connected (the transport that serves it).
+    pub(crate) fn set_transport(&self, transport: Transport) {
+        *self.transport.lock().unwrap_or_else(|e| e.into_inner()) = transport;
     }
 
     /// Marks the peer as speaking MCP 2026-07-28 (or not).
@@ -224,6 +265,26 @@ impl crate::broker::Member for SessionState {
 
     fn notify_roots_changed(&self) {
         SessionState::notify_roots_changed(self);
+    }
+
+    fn info(&self) -> SessionInfo {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SessionInfo {
+            id: self.id,
+            server: self.peer_name(),
+            modern: self.is_modern(),
+            transport: *self.transport.lock().unwrap_or_else(|e| e.into_inner()),
+            started: self.started,
+            requests: n(&self.stats.requests),
+            bytes_read: n(&self.stats.bytes_read),
+            bytes_written: n(&self.stats.bytes_written),
+            errors: n(&self.stats.errors),
+            denials: n(&self.stats.denials),
+            uploads: self.uploads.len(),
+            locks: 0,
+            watches: 0,
+            grants: self.grants.within(Path::new("/")),
+        }
     }
 
     fn reap_idle_uploads(&self, idle: std::time::Duration) -> usize {

@@ -2,8 +2,10 @@
 //! `reload.rs`.
 
 mod reload;
+mod sessions;
 
 pub use reload::{PolicyWatcher, ReloadReport};
+pub use sessions::{SessionInfo, Transport};
 use reload::{Stamp, stamp};
 
 use std::path::{Path, PathBuf};
@@ -64,6 +66,9 @@ pub(crate) trait Member: Send + Sync {
     fn notify_roots_changed(&self);
     /// Abandons uploads idle for `idle` or longer; returns how many.
     fn reap_idle_uploads(&self, idle: Duration) -> usize;
+    /// What a host may show of the session (its locks and watches, which the broker keeps,
+    /// are filled in by the broker).
+    fn info(&self) -> SessionInfo;
 }
 
 impl Broker {

@@ -74,18 +74,28 @@ pub(crate) async fn call(
             Ok(()) => dispatch(&ctx, method, params, id).await,
             Err(e) => {
                 let frame = jsonrpc::error_frame(Some(id), &e).into();
+                let code = e.kind().outcome();
                 if audit.is_some() {
                     match state.rate_refusal_line() {
                         Some(folded) => also_refused = folded,
                         // Counted in the session's next such line.
-                        None => return frame,
+                        None => {
+                            state.stats.count(code, 0, 0);
+                            return frame;
+                        }
                     }
                 }
-                let code = e.kind().outcome();
                 (frame, Outcome { code, bytes: 0 })
             }
         }
     };
+    if known.is_none_or(|m| m.kind != Kind::Free) {
+        let (read, written) = match known.map(|m| m.kind) {
+            Some(Kind::Acts) => (0, outcome.bytes),
+            _ => (outcome.bytes, 0),
+        };
+        state.stats.count(outcome.code, read, written);
+    }
     if late.is_some_and(|l| l.audited()) {
         // Answered and recorded by the watchdog; this answer is dropped.
         return frame;

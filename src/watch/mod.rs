@@ -397,6 +397,15 @@ impl WatchHub {
         }
     }
 
+    /// How many watches the session `session` holds.
+    pub(crate) fn count_for(&self, session: u64) -> usize {
+        self.shared
+            .ledger()
+            .values()
+            .filter(|e| e.session == session)
+            .count()
+    }
+
     /// Ends the watches of a session that has ended. Never waits (see [`WatchHub::end`]): a
     /// session may be dropped on an async worker, or by a library user outside any runtime.
     pub(crate) fn remove_session(&self, session: u64) {

@@ -1,0 +1,86 @@
+//! What the broker can tell a host about each open session: who the server is, how it is
+//! connected, what it has done and what it holds now. A console shows this to the person
+//! whose files the servers reach; nothing in it is a capability.
+
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use super::Broker;
+
+/// How a session's server is connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// A host drives the session through the library ([`crate::Session::handle`]).
+    #[default]
+    Library,
+    /// `fsbroker serve` on its standard input and output.
+    Stdio,
+    /// A connection to `serve --listen`'s socket.
+    Socket,
+    /// `fsbroker proxy`, in front of the server.
+    Proxy,
+}
+
+impl Transport {
+    /// The name a console shows (`library`, `stdio`, `socket`, `proxy`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Library => "library",
+            Transport::Stdio => "stdio",
+            Transport::Socket => "socket",
+            Transport::Proxy => "proxy",
+        }
+    }
+}
+
+/// One open session, as a host may show it.
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    /// The session's number (as in the audit log).
+    pub id: u64,
+    /// The server's name as its transport learnt it: the server's own claim (its
+    /// `serverInfo.name`), or what its proxy reported. Never trusted for a decision.
+    pub server: Option<String>,
+    /// Whether the server speaks MCP 2026-07-28.
+    pub modern: bool,
+    /// How the server is connected.
+    pub transport: Transport,
+    /// When the session opened.
+    pub started: SystemTime,
+    /// Requests answered (every method but `ping`, refusals included).
+    pub requests: u64,
+    /// Payload bytes read (`files/read`).
+    pub bytes_read: u64,
+    /// Payload bytes written (`files/write`).
+    pub bytes_written: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+    /// Of those, refusals (`PERMISSION_DENIED`): a server reaching for what it may not.
+    pub denials: u64,
+    /// Chunked uploads it has not finished.
+    pub uploads: usize,
+    /// Locks it keeps (`keepLocked`).
+    pub locks: usize,
+    /// Watches it holds.
+    pub watches: usize,
+    /// The subtrees the person granted it (canonical absolute paths).
+    pub grants: Vec<PathBuf>,
+}
+
+impl Broker {
+    /// The sessions open now, oldest first.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let mut all: Vec<SessionInfo> = self
+            .members()
+            .iter()
+            .map(|m| {
+                let mut info = m.info();
+                info.locks = self.locks().kept_by(info.id);
+                info.watches = self.watches().count_for(info.id);
+                info
+            })
+            .collect();
+        all.sort_by_key(|s| s.id);
+        all
+    }
+}
