@@ -108,8 +108,8 @@ impl Session {
 
     /// Says how the session's server is connected, for a host that shows its sessions
     /// ([`Broker::sessions`]). The transports of this crate set it; a library host's
-    /// sessions are [`crate::Transport::Library`].
-    pub fn set_transport(&self, transport: crate::Transport) {
+    /// sessions are [`crate::broker::Transport::Library`].
+    pub fn set_transport(&self, transport: crate::broker::Transport) {
         self.state.set_transport(transport);
     }
 
@@ -168,7 +168,7 @@ impl Session {
             return ignore("the session is over its request rate");
         }
         // A link that proves it is a proxy's is one.
-        self.set_transport(crate::Transport::Proxy);
+        self.set_transport(crate::broker::Transport::Proxy);
         if let Some(version) = &peer.protocol_version {
             self.set_modern(crate::jsonrpc::is_modern(version));
         }

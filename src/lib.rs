@@ -147,7 +147,9 @@ pub mod transport;
 mod upload;
 mod watch;
 
-pub use broker::{Broker, PolicyWatcher, ReloadReport, SessionInfo, Transport};
+pub use broker::{
+    Broker, EVENT_BACKLOG, Event, PolicyWatcher, ReloadReport, SessionInfo, Transport,
+};
 pub use error::{Error, ErrorKind};
 pub use host::{Notifications, PEER_NOTIFICATION, Session};
 pub use policy::{Overrides, Policy, PolicyError};

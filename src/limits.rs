@@ -159,7 +159,12 @@ pub(crate) const DRAIN: Duration = Duration::from_millis(500);
 pub(crate) const FINISH_SLACK: Duration = Duration::from_secs(1);
 
 // ---- The broker ----
-// Waits of the shared broker itself.
+// Waits of the shared broker itself, and what it keeps for a host's live view.
+
+/// Answered requests a host's live view ([`crate::Broker::events`]) may fall behind by
+/// before it loses the oldest: a few seconds of a busy session's small requests. A view that
+/// falls further behind is told how many it lost, and the broker never waits for it.
+pub const EVENT_BACKLOG: usize = 4096;
 
 /// How often a broker whose policy file is held tries to read it again.
 pub(crate) const HELD_RETRY: Duration = Duration::from_millis(250);

@@ -34,7 +34,12 @@ async fn sessions_show_what_each_server_did_and_holds() {
 
     ok(&a, "files/read", json!({"path": "r/a.txt"})).await;
     ok(&a, "ping", json!({})).await;
-    ok(&b, "files/write", json!({"path": "r/b.txt", "content": "12345678"})).await;
+    ok(
+        &b,
+        "files/write",
+        json!({"path": "r/b.txt", "content": "12345678"}),
+    )
+    .await;
     let refused = err(&b, "files/read", json!({"path": "/etc/passwd"})).await;
     assert_eq!(code(&refused), "PERMISSION_DENIED", "{refused}");
     let missing = err(&b, "files/read", json!({"path": "r/missing"})).await;
@@ -71,4 +76,51 @@ async fn sessions_show_what_each_server_did_and_holds() {
         [b.id()],
         "an ended session is not listed"
     );
+}
+
+/// Rule: a host's live view (`Broker::events`) gets each answered request as the audit log
+/// would record it (method, path, outcome, bytes, the server's name as written), refusals
+/// included, and `ping` not at all; with `redact_paths` the paths are their sha256 there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_gets_what_the_audit_log_records() {
+    for redact in [false, true] {
+        let mut root = PathBuf::new();
+        let mem = Memory::new(|base| {
+            root = base.join("r");
+            std::fs::create_dir(&root).unwrap();
+            std::fs::write(root.join("a.txt"), "hello").unwrap();
+            let policy = PolicyToml::new().root(RootToml::at(&root).name("r"));
+            if redact {
+                policy.audit(&base.join("audit.jsonl"), "redact_paths = true")
+            } else {
+                policy
+            }
+        });
+        let mut events = mem.broker.events();
+        let s = mem.session();
+        s.set_peer_name("<img src=x onerror=alert(1)>");
+        ok(&s, "ping", json!({})).await;
+        ok(&s, "files/read", json!({"path": "r/a.txt"})).await;
+        err(&s, "files/read", json!({"path": "/etc/passwd"})).await;
+        let read = events.try_recv().expect("the read's event");
+        let refused = events.try_recv().expect("the refusal's event");
+        assert!(
+            events.try_recv().is_err(),
+            "one event per request, none for ping"
+        );
+        let (read, refused) = (read.fields(), refused.fields());
+        assert_eq!(read["session"], s.id());
+        assert_eq!(read["method"], "files/read");
+        assert_eq!(read["outcome"], "ok");
+        assert_eq!(read["bytes"], 5);
+        assert_eq!(read["server"], "<img src=x onerror=alert(1)>");
+        assert_eq!(refused["outcome"], "PERMISSION_DENIED");
+        if redact {
+            assert!(read.get("path").is_none(), "{read:?}");
+            assert_eq!(read["pathSha256"].as_str().map(str::len), Some(64));
+        } else {
+            assert_eq!(read["path"], "r/a.txt");
+            assert_eq!(refused["path"], "/etc/passwd");
+        }
+    }
 }

@@ -47,6 +47,7 @@ use chain::Fields;
 pub use chain::GENESIS;
 use copy::Copies;
 pub(crate) use pending::PendingLine;
+pub(crate) use record::fields;
 pub use record::{MAX_LOGGED_PATH, MAX_LOGGED_PATHS, MAX_LOGGED_PATHS_BYTES, Record, cap};
 pub use tail::MAX_LINE;
 use tail::{Tail, count_lines, tail, tail_until};

@@ -43,87 +43,94 @@ pub struct Record<'a> {
 impl AuditLog {
     /// The line's members for one request (before chaining).
     pub(super) fn line(&self, r: &Record<'_>) -> Fields {
-        let mut fields: Fields = BTreeMap::new();
-        fields.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
-        fields.insert("session", Value::from(r.session));
+        fields(r, self.redact)
+    }
+}
+
+/// The members of a request's line (before chaining), paths replaced by their sha256 when
+/// `redact`: what the audit log writes, and what a host's live view of the requests is
+/// shown ([`crate::Broker::events`]), capped and redacted the same way.
+pub(crate) fn fields(r: &Record<'_>, redact: bool) -> Fields {
+    let mut fields: Fields = BTreeMap::new();
+    fields.insert("ts", Value::from(crate::rfc3339::format(SystemTime::now())));
+    fields.insert("session", Value::from(r.session));
+    put_capped(
+        &mut fields,
+        ["method", "methodBytes", "methodDigest"],
+        r.method,
+        256,
+    );
+    let mut put_path = |keys: [&'static str; 3], hashed: &'static str, p: &str| {
+        if redact {
+            fields.insert(hashed, Value::from(sha256_hex(p.as_bytes())));
+        } else {
+            put_capped(&mut fields, keys, p, MAX_LOGGED_PATH);
+        }
+    };
+    if let Some(p) = r.path {
+        put_path(["path", "pathBytes", "pathDigest"], "pathSha256", p);
+    }
+    if let Some(p) = r.new_path {
+        put_path(
+            ["newPath", "newPathBytes", "newPathDigest"],
+            "newPathSha256",
+            p,
+        );
+    }
+    if let Some(ps) = r.paths {
+        // A server chooses how many paths it asks consent for, and how long: the line
+        // keeps the first few (at most MAX_LOGGED_PATHS, and MAX_LOGGED_PATHS_BYTES of
+        // them as written), the count and a digest of them all.
+        let (key, list): (&str, Vec<Value>) = if redact {
+            let kept = ps.iter().take(MAX_LOGGED_PATHS);
+            (
+                "pathsSha256",
+                kept.map(|p| Value::from(sha256_hex(p.as_bytes())))
+                    .collect(),
+            )
+        } else {
+            let mut room = MAX_LOGGED_PATHS_BYTES;
+            let mut list = Vec::new();
+            for p in ps.iter().take(MAX_LOGGED_PATHS) {
+                let kept = cap_escaped(p, MAX_LOGGED_PATH.min(room));
+                if kept.is_empty() && !p.is_empty() {
+                    break;
+                }
+                room -= escaped_len(kept);
+                list.push(Value::from(kept));
+            }
+            ("paths", list)
+        };
+        let whole = list.len() == ps.len()
+            && list
+                .iter()
+                .zip(ps)
+                .all(|(kept, p)| redact || kept.as_str() == Some(p.as_str()));
+        fields.insert(key, Value::from(list));
+        if !whole {
+            fields.insert("pathsCount", Value::from(ps.len()));
+            let all = serde_json::to_vec(ps).unwrap_or_default();
+            fields.insert("pathsDigest", Value::from(sha256_hex(&all)));
+        }
+    }
+    if let Some(name) = r.server {
         put_capped(
             &mut fields,
-            ["method", "methodBytes", "methodDigest"],
-            r.method,
+            ["server", "serverBytes", "serverDigest"],
+            name,
             256,
         );
-        let mut put_path = |keys: [&'static str; 3], hashed: &'static str, p: &str| {
-            if self.redact {
-                fields.insert(hashed, Value::from(sha256_hex(p.as_bytes())));
-            } else {
-                put_capped(&mut fields, keys, p, MAX_LOGGED_PATH);
-            }
-        };
-        if let Some(p) = r.path {
-            put_path(["path", "pathBytes", "pathDigest"], "pathSha256", p);
-        }
-        if let Some(p) = r.new_path {
-            put_path(
-                ["newPath", "newPathBytes", "newPathDigest"],
-                "newPathSha256",
-                p,
-            );
-        }
-        if let Some(ps) = r.paths {
-            // A server chooses how many paths it asks consent for, and how long: the line
-            // keeps the first few (at most MAX_LOGGED_PATHS, and MAX_LOGGED_PATHS_BYTES of
-            // them as written), the count and a digest of them all.
-            let (key, list): (&str, Vec<Value>) = if self.redact {
-                let kept = ps.iter().take(MAX_LOGGED_PATHS);
-                (
-                    "pathsSha256",
-                    kept.map(|p| Value::from(sha256_hex(p.as_bytes())))
-                        .collect(),
-                )
-            } else {
-                let mut room = MAX_LOGGED_PATHS_BYTES;
-                let mut list = Vec::new();
-                for p in ps.iter().take(MAX_LOGGED_PATHS) {
-                    let kept = cap_escaped(p, MAX_LOGGED_PATH.min(room));
-                    if kept.is_empty() && !p.is_empty() {
-                        break;
-                    }
-                    room -= escaped_len(kept);
-                    list.push(Value::from(kept));
-                }
-                ("paths", list)
-            };
-            let whole = list.len() == ps.len()
-                && list
-                    .iter()
-                    .zip(ps)
-                    .all(|(kept, p)| self.redact || kept.as_str() == Some(p.as_str()));
-            fields.insert(key, Value::from(list));
-            if !whole {
-                fields.insert("pathsCount", Value::from(ps.len()));
-                let all = serde_json::to_vec(ps).unwrap_or_default();
-                fields.insert("pathsDigest", Value::from(sha256_hex(&all)));
-            }
-        }
-        if let Some(name) = r.server {
-            put_capped(
-                &mut fields,
-                ["server", "serverBytes", "serverDigest"],
-                name,
-                256,
-            );
-        }
-        if r.also_refused > 0 {
-            fields.insert("alsoRefused", Value::from(r.also_refused));
-        }
-        fields.insert("outcome", Value::from(r.outcome));
-        fields.insert("bytes", Value::from(r.bytes));
-        fields.insert(
-            "durationMs",
-            Value::from((r.duration.as_secs_f64() * 1e6).round() / 1e3),
-        );
-        fields
     }
+    if r.also_refused > 0 {
+        fields.insert("alsoRefused", Value::from(r.also_refused));
+    }
+    fields.insert("outcome", Value::from(r.outcome));
+    fields.insert("bytes", Value::from(r.bytes));
+    fields.insert(
+        "durationMs",
+        Value::from((r.duration.as_secs_f64() * 1e6).round() / 1e3),
+    );
+    fields
 }
 
 /// The bytes `value` takes in a line once escaped: a control character is written as

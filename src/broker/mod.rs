@@ -5,8 +5,8 @@ mod reload;
 mod sessions;
 
 pub use reload::{PolicyWatcher, ReloadReport};
-pub use sessions::{SessionInfo, Transport};
 use reload::{Stamp, stamp};
+pub use sessions::{EVENT_BACKLOG, Event, SessionInfo, Transport};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +44,8 @@ pub struct Broker {
     pool: Arc<FairPool>,
     fast: Arc<crate::fast::FastPath>,
     turns: BrokerTurns,
+    /// Answered requests, for a host's live view ([`Broker::events`]).
+    events: tokio::sync::broadcast::Sender<Event>,
     /// The key a proxy proves its link with (`serve --listen`); without one, no link is a
     /// proxy's, and what a peer says about its server is not taken.
     proxy_key: std::sync::OnceLock<crate::rundir::ProxyKey>,
@@ -107,6 +109,7 @@ impl Broker {
             pool: FairPool::new(crate::fair::blocking_slots()),
             fast: Arc::default(),
             turns: BrokerTurns::default(),
+            events: tokio::sync::broadcast::channel(EVENT_BACKLOG).0,
             proxy_key: std::sync::OnceLock::new(),
             held: Default::default(),
             read_stamp: Mutex::new(source_stamp),

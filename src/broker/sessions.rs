@@ -3,9 +3,11 @@
 //! whose files the servers reach; nothing in it is a capability.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::Broker;
+pub use crate::limits::EVENT_BACKLOG;
 
 /// How a session's server is connected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -82,5 +84,47 @@ impl Broker {
             .collect();
         all.sort_by_key(|s| s.id);
         all
+    }
+}
+
+/// One answered request, as the audit log records it: the same members (`ts`, `session`,
+/// `method`, `path`, `outcome`, `bytes`, `server`, ...), capped and redacted the same way,
+/// without the chain. Every string in it that a server chose is the server's, to be shown
+/// as text, never as markup.
+#[derive(Debug, Clone)]
+pub struct Event(Arc<serde_json::Map<String, serde_json::Value>>);
+
+impl Event {
+    /// The record's members.
+    pub fn fields(&self) -> &serde_json::Map<String, serde_json::Value> {
+        &self.0
+    }
+}
+
+impl Broker {
+    /// A live stream of the requests answered from now on ([`Event`]), for a host that shows
+    /// them (the console). A receiver that falls behind by more than [`EVENT_BACKLOG`]
+    /// events loses the oldest (`RecvError::Lagged` says how many). With no receiver, the
+    /// broker builds no event at all.
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Whether anyone receives [`Broker::events`] now.
+    pub(crate) fn wants_events(&self) -> bool {
+        self.events.receiver_count() > 0
+    }
+
+    /// Sends one answered request to the receivers of [`Broker::events`].
+    pub(crate) fn publish(&self, record: &crate::audit::Record<'_>) {
+        if !self.wants_events() {
+            return;
+        }
+        let redact = self.policy().audit().is_some_and(|a| a.redact_paths);
+        let fields = crate::audit::fields(record, redact)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        let _ = self.events.send(Event(Arc::new(fields)));
     }
 }

@@ -33,8 +33,9 @@ pub(crate) async fn call(
     let known = row(method);
     let audit = broker.audit().filter(|_| is_broker_method(method));
     // The line is begun before the work runs: a read may take the fast path, where the
-    // watchdog may answer it and write its line.
-    let line = audit.map(|_| {
+    // watchdog may answer it and write its line. A host's live view gets the same record.
+    let recorded = audit.is_some() || (broker.wants_events() && is_broker_method(method));
+    let line = recorded.then(|| {
         let name = known.map_or_else(|| Cow::Owned(method.to_owned()), |m| Cow::Borrowed(m.name));
         PendingLine::begin(
             state.id,
@@ -100,11 +101,15 @@ pub(crate) async fn call(
         // Answered and recorded by the watchdog; this answer is dropped.
         return frame;
     }
-    let (Some(log), Some(mut line)) = (audit, line) else {
+    let Some(mut line) = line else {
         return frame;
     };
     line.name_server(state.peer_name());
     let record = line.record(outcome.code, outcome.bytes, also_refused);
+    let Some(log) = audit else {
+        broker.publish(&record);
+        return frame;
+    };
     // The line waits for the log no longer than the request's own deadline: past it a
     // request that only looked (a read, a listing) answers TIMEOUT and its content is not
     // sent. One that acted (its commit point found the log free) gets a second deadline, and
@@ -119,9 +124,14 @@ pub(crate) async fn call(
         }
     }
     match written {
-        Ok(()) => frame,
+        Ok(()) => {
+            broker.publish(&record);
+            frame
+        }
         Err(AuditError::Late { .. }) if !acted => {
-            jsonrpc::error_frame(Some(id), &throttle::timed_out(limit)).into()
+            let e = throttle::timed_out(limit);
+            broker.publish(&line.record(e.kind().outcome(), 0, also_refused));
+            jsonrpc::error_frame(Some(id), &e).into()
         }
         Err(_) => {
             if outcome.code == "ok" {
@@ -138,7 +148,9 @@ pub(crate) async fn call(
                     "this request took effect but its audit line could not be written"
                 );
             }
-            jsonrpc::error_frame(Some(id), &audit_unavailable()).into()
+            let e = audit_unavailable();
+            broker.publish(&line.record(e.kind().outcome(), 0, also_refused));
+            jsonrpc::error_frame(Some(id), &e).into()
         }
     }
 }

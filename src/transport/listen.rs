@@ -109,7 +109,7 @@ pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io:
         }
         let counted = Counted::new(&active);
         let session = Arc::new(broker.session());
-        session.set_transport(crate::Transport::Socket);
+        session.set_transport(crate::broker::Transport::Socket);
         let opts = opts.clone();
         connections.spawn(async move {
             let _counted = counted;

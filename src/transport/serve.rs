@@ -57,7 +57,7 @@ impl Default for ServeOptions {
 
 /// Serves `session` on this process's stdin and stdout.
 pub async fn serve_stdio(session: Arc<Session>, opts: ServeOptions) -> io::Result<()> {
-    session.set_transport(crate::Transport::Stdio);
+    session.set_transport(crate::broker::Transport::Stdio);
     // Written through a writer that waits for room on `EAGAIN`: a parent may have made the
     // pipe non-blocking (it shares the open file), and a write that fails for that must not
     // end the session.

@@ -89,7 +89,7 @@ pub struct ProxyOptions {
 /// Runs the proxy until the server exits; returns its exit code.
 pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     if let Link::Local(session) = &link {
-        session.set_transport(crate::Transport::Proxy);
+        session.set_transport(crate::broker::Transport::Proxy);
     }
     let (program, args) = opts
         .command
