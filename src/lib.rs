@@ -13,7 +13,8 @@
 //!   revocation, `stop`). [`Broker::session`] opens a [`Session`] per MCP server;
 //!   [`Session::handle`] answers one message; [`Session::take_notifications`] streams
 //!   `notifications/roots/list_changed` and `notifications/files/changed`. A session's whole
-//!   API is in one file, `host.rs`.
+//!   API is in one file, `host.rs`. [`Broker::sessions`] and [`Broker::events`] show the
+//!   person what each server does.
 //! - [`transport`]: the ready-made ways to connect servers: [`transport::serve_stdio`],
 //!   [`transport::serve_connection`] (any byte stream), [`transport::listen::listen`] (one
 //!   broker shared over a Unix socket) and [`transport::proxy::run`] (in front of any stdio
