@@ -3,10 +3,9 @@
 //! A host builds a [`Broker`] (`broker/`: the policy, reloads, revocation, the audit log,
 //! `stop`), opens a [`Session`] per server with [`Broker::session`], feeds each line the
 //! server sends to [`Session::handle`], and sends what [`Session::take_notifications`]
-//! yields. The transports (`transport/`) are hosts of this API too: they use nothing else of
-//! a session but the crate-private variants of `handle` that keep a large body in pages of
-//! its own ([`Session::respond`]) or answer late from another thread
-//! ([`Session::respond_received`]).
+//! yields. The transports (`transport/`) are hosts of this API too; beyond it they use only
+//! the crate-private variants of `handle` that keep a large body in pages of its own
+//! ([`Session::respond`]) or answer late from another thread ([`Session::respond_received`]).
 //!
 //! The session's state that running operations share is in `session.rs`; the methods that
 //! answer requests are in `methods/`.

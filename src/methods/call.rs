@@ -19,7 +19,9 @@ use crate::session::SessionState;
 use crate::throttle;
 
 /// Runs one request and returns its response frame; writes its audit line when the broker
-/// keeps an audit log, and refuses it when that log cannot be written.
+/// keeps an audit log, and refuses it when that log cannot be written. The same record goes
+/// to a host's live view ([`Broker::events`]) when one is open, and the session's counts
+/// ([`Broker::sessions`]) are kept here.
 pub(crate) async fn call(
     broker: &Arc<Broker>,
     state: &Arc<SessionState>,
