@@ -23,6 +23,12 @@ use crate::session::{Outbox, Received, SessionState};
 /// behind it: `{"name": "…"}`, the server's own `serverInfo.name`.
 pub const PEER_NOTIFICATION: &str = "notifications/fsbroker/peer";
 
+/// The notification a shared broker sends a proxy (`proxy --connect`) just before it closes
+/// the link because the person ended the session: the proxy then ends its server, as a local
+/// proxy does ([`Session::ended`]). Only the broker writes to that link, so a server cannot
+/// send it.
+pub(crate) const ENDED_NOTIFICATION: &str = "notifications/fsbroker/ended";
+
 /// One peer's view of the broker. Requests of a session run concurrently; share it in an
 /// `Arc`.
 #[derive(Debug)]
@@ -96,6 +102,11 @@ impl Session {
         &self.broker
     }
 
+    /// Whether the session's peer is a proxy that proved its link (`proxy --connect`).
+    pub(crate) fn is_proxy_link(&self) -> bool {
+        self.state.transport() == crate::broker::Transport::Proxy
+    }
+
     pub(crate) fn state(&self) -> &Arc<SessionState> {
         &self.state
     }
@@ -110,6 +121,16 @@ impl Session {
     /// sessions are [`crate::broker::Transport::Library`].
     pub fn set_transport(&self, transport: crate::broker::Transport) {
         self.state.set_transport(transport);
+    }
+
+    /// Resolves when the person ends this session ([`Broker::end_session`]): the transport
+    /// then closes the connection (a proxy ends its server). Its requests are refused from
+    /// that moment whether or not the transport listens.
+    pub fn ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.state.ended();
+        async move {
+            let _ = rx.wait_for(|ended| *ended).await;
+        }
     }
 
     /// Marks the peer as speaking MCP 2026-07-28 (or not): every result the session sends it
@@ -176,6 +197,12 @@ impl Session {
                 .state
                 .confinement_recorded
                 .swap(true, std::sync::atomic::Ordering::AcqRel);
+            match confinement.get("mode").and_then(|m| m.as_str()) {
+                Some(mode) if first => self
+                    .state
+                    .set_confinement(crate::audit::cap(mode, 32).to_owned()),
+                _ => {}
+            }
             match (first, self.broker.audit()) {
                 (false, _) => ignore("the session's confinement is already recorded"),
                 (true, Some(log)) => {

@@ -14,7 +14,10 @@
 //!   [`Session::handle`] answers one message; [`Session::take_notifications`] streams
 //!   `notifications/roots/list_changed` and `notifications/files/changed`. A session's whole
 //!   API is in one file, `host.rs`. [`Broker::sessions`] and [`Broker::events`] show the
-//!   person what each server does.
+//!   person what each server does; [`Broker::prompts`] and [`Broker::answer_prompt`] let
+//!   them answer consent prompts, and [`Broker::revoke_grant`], [`Broker::end_session`] and
+//!   [`Broker::pause_root`] take access back (`broker/person.rs`). The console
+//!   (`fsbroker … --console`) is built on these alone.
 //! - [`transport`]: the ready-made ways to connect servers: [`transport::serve_stdio`],
 //!   [`transport::serve_connection`] (any byte stream), [`transport::listen::listen`] (one
 //!   broker shared over a Unix socket) and [`transport::proxy::run`] (in front of any stdio
@@ -56,11 +59,12 @@
 //!   and `handle`, in the order its checks run.
 //! - `consent/`: the one place that decides whether a session may touch a path now: grants
 //!   and the check (`grants.rs`), turns to ask (`turns.rs`), and the providers that ask a
-//!   person (`command.rs`, `terminal.rs`).
+//!   person (`command.rs`, `terminal.rs`, and `desk.rs`: prompts waiting for a console).
 //! - `session.rs`: one connected server's state that operations share (grants, uploads,
 //!   output budget, notifications, requests in flight).
 //! - `broker/`: the state every session shares (the policy, hence the roots; the lock table;
-//!   the watch hub; the audit log), and its reloads and revocations (`reload.rs`). It
+//!   the watch hub; the audit log), its reloads and revocations (`reload.rs`), what a host
+//!   may show of its sessions (`sessions.rs`) and the person's acts (`person.rs`). It
 //!   reaches sessions through a small interface they implement, never the other way up.
 //! - `sandbox/`: [`sandbox::Root`] (the only ambient-authority open, and the strictest rules
 //!   of every root covering a path), path resolution ([`sandbox::resolve`]), deny globs,
@@ -85,8 +89,9 @@
 //! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`Policy`].
 //! - Built only for tests and fuzzing: `properties.rs` (property tests of the private
 //!   layers) and `fuzzing.rs` (what `cargo fuzz` may ask of them).
-//! - Not in the library: `main.rs`, `cli/` and `bench/` are the binary's: the `fsbroker`
-//!   command line and `fsbroker bench`, on this public API alone.
+//! - Not in the library: `main.rs`, `cli/`, `bench/` and `console/` are the binary's: the
+//!   `fsbroker` command line, `fsbroker bench` and the person's web console, on this public
+//!   API alone.
 //!
 //! # Embedding
 //!
@@ -149,8 +154,11 @@ mod upload;
 mod watch;
 
 pub use broker::{
-    Broker, EVENT_BACKLOG, Event, PolicyWatcher, ReloadReport, SessionInfo, Transport,
+    ActError, Broker, EVENT_BACKLOG, Event, PolicyWatcher, ReloadReport, RootState, SessionInfo,
+    Transport,
 };
+pub use consent::{AnswerError, ConsoleOpen, GrantInfo, Prompt, PromptAnswer, PromptPath};
 pub use error::{Error, ErrorKind};
 pub use host::{Notifications, PEER_NOTIFICATION, Session};
 pub use policy::{Overrides, Policy, PolicyError};
+pub use rundir::console_url_file;

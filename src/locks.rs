@@ -179,15 +179,18 @@ impl LockTable {
         }
     }
 
-    /// Releases every kept lock, of any session, on a path under `root` (a revoked root) but
-    /// not under one of `spared` (roots nested in it that stay in force).
-    pub(crate) fn release_under(&self, root: &Path, spared: &[PathBuf]) {
+    /// Releases every kept lock on a path under `root` (a revoked root or grant) but not under
+    /// one of `spared` (roots nested in it that stay in force): of any session, or only of
+    /// `only`.
+    pub(crate) fn release_under(&self, root: &Path, spared: &[PathBuf], only: Option<u64>) {
         let mut t = self.lock();
         let ids: Vec<String> = t
             .kept
             .iter()
             .filter(|(_, k)| {
-                k.key.starts_with(root) && !spared.iter().any(|s| k.key.starts_with(s))
+                k.key.starts_with(root)
+                    && !spared.iter().any(|s| k.key.starts_with(s))
+                    && only.is_none_or(|s| s == k.session)
             })
             .map(|(id, _)| id.clone())
             .collect();

@@ -1,9 +1,11 @@
 //! The `fsbroker` binary: a thin shell over the library (see `fsbroker --help`). The command
-//! line (`cli/`) and `fsbroker bench` (`bench/`) are modules of this binary, not of the
-//! library, and use the library only through its public API (`fsbroker::...`).
+//! line (`cli/`), `fsbroker bench` (`bench/`) and the person's web console (`console/`) are
+//! modules of this binary, not of the library, and use the library only through its public
+//! API (`fsbroker::...`).
 
 mod bench;
 mod cli;
+mod console;
 
 fn main() -> std::process::ExitCode {
     limit_malloc_arenas();

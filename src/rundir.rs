@@ -41,6 +41,13 @@ fn place() -> PathBuf {
     }
 }
 
+/// Where a broker writes its console's URL unless told otherwise (`--console-url-file`), and
+/// where `fsbroker console` reads it: `console.url` in the user's private runtime directory,
+/// which no server is ever granted.
+pub fn console_url_file() -> io::Result<PathBuf> {
+    Ok(dir()?.join("console.url"))
+}
+
 /// The directory, made owner-only on first use.
 pub(crate) fn dir() -> io::Result<PathBuf> {
     let uid = rustix::process::geteuid().as_raw();

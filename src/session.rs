@@ -59,7 +59,12 @@ pub(crate) struct SessionState {
     /// host shows of it ([`crate::SessionInfo`]).
     started: std::time::SystemTime,
     transport: Mutex<Transport>,
+    /// The kernel sandbox its server runs in, as its transport reported it.
+    confinement: Mutex<Option<String>>,
     pub(crate) stats: Stats,
+    /// Set when the person ended the session ([`crate::Broker::end_session`]): requests are
+    /// refused from then on, and its transport closes.
+    ended: tokio::sync::watch::Sender<bool>,
 }
 
 /// A session's running counts, kept by the methods' `call`.
@@ -121,7 +126,9 @@ impl SessionState {
             turns: SessionTurns::default(),
             started: std::time::SystemTime::now(),
             transport: Mutex::default(),
+            confinement: Mutex::default(),
             stats: Stats::default(),
+            ended: tokio::sync::watch::Sender::new(false),
         });
         (state, Outbox { rx, wake })
     }
@@ -175,6 +182,26 @@ impl SessionState {
     /// Says how the session's server is connected (the transport that serves it).
     pub(crate) fn set_transport(&self, transport: Transport) {
         *self.transport.lock().unwrap_or_else(|e| e.into_inner()) = transport;
+    }
+
+    /// How the session's server is connected.
+    pub(crate) fn transport(&self) -> Transport {
+        *self.transport.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Says what kernel sandbox the session's server runs in (`best-effort`, `strict`).
+    pub(crate) fn set_confinement(&self, mode: String) {
+        *self.confinement.lock().unwrap_or_else(|e| e.into_inner()) = Some(mode);
+    }
+
+    /// Whether the person ended the session.
+    pub(crate) fn is_ended(&self) -> bool {
+        *self.ended.borrow()
+    }
+
+    /// A receiver that sees the person end the session.
+    pub(crate) fn ended(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.ended.subscribe()
     }
 
     /// Marks the peer as speaking MCP 2026-07-28 (or not).
@@ -267,13 +294,30 @@ impl crate::broker::Member for SessionState {
         SessionState::notify_roots_changed(self);
     }
 
+    fn revoke_grant(&self, id: u64) -> Option<crate::consent::GrantInfo> {
+        let gone = self.grants.revoke(id)?;
+        // Uploads beneath it end, unless another grant still covers them.
+        if !self.grants.covers(&gone.path) {
+            let spared = self.grants.within(&gone.path);
+            self.uploads.end_under(&gone.path, &spared);
+        }
+        self.notify_roots_changed();
+        Some(gone)
+    }
+
+    fn end(&self) {
+        self.ended.send_replace(true);
+        self.grants.clear();
+        self.uploads.clear();
+    }
+
     fn info(&self) -> SessionInfo {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         SessionInfo {
             id: self.id,
             server: self.peer_name(),
             modern: self.is_modern(),
-            transport: *self.transport.lock().unwrap_or_else(|e| e.into_inner()),
+            transport: self.transport(),
             started: self.started,
             requests: n(&self.stats.requests),
             bytes_read: n(&self.stats.bytes_read),
@@ -283,7 +327,12 @@ impl crate::broker::Member for SessionState {
             uploads: self.uploads.len(),
             locks: 0,
             watches: 0,
-            grants: self.grants.within(Path::new("/")),
+            grants: self.grants.list(),
+            confinement: self
+                .confinement
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         }
     }
 

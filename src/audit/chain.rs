@@ -82,7 +82,7 @@ fn escape_separators(raw: Vec<u8>) -> Vec<u8> {
     out
 }
 
-pub(super) fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
     let mut s = String::with_capacity(64);
     for b in digest.iter() {

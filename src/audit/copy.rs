@@ -128,6 +128,11 @@ impl Copies {
         })
     }
 
+    /// Whether there are no copies at all.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.sinks.is_empty()
+    }
+
     /// Whether every copy works (none is down).
     pub(crate) fn all_up(&self) -> bool {
         self.sinks.iter().all(|s| s.lost.is_none())

@@ -45,6 +45,7 @@ use crate::rundir::LockFile;
 use append::Chain;
 use chain::Fields;
 pub use chain::GENESIS;
+pub(crate) use chain::sha256_hex as digest;
 use copy::Copies;
 pub(crate) use pending::PendingLine;
 pub(crate) use record::fields;
@@ -102,6 +103,17 @@ pub enum AuditError {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+/// What [`AuditLog::status`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditStatus {
+    /// Whether lines are still written (false once a write failed).
+    pub writable: bool,
+    /// The hash of the last line this broker wrote or read (the chain's head).
+    pub head: String,
+    /// Whether every copy to a log collector is delivered; `None` with no copies.
+    pub copies_up: Option<bool>,
 }
 
 /// An open, append-only audit log.
@@ -328,6 +340,31 @@ impl AuditLog {
         Self::append_async(log, line, until).await
     }
 
+    /// Whether the log takes lines now, and whether its copies to the machine's collectors
+    /// are delivered (`None` when it has none), for a console to show.
+    pub fn status(&self) -> AuditStatus {
+        let chain = self.chain.lock().unwrap_or_else(|e| e.into_inner());
+        AuditStatus {
+            writable: self.health.file.load(Ordering::Acquire),
+            head: chain.prev.clone(),
+            copies_up: (!chain.copies.is_empty()).then(|| chain.copies.all_up()),
+        }
+    }
+
+    /// Records what the person did (on the console, or in a host's own window): a line
+    /// `{"event":NAME,"account":"person",…}` with `members`, chained like the rest. Paths in
+    /// `members` are the caller's to redact (`redact_paths`).
+    pub(crate) fn person(
+        &self,
+        name: &'static str,
+        members: BTreeMap<&'static str, Value>,
+    ) -> Result<(), AuditError> {
+        let mut line = event(name);
+        line.insert("account", Value::from("person"));
+        line.extend(members);
+        self.append(line, Some(Instant::now() + OWN_LINE_WAIT))
+    }
+
     /// Seals this run's part of the log (at a clean exit): a last line,
     /// `{"event":"seal","pid":…}`, chained like the rest, then flushed to disk. `verify`
     /// reports a run without its seal — a crash, or lines removed from the end.
@@ -349,6 +386,11 @@ impl AuditLog {
             tracing::error!(path = %self.path.display(), error = %e, "cannot sync the audit log");
         }
     }
+}
+
+/// A time as the log writes it (`ts`): RFC 3339, UTC, milliseconds.
+pub fn timestamp(t: SystemTime) -> String {
+    crate::rfc3339::format(t)
 }
 
 /// A broker's own line (`start`, `seal`, `rotate`, …): its time, its event and its pid.

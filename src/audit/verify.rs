@@ -24,6 +24,8 @@ pub struct Summary {
     /// The pids of runs that started and have no seal after their start: brokers still
     /// running, or that crashed, or whose last lines were removed.
     pub unsealed: Vec<u64>,
+    /// The last `seal` line's `ts`: when a run last ended cleanly.
+    pub last_seal: Option<String>,
     /// Whether the anchor given to [`verify_files`] is the hash of a line of the log.
     pub anchor_found: bool,
     /// The first file given continues an earlier one (its first line is a `continue` line):
@@ -203,6 +205,7 @@ pub fn verify_files(paths: &[PathBuf], anchor: Option<&str>) -> Result<Summary, 
                     open.push((pid, run));
                 }
                 (Some("seal"), Some(pid)) => {
+                    summary.last_seal = ts.clone();
                     open.retain(|&(p, r)| {
                         !(p == pid && (run.is_none() || r.is_none() || r == run))
                     });

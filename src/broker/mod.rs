@@ -1,9 +1,12 @@
 //! The broker: state shared by every session. Its reloads and revocations are in
-//! `reload.rs`.
+//! `reload.rs`, what a host may show of its sessions in `sessions.rs`, and the person's acts
+//! (answering prompts, revoking, pausing) in `person.rs`.
 
+mod person;
 mod reload;
 mod sessions;
 
+pub use person::{ActError, RootState};
 pub use reload::{PolicyWatcher, ReloadReport};
 use reload::{Stamp, stamp};
 pub use sessions::{EVENT_BACKLOG, Event, SessionInfo, Transport};
@@ -14,7 +17,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use crate::audit::{AuditError, AuditLog};
-use crate::consent::BrokerTurns;
+use crate::consent::{BrokerTurns, Desk};
 use crate::fair::FairPool;
 use crate::locks::LockTable;
 use crate::policy::{Overrides, Policy};
@@ -28,7 +31,17 @@ use crate::watch::WatchHub;
 /// so a reload never changes the rules halfway through an operation.
 #[derive(Debug)]
 pub struct Broker {
+    /// The policy in force: `configured` without the roots the person paused.
     policy: RwLock<Arc<Policy>>,
+    /// The policy as loaded or applied, before the person's pauses.
+    configured: RwLock<Arc<Policy>>,
+    /// The roots the person paused (canonical paths): kept out of every policy put in force
+    /// until resumed.
+    paused: Mutex<Vec<PathBuf>>,
+    /// Consent prompts waiting for a console.
+    desk: Desk,
+    /// Bumped when sessions, prompts, grants or roots change ([`Broker::changes`]).
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
     overrides: Overrides,
     locks: Arc<LockTable>,
     audit: Option<Arc<AuditLog>>,
@@ -66,6 +79,12 @@ pub(crate) trait Member: Send + Sync {
     fn revoke(&self, root: &Path, spared: &[PathBuf]);
     /// Queues `notifications/roots/list_changed`.
     fn notify_roots_changed(&self);
+    /// Drops grant `id` if it is the session's (and the uploads it alone covered), and says
+    /// the roots changed; returns the grant.
+    fn revoke_grant(&self, id: u64) -> Option<crate::consent::GrantInfo>;
+    /// Ends the session: its requests are refused from now on, its grants and uploads go,
+    /// and its transport closes.
+    fn end(&self);
     /// Abandons uploads idle for `idle` or longer; returns how many.
     fn reap_idle_uploads(&self, idle: Duration) -> usize;
     /// What a host may show of the session (its locks and watches, which the broker keeps,
@@ -95,9 +114,15 @@ impl Broker {
             policy.protected().refresh();
             overrides.audit_in_use = Some(config.path.clone());
         }
+        let changes = Arc::new(tokio::sync::watch::Sender::new(0));
+        let policy = Arc::new(policy);
         let broker = Arc::new_cyclic(|me| Broker {
             rate: RwLock::new(Arc::new(RateLimits::new(policy.limits()))),
-            policy: RwLock::new(Arc::new(policy)),
+            configured: RwLock::new(Arc::clone(&policy)),
+            policy: RwLock::new(policy),
+            paused: Mutex::default(),
+            desk: Desk::new(Arc::clone(&changes)),
+            changes,
             overrides,
             locks: Arc::default(),
             audit,
@@ -137,6 +162,16 @@ impl Broker {
         // A poisoned lock only means a writer panicked after a complete swap of the `Arc`;
         // the value inside is still a whole policy.
         Arc::clone(&self.policy.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The policy as loaded or applied, before the roots the person paused were taken out.
+    pub(crate) fn configured(&self) -> Arc<Policy> {
+        Arc::clone(&self.configured.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The prompts waiting for a console.
+    pub(crate) fn desk(&self) -> &Desk {
+        &self.desk
     }
 
     /// The path locks every session shares.
@@ -213,13 +248,16 @@ impl Broker {
 
     /// Counts `member` among the sessions that hear of reloads and have idle uploads reaped.
     pub(crate) fn enroll(&self, member: Weak<dyn Member>) {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        sessions.retain(|w| w.strong_count() > 0);
-        sessions.push(member);
+        {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            sessions.retain(|w| w.strong_count() > 0);
+            sessions.push(member);
+        }
+        self.changed();
     }
 
     /// The sessions still open.
-    fn members(&self) -> Vec<Arc<dyn Member>> {
+    pub(crate) fn members(&self) -> Vec<Arc<dyn Member>> {
         let mut list = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         list.retain(|w| w.strong_count() > 0);
         list.iter().filter_map(Weak::upgrade).collect()

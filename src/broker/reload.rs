@@ -122,8 +122,22 @@ impl Broker {
 
     /// Puts `new` in force: roots that were removed, or whose consent turned `deny`, lose
     /// their grants, uploads and kept locks at once, and every session hears
-    /// `notifications/roots/list_changed` when the roots changed in any way.
+    /// `notifications/roots/list_changed` when the roots changed in any way. Roots the person
+    /// paused ([`Broker::pause_root`]) stay out of it until resumed.
     pub fn apply(&self, new: Policy) -> ReloadReport {
+        let new = Arc::new(new);
+        *self.configured.write().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&new);
+        let paused = self
+            .paused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        self.put_in_force(new.without_paths(&paused))
+    }
+
+    /// Puts `new` (the configured policy without the paused roots) in force; see
+    /// [`Broker::apply`].
+    pub(super) fn put_in_force(&self, new: Policy) -> ReloadReport {
         let old = self.policy();
         let revoked: Vec<PathBuf> = old
             .roots()
@@ -157,7 +171,7 @@ impl Broker {
                 .collect()
         };
         for root in &revoked {
-            self.locks.release_under(root, &spared(root));
+            self.locks.release_under(root, &spared(root), None);
             self.watches.remove_root(root);
         }
         let sessions = self.members();
@@ -173,6 +187,7 @@ impl Broker {
             tracing::info!(revoked = ?revoked, roots_changed, sessions = sessions.len(), "policy reloaded");
         }
         self.applied.send_modify(|n| *n += 1);
+        self.changed();
         ReloadReport {
             revoked,
             roots_changed,
@@ -188,7 +203,7 @@ impl Broker {
     /// Takes a root out of service because its directory is gone (deleted, moved away or
     /// unmounted): the same as a reload that removed it.
     pub fn retire_root(&self, root: &Path) {
-        let current = self.policy();
+        let current = self.configured();
         if current.roots().iter().any(|r| r.path() == root) {
             self.apply(current.without_root(root));
         }

@@ -2,7 +2,6 @@
 //! connected, what it has done and what it holds now. A console shows this to the person
 //! whose files the servers reach; nothing in it is a capability.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -65,8 +64,11 @@ pub struct SessionInfo {
     pub locks: usize,
     /// Watches it holds.
     pub watches: usize,
-    /// The subtrees the person granted it (canonical absolute paths).
-    pub grants: Vec<PathBuf>,
+    /// The subtrees the person granted it.
+    pub grants: Vec<crate::consent::GrantInfo>,
+    /// The kernel sandbox its server runs in (`best-effort` or `strict`), as its proxy
+    /// reported it; `None` when unconfined or unknown.
+    pub confinement: Option<String>,
 }
 
 impl Broker {
@@ -92,7 +94,7 @@ impl Broker {
 /// without the chain. Every string in it that a server chose is the server's, to be shown
 /// as text, never as markup.
 #[derive(Debug, Clone)]
-pub struct Event(Arc<serde_json::Map<String, serde_json::Value>>);
+pub struct Event(pub(super) Arc<serde_json::Map<String, serde_json::Value>>);
 
 impl Event {
     /// The record's members.

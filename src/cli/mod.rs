@@ -10,6 +10,7 @@
 mod audit;
 mod bench;
 mod confine;
+mod console;
 mod logging;
 mod policy;
 mod proxy;
@@ -71,6 +72,12 @@ enum Command {
         /// The shell to complete for.
         shell: clap_complete::Shell,
     },
+    /// Open the running broker's console in the browser (xdg-open), or print its URL.
+    ///
+    /// The URL is read from the file the broker wrote (`--console-url-file`, or by default
+    /// the user's private runtime directory). The browser gets it through an owner-only
+    /// local page, so the token never appears in a command line other users can see.
+    Console(ConsoleArgs),
     /// Measure a broker over real pipes: chunked reads, a chunked upload, small operations,
     /// watch latency, a large recursive listing.
     ///
@@ -84,6 +91,16 @@ enum Command {
     ///
     /// Example: fsbroker bench --size 1GiB --chunk-size 256KiB,1MiB,8MiB --compare-sftp --compare-mcp 'rust-mcp-filesystem {dir}'
     Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct ConsoleArgs {
+    /// The URL file the broker wrote (`serve|proxy --console-url-file`).
+    #[arg(long, value_name = "FILE")]
+    url_file: Option<PathBuf>,
+    /// Print the URL instead of opening it.
+    #[arg(long)]
+    print: bool,
 }
 
 #[derive(Debug, Args)]
@@ -137,10 +154,12 @@ struct BenchArgs {
     /// command naming none of them gets ` serve --policy FILE` appended.
     #[arg(long, value_name = "COMMAND")]
     broker_cmd: Option<String>,
-    /// Run only these phases (comma-separated or repeated).
+    /// Run only these phases (comma-separated or repeated). The console phase runs only when
+    /// named here.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "PHASE")]
     only: Vec<crate::bench::Phase>,
-    /// Changes timed by the watch phase (one every 60 ms) [default: 200; with --quick 20]
+    /// Changes timed by the watch phase (one every 60 ms); the console phase times a tenth as
+    /// many, at least 5, of each of its latencies [default: 200; with --quick 20]
     #[arg(long, value_name = "N")]
     watch_samples: Option<usize>,
     /// Entries of the tree the list phase makes and lists recursively
@@ -271,6 +290,23 @@ struct ServeArgs {
     /// Longest accepted input line in bytes; longer lines are discarded and answered -32600.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_LINE)]
     max_line_bytes: usize,
+    /// Serve the person's console, a local web page to answer consent prompts, watch what
+    /// every server does and take access back, on ADDR (loopback only; default
+    /// 127.0.0.1:0, any free port). Its URL, with the run's token, goes to stderr
+    /// (`fsbroker: console at URL`) and to the URL file; `fsbroker console` opens it.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        num_args = 0..=1,
+        require_equals = false,
+        default_missing_value = "127.0.0.1:0",
+        value_parser = fsbroker::policy::loopback_addr
+    )]
+    console: Option<std::net::SocketAddr>,
+    /// Write the console's URL to FILE (owner-only) instead of the user's private runtime
+    /// directory, where `fsbroker console` looks by default.
+    #[arg(long, value_name = "FILE")]
+    console_url_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -326,6 +362,7 @@ pub(crate) fn main() -> ExitCode {
         }
         Command::Audit(AuditCommand::Head { files }) => audit::head(&files),
         Command::Bench(args) => bench::run(args),
+        Command::Console(args) => console::open(args.url_file, args.print),
         Command::Confine(ConfineCommand::Check { serve, command }) => {
             confine::check(&serve, &command)
         }

@@ -16,6 +16,8 @@ pub(super) struct Running<W> {
     pub(super) broker: Arc<Broker>,
     pub(super) runtime: tokio::runtime::Runtime,
     _watcher: W,
+    /// The person's console, when asked for (`--console`, `[console] enabled`).
+    _console: Option<crate::console::Console>,
 }
 
 fn overrides(args: &ServeArgs) -> Overrides {
@@ -25,6 +27,7 @@ fn overrides(args: &ServeArgs) -> Overrides {
         consent: args.consent.map(Into::into),
         audit: args.audit.clone(),
         listen: args.listen.clone(),
+        console_url_file: args.console_url_file.clone(),
         audit_in_use: None,
     }
 }
@@ -55,11 +58,41 @@ pub(super) fn start(args: &ServeArgs) -> Result<Running<impl Sized + use<>>, Str
     // The policy file is watched, and SIGHUP reloads it too: either is how a user revokes
     // access in the middle of a session.
     let watcher = broker.watch_policy();
+    let console = start_console(args, &broker, &runtime)?;
     Ok(Running {
         broker,
         runtime,
         _watcher: watcher,
+        _console: console,
     })
+}
+
+/// Starts the console when the flags or the policy ask for it, and says where it is.
+fn start_console(
+    args: &ServeArgs,
+    broker: &Arc<Broker>,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<Option<crate::console::Console>, String> {
+    let policy = broker.policy();
+    let config = policy.console();
+    let addr = match (args.console, config.enabled) {
+        (Some(addr), _) => addr,
+        (None, true) => config
+            .addr
+            .unwrap_or((std::net::Ipv4Addr::LOCALHOST, 0).into()),
+        (None, false) => return Ok(None),
+    };
+    let url_file = match args.console_url_file.clone().or(config.url_file.clone()) {
+        Some(file) => file,
+        None => fsbroker::console_url_file()
+            .map_err(|e| format!("cannot place the console's URL file: {e}"))?,
+    };
+    let _in_runtime = runtime.enter();
+    let console = crate::console::start(broker, addr, Some(&url_file))?;
+    // On stderr, which hosts keep in their logs: the person (or `fsbroker console`) finds
+    // the page from here or from the URL file.
+    eprintln!("fsbroker: console at {}", console.url);
+    Ok(Some(console))
 }
 
 impl<W> Running<W> {

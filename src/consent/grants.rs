@@ -26,13 +26,29 @@ pub(crate) fn allows(root: &Root, rel: &str, grants: &Grants) -> bool {
 }
 
 /// A subtree granted by `files/consent` (or when `roots/list` offered a root).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 struct Grant {
+    /// Its number, unique in this process (to revoke it by).
+    id: u64,
     /// The canonical path of the root it was granted through (revoked with that root).
     root: PathBuf,
     /// The subtree's canonical absolute path, as the person saw it.
     path: PathBuf,
 }
+
+/// One grant, as a host shows it ([`crate::SessionInfo::grants`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantInfo {
+    /// Its number, unique in this process: revoke it with [`crate::Broker::revoke_grant`].
+    pub id: u64,
+    /// The subtree granted (canonical, absolute).
+    pub path: PathBuf,
+    /// The root it was granted through (canonical, absolute).
+    pub root: PathBuf,
+}
+
+/// Grant numbers: one count for the process, so a number names one grant of one session.
+static NEXT_GRANT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// One session's grants.
 #[derive(Debug, Default)]
@@ -47,14 +63,14 @@ impl Grants {
     /// Returns whether it was not granted before.
     pub(crate) fn grant(&self, root: &Path, path: PathBuf) -> bool {
         let mut grants = self.lock();
-        let g = Grant {
-            root: root.to_path_buf(),
-            path,
-        };
-        if grants.contains(&g) {
+        if grants.iter().any(|g| g.root == root && g.path == path) {
             return false;
         }
-        grants.push(g);
+        grants.push(Grant {
+            id: NEXT_GRANT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            root: root.to_path_buf(),
+            path,
+        });
         true
     }
 
@@ -72,6 +88,35 @@ impl Grants {
             .filter(|g| g.path.starts_with(abs))
             .map(|g| g.path.clone())
             .collect()
+    }
+
+    /// Every grant, oldest first.
+    pub(crate) fn list(&self) -> Vec<GrantInfo> {
+        self.lock()
+            .iter()
+            .map(|g| GrantInfo {
+                id: g.id,
+                path: g.path.clone(),
+                root: g.root.clone(),
+            })
+            .collect()
+    }
+
+    /// Drops grant `id`; returns it if it was one of these.
+    pub(crate) fn revoke(&self, id: u64) -> Option<GrantInfo> {
+        let mut grants = self.lock();
+        let at = grants.iter().position(|g| g.id == id)?;
+        let g = grants.remove(at);
+        Some(GrantInfo {
+            id: g.id,
+            path: g.path,
+            root: g.root,
+        })
+    }
+
+    /// Drops every grant (the session was ended).
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
     }
 
     /// Drops every grant made through the root at `root` (revoked, or withdrawn by a reload).

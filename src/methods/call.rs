@@ -70,6 +70,17 @@ pub(crate) async fn call(
             jsonrpc::error_frame(Some(id), &e).into(),
             Outcome { code, bytes: 0 },
         )
+    } else if state.is_ended() && is_broker_method(method) {
+        // Between the person's end and the transport's close, nothing more is done.
+        let e = crate::error::Error::new(
+            crate::error::ErrorKind::PermissionDenied,
+            "the person ended this session",
+        );
+        let code = e.kind().outcome();
+        (
+            jsonrpc::error_frame(Some(id), &e).into(),
+            Outcome { code, bytes: 0 },
+        )
     } else if known.is_some_and(|m| m.kind == Kind::Free) {
         dispatch(&ctx, method, params, id).await
     } else {

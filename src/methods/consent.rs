@@ -11,7 +11,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Ctx, Op};
-use crate::consent::{self, Request};
+use crate::broker::Broker;
+use crate::consent::{self, PromptPath, Request};
 use crate::error::Result;
 use crate::jsonrpc::Json;
 use crate::sandbox::{self, ConsentMode, Resolved, open};
@@ -41,22 +42,23 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Reply>>
     // One deadline for the wait for a turn and the work.
     let started = std::time::Instant::now();
     let turn = ctx.prompt_turn(started).await?;
+    let broker = std::sync::Arc::clone(ctx.broker);
     let reply = ctx
         .owned_since(started)
-        .run(move |op| consent(op, params))
+        .run(move |op| consent(op, &broker, params))
         .await;
     drop(turn);
     reply.map(Json)
 }
 
 /// One requested path, placed where it really leads.
-struct Candidate {
-    real: Resolved,
+pub(super) struct Candidate {
+    pub(super) real: Resolved,
     /// `real` as an absolute path: what the person sees and the server gets back.
-    absolute: String,
+    pub(super) absolute: String,
 }
 
-fn consent(op: &Op, p: Params) -> Result<Reply> {
+fn consent(op: &Op, broker: &Broker, p: Params) -> Result<Reply> {
     let mut approved: Vec<Candidate> = Vec::new();
     let mut to_ask: Vec<Candidate> = Vec::new();
     for raw in &p.requested_paths {
@@ -80,14 +82,24 @@ fn consent(op: &Op, p: Params) -> Result<Reply> {
         let request = Request {
             server: op.state.peer_name(),
             message: p.message.clone(),
+            from_server: true,
             requested_paths: to_ask.iter().map(|c| c.absolute.clone()).collect(),
+            session: op.state.id,
+            details: to_ask.iter().map(Candidate::shown).collect(),
         };
         let yes = consent::ask(
             op.policy.consent(),
+            broker.desk(),
             &request,
             op.started + op.policy.limits().timeout,
         );
-        approved.extend(to_ask.into_iter().filter(|c| yes.contains(&c.absolute)));
+        for answer in yes {
+            if let Some(c) = narrowed(op, &to_ask, &answer) {
+                if !approved.iter().any(|q| q.absolute == c.absolute) {
+                    approved.push(c);
+                }
+            }
+        }
     }
     // A prompt answered after the deadline grants nothing: the server was told TIMEOUT.
     op.commit()?;
@@ -103,6 +115,7 @@ fn consent(op: &Op, p: Params) -> Result<Reply> {
     // A granted part of a `prompt` root is now one of the session's roots.
     if more_roots {
         op.state.notify_roots_changed();
+        broker.changed();
     }
     Ok(Reply {
         granted: !approved.is_empty(),
@@ -110,10 +123,44 @@ fn consent(op: &Op, p: Params) -> Result<Reply> {
     })
 }
 
+impl Candidate {
+    /// The path as a prompt shows it: with its root and what the root allows there.
+    fn shown(&self) -> PromptPath {
+        PromptPath {
+            path: self.absolute.clone(),
+            root: self.real.root().name().to_owned(),
+            mode: self.real.root().mode_at(self.real.rel()),
+        }
+    }
+}
+
+/// What the person approved (`answer`), placed where it really leads: one of `asked`, or a
+/// folder the person narrowed one to, which counts only if it really is beneath the path
+/// asked (not a link leading out of it) and still needs consent there.
+fn narrowed(op: &Op, asked: &[Candidate], answer: &str) -> Option<Candidate> {
+    if let Some(c) = asked.iter().find(|c| c.absolute == answer) {
+        return Some(Candidate {
+            real: c.real.clone(),
+            absolute: c.absolute.clone(),
+        });
+    }
+    let parent = asked
+        .iter()
+        .find(|c| consent::within(answer, &c.absolute))?;
+    let c = place(op, answer)?;
+    let inside = c.real.absolute().starts_with(parent.real.absolute());
+    let prompted = c.real.root().consent_at(c.real.rel()) == ConsentMode::Prompt;
+    if !(inside && prompted) {
+        tracing::warn!(session = op.state.id, path = %answer, "consent: a narrowed path leads outside what was asked; not granted");
+        return None;
+    }
+    Some(c)
+}
+
 /// Places a requested path where it really leads, or `None` (with a warning) when it may not
 /// be approved at all: outside every root, through a link that leads out or nowhere, denied
 /// by a glob, or one of fsbroker's own files.
-fn place(op: &Op, raw: &str) -> Option<Candidate> {
+pub(super) fn place(op: &Op, raw: &str) -> Option<Candidate> {
     let refuse = |why: &str| {
         tracing::warn!(session = op.state.id, path = %raw, "consent: {why}");
         None

@@ -18,7 +18,8 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 
 use super::{Ctx, Op};
-use crate::consent::{self, Request};
+use crate::broker::Broker;
+use crate::consent::{self, PromptPath, Request};
 use crate::error::Result;
 use crate::jsonrpc::Json;
 use crate::sandbox::{ConsentMode, Root, join_display};
@@ -56,14 +57,15 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, _params: Params) -> Result<Json<Reply>
             .filter(|r| r.consent_at("") == ConsentMode::Prompt && !state.grants.covers(r.path()))
             .cloned()
             .collect();
-        if !unasked.is_empty() && consent::available(ctx.policy.consent()) {
+        if !unasked.is_empty() && consent::available(ctx.policy.consent(), ctx.broker.desk()) {
             // A refusal or a timeout only leaves the roots unlisted.
             let started = std::time::Instant::now();
             let offered = match ctx.prompt_turn(started).await {
                 Ok(turn) => {
+                    let broker = Arc::clone(ctx.broker);
                     let offered = ctx
                         .owned_since(started)
-                        .run(move |op| offer(op, &unasked))
+                        .run(move |op| offer(op, &broker, &unasked))
                         .await;
                     drop(turn);
                     offered
@@ -108,8 +110,9 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, _params: Params) -> Result<Json<Reply>
     Ok(Json(Reply { roots }))
 }
 
-/// Asks the person about the session's ungranted `prompt` roots, and grants what they approve.
-fn offer(op: &Op, roots: &[Arc<Root>]) -> Result<()> {
+/// Asks the person about the session's ungranted `prompt` roots, and grants what they approve
+/// (a whole root, or a folder in it the person narrowed it to).
+fn offer(op: &Op, broker: &Broker, roots: &[Arc<Root>]) -> Result<()> {
     let paths: Vec<(PathBuf, String)> = roots
         .iter()
         .filter_map(|r| Some((r.path().to_path_buf(), r.path().to_str()?.to_owned())))
@@ -117,19 +120,51 @@ fn offer(op: &Op, roots: &[Arc<Root>]) -> Result<()> {
     let request = Request {
         server: op.state.peer_name(),
         message: "The server asks which folders it may use (roots/list).".to_owned(),
+        from_server: false,
         requested_paths: paths.iter().map(|(_, p)| p.clone()).collect(),
+        session: op.state.id,
+        details: roots
+            .iter()
+            .filter_map(|r| {
+                Some(PromptPath {
+                    path: r.path().to_str()?.to_owned(),
+                    root: r.name().to_owned(),
+                    mode: r.mode(),
+                })
+            })
+            .collect(),
     };
     let yes = consent::ask(
         op.policy.consent(),
+        broker.desk(),
         &request,
         op.started + op.policy.limits().timeout,
     );
-    op.commit()?;
-    for (path, text) in paths {
-        if yes.contains(&text) {
-            op.state.grants.grant(&path, path.clone());
+    // Narrowed folders are placed where they really lead first (off the commit point).
+    let mut grants: Vec<(PathBuf, PathBuf)> = Vec::new();
+    for answer in &yes {
+        if let Some((path, _)) = paths.iter().find(|(_, text)| text == answer) {
+            grants.push((path.clone(), path.clone()));
+            continue;
+        }
+        let Some((root, _)) = paths.iter().find(|(_, text)| consent::within(answer, text)) else {
+            continue;
+        };
+        let Some(c) = super::consent::place(op, answer) else {
+            continue;
+        };
+        let real = c.real.absolute();
+        if real.starts_with(root) && c.real.root().consent_at(c.real.rel()) == ConsentMode::Prompt {
+            grants.push((c.real.root().path().to_path_buf(), real));
+        } else {
+            tracing::warn!(session = op.state.id, path = %answer, "roots/list: a narrowed path leads outside the root asked about; not granted");
         }
     }
+    op.commit()?;
+    for (root, path) in grants {
+        op.state.grants.grant(&root, path);
+    }
+    broker.changed();
     Ok(())
 }
 

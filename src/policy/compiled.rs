@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::audit_config;
-use super::{AuditConfig, ConfineConfig, ConsentConfig, Limits, PolicyError, PolicyFile};
+use super::{
+    AuditConfig, ConfineConfig, ConsentConfig, ConsoleConfig, Limits, PolicyError, PolicyFile,
+};
 use crate::sandbox::protected::{self, Protected, ProtectedSpec};
 use crate::sandbox::{ConsentMode, Mode, Root, RootSpec};
 
@@ -27,6 +29,9 @@ pub struct Overrides {
     pub audit: Option<PathBuf>,
     /// `--listen SOCKET`: the socket the broker serves, protected like its own files.
     pub listen: Option<PathBuf>,
+    /// `--console-url-file FILE`: where the console's URL is written, protected like the
+    /// broker's own files.
+    pub console_url_file: Option<PathBuf>,
     /// The audit log the broker writes, set by the broker once it is open: it stays in use,
     /// and protected, whatever a reloaded policy's `[audit]` says.
     pub audit_in_use: Option<PathBuf>,
@@ -40,6 +45,7 @@ pub struct Policy {
     consent: ConsentConfig,
     audit: Option<AuditConfig>,
     confine: ConfineConfig,
+    console: ConsoleConfig,
     source: Option<PathBuf>,
     protected: Arc<Protected>,
 }
@@ -149,6 +155,12 @@ impl Policy {
                 reason: "command must start with a program name".into(),
             });
         }
+        if file.consent.provider == super::Provider::Command && file.consent.command.is_empty() {
+            return Err(PolicyError::Table {
+                table: "consent",
+                reason: "provider = \"command\" needs a command".into(),
+            });
+        }
         if file.consent.timeout_ms == 0 {
             return Err(PolicyError::Table {
                 table: "consent",
@@ -159,7 +171,9 @@ impl Policy {
             command: protected::resolve_command(&file.consent.command),
             terminal: file.consent.terminal,
             timeout: Duration::from_millis(file.consent.timeout_ms),
+            provider: file.consent.provider,
         };
+        let console = ConsoleConfig::from_file(&file.console, base)?;
         let audit = match (&overrides.audit, &file.audit) {
             (Some(path), a) => Some(audit_config(expand(path, None), a.as_ref(), base)?),
             (None, Some(a)) => Some(audit_config(expand(&a.path, base), Some(a), base)?),
@@ -170,6 +184,9 @@ impl Policy {
         let mut own: Vec<PathBuf> = source.map(Path::to_path_buf).into_iter().collect();
         own.extend(command.iter().cloned());
         own.extend(overrides.listen.clone());
+        // The console's URL carries its token: no server may read or replace it.
+        own.extend(overrides.console_url_file.clone());
+        own.extend(console.url_file.clone());
         let logs: Vec<PathBuf> = audit
             .iter()
             .map(|a| a.path.clone())
@@ -205,6 +222,7 @@ impl Policy {
             consent,
             audit,
             confine,
+            console,
             source: source.map(Path::to_path_buf),
             protected,
         })
@@ -287,17 +305,23 @@ impl Policy {
 
     /// This policy without the root at `path` (a root whose directory is gone).
     pub fn without_root(&self, path: &Path) -> Policy {
+        self.without_paths(&[path.to_path_buf()])
+    }
+
+    /// This policy without the roots at `paths` (canonical; roots the person paused).
+    pub fn without_paths(&self, paths: &[PathBuf]) -> Policy {
         Policy {
             roots: self
                 .roots
                 .iter()
-                .filter(|r| r.path() != path)
+                .filter(|r| !paths.iter().any(|p| p == r.path()))
                 .cloned()
                 .collect(),
             limits: self.limits.clone(),
             consent: self.consent.clone(),
             audit: self.audit.clone(),
             confine: self.confine.clone(),
+            console: self.console.clone(),
             source: self.source.clone(),
             protected: Arc::clone(&self.protected),
         }
@@ -321,6 +345,11 @@ impl Policy {
     /// The audit log's configuration, if auditing is on.
     pub fn audit(&self) -> Option<&AuditConfig> {
         self.audit.as_ref()
+    }
+
+    /// The `[console]` table.
+    pub fn console(&self) -> &ConsoleConfig {
+        &self.console
     }
 
     /// How `fsbroker proxy` confines its server.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::compiled::expand;
-use super::{AuditFile, ConfineMode, CopyTarget, OnRevoke, PolicyError};
+use super::{AuditFile, ConfineMode, ConsoleFile, CopyTarget, OnRevoke, PolicyError, Provider};
 pub use crate::limits::MIN_AUDIT_BYTES;
 
 /// How `prompt` roots ask a person.
@@ -20,6 +20,62 @@ pub struct ConsentConfig {
     pub terminal: bool,
     /// How long a prompt may go unanswered before it counts as a denial.
     pub timeout: Duration,
+    /// Who is asked (`[consent] provider`).
+    pub provider: Provider,
+}
+
+/// The `[console]` table as the binary uses it: the address checked to be loopback, the URL
+/// file made absolute.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConsoleConfig {
+    /// Whether the policy asks for the console.
+    pub enabled: bool,
+    /// Where to serve it, when the policy names an address.
+    pub addr: Option<std::net::SocketAddr>,
+    /// Where to write its URL.
+    pub url_file: Option<PathBuf>,
+}
+
+impl ConsoleConfig {
+    /// The `[console]` table, its paths relative to `base` (the policy file's folder).
+    pub(super) fn from_file(file: &ConsoleFile, base: Option<&Path>) -> Result<Self, PolicyError> {
+        let addr = match &file.addr {
+            None => None,
+            Some(text) => Some(loopback_addr(text).map_err(|reason| PolicyError::Table {
+                table: "console",
+                reason,
+            })?),
+        };
+        Ok(ConsoleConfig {
+            enabled: file.enabled,
+            addr,
+            url_file: file.url_file.as_ref().map(|p| expand(p, base)),
+        })
+    }
+}
+
+/// Parses a console address (`127.0.0.1:8080`, `[::1]:0`, `localhost:0`), refusing any that
+/// is not loopback: the console holds the person's consent, and no other machine may reach
+/// it.
+pub fn loopback_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    let text = text.trim();
+    let addr: std::net::SocketAddr = match text.strip_prefix("localhost:") {
+        Some(port) => {
+            let port: u16 = port
+                .parse()
+                .map_err(|_| format!("{text:?}: the port is not a number from 0 to 65535"))?;
+            (std::net::Ipv4Addr::LOCALHOST, port).into()
+        }
+        None => text.parse().map_err(|_| {
+            format!("{text:?} is not an address and port such as 127.0.0.1:0 or [::1]:8080")
+        })?,
+    };
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "{text:?} is not a loopback address: the console is served on 127.0.0.1 or ::1 only"
+        ));
+    }
+    Ok(addr)
 }
 
 /// Where and how the audit log is written.

@@ -32,6 +32,26 @@ pub struct PolicyFile {
     /// How `fsbroker proxy` confines the server it starts (Landlock).
     #[serde(default)]
     pub confine: ConfineFile,
+    /// The person's console: a local web page to answer prompts, watch and revoke.
+    #[serde(default)]
+    pub console: ConsoleFile,
+}
+
+/// The `[console]` table: the local web page where the person answers consent prompts, sees
+/// what every server does and takes access back (`fsbroker serve|proxy --console`).
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsoleFile {
+    /// Serve the console (as `--console` does).
+    pub enabled: bool,
+    /// The loopback address and port to serve it on (default `127.0.0.1:0`: any free port).
+    /// Only loopback addresses are accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    /// Write the console's URL, token included, to this file, readable by its owner only
+    /// (as `--console-url-file`). Relative to the policy file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url_file: Option<PathBuf>,
 }
 
 /// The `[confine]` table: the kernel sandbox `fsbroker proxy` puts its server in.
@@ -94,6 +114,24 @@ pub struct ConsentFile {
     pub terminal: bool,
     /// A prompt unanswered for this long is a denial.
     pub timeout_ms: u64,
+    /// Who is asked: `auto` (default: the command when one is set, else the console when one
+    /// is open, else the terminal when allowed), or only `command`, `console` or `terminal`.
+    pub provider: Provider,
+}
+
+/// `[consent] provider`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Provider {
+    /// The command if set, else an open console, else the terminal (if `terminal`).
+    #[default]
+    Auto,
+    /// Only the `command`.
+    Command,
+    /// Only the console (`--console`): with none open, every prompt is a denial.
+    Console,
+    /// Only the controlling terminal.
+    Terminal,
 }
 
 impl Default for ConsentFile {
@@ -102,6 +140,7 @@ impl Default for ConsentFile {
             command: Vec::new(),
             terminal: true,
             timeout_ms: 60_000,
+            provider: Provider::Auto,
         }
     }
 }

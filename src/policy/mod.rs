@@ -13,10 +13,13 @@ mod limits;
 use std::path::PathBuf;
 
 pub use compiled::{Overrides, Policy};
-pub use config::{AuditConfig, ConfineConfig, ConsentConfig, CopyConfig, MIN_AUDIT_BYTES};
+pub use config::{
+    AuditConfig, ConfineConfig, ConsentConfig, ConsoleConfig, CopyConfig, MIN_AUDIT_BYTES,
+    loopback_addr,
+};
 pub use file::{
-    AuditFile, ConfineFile, ConfineMode, ConsentFile, CopyTarget, LimitsFile, OnRevoke, PolicyFile,
-    RootEntry,
+    AuditFile, ConfineFile, ConfineMode, ConsentFile, ConsoleFile, CopyTarget, LimitsFile,
+    OnRevoke, PolicyFile, Provider, RootEntry,
 };
 pub use limits::Limits;
 

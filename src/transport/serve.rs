@@ -130,14 +130,23 @@ where
         .timeout
         .min(MAX_INPUT_WAIT);
     let stop = session.broker().stopped();
-    tokio::pin!(stop);
+    // The person ending the session (the console) closes it as the peer's EOF would.
+    let ended = session.ended();
+    tokio::pin!(stop, ended);
+    let proxy_link = Arc::clone(&session);
     let mut driver = Driver::new(session, opts.max_in_flight, tx);
     let mut reader = LineReader::new(input, opts.max_line).with_budget(budget, wait);
+    let mut ended_by_person = false;
     loop {
         // A broker asked to stop takes no more requests; those taken finish below.
         let next = tokio::select! {
             next = reader.next_frame() => next,
             () = &mut stop => break,
+            () = &mut ended => {
+                tracing::warn!(session = id, "the person ended the session; closing it");
+                ended_by_person = true;
+                break;
+            }
         };
         let frame = match next {
             Ok(Some(frame)) => frame,
@@ -171,6 +180,11 @@ where
         if !more {
             break;
         }
+    }
+    if ended_by_person && proxy_link.is_proxy_link() {
+        // A proxy's link: it ends its server when told (a plain peer just sees the close).
+        let note = crate::jsonrpc::notification_frame(crate::host::ENDED_NOTIFICATION, None);
+        driver.send(note.into()).await;
     }
     driver.finish().await;
     if let Some(f) = forwarder {

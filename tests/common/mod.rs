@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 pub mod audit;
 pub mod confine;
+pub mod console;
 pub mod fsb;
 pub mod hostile;
 #[path = "../../benches/kit/mod.rs"]

@@ -50,6 +50,7 @@ impl BrokerSide {
         opts: &ProxyOptions,
         nonce: &str,
         stopping: Arc<AtomicBool>,
+        ended: tokio::sync::watch::Sender<bool>,
     ) -> io::Result<(BrokerSide, Asker)> {
         match link {
             Link::Local(session) => {
@@ -108,6 +109,7 @@ impl BrokerSide {
                 let alive = Arc::new(AtomicBool::new(true));
                 let waiting: Waiting = Arc::default();
                 let ask_prefix = eras::ask_prefix(nonce);
+                let ended_note = jsonrpc::notification_frame(crate::host::ENDED_NOTIFICATION, None);
                 let reader = {
                     let to_server = to_server.clone();
                     let alive = Arc::clone(&alive);
@@ -121,6 +123,12 @@ impl BrokerSide {
                             // proxy's; the broker writes every response with this prefix.
                             if line.starts_with(ask_prefix.as_bytes()) {
                                 eras::answer_ask(&waiting, line);
+                                continue;
+                            }
+                            // The broker's last word before it closes the link: the person
+                            // ended the session (only the broker writes here).
+                            if ended_note.strip_suffix(b"\n") == Some(&line[..]) {
+                                ended.send_replace(true);
                                 continue;
                             }
                             line.push(b'\n');

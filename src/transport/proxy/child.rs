@@ -133,7 +133,7 @@ pub(super) async fn end_server(
                 // The signal first, then the log line: a log line can block (a host that
                 // does not drain stderr), and nothing may hold up a revocation.
                 target.signal(Signal::TERM);
-                tracing::warn!(%reason, "ending the confined server: access it was started with was revoked");
+                tracing::warn!(%reason, "ending the server");
                 break END_GRACE;
             }
             () = &mut gone, if closed.is_none() => {

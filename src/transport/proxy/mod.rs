@@ -147,7 +147,38 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     // server's stdin is then closed), or the server closed its stdout. A server that does not
     // exit by itself is then ended ([`end_server`]).
     let (ending, gone) = tokio::sync::watch::channel(false);
-    let revoked = opts.end_server.take().filter(|_| opts.confine.is_some());
+    // The server is ended at once when a reload revokes access a confined server holds, or
+    // when the person ends its session (the console): a local session says so itself, a
+    // shared broker by a last note on the link ([`crate::host::ENDED_NOTIFICATION`]).
+    let (person_ended, ended_note) = tokio::sync::watch::channel(false);
+    let ended: EndServer = match &link {
+        Link::Local(session) => {
+            let ended = session.ended();
+            Box::pin(async move {
+                ended.await;
+                "the person ended the session".to_owned()
+            })
+        }
+        Link::Remote(_) => {
+            let mut note = ended_note;
+            Box::pin(async move {
+                if note.wait_for(|e| *e).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                "the person ended the session on the shared broker".to_owned()
+            })
+        }
+    };
+    let revocations = opts.end_server.take().filter(|_| opts.confine.is_some());
+    let revoked: Option<EndServer> = Some(Box::pin(async move {
+        match revocations {
+            Some(revoked) => tokio::select! {
+                reason = revoked => reason,
+                reason = ended => reason,
+            },
+            None => ended.await,
+        }
+    }));
     let stopped: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
         Link::Local(session) => Box::pin(session.broker().stopped()),
         Link::Remote(_) => Box::pin(std::future::pending()),
@@ -204,11 +235,23 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     };
     // Makes the proxy's own ids (its questions to the broker, its retries) its own.
     let nonce = crate::random::hex(8);
-    let (mut broker, asker) =
-        BrokerSide::start(link, to_server.clone(), &opts, &nonce, stopping).await?;
-    if let (BrokerSide::Remote { to_broker, key, .. }, Some(confine)) = (&broker, &opts.confine) {
-        // A shared broker records the confinement in its audit log, as a local one does.
-        let params = serde_json::json!({ "confinement": confine.audit_record() });
+    let (mut broker, asker) = BrokerSide::start(
+        link,
+        to_server.clone(),
+        &opts,
+        &nonce,
+        stopping,
+        person_ended,
+    )
+    .await?;
+    if let BrokerSide::Remote { to_broker, key, .. } = &broker {
+        // The link says at once that it is a proxy's (a console shows it so, and ending the
+        // session ends the server); a shared broker records the confinement in its audit
+        // log, as a local one does.
+        let params = match &opts.confine {
+            Some(confine) => serde_json::json!({ "confinement": confine.audit_record() }),
+            None => serde_json::json!({}),
+        };
         let line = super::peer_note(key.as_deref(), params);
         let _ = to_broker.send(line.into()).await;
     }

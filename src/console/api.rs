@@ -1,0 +1,241 @@
+//! `GET /api/state` and the person's acts. Each act is one call of the broker's public API,
+//! run off the async threads (it writes the audit log). Only numbers and root names come in
+//! from the page; every string going out is the broker's or a server's, for the page to show
+//! as text.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use fsbroker::audit::timestamp;
+use fsbroker::sandbox::{ConsentMode, Mode};
+use fsbroker::{ActError, Broker, PromptAnswer};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::Shared;
+use super::guard::refuse;
+
+/// How often the audit log's whole chain is checked again while the console runs.
+const CHAIN_CHECK_EVERY: Duration = Duration::from_secs(30);
+
+/// The last check of the audit log's chain, made on a thread of its own.
+#[derive(Default)]
+pub(crate) struct AuditCheck(Arc<Mutex<Option<Value>>>);
+
+impl AuditCheck {
+    /// Checks the broker's audit log now and every [`CHAIN_CHECK_EVERY`] after, until the
+    /// broker is gone.
+    pub(crate) fn start(broker: &Arc<Broker>) -> AuditCheck {
+        let last: Arc<Mutex<Option<Value>>> = Arc::default();
+        let Some(path) = broker.audit().map(|log| log.path().to_path_buf()) else {
+            return AuditCheck(last);
+        };
+        let weak = Arc::downgrade(broker);
+        let out = Arc::clone(&last);
+        let spawned = std::thread::Builder::new()
+            .name("fsbroker-console-audit".into())
+            .spawn(move || {
+                while weak.strong_count() > 0 {
+                    let checked = match fsbroker::audit::verify(&path) {
+                        Ok(s) => json!({
+                            "intact": true,
+                            "lines": s.lines,
+                            "lastSeal": s.last_seal,
+                            "error": null,
+                        }),
+                        Err(e) => json!({ "intact": false, "error": e.to_string() }),
+                    };
+                    let mut checked = checked;
+                    checked["checkedAt"] = Value::from(timestamp(SystemTime::now()));
+                    *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(checked);
+                    std::thread::sleep(CHAIN_CHECK_EVERY);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot check the audit chain for the console");
+        }
+        AuditCheck(last)
+    }
+
+    fn last(&self) -> Option<Value> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// `GET /api/state`: sessions, prompts, roots and the audit trail.
+pub(crate) async fn state(State(shared): State<Arc<Shared>>) -> Response {
+    let broker = &shared.broker;
+    let sessions: Vec<Value> = broker
+        .sessions()
+        .into_iter()
+        .map(|s| {
+            json!({
+                "id": s.id,
+                "server": s.server,
+                "era": if s.modern { "2026-07-28" } else { "2025" },
+                "transport": s.transport.name(),
+                "confinement": s.confinement,
+                "startedAt": timestamp(s.started),
+                "requests": s.requests,
+                "bytesRead": s.bytes_read,
+                "bytesWritten": s.bytes_written,
+                "errors": s.errors,
+                "denials": s.denials,
+                "uploads": s.uploads,
+                "locks": s.locks,
+                "watches": s.watches,
+                "grants": s.grants.iter().map(|g| json!({
+                    "id": g.id,
+                    "path": g.path.to_string_lossy(),
+                    "root": g.root.to_string_lossy(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let now = SystemTime::now();
+    let prompts: Vec<Value> = broker
+        .prompts()
+        .into_iter()
+        .map(|p| {
+            json!({
+                "id": p.id,
+                "session": p.session,
+                "server": p.server,
+                "message": p.message,
+                "messageFrom": if p.from_server { "server" } else { "broker" },
+                "paths": p.paths.iter().map(|q| json!({
+                    "path": q.path,
+                    "root": q.root,
+                    "mode": mode(q.mode),
+                })).collect::<Vec<_>>(),
+                "askedAt": timestamp(p.asked),
+                "expiresAt": timestamp(p.expires),
+                "expiresInMs": p.expires.duration_since(now).unwrap_or_default().as_millis() as u64,
+            })
+        })
+        .collect();
+    let roots: Vec<Value> = broker
+        .roots()
+        .into_iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "path": r.path.to_string_lossy(),
+                "mode": mode(r.mode),
+                "consent": match r.consent {
+                    ConsentMode::Auto => "auto",
+                    ConsentMode::Prompt => "prompt",
+                    ConsentMode::Deny => "deny",
+                },
+                "paused": r.paused,
+            })
+        })
+        .collect();
+    let audit = broker.audit().map(|log| {
+        let status = log.status();
+        json!({
+            "path": log.path().to_string_lossy(),
+            "writable": status.writable,
+            "head": status.head,
+            "copiesUp": status.copies_up,
+            "chain": shared.audit.last().unwrap_or_else(|| json!({ "intact": null, "checkedAt": null })),
+        })
+    });
+    Json(json!({
+        "csrf": shared.guard.csrf(),
+        "broker": {
+            "pid": std::process::id(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "startedAt": shared.started,
+        },
+        "sessions": sessions,
+        "prompts": prompts,
+        "roots": roots,
+        "audit": audit,
+    }))
+    .into_response()
+}
+
+fn mode(m: Mode) -> &'static str {
+    match m {
+        Mode::ReadOnly => "read-only",
+        Mode::ReadWrite => "read-write",
+    }
+}
+
+/// The body of `POST /api/prompts/{id}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct Answer {
+    #[serde(default)]
+    approved_paths: Option<Vec<String>>,
+    #[serde(default)]
+    deny: bool,
+}
+
+/// `POST /api/prompts/{id}` with `{"approvedPaths":[…]}` or `{"deny":true}`.
+pub(crate) async fn answer(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<u64>,
+    body: Result<Json<Answer>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Ok(Json(body)) = body else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "the body must be {\"approvedPaths\":[…]} or {\"deny\":true}",
+        );
+    };
+    let answer = match (body.approved_paths, body.deny) {
+        (None, true) => PromptAnswer::Deny,
+        (Some(paths), false) => PromptAnswer::Approve(paths),
+        _ => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                "give either approvedPaths or deny, not both",
+            );
+        }
+    };
+    act(shared, move |b| b.answer_prompt(id, answer)).await
+}
+
+/// `POST /api/grants/{id}/revoke`.
+pub(crate) async fn revoke(State(shared): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
+    act(shared, move |b| b.revoke_grant(id).map(drop)).await
+}
+
+/// `POST /api/sessions/{id}/end`.
+pub(crate) async fn end(State(shared): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
+    act(shared, move |b| b.end_session(id)).await
+}
+
+/// `POST /api/roots/{name}/pause` and `/resume`.
+pub(crate) async fn root(
+    State(shared): State<Arc<Shared>>,
+    Path((name, what)): Path<(String, String)>,
+) -> Response {
+    match what.as_str() {
+        "pause" => act(shared, move |b| b.pause_root(&name).map(drop)).await,
+        "resume" => act(shared, move |b| b.resume_root(&name).map(drop)).await,
+        _ => refuse(StatusCode::NOT_FOUND, "a root can be paused or resumed"),
+    }
+}
+
+/// Runs one of the person's acts on the blocking pool: 204, or the reason it was not done.
+async fn act<F>(shared: Arc<Shared>, f: F) -> Response
+where
+    F: FnOnce(&Broker) -> Result<(), ActError> + Send + 'static,
+{
+    let broker = Arc::clone(&shared.broker);
+    match tokio::task::spawn_blocking(move || f(&broker)).await {
+        Ok(Ok(())) => StatusCode::NO_CONTENT.into_response(),
+        Ok(Err(e @ ActError::Answer(fsbroker::AnswerError::NotAsked { .. }))) => {
+            refuse(StatusCode::BAD_REQUEST, &e.to_string())
+        }
+        Ok(Err(e)) => refuse(StatusCode::NOT_FOUND, &e.to_string()),
+        Err(_) => refuse(StatusCode::INTERNAL_SERVER_ERROR, "the act failed"),
+    }
+}

@@ -1,0 +1,218 @@
+//! The person's console: a local web page, and the small JSON API it is built on, where the
+//! person whose files these are answers consent prompts, sees what every server does, and
+//! takes access back (docs/protocol.md, "The console").
+//!
+//! - `guard.rs`: who may use it: the run's token (once in the URL, then an HttpOnly
+//!   SameSite=Strict cookie, or `Authorization: Bearer`), `Host` (DNS rebinding), `Origin`
+//!   and the CSRF token on every state change, and the headers every answer carries.
+//! - `api.rs`: `GET /api/state` and the person's acts (`POST`), on the broker's public API.
+//! - `feed.rs`: `GET /api/events`, Server-Sent Events: state changes and the activity feed,
+//!   bulk transfers merged.
+//! - `open.rs`: opening the page in the person's browser (`fsbroker console`).
+//! - `assets/`: the page (HTML, CSS, JavaScript), embedded: it works offline, from no CDN.
+//!
+//! It serves loopback only, and it can only narrow access: every act it offers is one of
+//! [`Broker::answer_prompt`], [`Broker::revoke_grant`], [`Broker::end_session`],
+//! [`Broker::pause_root`] and [`Broker::resume_root`].
+
+mod api;
+mod feed;
+mod guard;
+mod notify;
+mod open;
+
+pub(crate) use open::{has_display, open_in_browser};
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use fsbroker::Broker;
+
+/// A running console.
+pub(crate) struct Console {
+    /// The URL to open, token included.
+    pub(crate) url: String,
+    /// Counts the console as a consent provider while it runs.
+    _open: fsbroker::ConsoleOpen,
+    /// The URL file written, removed when the console goes.
+    url_file: Option<PathBuf>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        self.server.abort();
+        if let Some(path) = &self.url_file {
+            remove_url_file(path, &self.url);
+        }
+    }
+}
+
+/// Shared by every handler.
+pub(crate) struct Shared {
+    pub(crate) broker: Arc<Broker>,
+    pub(crate) guard: guard::Guard,
+    pub(crate) audit: api::AuditCheck,
+    /// When the console started (the broker, within a moment).
+    pub(crate) started: String,
+}
+
+/// Starts the console for `broker` on `addr` (loopback only), on the current tokio runtime;
+/// writes its URL to `url_file` (owner-only) when given.
+pub(crate) fn start(
+    broker: &Arc<Broker>,
+    addr: SocketAddr,
+    url_file: Option<&Path>,
+) -> Result<Console, String> {
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "--console {addr}: only loopback addresses (127.0.0.1, ::1) are accepted"
+        ));
+    }
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| format!("cannot serve the console on {addr}: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("console socket: {e}"))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| format!("console socket: {e}"))?;
+    let guard = guard::Guard::new(bound)?;
+    let url = format!("http://{}/?token={}", guard.host(), guard.token());
+    let shared = Arc::new(Shared {
+        broker: Arc::clone(broker),
+        guard,
+        audit: api::AuditCheck::start(broker),
+        started: fsbroker::audit::timestamp(std::time::SystemTime::now()),
+    });
+    let app = Router::new()
+        .route("/", get(page))
+        .route("/console.js", get(script))
+        .route("/console.css", get(style))
+        .route("/api/state", get(api::state))
+        .route("/api/events", get(feed::events))
+        .route("/api/prompts/{id}", post(api::answer))
+        .route("/api/grants/{id}/revoke", post(api::revoke))
+        .route("/api/sessions/{id}/end", post(api::end))
+        .route("/api/roots/{name}/{act}", post(api::root))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            guard::check,
+        ))
+        .with_state(Arc::clone(&shared));
+    let listener =
+        tokio::net::TcpListener::from_std(listener).map_err(|e| format!("console socket: {e}"))?;
+    let server = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the console stopped");
+        }
+    });
+    if let Some(path) = url_file {
+        write_url_file(path, &url)?;
+        notify::spawn(broker, url.clone(), path.to_path_buf());
+    }
+    Ok(Console {
+        url,
+        _open: broker.open_console(),
+        url_file: url_file.map(Path::to_path_buf),
+        server,
+    })
+}
+
+/// The page: for a request with the token in its URL, the token goes into the cookie and the
+/// browser is sent to the bare URL, so the token leaves the address bar and the history.
+async fn page(
+    axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> axum::response::Response {
+    if let Some(token) = q.get("token") {
+        if !shared.guard.token_matches(token) {
+            return guard::refuse(axum::http::StatusCode::UNAUTHORIZED, "wrong token");
+        }
+        return (
+            axum::http::StatusCode::SEE_OTHER,
+            [
+                (header::LOCATION, "/".to_owned()),
+                (header::SET_COOKIE, shared.guard.cookie()),
+            ],
+        )
+            .into_response();
+    }
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("assets/index.html"),
+    )
+        .into_response()
+}
+
+async fn script() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("assets/console.js"),
+    )
+}
+
+async fn style() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("assets/console.css"),
+    )
+}
+
+async fn not_found() -> axum::response::Response {
+    guard::refuse(axum::http::StatusCode::NOT_FOUND, "no such page")
+}
+
+/// Writes `url` to `path`, readable and writable by its owner only, through a new file
+/// renamed into place: a reader sees the whole URL or none, and a file someone else made
+/// there (a link, another owner's) is replaced, never written through.
+#[allow(clippy::disallowed_methods)] // the URL file is the broker's own file
+fn write_url_file(path: &Path, url: &str) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail =
+        |e: std::io::Error| format!("cannot write the console URL to {}: {e}", path.display());
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| format!("--console-url-file {}: names no file", path.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&tmp)
+        .map_err(fail)?;
+    let written = file
+        .write_all(format!("{url}\n").as_bytes())
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(fail(e));
+    }
+    Ok(())
+}
+
+/// Removes the URL file at exit if it still holds this console's URL (another console may
+/// have written its own there since).
+#[allow(clippy::disallowed_methods)] // the URL file is the broker's own file
+fn remove_url_file(path: &Path, url: &str) {
+    if std::fs::read_to_string(path).is_ok_and(|s| s.trim_end() == url) {
+        let _ = std::fs::remove_file(path);
+    }
+}

@@ -1,0 +1,769 @@
+//! The person's console over HTTP (the page's own browser tests are `console_browser.rs`):
+//! the real binary (`serve --listen … --console`), real MCP sessions on its socket, and plain
+//! HTTP/1.1 on loopback.
+//!
+//! - Who may use it: the token (Bearer or the cookie the URL hands out), `Host` against DNS
+//!   rebinding, `Origin`, `Sec-Fetch-Site` and the CSRF token on every state change, the
+//!   headers every answer carries, loopback only, an owner-only URL file no server can read.
+//! - Consent on the page: a prompt shows the paths with root and mode; the person approves
+//!   some, narrows one to a folder beneath it, or denies; nobody answering is a denial; an
+//!   answer can never widen what was asked.
+//! - Revocation: a grant revoked, a session ended, a root paused (and kept paused across a
+//!   reload) reach the live session (`list_changed`, refusals, the link closed), and each is
+//!   in the audit log as the person's act.
+//! - The feed: requests show in `/api/events` as the audit log has them, and a bulk read is
+//!   merged into a few records.
+
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::console::Console;
+use common::fsb::{Fsb, Got};
+use common::procs::Pids;
+use common::{Listener, PolicyToml, RootToml, code};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// A shared broker with its console, on a policy of the test's.
+struct Setup {
+    _dir: tempfile::TempDir,
+    base: PathBuf,
+    listener: Listener,
+    console: Console,
+    url_file: PathBuf,
+    _pids: Pids,
+}
+
+impl Setup {
+    fn start(policy: impl FnOnce(&Path) -> PolicyToml) -> Setup {
+        Setup::start_with(policy, &[])
+    }
+
+    fn start_with(policy: impl FnOnce(&Path) -> PolicyToml, extra: &[&str]) -> Setup {
+        let (dir, base) = common::tempdir();
+        let file = policy(&base).write_to(&base.join("policy.toml"));
+        let url_file = base.join("run").join("console.url");
+        std::fs::create_dir(base.join("run")).unwrap();
+        let pids = Pids::default();
+        let url_arg = url_file.to_str().unwrap().to_owned();
+        let mut args = vec!["--console", "--console-url-file", &url_arg];
+        args.extend_from_slice(extra);
+        let listener = Listener::start(&file, &base.join("s.sock"), &args, &pids);
+        let console = Console::from_url_file(&url_file);
+        Setup {
+            _dir: dir,
+            base,
+            listener,
+            console,
+            url_file,
+            _pids: pids,
+        }
+    }
+
+    /// A session on the socket, as an MCP server's (a plain peer names no server: only a
+    /// proxy's link is believed about that).
+    fn session(&self) -> Fsb {
+        let mut s = self.listener.connect();
+        s.set_deadline(WAIT);
+        s
+    }
+}
+
+/// A policy with one `prompt` root `docs` (holding `a/`, `a/inner/`, `b/`) asked on the console
+/// only, and an audit log.
+fn prompt_policy(base: &Path, timeout_ms: u64) -> PolicyToml {
+    let docs = base.join("docs");
+    for d in ["a/inner", "b"] {
+        std::fs::create_dir_all(docs.join(d)).unwrap();
+    }
+    std::fs::write(docs.join("a/inner/note.txt"), "inner").unwrap();
+    std::fs::write(docs.join("a/top.txt"), "top").unwrap();
+    std::fs::write(docs.join("b/other.txt"), "other").unwrap();
+    PolicyToml::new()
+        .root(RootToml::at(&docs).name("docs").consent("prompt"))
+        .unlimited()
+        .table(
+            "consent",
+            format!("provider = \"console\"\nterminal = false\ntimeout_ms = {timeout_ms}\n"),
+        )
+        .audit(&base.join("audit.jsonl"), "")
+}
+
+/// Sends `files/consent` for `paths` (relative to the root's folder) and returns its id; the
+/// answer comes once the person answers.
+fn ask(s: &mut Fsb, base: &Path, message: &str, paths: &[&str]) -> u64 {
+    let abs: Vec<String> = paths
+        .iter()
+        .map(|p| base.join("docs").join(p).to_string_lossy().into_owned())
+        .collect();
+    s.send(
+        "files/consent",
+        json!({"message": message, "requestedPaths": abs}),
+    )
+}
+
+/// The one prompt on the desk, once it is there.
+fn one_prompt(c: &Console) -> Value {
+    let state = c.wait_state(WAIT, |s| {
+        s["prompts"].as_array().is_some_and(|p| !p.is_empty())
+    });
+    state["prompts"][0].clone()
+}
+
+fn audit_lines(base: &Path) -> Vec<Value> {
+    std::fs::read_to_string(base.join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Rule: the API answers only a request that names the console's own address in `Host`
+/// (a rebound DNS name is refused) and carries the token; a wrong or missing token is 401;
+/// every answer has the CSP, `nosniff` and framing headers and no CORS header, a preflight
+/// included.
+#[test]
+fn only_the_token_holder_on_the_right_host_gets_in() {
+    let s = Setup::start(|b| prompt_policy(b, 60_000));
+    let c = &s.console;
+    let bearer = format!("Bearer {}", c.token);
+
+    let ok = c.get("/api/state");
+    assert_eq!(ok.status, 200, "{ok:?}");
+    let none = c.request("GET", "/api/state", &[], None);
+    assert_eq!(none.status, 401, "{none:?}");
+    let wrong = c.request(
+        "GET",
+        "/api/state",
+        &[("Authorization", &format!("Bearer {}", "0".repeat(64)))],
+        None,
+    );
+    assert_eq!(wrong.status, 401, "{wrong:?}");
+    let port = c.host.rsplit(':').next().unwrap();
+    for host in [
+        format!("evil.example:{port}"),
+        format!("127.0.0.1.nip.io:{port}"),
+        "127.0.0.1".to_owned(),
+        format!("127.0.0.2:{port}"),
+    ] {
+        let rebound = c.request(
+            "GET",
+            "/api/state",
+            &[("Host", &host), ("Authorization", &bearer)],
+            None,
+        );
+        assert_eq!(rebound.status, 421, "Host {host}: {rebound:?}");
+        assert!(!rebound.body.contains("csrf"), "{rebound:?}");
+    }
+    let localhost = c.request(
+        "GET",
+        "/api/state",
+        &[
+            ("Host", &format!("localhost:{port}")),
+            ("Authorization", &bearer),
+        ],
+        None,
+    );
+    assert_eq!(localhost.status, 200, "{localhost:?}");
+
+    let preflight = c.request(
+        "OPTIONS",
+        "/api/roots/docs/pause",
+        &[
+            ("Origin", "http://evil.example"),
+            ("Access-Control-Request-Method", "POST"),
+            ("Access-Control-Request-Headers", "authorization"),
+        ],
+        None,
+    );
+    assert_ne!(preflight.status / 100, 2, "{preflight:?}");
+    for r in [&ok, &none, &preflight, &c.request("GET", "/", &[], None)] {
+        let csp = r.header("content-security-policy").unwrap_or_default();
+        assert!(csp.contains("default-src 'self'"), "{r:?}");
+        assert!(csp.contains("frame-ancestors 'none'"), "{r:?}");
+        assert!(!csp.contains("unsafe-inline"), "{r:?}");
+        assert_eq!(r.header("x-content-type-options"), Some("nosniff"), "{r:?}");
+        assert!(
+            !r.headers
+                .iter()
+                .any(|(n, _)| n.starts_with("access-control-")),
+            "no CORS header: {r:?}"
+        );
+    }
+}
+
+/// Rule: the URL hands the token to the page once: it comes back as an HttpOnly,
+/// SameSite=Strict cookie and a redirect to the bare page. A state change authenticated by
+/// that cookie needs the console's own `Origin` and the CSRF token from `/api/state`; a
+/// foreign `Origin`, a cross-site `Sec-Fetch-Site`, a missing or wrong CSRF token are all
+/// refused, and nothing is done.
+#[test]
+fn a_page_from_another_origin_cannot_act() {
+    let s = Setup::start(|b| prompt_policy(b, 60_000));
+    let c = &s.console;
+    let wrong_token = c.request("GET", "/?token=nope", &[], None);
+    assert_eq!(wrong_token.status, 401, "{wrong_token:?}");
+    let landing = c.request("GET", &format!("/?token={}", c.token), &[], None);
+    assert_eq!(landing.status, 303, "{landing:?}");
+    assert_eq!(landing.header("location"), Some("/"));
+    let cookie = landing.header("set-cookie").expect("a cookie").to_owned();
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+    let pair = cookie.split(';').next().unwrap().to_owned();
+    assert!(pair.ends_with(&c.token), "{cookie}");
+
+    let state = c.request("GET", "/api/state", &[("Cookie", &pair)], None);
+    assert_eq!(
+        state.status, 200,
+        "the cookie lets the page read: {state:?}"
+    );
+    let csrf = state.json()["csrf"].as_str().unwrap().to_owned();
+    assert_ne!(csrf, c.token, "the CSRF token is not the token");
+    let own = format!("http://{}", c.host);
+    let tries: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        (
+            "no Origin",
+            vec![("Cookie", &pair), ("X-CSRF-Token", &csrf)],
+        ),
+        (
+            "a foreign Origin",
+            vec![
+                ("Cookie", &pair),
+                ("Origin", "http://evil.example"),
+                ("X-CSRF-Token", &csrf),
+            ],
+        ),
+        (
+            "another port of loopback",
+            vec![
+                ("Cookie", &pair),
+                ("Origin", "http://127.0.0.1:1"),
+                ("X-CSRF-Token", &csrf),
+            ],
+        ),
+        ("no CSRF token", vec![("Cookie", &pair), ("Origin", &own)]),
+        (
+            "a wrong CSRF token",
+            vec![
+                ("Cookie", &pair),
+                ("Origin", &own),
+                ("X-CSRF-Token", &c.token),
+            ],
+        ),
+        (
+            "a cross-site fetch",
+            vec![
+                ("Cookie", &pair),
+                ("Origin", &own),
+                ("X-CSRF-Token", &csrf),
+                ("Sec-Fetch-Site", "cross-site"),
+            ],
+        ),
+        (
+            "no credential",
+            vec![("Origin", &own), ("X-CSRF-Token", &csrf)],
+        ),
+    ];
+    for (what, headers) in &tries {
+        let r = c.request("POST", "/api/roots/docs/pause", headers, Some(""));
+        assert!(r.status == 403 || r.status == 401, "{what}: {r:?}");
+    }
+    let roots = c.state()["roots"].clone();
+    assert_eq!(roots[0]["paused"], false, "nothing was paused: {roots}");
+
+    let r = c.request(
+        "POST",
+        "/api/roots/docs/pause",
+        &[
+            ("Cookie", &pair),
+            ("Origin", &own),
+            ("X-CSRF-Token", &csrf),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
+        Some(""),
+    );
+    assert_eq!(r.status, 204, "the page itself may act: {r:?}");
+    assert_eq!(c.state()["roots"][0]["paused"], true);
+}
+
+/// Rule: `--console` takes loopback addresses only; the URL file is owner-only and is one of
+/// the broker's own files, which no server reads even when it lies inside a root.
+#[test]
+fn loopback_only_and_the_url_file_is_protected() {
+    let (_dir, base) = common::tempdir();
+    let root = base.join("r");
+    std::fs::create_dir(&root).unwrap();
+    for addr in ["0.0.0.0:0", "192.0.2.1:80", "[::]:0", "example.com:80"] {
+        let out = std::process::Command::new(common::bin())
+            .args(["serve", "--root"])
+            .arg(&root)
+            .args(["--console", addr])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{addr} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("loopback") || err.contains("not an address"),
+            "{addr}: {err}"
+        );
+    }
+    let s = Setup::start_with(
+        |b| {
+            PolicyToml::new()
+                .root(RootToml::at(b).name("all"))
+                .unlimited()
+        },
+        &[],
+    );
+    let meta = std::fs::metadata(&s.url_file).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let mut server = s.session();
+    let e = server.err("files/read", json!({"path": s.url_file.to_str().unwrap()}));
+    assert_eq!(code(&e), "PERMISSION_DENIED", "{e}");
+    let listed = server.ok(
+        "files/list",
+        json!({"path": s.base.join("run").to_str().unwrap()}),
+    );
+    assert!(!listed.to_string().contains(&s.console.token), "{listed}");
+}
+
+/// Rule: a server's `files/consent` becomes a prompt on the console with each canonical path,
+/// its root and its mode, the server's name and words; approving some gives the server
+/// exactly those; the session can then read there and nowhere else.
+#[test]
+fn a_prompt_approved_in_part_grants_exactly_that() {
+    let s = Setup::start(|b| prompt_policy(b, 60_000));
+    let mut server = s.session();
+    let id = ask(&mut server, &s.base, "I need your notes", &["a", "b"]);
+    let prompt = one_prompt(&s.console);
+    assert_eq!(
+        prompt["server"],
+        Value::Null,
+        "a plain peer names no server: {prompt}"
+    );
+    assert_eq!(prompt["session"], s.console.state()["sessions"][0]["id"]);
+    assert_eq!(prompt["message"], "I need your notes");
+    let docs = s.base.join("docs");
+    assert_eq!(
+        prompt["paths"],
+        json!([
+            {"path": docs.join("a").to_str().unwrap(), "root": "docs", "mode": "read-only"},
+            {"path": docs.join("b").to_str().unwrap(), "root": "docs", "mode": "read-only"},
+        ])
+    );
+    assert!(prompt["expiresInMs"].as_u64().unwrap() > 0);
+    let body = json!({"approvedPaths": [docs.join("a")]}).to_string();
+    let r = s
+        .console
+        .post(&format!("/api/prompts/{}", prompt["id"]), Some(&body));
+    assert_eq!(r.status, 204, "{r:?}");
+    let answer = server.response(id);
+    assert_eq!(
+        answer["result"],
+        json!({"granted": true, "approvedPaths": [docs.join("a").to_str().unwrap()]})
+    );
+    server.ok(
+        "files/read",
+        json!({"path": docs.join("a/top.txt").to_str().unwrap()}),
+    );
+    let e = server.err(
+        "files/read",
+        json!({"path": docs.join("b/other.txt").to_str().unwrap()}),
+    );
+    assert_eq!(code(&e), "PERMISSION_DENIED", "{e}");
+    let state = s.console.state();
+    assert!(state["prompts"].as_array().unwrap().is_empty(), "{state}");
+    let grants = &state["sessions"][0]["grants"];
+    assert_eq!(grants.as_array().unwrap().len(), 1, "{state}");
+    assert_eq!(grants[0]["path"], docs.join("a").to_str().unwrap());
+    let again = s
+        .console
+        .post(&format!("/api/prompts/{}", prompt["id"]), Some(&body));
+    assert_eq!(again.status, 404, "a prompt is answered once: {again:?}");
+    let acts = audit_lines(&s.base);
+    assert!(
+        acts.iter().any(|l| l["event"] == "consent-answer"
+            && l["account"] == "person"
+            && l["granted"] == true),
+        "{acts:?}"
+    );
+}
+
+/// Rule: the person may narrow a path to a folder beneath it: the server gets the narrower
+/// path and can use only it. An answer that names anything else (a sibling, a parent, a path
+/// with `..`, a link inside the folder that leads out of it) grants nothing more.
+#[test]
+fn a_prompt_can_be_narrowed_never_widened() {
+    let s = Setup::start(|b| prompt_policy(b, 60_000));
+    let docs = s.base.join("docs");
+    std::os::unix::fs::symlink("../b", docs.join("a/to-b")).unwrap();
+    let mut server = s.session();
+    let id = ask(&mut server, &s.base, "notes", &["a"]);
+    let prompt = one_prompt(&s.console);
+    let url = format!("/api/prompts/{}", prompt["id"]);
+    for wider in [
+        docs.to_str().unwrap().to_owned(),
+        docs.join("b").to_str().unwrap().to_owned(),
+        format!("{}/../b", docs.join("a").display()),
+        format!("{}/./inner", docs.join("a").display()),
+        "/etc".to_owned(),
+        "a/inner".to_owned(),
+    ] {
+        let body = json!({"approvedPaths": [wider]}).to_string();
+        let r = s.console.post(&url, Some(&body));
+        assert_eq!(r.status, 400, "{wider}: {r:?}");
+        assert!(
+            r.json()["error"].as_str().unwrap().contains("not asked"),
+            "{r:?}"
+        );
+    }
+    let bad = s.console.post(&url, Some("{\"approvedPaths\": \"/x\"}"));
+    assert_eq!(bad.status, 400, "{bad:?}");
+    let both = s
+        .console
+        .post(&url, Some("{\"approvedPaths\": [], \"deny\": true}"));
+    assert_eq!(both.status, 400, "{both:?}");
+    // A link inside the folder asked about that leads out of it is placed where it leads,
+    // and is not granted.
+    let body = json!({"approvedPaths": [docs.join("a/inner"), docs.join("a/to-b")]}).to_string();
+    let r = s.console.post(&url, Some(&body));
+    assert_eq!(r.status, 204, "{r:?}");
+    let answer = server.response(id);
+    assert_eq!(
+        answer["result"],
+        json!({"granted": true, "approvedPaths": [docs.join("a/inner").to_str().unwrap()]}),
+        "{answer}"
+    );
+    server.ok(
+        "files/read",
+        json!({"path": docs.join("a/inner/note.txt").to_str().unwrap()}),
+    );
+    for outside in ["a/top.txt", "b/other.txt", "a/to-b/other.txt"] {
+        let e = server.err(
+            "files/read",
+            json!({"path": docs.join(outside).to_str().unwrap()}),
+        );
+        assert_eq!(code(&e), "PERMISSION_DENIED", "{outside}: {e}");
+    }
+}
+
+/// Rule: a denied prompt grants nothing, and a prompt nobody answers is denied at the consent
+/// timeout (fail closed) and leaves the console.
+#[test]
+fn denied_or_unanswered_prompts_grant_nothing() {
+    let s = Setup::start(|b| prompt_policy(b, 1_500));
+    let mut server = s.session();
+    let id = ask(&mut server, &s.base, "please", &["a"]);
+    let prompt = one_prompt(&s.console);
+    let r = s.console.post(
+        &format!("/api/prompts/{}", prompt["id"]),
+        Some("{\"deny\":true}"),
+    );
+    assert_eq!(r.status, 204, "{r:?}");
+    assert_eq!(
+        server.response(id)["result"],
+        json!({"granted": false, "approvedPaths": []})
+    );
+
+    let id = ask(&mut server, &s.base, "again", &["b"]);
+    one_prompt(&s.console);
+    let answer = server.response(id);
+    assert_eq!(answer["result"]["granted"], false, "{answer}");
+    s.console.wait_state(WAIT, |st| {
+        st["prompts"].as_array().is_some_and(Vec::is_empty)
+    });
+    let e = server.err(
+        "files/read",
+        json!({"path": s.base.join("docs/b/other.txt").to_str().unwrap()}),
+    );
+    assert_eq!(code(&e), "PERMISSION_DENIED", "{e}");
+}
+
+/// Rule: revoking a grant on the console reaches the live session: `list_changed`, then
+/// refusals beneath it; the act is in the audit log as the person's.
+#[test]
+fn revoking_a_grant_reaches_the_server() {
+    let s = Setup::start(|b| prompt_policy(b, 60_000));
+    let docs = s.base.join("docs");
+    let mut server = s.session();
+    let id = ask(&mut server, &s.base, "notes", &["a"]);
+    let prompt = one_prompt(&s.console);
+    let body = json!({"approvedPaths": [docs.join("a")]}).to_string();
+    assert_eq!(
+        s.console
+            .post(&format!("/api/prompts/{}", prompt["id"]), Some(&body))
+            .status,
+        204
+    );
+    server.response(id);
+    let note = docs.join("a/top.txt");
+    server.ok("files/read", json!({"path": note.to_str().unwrap()}));
+    // The grant's list_changed is set aside; the revocation's comes next.
+    while server.pop_note().is_some() {}
+    let grant = s.console.state()["sessions"][0]["grants"][0]["id"]
+        .as_u64()
+        .unwrap();
+    let r = s.console.post(&format!("/api/grants/{grant}/revoke"), None);
+    assert_eq!(r.status, 204, "{r:?}");
+    let (_, note_msg) = server.next_notification(WAIT).expect("list_changed");
+    assert_eq!(note_msg["method"], "notifications/roots/list_changed");
+    let e = server.err("files/read", json!({"path": note.to_str().unwrap()}));
+    assert_eq!(code(&e), "PERMISSION_DENIED", "{e}");
+    let again = s.console.post(&format!("/api/grants/{grant}/revoke"), None);
+    assert_eq!(again.status, 404, "{again:?}");
+    let acts = audit_lines(&s.base);
+    let line = acts
+        .iter()
+        .find(|l| l["event"] == "revoke-grant")
+        .unwrap_or_else(|| panic!("{acts:?}"));
+    assert_eq!(line["account"], "person");
+    assert_eq!(line["grant"], grant);
+    assert_eq!(line["path"], docs.join("a").to_str().unwrap());
+    let verified = std::process::Command::new(common::bin())
+        .args(["audit", "verify"])
+        .arg(s.base.join("audit.jsonl"))
+        .output()
+        .unwrap();
+    // Still running, so its run has no seal yet (exit 3); the chain itself is intact.
+    assert_eq!(verified.status.code(), Some(3), "{verified:?}");
+}
+
+/// Rule: ending a session on the console refuses its requests and closes its link; the
+/// broker and its other sessions go on; the act is audited.
+#[test]
+fn ending_a_session_closes_it() {
+    let s = Setup::start(|b| {
+        std::fs::create_dir(b.join("open")).unwrap();
+        std::fs::write(b.join("open/f.txt"), "f").unwrap();
+        PolicyToml::new()
+            .root(RootToml::at(&b.join("open")).name("open"))
+            .unlimited()
+            .audit(&b.join("audit.jsonl"), "")
+    });
+    let mut ended = s.session();
+    let mut other = s.session();
+    ended.ok("files/read", json!({"path": "open/f.txt"}));
+    let state = s.console.wait_state(WAIT, |st| {
+        st["sessions"].as_array().is_some_and(|a| a.len() == 2)
+    });
+    // Oldest first: the first is the one to end.
+    let sid = state["sessions"][0]["id"].as_u64().unwrap();
+    let r = s.console.post(&format!("/api/sessions/{sid}/end"), None);
+    assert_eq!(r.status, 204, "{r:?}");
+    // The link closes; anything answered before that is a refusal.
+    let mut closed = false;
+    for _ in 0..50 {
+        match ended.next(WAIT) {
+            Got::Eof => {
+                closed = true;
+                break;
+            }
+            Got::Line(v) => assert!(
+                v.get("result").is_none() || v.get("method").is_some(),
+                "{v}"
+            ),
+            Got::Timeout => break,
+        }
+    }
+    assert!(closed, "the ended session's link closed");
+    other.ok("files/read", json!({"path": "open/f.txt"}));
+    s.console.wait_state(WAIT, |st| {
+        st["sessions"].as_array().is_some_and(|a| a.len() == 1)
+    });
+    let missing = s.console.post(&format!("/api/sessions/{sid}/end"), None);
+    assert_eq!(missing.status, 404, "{missing:?}");
+    let acts = audit_lines(&s.base);
+    assert!(
+        acts.iter().any(|l| l["event"] == "end-session"
+            && l["session"] == sid
+            && l["account"] == "person"),
+        "{acts:?}"
+    );
+}
+
+/// Rule: pausing a root withdraws it from every session at once (`list_changed`, `roots/list`
+/// without it, refusals), keeps it withdrawn across a policy reload, and resuming gives it
+/// back; an unknown root is 404; both acts are audited.
+#[test]
+fn a_paused_root_stays_paused_until_resumed() {
+    let s = Setup::start(|b| {
+        std::fs::create_dir(b.join("open")).unwrap();
+        std::fs::write(b.join("open/f.txt"), "f").unwrap();
+        PolicyToml::new()
+            .root(RootToml::at(&b.join("open")).name("open"))
+            .unlimited()
+            .audit(&b.join("audit.jsonl"), "")
+    });
+    let mut server = s.session();
+    server.ok("files/read", json!({"path": "open/f.txt"}));
+    assert_eq!(s.console.post("/api/roots/open/pause", None).status, 204);
+    let (_, note) = server.next_notification(WAIT).expect("list_changed");
+    assert_eq!(note["method"], "notifications/roots/list_changed");
+    let roots = server.ok("roots/list", json!({}));
+    assert_eq!(roots["roots"], json!([]), "{roots}");
+    let e = server.err("files/read", json!({"path": "open/f.txt"}));
+    assert_eq!(code(&e), "PERMISSION_DENIED", "{e}");
+    // A reload of the policy file does not undo the person's pause.
+    let policy = s.base.join("policy.toml");
+    let text = std::fs::read_to_string(&policy).unwrap();
+    std::fs::write(&policy, format!("# touched\n{text}")).unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(s.listener.pid() as i32).unwrap(),
+        rustix::process::Signal::HUP,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let e = server.err("files/read", json!({"path": "open/f.txt"}));
+    assert_eq!(
+        code(&e),
+        "PERMISSION_DENIED",
+        "still paused after a reload: {e}"
+    );
+    assert_eq!(s.console.state()["roots"][0]["paused"], true);
+
+    assert_eq!(s.console.post("/api/roots/open/resume", None).status, 204);
+    server.ok("files/read", json!({"path": "open/f.txt"}));
+    assert_eq!(s.console.post("/api/roots/nope/pause", None).status, 404);
+    let acts = audit_lines(&s.base);
+    for act in ["pause-root", "resume-root"] {
+        assert!(
+            acts.iter()
+                .any(|l| l["event"] == act && l["root"] == "open"),
+            "{act}: {acts:?}"
+        );
+    }
+}
+
+/// Rule: answered requests reach `/api/events` as the audit log records them; successive
+/// reads of one file by one session are merged (`count`, summed `bytes`); a refusal stands
+/// alone; state changes are announced.
+#[test]
+fn the_feed_shows_requests_and_merges_bulk_reads() {
+    let s = Setup::start(|b| {
+        std::fs::create_dir(b.join("open")).unwrap();
+        std::fs::write(b.join("open/big.bin"), vec![7u8; 64 * 1024]).unwrap();
+        PolicyToml::new()
+            .root(RootToml::at(&b.join("open")).name("open"))
+            .unlimited()
+    });
+    let mut events = s.console.events();
+    let mut server = s.session();
+    let reads = 64;
+    for i in 0..reads {
+        server.ok(
+            "files/read",
+            json!({"path": "open/big.bin", "offset": i * 1024, "length": 1024, "encoding": "base64"}),
+        );
+    }
+    let e = server.err("files/read", json!({"path": "/etc/passwd"}));
+    assert_eq!(code(&e), "PERMISSION_DENIED");
+    let got = events.collect("activity", WAIT, |got| {
+        got.iter().any(|r| r["outcome"] == "PERMISSION_DENIED")
+    });
+    let merged: Vec<&Value> = got
+        .iter()
+        .filter(|r| r["method"] == "files/read" && r["path"] == "open/big.bin")
+        .collect();
+    let count: u64 = merged.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+    let bytes: u64 = merged.iter().map(|r| r["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(count, reads, "{got:?}");
+    assert_eq!(bytes, reads * 1024, "{got:?}");
+    assert!(
+        merged.len() < (reads / 4) as usize,
+        "merged into a few records: {}",
+        merged.len()
+    );
+    let refused = got
+        .iter()
+        .find(|r| r["outcome"] == "PERMISSION_DENIED")
+        .unwrap();
+    assert_eq!(refused["count"], 1);
+    assert_eq!(refused["path"], "/etc/passwd");
+    s.console.post("/api/roots/open/pause", None);
+    let state = events.collect("state", WAIT, |g| !g.is_empty());
+    assert!(!state.is_empty(), "a state event after the pause");
+}
+
+/// A server that answers nothing and never exits by itself.
+const SLEEPER: &str = "import time\nwhile True: time.sleep(1)";
+
+/// Rule: ending a proxied session on the console ends its server, whether the proxy holds its
+/// own broker (`proxy --console`) or links to a shared one (`proxy --connect`, the desktop
+/// set-up): the host sees the server exit.
+#[test]
+fn ending_a_proxied_session_ends_its_server() {
+    let (_dir, base) = common::tempdir();
+    let root = base.join("r");
+    std::fs::create_dir(&root).unwrap();
+    let url_file = base.join("own.url");
+    let mut own = Fsb::spawn(&[
+        "proxy",
+        "--root",
+        root.to_str().unwrap(),
+        "--console",
+        "--console-url-file",
+        url_file.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        SLEEPER,
+    ]);
+    let console = Console::from_url_file(&url_file);
+    let state = console.wait_state(WAIT, |s| {
+        s["sessions"].as_array().is_some_and(|a| a.len() == 1)
+    });
+    assert_eq!(state["sessions"][0]["transport"], "proxy", "{state}");
+    let sid = state["sessions"][0]["id"].as_u64().unwrap();
+    // Its broker is the proxy's own, and goes with it: the answer may not make it out.
+    let r = console.post(&format!("/api/sessions/{sid}/end"), None);
+    assert!(r.status == 204 || r.status == 0, "{r:?}");
+    let status = own
+        .wait_exit(WAIT)
+        .expect("the proxy exits once its server is ended");
+    assert!(
+        !status.success(),
+        "the server was ended by a signal: {status}"
+    );
+
+    let shared = Setup::start(|b| {
+        std::fs::create_dir(b.join("open")).unwrap();
+        PolicyToml::new()
+            .root(RootToml::at(&b.join("open")).name("open"))
+            .unlimited()
+    });
+    let sock = shared.base.join("s.sock");
+    let mut linked = Fsb::spawn(&[
+        "proxy",
+        "--connect",
+        sock.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        SLEEPER,
+    ]);
+    let state = shared
+        .console
+        .wait_state(WAIT, |s| s["sessions"][0]["transport"] == "proxy");
+    let sid = state["sessions"][0]["id"].as_u64().unwrap();
+    assert_eq!(
+        shared
+            .console
+            .post(&format!("/api/sessions/{sid}/end"), None)
+            .status,
+        204
+    );
+    let status = linked
+        .wait_exit(WAIT)
+        .expect("the linked proxy exits once its server is ended");
+    assert!(!status.success(), "{status}");
+    shared.console.wait_state(WAIT, |s| {
+        s["sessions"].as_array().is_some_and(Vec::is_empty)
+    });
+}
