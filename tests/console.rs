@@ -716,10 +716,8 @@ fn ending_a_proxied_session_ends_its_server() {
         SLEEPER,
     ]);
     let console = Console::from_url_file(&url_file);
-    let state = console.wait_state(WAIT, |s| {
-        s["sessions"].as_array().is_some_and(|a| a.len() == 1)
-    });
-    assert_eq!(state["sessions"][0]["transport"], "proxy", "{state}");
+    // The session exists a moment before its proxy says how it is connected.
+    let state = console.wait_state(WAIT, |s| s["sessions"][0]["transport"] == "proxy");
     let sid = state["sessions"][0]["id"].as_u64().unwrap();
     // Its broker is the proxy's own, and goes with it: the answer may not make it out.
     let r = console.post(&format!("/api/sessions/{sid}/end"), None);
@@ -766,4 +764,66 @@ fn ending_a_proxied_session_ends_its_server() {
     shared.console.wait_state(WAIT, |s| {
         s["sessions"].as_array().is_some_and(Vec::is_empty)
     });
+}
+
+/// Rule: with `[consent] provider = "auto"` (the default) and no command, an open console is
+/// the one asked, before the terminal.
+#[test]
+fn an_open_console_is_asked_by_default() {
+    let s = Setup::start(|b| {
+        let policy = prompt_policy(b, 60_000);
+        // The same policy without `provider`: its [consent] table says only terminal = false.
+        let text = policy.text().replace("provider = \"console\"\n", "");
+        PolicyToml::new().head(&text)
+    });
+    let mut server = s.session();
+    let id = ask(&mut server, &s.base, "by default", &["b"]);
+    let prompt = one_prompt(&s.console);
+    assert_eq!(prompt["messageFrom"], "server", "{prompt}");
+    assert_eq!(
+        s.console
+            .post(
+                &format!("/api/prompts/{}", prompt["id"]),
+                Some("{\"deny\":true}")
+            )
+            .status,
+        204
+    );
+    assert_eq!(server.response(id)["result"]["granted"], false);
+}
+
+/// Rule: pausing a root a confined server was started with ends that server
+/// (`[confine] on_revoke = "end"`, the default), as a reload that removed the root would.
+#[test]
+fn pausing_a_root_ends_a_confined_server_that_held_it() {
+    let (_dir, base) = common::tempdir();
+    let root = base.join("r");
+    std::fs::create_dir(&root).unwrap();
+    let url_file = base.join("own.url");
+    let mut proxy = Fsb::spawn(&[
+        "proxy",
+        "--root",
+        root.to_str().unwrap(),
+        "--confine",
+        "--console",
+        "--console-url-file",
+        url_file.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        SLEEPER,
+    ]);
+    let console = Console::from_url_file(&url_file);
+    // The session exists a moment before its proxy says how it is connected.
+    let state = console.wait_state(WAIT, |s| s["sessions"][0]["transport"] == "proxy");
+    assert_eq!(
+        state["sessions"][0]["confinement"], "best-effort",
+        "{state}"
+    );
+    let r = console.post("/api/roots/r/pause", None);
+    assert!(r.status == 204 || r.status == 0, "{r:?}");
+    let status = proxy
+        .wait_exit(WAIT)
+        .expect("the confined server is ended, and its proxy with it");
+    assert!(!status.success(), "{status}");
 }

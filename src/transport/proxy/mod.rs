@@ -90,6 +90,13 @@ pub struct ProxyOptions {
 pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     if let Link::Local(session) = &link {
         session.set_transport(crate::broker::Transport::Proxy);
+        if let Some(confine) = &opts.confine {
+            let mode = match confine.mode {
+                crate::policy::ConfineMode::Strict => "strict",
+                _ => "best-effort",
+            };
+            session.state().set_confinement(mode.to_owned());
+        }
     }
     let (program, args) = opts
         .command

@@ -1,0 +1,1337 @@
+//! The person's console in a real browser: headless Chromium driven through WebDriver
+//! (`fantoccini`), against the real binary (`serve --listen … --console`, or `proxy --console`
+//! with a small Python MCP server behind it). `console.rs` holds the same console's rules over
+//! plain HTTP; this file proves what only a browser shows:
+//!
+//! - Consent on the page: a prompt card answered by a click or by the keyboard; a path
+//!   unticked is left out, a path edited to a folder beneath it is narrowed, Deny denies, and
+//!   the card goes.
+//! - Revocation from the page reaches a live server behind `fsbroker proxy`: Pause gives it
+//!   `list_changed` and then refusals; End session (confirmed in the page's dialog) ends it.
+//! - A server's hostile name and message are shown as text: no element is made of them, no
+//!   script runs, a direction-changing character is shown as `\u{…}`.
+//! - A page of another origin, in the browser that holds the console's cookie, cannot act:
+//!   what it sends does arrive (chromedriver's network log shows it) and is refused.
+//! - The page as a person sees it: screenshots, wide and 360 px narrow (no sideways scroll).
+//!
+//! Needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (Debian's `chromium` and
+//! `chromium-driver`, which `.ci/run` installs); without them each test prints `SKIPPED` and
+//! passes. Every wait is bounded; no time is a pass criterion.
+
+// Tests work on their own files with `std::fs` (clippy.toml keeps it out of the library's
+// request paths).
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::console::Console;
+use common::fsb::{Cmd, Fsb};
+use common::procs::{Pids, kill_group};
+use common::{Listener, PolicyToml, RootToml};
+use fantoccini::elements::Element;
+use fantoccini::key::Key;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+/// The longest any one wait may take: a hang guard, far above what a step takes.
+const WAIT: Duration = Duration::from_secs(15);
+/// A whole test's browser part; past it the test fails instead of hanging.
+const TEST_LIMIT: Duration = Duration::from_secs(180);
+
+// ---------------------------------------------------------------------------------------------
+// The browser
+// ---------------------------------------------------------------------------------------------
+
+/// `chromedriver` in a process group of its own, with the Chromium it starts on a fresh
+/// profile. Dropping it kills the group and then every process still using the profile (by
+/// pid, found in `/proc`), so a failing test leaves no browser behind.
+struct Driver {
+    child: Child,
+    port: u16,
+    profile: tempfile::TempDir,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            kill_group(self.child.id());
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        kill_users_of(self.profile.path());
+    }
+}
+
+/// SIGKILLs every process whose command line names `dir` (Chromium's processes for one
+/// profile: a renderer may have left the driver's group).
+fn kill_users_of(dir: &Path) {
+    let needle = dir.to_string_lossy().into_owned();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(&needle) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
+/// A free loopback port (bound and let go: whoever binds it next gets it).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// One headless Chromium session.
+struct Browser {
+    c: Client,
+    driver: Driver,
+}
+
+impl Browser {
+    /// Starts chromedriver and a browser; `None` (after printing `SKIPPED: …`) when either
+    /// program is missing.
+    async fn start() -> Option<Browser> {
+        Browser::start_with(false).await
+    }
+
+    /// [`Browser::start`], with the browser's network log kept when `network_log` (for
+    /// [`Browser::requests`]).
+    async fn start_with(network_log: bool) -> Option<Browser> {
+        for (path, package) in [(CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")] {
+            if !Path::new(path).exists() {
+                eprintln!("SKIPPED: {path} is missing (Debian's {package}; .ci/run installs it)");
+                return None;
+            }
+        }
+        let profile = tempfile::tempdir().expect("a temp dir for the browser's profile");
+        let log = profile.path().join("chromedriver.log");
+        let port = free_port();
+        let child = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .arg(format!("--log-path={}", log.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {CHROMEDRIVER}: {e}"));
+        let mut driver = Driver {
+            child,
+            port,
+            profile,
+        };
+        let end = Instant::now() + WAIT;
+        while TcpStream::connect(("127.0.0.1", driver.port)).is_err() {
+            if let Ok(Some(status)) = driver.child.try_wait() {
+                panic!(
+                    "chromedriver exited ({status}): {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < end,
+                "chromedriver never listened on {port}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let data_dir = driver.profile.path().join("profile");
+        let mut caps = serde_json::Map::new();
+        caps.insert("browserName".into(), json!("chrome"));
+        // Dialogs stay open until the test handles them, so an alert a page should never
+        // raise is seen, not dismissed on the next command.
+        caps.insert("unhandledPromptBehavior".into(), json!("ignore"));
+        if network_log {
+            caps.insert("goog:loggingPrefs".into(), json!({"performance": "ALL"}));
+        }
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": CHROMIUM,
+                "args": [
+                    "--headless=new",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--window-size=1280,900",
+                    format!("--user-data-dir={}", data_dir.display()),
+                ],
+            }),
+        );
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        let session = tokio::time::timeout(
+            Duration::from_secs(60),
+            ClientBuilder::new(connector)
+                .capabilities(caps)
+                .connect(&format!("http://127.0.0.1:{port}")),
+        )
+        .await;
+        let c = match session {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => panic!(
+                "no browser session: {e}\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ),
+            Err(_) => panic!("no browser session within 60 s"),
+        };
+        Some(Browser { c, driver })
+    }
+
+    /// The requests the browser sent since the last call (from chromedriver's performance
+    /// log: the browser's own network events), with what it saw of each.
+    async fn requests(&self) -> Vec<Sent> {
+        let sid = self
+            .c
+            .session_id()
+            .await
+            .expect("the session's id")
+            .expect("a session");
+        // chromedriver's log endpoint, which fantoccini does not wrap.
+        let log = driver_post(
+            self.driver.port,
+            &format!("/session/{sid}/se/log"),
+            "{\"type\":\"performance\"}",
+        );
+        let mut sent: Vec<Sent> = Vec::new();
+        let entries = log["value"].as_array().cloned().unwrap_or_default();
+        for entry in entries {
+            let Some(event) = entry["message"]
+                .as_str()
+                .and_then(|m| serde_json::from_str::<Value>(m).ok())
+            else {
+                continue;
+            };
+            let params = &event["message"]["params"];
+            let Some(id) = params["requestId"].as_str() else {
+                continue;
+            };
+            let at = match sent.iter().position(|r| r.id == id) {
+                Some(at) => at,
+                None => {
+                    sent.push(Sent {
+                        id: id.to_owned(),
+                        ..Sent::default()
+                    });
+                    sent.len() - 1
+                }
+            };
+            let r = &mut sent[at];
+            match event["message"]["method"].as_str().unwrap_or_default() {
+                "Network.requestWillBeSent" => {
+                    r.url = params["request"]["url"].as_str().unwrap_or_default().into();
+                    r.method = params["request"]["method"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .into();
+                }
+                "Network.requestWillBeSentExtraInfo" => {
+                    r.on_wire = true;
+                    let headers = params["headers"].as_object();
+                    r.cookie = headers
+                        .and_then(|h| h.iter().find(|(k, _)| k.eq_ignore_ascii_case("cookie")))
+                        .and_then(|(_, v)| v.as_str())
+                        .map(str::to_owned);
+                    r.origin = headers
+                        .and_then(|h| h.iter().find(|(k, _)| k.eq_ignore_ascii_case("origin")))
+                        .and_then(|(_, v)| v.as_str())
+                        .map(str::to_owned);
+                }
+                "Network.responseReceivedExtraInfo" => {
+                    r.status = params["statusCode"].as_u64();
+                }
+                "Network.responseReceived" => {
+                    r.status = r.status.or(params["response"]["status"].as_u64());
+                }
+                _ => {}
+            }
+        }
+        sent
+    }
+
+    /// Ends the browser session (the driver is killed on drop either way).
+    async fn quit(&self) {
+        let _ = tokio::time::timeout(WAIT, self.c.clone().close()).await;
+    }
+
+    /// Opens the console as `fsbroker console` would, at its URL with the token: the page
+    /// trades the token for its cookie and goes to `/`; then waits for the live state.
+    async fn open_console(&self, console: &Console) {
+        let url = format!("http://{}/?token={}", console.host, console.token);
+        self.c.goto(&url).await.expect("open the console");
+        let now = self.c.current_url().await.expect("the page's URL");
+        assert_eq!(
+            now.as_str(),
+            format!("http://{}/", console.host),
+            "the token is traded for a cookie and leaves the address bar"
+        );
+        self.wait_js(
+            "the page's first state and its live event stream",
+            "document.getElementById('content').hidden === false && \
+             document.getElementById('connection').textContent === 'live'",
+        )
+        .await;
+    }
+
+    /// Runs `script` (a function body; `return` gives the value).
+    async fn js(&self, script: &str) -> Value {
+        self.c
+            .execute(script, Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("script failed ({e}): {script}"))
+    }
+
+    /// Waits until the JavaScript expression `expr` is true.
+    async fn wait_js(&self, what: &str, expr: &str) {
+        let script = format!("return Boolean({expr});");
+        until(what, || async {
+            (self.js(&script).await == json!(true)).then_some(())
+        })
+        .await
+    }
+
+    async fn find(&self, css: &str) -> Element {
+        self.c
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no element {css}: {e}"))
+    }
+
+    async fn click(&self, css: &str) {
+        self.find(css)
+            .await
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+    }
+
+    /// The oldest prompt card once it is armed (presses count); its selector.
+    async fn armed_card(&self) -> String {
+        self.wait_js(
+            "an armed prompt card",
+            "document.querySelector('#prompts [data-prompt-id][data-armed=\"true\"]')",
+        )
+        .await;
+        let id = self
+            .js("return document.querySelector('#prompts [data-prompt-id]').dataset.promptId;")
+            .await;
+        let id = id.as_str().expect("a prompt id").to_owned();
+        assert!(id.bytes().all(|b| b.is_ascii_digit()), "{id}");
+        format!("#prompts [data-prompt-id=\"{id}\"]")
+    }
+
+    /// Waits until no element matches `css`.
+    async fn wait_gone(&self, what: &str, css: &str) {
+        let expr = format!("document.querySelector({}) === null", json!(css));
+        self.wait_js(what, &expr).await;
+    }
+}
+
+/// `POST`s `body` to chromedriver and returns its JSON answer (plain HTTP/1.1 on loopback:
+/// chromedriver answers with a `Content-Length` and keeps the connection open).
+fn driver_post(port: u16, path: &str, body: &str) -> Value {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect to chromedriver");
+    conn.set_read_timeout(Some(WAIT)).expect("a read timeout");
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes())
+        .expect("write to chromedriver");
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 65536];
+    let (head_len, length) = loop {
+        let n = conn.read(&mut buf).expect("read chromedriver's answer");
+        assert!(
+            n > 0,
+            "chromedriver closed: {}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.extend_from_slice(&buf[..n]);
+        if let Some(at) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..at]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or_else(|| panic!("no Content-Length from chromedriver: {head}"));
+            break (at + 4, length);
+        }
+    };
+    while raw.len() < head_len + length {
+        let n = conn.read(&mut buf).expect("read chromedriver's answer");
+        assert!(n > 0, "chromedriver closed mid-answer");
+        raw.extend_from_slice(&buf[..n]);
+    }
+    serde_json::from_slice(&raw[head_len..head_len + length]).expect("chromedriver's JSON")
+}
+
+/// One request the browser sent, as its network log tells it.
+#[derive(Debug, Default)]
+struct Sent {
+    id: String,
+    method: String,
+    url: String,
+    /// Whether it left the browser (its headers as sent were logged): one a failed CORS
+    /// preflight stopped never does.
+    on_wire: bool,
+    /// The `Cookie` header it carried.
+    cookie: Option<String>,
+    origin: Option<String>,
+    /// The answer's status, if one came.
+    status: Option<u64>,
+}
+
+/// Polls `f` (every 50 ms, for at most [`WAIT`]) until it gives a value.
+async fn until<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let end = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < end, "not within {WAIT:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs a test's browser part under [`TEST_LIMIT`], then ends the browser session (a
+/// panic ends it too: the driver is killed on drop).
+async fn finish(b: &Browser, body: impl Future<Output = ()>) {
+    let done = tokio::time::timeout(TEST_LIMIT, body).await;
+    b.quit().await;
+    assert!(
+        done.is_ok(),
+        "the test did not finish within {TEST_LIMIT:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Brokers
+// ---------------------------------------------------------------------------------------------
+
+/// A shared broker (`serve --listen … --console`) on a policy of the test's.
+struct Shared {
+    _dir: tempfile::TempDir,
+    base: PathBuf,
+    listener: Listener,
+    console: Console,
+    _pids: Pids,
+}
+
+impl Shared {
+    fn start(policy: impl FnOnce(&Path) -> PolicyToml) -> Shared {
+        let (dir, base) = common::tempdir();
+        let file = policy(&base).write_to(&base.join("policy.toml"));
+        let url_file = base.join("console.url");
+        let pids = Pids::default();
+        let url_arg = url_file.to_str().expect("a UTF-8 temp path");
+        let listener = Listener::start(
+            &file,
+            &base.join("s.sock"),
+            &["--console", "--console-url-file", url_arg],
+            &pids,
+        );
+        let console = Console::from_url_file(&url_file);
+        Shared {
+            _dir: dir,
+            base,
+            listener,
+            console,
+            _pids: pids,
+        }
+    }
+
+    /// A session on the socket.
+    fn session(&self) -> Fsb {
+        let mut s = self.listener.connect();
+        s.set_deadline(WAIT);
+        s
+    }
+}
+
+/// A `prompt` root `docs` (holding `a/`, `a/inner/`, `b/`) asked on the console only, and an
+/// `auto` root `open` holding `f.txt`.
+fn prompt_policy(base: &Path) -> PolicyToml {
+    let docs = base.join("docs");
+    for d in ["a/inner", "b"] {
+        std::fs::create_dir_all(docs.join(d)).expect("make the root's folders");
+    }
+    std::fs::write(docs.join("a/top.txt"), "top").expect("write a file");
+    let open = base.join("open");
+    std::fs::create_dir_all(&open).expect("make the root's folder");
+    std::fs::write(open.join("f.txt"), "open").expect("write a file");
+    PolicyToml::new()
+        .root(RootToml::at(&docs).name("docs").consent("prompt"))
+        .root(RootToml::at(&open).name("open"))
+        .unlimited()
+        .table(
+            "consent",
+            "provider = \"console\"\nterminal = false\ntimeout_ms = 60000\n",
+        )
+}
+
+/// Sends `files/consent` for `paths` (beneath `docs`); the answer comes once the person
+/// answers on the page.
+fn ask(s: &mut Fsb, docs: &Path, message: &str, paths: &[&str]) -> u64 {
+    let abs: Vec<PathBuf> = paths.iter().map(|p| docs.join(p)).collect();
+    s.send(
+        "files/consent",
+        json!({"message": message, "requestedPaths": abs}),
+    )
+}
+
+/// The MCP server behind the proxy: newline-delimited JSON-RPC on stdio. `argv[1]`: its log
+/// (one line per event); `argv[2]`: JSON config: `name` (its `serverInfo.name`), `listRoots`
+/// (send `roots/list` first), `consent` (params of one `files/consent` to send), `read` (a
+/// path to `files/read` again and again, one at a time, 100 ms apart).
+///
+/// Log lines: `pid N`, `roots OUTCOME`, `consent RESULT-JSON`, `read N OUTCOME` (`ok` or the
+/// error's code), `list_changed` for each `notifications/roots/list_changed`.
+const SERVER: &str = r#"
+import json, os, sys, threading, time
+
+LOG = open(sys.argv[1], "a", buffering=1)
+CONFIG = json.loads(sys.argv[2])
+out_lock = threading.Lock()
+answers = {}
+arrived = threading.Condition()
+initialized = threading.Event()
+
+def log(text):
+    LOG.write(text + "\n")
+
+def send(obj):
+    data = json.dumps(obj) + "\n"
+    with out_lock:
+        sys.stdout.write(data)
+        sys.stdout.flush()
+
+def outcome(msg):
+    if msg is None:
+        return "none"
+    if "error" in msg:
+        err = msg["error"]
+        data = err.get("data") if isinstance(err.get("data"), dict) else {}
+        return str(data.get("code", err.get("code")))
+    return "ok"
+
+def reader():
+    for line in sys.stdin:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        method, mid = msg.get("method"), msg.get("id")
+        if method == "initialize":
+            send({"jsonrpc": "2.0", "id": mid, "result": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "serverInfo": {"name": CONFIG["name"], "version": "1.0"}}})
+        elif method == "notifications/initialized":
+            initialized.set()
+        elif method == "notifications/roots/list_changed":
+            log("list_changed")
+        elif method is None and mid is not None:
+            with arrived:
+                answers[mid] = msg
+                arrived.notify_all()
+        elif mid is not None:
+            send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "no"}})
+    # The proxy closed our input: it is gone, and so are we.
+    os._exit(0)
+
+def ask(mid, method, params, limit):
+    send({"jsonrpc": "2.0", "id": mid, "method": method, "params": params})
+    end = time.monotonic() + limit
+    with arrived:
+        while mid not in answers:
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            arrived.wait(left)
+        return answers.pop(mid)
+
+log("pid %d" % os.getpid())
+threading.Thread(target=reader, daemon=True).start()
+initialized.wait()
+if CONFIG.get("listRoots"):
+    log("roots " + outcome(ask("roots", "roots/list", {}, 30)))
+if "consent" in CONFIG:
+    r = ask("consent", "files/consent", CONFIG["consent"], 120)
+    log("consent " + json.dumps(r.get("result") if r else None))
+n = 0
+while "read" in CONFIG:
+    n += 1
+    log("read %d %s" % (n, outcome(ask(n, "files/read", {"path": CONFIG["read"]}, 10))))
+    time.sleep(0.1)
+threading.Event().wait()
+"#;
+
+/// `fsbroker proxy BROKER_ARGS --console --console-url-file F -- python3 server.py LOG
+/// CONFIG`, with the test as the host: the handshake done, its console read.
+struct Proxied {
+    _dir: tempfile::TempDir,
+    host: Fsb,
+    console: Console,
+    log: PathBuf,
+}
+
+impl Proxied {
+    /// `setup` makes what the test needs in the temp dir and returns the broker's arguments
+    /// and the server's config.
+    fn start(setup: impl FnOnce(&Path) -> (Vec<String>, Value)) -> Proxied {
+        let (dir, base) = common::tempdir();
+        let (broker_args, config) = setup(&base);
+        let server = base.join("server.py");
+        std::fs::write(&server, SERVER).expect("write the server");
+        let log = base.join("server.log");
+        let url_file = base.join("console.url");
+        let mut args = vec!["proxy".to_owned()];
+        args.extend(broker_args);
+        args.extend([
+            "--console".to_owned(),
+            "--console-url-file".to_owned(),
+            common::path_str(&url_file),
+            "--".to_owned(),
+            common::python().to_owned(),
+            common::path_str(&server),
+            common::path_str(&log),
+            config.to_string(),
+        ]);
+        let mut host = Cmd::new(&args).group().deadline(WAIT).spawn();
+        let console = Console::from_url_file(&url_file);
+        host.send_msg(&json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "browser-test-host", "version": "1.0"}
+            }
+        }));
+        let init = host.answer(&json!(0), WAIT);
+        assert_eq!(
+            init["result"]["serverInfo"]["name"], config["name"],
+            "{init}"
+        );
+        host.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        Proxied {
+            _dir: dir,
+            host,
+            console,
+            log,
+        }
+    }
+
+    fn log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Waits until the server's log satisfies `want`; returns its lines.
+    async fn wait_log(&self, what: &str, want: impl Fn(&[String]) -> bool) -> Vec<String> {
+        let end = Instant::now() + WAIT;
+        loop {
+            let lines = self.log_lines();
+            if want(&lines) {
+                return lines;
+            }
+            assert!(
+                Instant::now() < end,
+                "the server's log never showed {what}: {lines:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rules
+// ---------------------------------------------------------------------------------------------
+
+/// Rule: a prompt card is answered on the page: unticking a path leaves it out (the server is
+/// granted exactly the rest); editing a path to a folder beneath it narrows the grant (here
+/// answered from the keyboard: Tab from the path to the button, Enter); Deny grants nothing;
+/// the card leaves the page each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_are_approved_narrowed_and_denied_on_the_page() {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let s = Shared::start(prompt_policy);
+    finish(&b, async {
+        let docs = s.base.join("docs");
+        let mut server = s.session();
+        b.open_console(&s.console).await;
+
+        // Two paths asked; the second unticked, the rest approved by a click.
+        let id = ask(&mut server, &docs, "I need your notes", &["a", "b"]);
+        let card = b.armed_card().await;
+        let paths = b
+            .js(&format!(
+                "return [...document.querySelectorAll('{card} input[data-path-input]')].map((i) => i.value);"
+            ))
+            .await;
+        assert_eq!(paths, json!([docs.join("a"), docs.join("b")]));
+        b.click(&format!("{card} input[type=checkbox][data-path-index=\"1\"]"))
+            .await;
+        b.wait_js(
+            "the unticked path's box disabled",
+            &format!("document.querySelector('{card} input[data-path-input=\"1\"]').disabled"),
+        )
+        .await;
+        b.click(&format!("{card} [data-action=approve-selected]")).await;
+        let answer = server.response(id);
+        assert_eq!(
+            answer["result"],
+            json!({"granted": true, "approvedPaths": [docs.join("a")]}),
+            "{answer}"
+        );
+        b.wait_gone("the answered card gone", &card).await;
+        // The page shows the grant it made, in the session's row.
+        let grant = json!(docs.join("a"));
+        b.wait_js(
+            "the grant listed under its session",
+            &format!(
+                "[...document.querySelectorAll('#sessions li[data-grant-id] .grant-path')]\
+                 .some((e) => e.textContent === {grant})"
+            ),
+        )
+        .await;
+
+        // One path, narrowed to a folder beneath it by editing, answered from the keyboard.
+        let id = ask(&mut server, &docs, "only the inner folder, please", &["a"]);
+        let card = b.armed_card().await;
+        let input = b
+            .find(&format!("{card} input[data-path-input=\"0\"]"))
+            .await;
+        input.clear().await.expect("clear the path");
+        input
+            .send_keys(&common::path_str(&docs.join("a/inner")))
+            .await
+            .expect("type the narrower path");
+        input
+            .send_keys(&Key::Tab.to_string())
+            .await
+            .expect("Tab to the next control");
+        b.wait_js(
+            "the focus on Approve selected",
+            "document.activeElement && document.activeElement.dataset.action === 'approve-selected'",
+        )
+        .await;
+        b.c.active_element()
+            .await
+            .expect("the focused element")
+            .send_keys(&Key::Enter.to_string())
+            .await
+            .expect("press Enter");
+        let answer = server.response(id);
+        assert_eq!(
+            answer["result"],
+            json!({"granted": true, "approvedPaths": [docs.join("a/inner")]}),
+            "{answer}"
+        );
+        b.wait_gone("the narrowed card gone", &card).await;
+
+        // Denied by a click.
+        let id = ask(&mut server, &docs, "and the other folder", &["b"]);
+        let card = b.armed_card().await;
+        b.click(&format!("{card} [data-action=deny]")).await;
+        let answer = server.response(id);
+        assert_eq!(
+            answer["result"],
+            json!({"granted": false, "approvedPaths": []}),
+            "{answer}"
+        );
+        b.wait_gone("the denied card gone", &card).await;
+        let left = s.console.state();
+        assert_eq!(left["prompts"], json!([]), "{left}");
+    })
+    .await;
+}
+
+/// Rule: the person's acts on the page reach a live server behind `fsbroker proxy`: Pause on
+/// its root sends it `list_changed`, and its reads are refused from then on (the page's feed
+/// shows them refused); End session, once the page's confirmation is accepted, ends the
+/// server, and with it the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pausing_and_ending_on_the_page_reach_a_proxied_server() {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let mut p = Proxied::start(|base| {
+        let shared = base.join("shared");
+        std::fs::create_dir(&shared).expect("make the root");
+        std::fs::write(shared.join("f.txt"), "hello").expect("write a file");
+        (
+            vec!["--root".to_owned(), common::path_str(&shared)],
+            json!({
+                "name": "reader-server",
+                "listRoots": true,
+                "read": shared.join("f.txt"),
+            }),
+        )
+    });
+    finish(&b, async {
+        let lines = p
+            .wait_log("reads that succeed", |l| {
+                l.iter().filter(|x| x.ends_with(" ok")).count() >= 3
+            })
+            .await;
+        assert!(lines.contains(&"roots ok".to_owned()), "{lines:#?}");
+        let pid: i32 = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("pid ")?.parse().ok())
+            .expect("the server's pid in its log");
+        b.open_console(&p.console).await;
+        b.wait_js(
+            "the server's session, named as it calls itself",
+            "[...document.querySelectorAll('#sessions tr[data-session-id] td[data-label=\"Calls itself\"]')]\
+             .some((e) => e.textContent === 'reader-server')",
+        )
+        .await;
+
+        b.click("#roots tr[data-root-name=\"shared\"] button[data-action=pause]")
+            .await;
+        let lines = p
+            .wait_log("list_changed, then refusals", |l| {
+                l.iter()
+                    .position(|x| x == "list_changed")
+                    .is_some_and(|at| {
+                        l[at..]
+                            .iter()
+                            .filter(|x| x.ends_with(" PERMISSION_DENIED"))
+                            .count()
+                            >= 3
+                    })
+            })
+            .await;
+        // Once one read is refused, none after it succeeds: the pause is in force for good.
+        let reads: Vec<&String> = lines.iter().filter(|l| l.starts_with("read ")).collect();
+        let first_refused = reads
+            .iter()
+            .position(|l| l.ends_with(" PERMISSION_DENIED"))
+            .expect("a refusal");
+        assert!(
+            reads[first_refused..]
+                .iter()
+                .all(|l| l.ends_with(" PERMISSION_DENIED")),
+            "{lines:#?}"
+        );
+        b.wait_js(
+            "the root shown paused, with Resume",
+            "document.querySelector('#roots tr[data-root-name=\"shared\"].paused button[data-action=resume]')",
+        )
+        .await;
+        b.wait_js(
+            "refused reads in the feed",
+            "document.querySelector('#feed tr.refused')",
+        )
+        .await;
+        assert_eq!(
+            p.console.state()["roots"][0]["paused"],
+            true,
+            "the broker holds it paused"
+        );
+
+        // End session: the page asks first; the test accepts the browser's own dialog.
+        b.click("#sessions tr[data-session-id] button[data-action=end-session]")
+            .await;
+        let question = until("the confirmation dialog", || async {
+            b.c.get_alert_text().await.ok()
+        })
+        .await;
+        assert!(question.starts_with("End session"), "{question}");
+        b.c.accept_alert().await.expect("accept the dialog");
+        let status = p
+            .host
+            .wait_exit(WAIT)
+            .expect("the proxy exits once its server is ended");
+        assert!(!status.success(), "the server was ended: {status}");
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        until("the server process gone", || async {
+            (!proc_dir.exists()).then_some(())
+        })
+        .await;
+    })
+    .await;
+}
+
+/// The server's name and message in the hostile-strings test: markup, a script, and U+202E
+/// (RIGHT-TO-LEFT OVERRIDE), which would turn what follows it around.
+const HOSTILE_NAME: &str = "<img src=x onerror=\"document.title='pwned'\">\u{202E}evil</script><script>document.title='pwned'</script>";
+const HOSTILE_MESSAGE: &str = "<img src=x onerror=alert(1)><b>bold</b>\u{202E}txet";
+
+/// Rule: a server's name and consent message are shown as the text they are: no element is
+/// made of them (no `img`, no `b`, no script run: the title stays, no alert opens), and a
+/// direction-changing character is shown as `\u{202E}` rather than acted on, on the prompt
+/// card and in the sessions table alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_strings_render_as_text_and_run_nothing() {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let p = Proxied::start(|base| {
+        let docs = base.join("docs");
+        std::fs::create_dir_all(docs.join("a")).expect("make the root's folder");
+        let policy = PolicyToml::new()
+            .root(RootToml::at(&docs).name("docs").consent("prompt"))
+            .unlimited()
+            .table(
+                "consent",
+                "provider = \"console\"\nterminal = false\ntimeout_ms = 60000\n",
+            )
+            .write_to(&base.join("policy.toml"));
+        (
+            vec!["--policy".to_owned(), common::path_str(&policy)],
+            // No roots/list first: with a `prompt` root, the broker would ask about that.
+            json!({
+                "name": HOSTILE_NAME,
+                "consent": {"message": HOSTILE_MESSAGE, "requestedPaths": [docs.join("a")]},
+            }),
+        )
+    });
+    finish(&b, async {
+        b.open_console(&p.console).await;
+        let card = b.armed_card().await;
+        let shown = |s: &str| s.replace('\u{202E}', "\\u{202E}");
+
+        let found = b
+            .js(&format!(
+                "const card = document.querySelector('{card}');
+                 const message = card.querySelector('.message');
+                 return {{
+                   imgsInCard: card.querySelectorAll('img').length,
+                   imgsWithSrcX: document.querySelectorAll('img[src=\"x\"]').length,
+                   inlineScripts: document.querySelectorAll('script:not([src])').length,
+                   boldInMessage: message.querySelectorAll('b').length,
+                   message: message.textContent,
+                   claim: card.querySelector('.claim').textContent,
+                   title: document.title,
+                 }};"
+            ))
+            .await;
+        assert_eq!(found["imgsInCard"], 0, "{found:#}");
+        assert_eq!(found["imgsWithSrcX"], 0, "{found:#}");
+        assert_eq!(found["inlineScripts"], 0, "{found:#}");
+        assert_eq!(found["boldInMessage"], 0, "{found:#}");
+        let message = found["message"].as_str().expect("the message's text");
+        assert!(
+            message.contains("<img src=x onerror=alert(1)>"),
+            "{message:?}"
+        );
+        assert!(message.contains(&shown(HOSTILE_MESSAGE)), "{message:?}");
+        assert!(!message.contains('\u{202E}'), "{message:?}");
+        let claim = found["claim"].as_str().expect("the name's text");
+        assert!(claim.contains(&shown(HOSTILE_NAME)), "{claim:?}");
+        assert!(!claim.contains('\u{202E}'), "{claim:?}");
+
+        // The sessions table shows the same name, as text.
+        let name_cell = "#sessions tr[data-session-id] td[data-label=\"Calls itself\"]";
+        b.wait_js(
+            "the session's name in the table",
+            &format!("document.querySelector('{name_cell}')"),
+        )
+        .await;
+        let cell = b
+            .js(&format!(
+                "const td = document.querySelector('{name_cell}');
+                 return {{text: td.textContent, elements: [...td.querySelectorAll('*')].map((e) => e.tagName)}};"
+            ))
+            .await;
+        assert_eq!(cell["text"], json!(shown(HOSTILE_NAME)), "{cell:#}");
+        // Only the page's own wrappers: the isolating <bdi> and the <span> of the escape.
+        assert_eq!(cell["elements"], json!(["BDI", "SPAN"]), "{cell:#}");
+
+        let title = b.c.title().await.expect("the title");
+        assert!(!title.contains("pwned"), "{title}");
+        assert!(
+            b.c.get_alert_text().await.is_err(),
+            "no dialog is open: nothing of the server's ran"
+        );
+
+        // The card still works: Deny reaches the server.
+        b.click(&format!("{card} [data-action=deny]")).await;
+        b.wait_gone("the denied card gone", &card).await;
+        let lines = p
+            .wait_log("the consent answer", |l| {
+                l.iter().any(|x| x.starts_with("consent "))
+            })
+            .await;
+        assert!(
+            lines.contains(&"consent {\"granted\": false, \"approvedPaths\": []}".to_owned()),
+            "{lines:#?}"
+        );
+        let title = b.c.title().await.expect("the title");
+        assert!(!title.contains("pwned"), "{title}");
+    })
+    .await;
+}
+
+/// A one-page HTTP server on another loopback port: the attacker's site. Every request for
+/// `/` gets `page`; anything else is 404. Stops when dropped.
+struct Attacker {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Attacker {
+    fn start(page: String) -> Attacker {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the attacker's port");
+        let port = listener.local_addr().expect("its address").port();
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(Ordering::Relaxed) {
+                let Ok((mut conn, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                };
+                let _ = conn.set_nonblocking(false);
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer = if head.starts_with(b"GET / ") {
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n\
+                         Content-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                        page.len()
+                    )
+                } else {
+                    "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_owned()
+                };
+                let _ = conn.write_all(answer.as_bytes());
+            }
+        });
+        Attacker {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Attacker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Rule: a page of another origin, opened in the very browser that holds the console's
+/// cookie (same site: loopback, another port), cannot act on the console: a fetch with a
+/// guessed CSRF token never leaves the browser, a "simple" no-cors POST and a form posted into
+/// a frame do reach the console with its cookie (the browser's network log shows them) and
+/// are refused, the same at `localhost` too; the page cannot read the state either; no root
+/// is paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_from_another_origin_cannot_act() {
+    let Some(b) = Browser::start_with(true).await else {
+        return;
+    };
+    let s = Shared::start(prompt_policy);
+    let port = s
+        .console
+        .host
+        .rsplit(':')
+        .next()
+        .expect("the console's port")
+        .to_owned();
+    let page = ATTACKER_PAGE.replace("PORT", &port);
+    let attacker = Attacker::start(page);
+    finish(&b, async {
+        b.open_console(&s.console).await;
+        let cookies = b.c.get_all_cookies().await.expect("the browser's cookies");
+        assert!(
+            cookies
+                .iter()
+                .any(|c| c.name() == format!("fsbroker_console_{port}")),
+            "the browser holds the console's cookie: {cookies:?}"
+        );
+
+        b.requests().await; // the console's own, set aside
+        b.c.goto(&format!("http://127.0.0.1:{}/", attacker.port))
+            .await
+            .expect("open the attacker's page");
+        b.wait_js(
+            "the attacker's page done trying",
+            "document.title === 'done'",
+        )
+        .await;
+        let results = b.js("return window.results;").await;
+        let tried: Vec<&str> = results
+            .as_array()
+            .expect("the attempts")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for which in ["127.0.0.1", "localhost"] {
+            assert!(
+                tried.contains(&format!("{which} read state: refused").as_str()),
+                "the state (and its CSRF token) cannot be read: {tried:#?}"
+            );
+            assert!(
+                tried.contains(&format!("{which} csrf guess: refused").as_str()),
+                "{tried:#?}"
+            );
+        }
+        // What reached the console, from the browser's network log: the "simple" POSTs (the
+        // no-cors fetches and the form) were sent, at 127.0.0.1 with the console's cookie
+        // (same site: only the port differs), all with the attacker's Origin, and the console
+        // itself refused them; the one with a custom header never left the browser (its
+        // preflight got no CORS answer).
+        let attacker_origin = format!("http://127.0.0.1:{}", attacker.port);
+        let console_apis = [
+            format!("http://127.0.0.1:{port}/api/"),
+            format!("http://localhost:{port}/api/"),
+        ];
+        let to_console =
+            |r: &&Sent| r.method == "POST" && console_apis.iter().any(|a| r.url.starts_with(a));
+        let mut seen: Vec<Sent> = Vec::new();
+        let end = Instant::now() + WAIT;
+        loop {
+            seen.extend(b.requests().await);
+            let answered = |url: &str| {
+                seen.iter()
+                    .filter(to_console)
+                    .any(|r| r.url == url && r.status.is_some())
+            };
+            let done = ["docs", "open"]
+                .iter()
+                .all(|root| answered(&format!("{}roots/{root}/pause", console_apis[0])))
+                && answered(&format!("{}roots/docs/pause", console_apis[1]));
+            if done {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "the attacker's POSTs never reached the console: {seen:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let posts: Vec<&Sent> = seen.iter().filter(to_console).collect();
+        for r in &posts {
+            if !r.on_wire {
+                assert_eq!(r.status, None, "{posts:#?}");
+                continue;
+            }
+            assert_eq!(
+                r.origin.as_deref(),
+                Some(attacker_origin.as_str()),
+                "{posts:#?}"
+            );
+            if r.url.starts_with(&console_apis[0]) {
+                assert!(
+                    r.cookie
+                        .as_deref()
+                        .is_some_and(|c| c.contains(&format!("fsbroker_console_{port}="))),
+                    "sent with the console's cookie: {posts:#?}"
+                );
+                assert_eq!(r.status, Some(403), "refused by the console: {posts:#?}");
+            } else {
+                // The cookie is the console's at 127.0.0.1 only (`localhost` is another
+                // host), so this one carries no credential at all.
+                assert!(
+                    matches!(r.status, Some(401 | 403)),
+                    "refused by the console: {posts:#?}"
+                );
+            }
+        }
+        let roots = s.console.state()["roots"].clone();
+        let docs = roots
+            .as_array()
+            .expect("roots")
+            .iter()
+            .find(|r| r["name"] == "docs")
+            .expect("the docs root")
+            .clone();
+        assert_eq!(docs["paused"], false, "nothing was paused: {roots}");
+        let open = roots
+            .as_array()
+            .expect("roots")
+            .iter()
+            .find(|r| r["name"] == "open")
+            .expect("the open root")
+            .clone();
+        assert_eq!(open["paused"], false, "nothing was paused: {roots}");
+    })
+    .await;
+    drop(attacker);
+}
+
+/// The attacker's page (`PORT`: the console's). Inline script is fine here: it is the
+/// attacker's own page, under no CSP. `window.results` gets one line per attempt.
+const ATTACKER_PAGE: &str = r#"<!doctype html>
+<html><head><meta charset="utf-8"><title>attacker</title></head><body>
+<iframe name="sink" id="sink"></iframe>
+<form id="f" method="post" enctype="text/plain" target="sink"
+      action="http://127.0.0.1:PORT/api/roots/open/pause"><input name="x" value="1"></form>
+<img src="http://127.0.0.1:PORT/api/state" alt="">
+<script>
+const results = [];
+async function attempt(label, url, init) {
+  try {
+    const r = await fetch(url, init);
+    results.push(label + ': ' + r.type + ' ' + r.status);
+  } catch (e) {
+    results.push(label + ': refused');
+  }
+}
+(async () => {
+  for (const [which, base] of [['127.0.0.1', 'http://127.0.0.1:PORT'], ['localhost', 'http://localhost:PORT']]) {
+    await attempt(which + ' csrf guess', base + '/api/roots/docs/pause',
+      {method: 'POST', credentials: 'include', headers: {'X-CSRF-Token': 'guess'}});
+    await attempt(which + ' no-cors', base + '/api/roots/docs/pause',
+      {method: 'POST', credentials: 'include', mode: 'no-cors', body: '{}'});
+    await attempt(which + ' read state', base + '/api/state', {credentials: 'include'});
+  }
+  const sink = document.getElementById('sink');
+  const loaded = new Promise((ok) => { sink.onload = ok; setTimeout(ok, 5000); });
+  document.getElementById('f').submit();
+  await loaded;
+  window.results = results.map((r) => r.replace(/ 0$/, ''));
+  document.title = 'done';
+})();
+</script></body></html>
+"#;
+
+/// A PNG's width and height (from its IHDR chunk), after checking its signature.
+fn png_size(png: &[u8]) -> (u32, u32) {
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "not a PNG: {:?}",
+        &png[..png.len().min(8)]
+    );
+    assert!(png.len() > 24 && &png[12..16] == b"IHDR", "no IHDR");
+    let be = |at: usize| u32::from_be_bytes([png[at], png[at + 1], png[at + 2], png[at + 3]]);
+    (be(16), be(20))
+}
+
+/// Rule: the page as a person sees it, with a live session, its activity and a waiting
+/// prompt, renders to a real picture (a PNG of the window's size); at 360 px wide it still
+/// fits: the page never scrolls sideways. The pictures go to `FSBROKER_SCREENSHOT` and
+/// `FSBROKER_SCREENSHOT_NARROW` when set (to look at), else to a temp dir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_renders_wide_and_narrow() {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let s = Shared::start(prompt_policy);
+    let (_shots, shots_dir) = common::tempdir();
+    let wide_path = std::env::var_os("FSBROKER_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| shots_dir.join("console-wide.png"));
+    let narrow_path = std::env::var_os("FSBROKER_SCREENSHOT_NARROW")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| shots_dir.join("console-narrow.png"));
+    finish(&b, async {
+        b.open_console(&s.console).await;
+        let docs = s.base.join("docs");
+        let mut server = s.session();
+        for _ in 0..5 {
+            server.ok("files/read", json!({"path": "open/f.txt"}));
+        }
+        let refused = server.err(
+            "files/read",
+            json!({"path": common::path_str(&docs.join("a/top.txt"))}),
+        );
+        assert_eq!(common::code(&refused), "PERMISSION_DENIED", "{refused}");
+        let _id = ask(
+            &mut server,
+            &docs,
+            "I would like to read your notes to summarise them.",
+            &["a", "b"],
+        );
+        b.armed_card().await;
+        b.wait_js(
+            "the activity in the feed",
+            "document.querySelector('#feed tr.refused') && document.querySelector('#feed tr[data-count=\"5\"]')",
+        )
+        .await;
+
+        // Tall enough to show the whole page: prompt, sessions, roots, feed.
+        b.c.set_window_size(1280, 1700)
+            .await
+            .expect("a tall window");
+        let wide = b.c.screenshot().await.expect("a screenshot");
+        let (w, h) = png_size(&wide);
+        assert!(w >= 1000 && h >= 600, "the window's size: {w}x{h}");
+        assert!(wide.len() > 10_000, "a real picture: {} bytes", wide.len());
+        std::fs::write(&wide_path, &wide).expect("write the screenshot");
+        eprintln!("wide screenshot: {}", wide_path.display());
+
+        b.c.set_window_size(360, 800)
+            .await
+            .expect("a narrow window");
+        let inner = until("the narrow viewport", || async {
+            let w = b.js("return window.innerWidth;").await.as_u64()?;
+            (w <= 400).then_some(w)
+        })
+        .await;
+        let fit = b
+            .js("return {scroll: document.documentElement.scrollWidth, inner: window.innerWidth, \
+                 wide: [...document.querySelectorAll('body *')].filter((e) => \
+                 e.getBoundingClientRect().right > window.innerWidth + 1 && \
+                 !e.closest('.table-wrap')).slice(0, 5).map((e) => e.tagName + '.' + e.className)};")
+            .await;
+        let narrow = b.c.screenshot().await.expect("a screenshot");
+        let (nw, _) = png_size(&narrow);
+        assert!(nw <= 400, "the narrow window's width: {nw} (viewport {inner})");
+        std::fs::write(&narrow_path, &narrow).expect("write the screenshot");
+        eprintln!("narrow screenshot: {}", narrow_path.display());
+        assert!(
+            fit["scroll"].as_u64() <= fit["inner"].as_u64().map(|w| w + 1),
+            "the page scrolls sideways at {inner} px: {fit:#}"
+        );
+    })
+    .await;
+}
