@@ -12,8 +12,12 @@ use super::wire::{self, Answer};
 
 /// How the broker is started.
 pub(crate) enum Launch {
-    /// This executable: `fsbroker serve --policy FILE`.
-    Own { exe: PathBuf, policy: PathBuf },
+    /// This executable: `fsbroker serve --policy FILE`, then `extra`.
+    Own {
+        exe: PathBuf,
+        policy: PathBuf,
+        extra: Vec<String>,
+    },
     /// A shell command (`--broker-cmd`), run with `sh -c 'exec COMMAND'`.
     Shell { command: String },
 }
@@ -25,6 +29,7 @@ impl Launch {
         Ok(Launch::Own {
             exe,
             policy: policy.to_path_buf(),
+            extra: Vec::new(),
         })
     }
 
@@ -32,7 +37,7 @@ impl Launch {
     /// a command naming none of them gets ` serve --policy FILE` appended, so an fsbroker
     /// binary can be given alone.
     pub(crate) fn shell(command: &str, policy: &Path, data: &Path, scratch: &Path) -> Launch {
-        let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
+        let quote = |p: &Path| shell_quote(&p.display().to_string());
         let names = ["{policy}", "{data}", "{scratch}"];
         let command = if names.iter().any(|n| command.contains(n)) {
             command
@@ -45,19 +50,52 @@ impl Launch {
         Launch::Shell { command }
     }
 
+    /// The same broker with `args` after its own options (the console phase's `--console`,
+    /// `--listen`): appended to this executable's arguments, or to a shell command
+    /// shell-quoted, so a `--broker-cmd` with placeholders must end where `serve`'s options
+    /// may follow.
+    pub(crate) fn with_args(&self, args: &[&str]) -> Launch {
+        match self {
+            Launch::Own { exe, policy, extra } => Launch::Own {
+                exe: exe.clone(),
+                policy: policy.clone(),
+                extra: extra
+                    .iter()
+                    .cloned()
+                    .chain(args.iter().map(|a| (*a).to_owned()))
+                    .collect(),
+            },
+            Launch::Shell { command } => {
+                let mut command = command.clone();
+                for a in args {
+                    command.push(' ');
+                    command.push_str(&shell_quote(a));
+                }
+                Launch::Shell { command }
+            }
+        }
+    }
+
     /// For the report.
     pub(crate) fn describe(&self) -> String {
         match self {
-            Launch::Own { exe, .. } => format!("{} serve --policy FILE", exe.display()),
+            Launch::Own { exe, extra, .. } => {
+                let mut text = format!("{} serve --policy FILE", exe.display());
+                for a in extra {
+                    text.push(' ');
+                    text.push_str(a);
+                }
+                text
+            }
             Launch::Shell { command } => command.clone(),
         }
     }
 
     fn command(&self) -> Command {
         match self {
-            Launch::Own { exe, policy } => {
+            Launch::Own { exe, policy, extra } => {
                 let mut c = Command::new(exe);
-                c.arg("serve").arg("--policy").arg(policy);
+                c.arg("serve").arg("--policy").arg(policy).args(extra);
                 c
             }
             Launch::Shell { command } => {
@@ -67,6 +105,11 @@ impl Launch {
             }
         }
     }
+}
+
+/// `text` as one word of `sh`: in single quotes, each `'` written `'\''`.
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 /// A running broker.
@@ -157,17 +200,7 @@ impl Broker {
 
     /// An error message with the end of the broker's log, when it wrote one.
     pub(crate) fn failed(&self, error: &str) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(10).collect();
-        if tail.is_empty() {
-            error.to_owned()
-        } else {
-            let lines: Vec<&str> = tail.into_iter().rev().collect();
-            format!(
-                "{error}\nthe broker's log ends with:\n  {}",
-                lines.join("\n  ")
-            )
-        }
+        with_log(&self.log, error)
     }
 
     /// The broker's peak resident memory so far (`VmHWM`), in bytes.
@@ -204,6 +237,87 @@ impl Broker {
         };
         drop(answers);
         status
+    }
+}
+
+/// `error` with the end of the broker's log at `log`, when it wrote one.
+fn with_log(log: &Path, error: &str) -> String {
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(10).collect();
+    if tail.is_empty() {
+        error.to_owned()
+    } else {
+        let lines: Vec<&str> = tail.into_iter().rev().collect();
+        format!(
+            "{error}\nthe broker's log ends with:\n  {}",
+            lines.join("\n  ")
+        )
+    }
+}
+
+/// A broker serving a Unix socket (`serve --listen`): no pipes of ours, its stderr to a log.
+/// Its sessions are the caller's own connections to the socket.
+pub(crate) struct Listening {
+    child: Reaper,
+    pid: u32,
+    log: PathBuf,
+}
+
+impl Listening {
+    /// Starts the broker (its stderr goes to `log`); whether it came up is for the caller to
+    /// see (its socket, its files).
+    pub(crate) fn start(launch: &Launch, log: &Path) -> Result<Listening, String> {
+        let log_file =
+            std::fs::File::create(log).map_err(|e| format!("cannot create {log:?}: {e}"))?;
+        let child = launch
+            .command()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .map_err(|e| format!("cannot start the broker ({}): {e}", launch.describe()))?;
+        Ok(Listening {
+            pid: child.id(),
+            child: Reaper(child),
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// How it ended, if it has.
+    pub(crate) fn exited(&mut self) -> Option<String> {
+        match self.child.0.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            Ok(None) => None,
+            Err(e) => Some(format!("cannot wait for it: {e}")),
+        }
+    }
+
+    /// An error message with the end of the broker's log, when it wrote one.
+    pub(crate) fn failed(&self, error: &str) -> String {
+        with_log(&self.log, error)
+    }
+
+    /// Stops the broker as a service manager would (SIGTERM; SIGKILL after 10 s); says how
+    /// it ended.
+    pub(crate) fn finish(mut self) -> String {
+        let pid = i32::try_from(self.pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(pid) = pid {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.exited() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.0.kill();
+                let _ = self.child.0.wait();
+                return "did not exit within 10 s of SIGTERM; killed".into();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 

@@ -15,7 +15,10 @@
 //!   1 KiB `read_text_file` calls measured like fsbroker's sequential small reads, and one
 //!   large `read_media_file` (MB/s and the server's VmHWM);
 //! - `upload.rs`: a chunked `files/write` upload of the file (offset/final), size checked;
-//! - `sftp.rs`: with `--compare-sftp`, OpenSSH's `sftp -D sftp-server` on the same file.
+//! - `sftp.rs`: with `--compare-sftp`, OpenSSH's `sftp -D sftp-server` on the same file;
+//! - `console/`: with `--only console`, the person's console on brokers of its own: how soon
+//!   a prompt shows on the page, a paused root reaches the session and a request reaches the
+//!   activity feed, and what an open page costs a large read.
 //!
 //! A run can take several chunk sizes (`--chunk-size 256KiB,1MiB,8MiB`): the reads run once
 //! per size, in the order given, each followed by `sftp get`; the uploads likewise, each
@@ -40,6 +43,7 @@
 
 mod client;
 mod codec;
+mod console;
 mod fixture;
 mod list;
 mod mcp;
@@ -98,6 +102,9 @@ pub(crate) enum Phase {
     Watch,
     /// A recursive `files/list` of a large tree, against `find`.
     List,
+    /// The person's console: prompt, revoke and feed latency, and reads with a page open
+    /// (brokers of its own; only when named).
+    Console,
 }
 
 /// The `--compare-mcp` options, part of `fsbroker bench`'s command line.
@@ -143,9 +150,10 @@ pub(crate) struct Options {
     pub compare_sftp: bool,
     /// Start this shell command instead of `fsbroker serve --policy FILE`.
     pub broker_cmd: Option<String>,
-    /// Phases to run (empty: all; `mcp` only with `--compare-mcp`).
+    /// Phases to run (empty: all but `console`; `mcp` only with `--compare-mcp`).
     pub only: Vec<Phase>,
-    /// Changes timed by the watch phase.
+    /// Changes timed by the watch phase; the console phase times a tenth as many of each of
+    /// its latencies (at least [`console::MIN_SAMPLES`]).
     pub watch_samples: usize,
     /// Entries of the tree the list phase lists.
     pub list_entries: usize,
@@ -156,7 +164,13 @@ pub(crate) struct Options {
 impl Options {
     fn runs(&self, phase: Phase) -> bool {
         if self.only.is_empty() {
-            phase != Phase::Mcp || !self.mcp.compare_mcp.is_empty()
+            // The console phase starts brokers of its own and reads the file six more times:
+            // it runs when asked for.
+            match phase {
+                Phase::Mcp => !self.mcp.compare_mcp.is_empty(),
+                Phase::Console => false,
+                _ => true,
+            }
         } else {
             self.only.contains(&phase)
         }
@@ -170,6 +184,7 @@ impl Options {
             Phase::Small,
             Phase::Watch,
             Phase::List,
+            Phase::Console,
         ]
         .iter()
         .all(|&p| !self.runs(p))

@@ -1,12 +1,15 @@
 //! The phases, in order, on one broker: what each measures is in its own file (`read.rs`,
-//! `small.rs`, `watch.rs`, `list.rs`, `mcp/`, `upload.rs`, `sftp.rs`); here is the order that
-//! keeps them from disturbing each other, and the broker's memory after each.
+//! `small.rs`, `watch.rs`, `list.rs`, `console/`, `mcp/`, `upload.rs`, `sftp.rs`); here is the
+//! order that keeps them from disturbing each other, and the broker's memory after each. (The
+//! console phase starts brokers of its own, the same way this one was started.)
 
 use std::path::PathBuf;
 
-use super::client::Broker;
+use super::client::{Broker, Launch};
 use super::report::{self, Memory};
-use super::{Options, Phase, list, mcp, progress, read, sftp, small, upload, watch};
+use super::{
+    MAX_CHUNK, Options, Phase, console, list, mcp, progress, read, sftp, small, upload, watch,
+};
 
 /// Where things are, for the phases.
 pub(super) struct Layout {
@@ -32,20 +35,23 @@ pub(super) struct Measured {
     pub(super) small: Option<report::Small>,
     pub(super) watch: Option<report::Watch>,
     pub(super) list: Option<report::List>,
+    pub(super) console: Option<report::Console>,
     pub(super) mcp: Option<Vec<report::McpServer>>,
     pub(super) memory: Memory,
     pub(super) sftp: Option<report::Sftp>,
 }
 
 /// The phases, in an order that keeps them from disturbing each other: reads first (the file
-/// is in the page cache), then small operations, watch and list, then the other MCP servers
-/// (the broker idles), then uploads (whose written-back pages could slow what follows). Reads
+/// is in the page cache), then small operations, watch and list, then the console (brokers of
+/// its own, reading the file while it is still cached) and the other MCP servers (the broker
+/// idles for both), then uploads (whose written-back pages could slow what follows). Reads
 /// and uploads run once per chunk size, each followed by sftp's, so a ratio compares two runs
-/// next to each other in time.
+/// next to each other in time. `launch` is how `broker` was started.
 pub(super) fn phases(
     opts: &Options,
     layout: &Layout,
     broker: &mut Broker,
+    launch: &Launch,
     bars: &progress::Bars,
 ) -> Result<Measured, String> {
     let mut memory = Memory {
@@ -135,6 +141,27 @@ pub(super) fn phases(
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    let mut console_report = None;
+    if opts.runs(Phase::Console) {
+        console_report = Some(console::run(
+            &console::Spec {
+                workspace: &layout.workspace,
+                broker_cmd: opts.broker_cmd.as_deref(),
+                launch,
+                samples: (opts.watch_samples / 10).max(console::MIN_SAMPLES),
+                read: read::Spec {
+                    file: &layout.file,
+                    size: layout.size,
+                    chunk: opts.chunk_sizes.first().copied().unwrap_or(MAX_CHUNK) as usize,
+                    depth: opts.depth,
+                    encoding: opts.encoding,
+                    sha256: layout.sha256,
+                },
+            },
+            bars,
+        )?);
+    }
+
     let mut mcp_report = None;
     if opts.runs(Phase::Mcp) {
         let mut servers = mcp::run(
@@ -205,6 +232,7 @@ pub(super) fn phases(
         small: small_report,
         watch: watch_report,
         list: list_report,
+        console: console_report,
         mcp: mcp_report,
         memory,
         sftp: sftp_report,

@@ -31,8 +31,9 @@ pub(super) fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
         }
     };
     let mut sha256 = None;
-    // Small operations alone need no test file.
-    let needs_file = opts.runs(Phase::Read) || opts.runs(Phase::Upload);
+    // Small operations alone need no test file; the console phase reads it.
+    let needs_file =
+        opts.runs(Phase::Read) || opts.runs(Phase::Upload) || opts.runs(Phase::Console);
     let size = if !needs_file {
         0
     } else if generated {
@@ -85,7 +86,7 @@ pub(super) fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
         None => Launch::own(&policy)?,
     };
     let mut broker = Broker::start(&launch, &ws.path().join("broker.log"))?;
-    let result = phases(opts, &layout, &mut broker, &bars);
+    let result = phases(opts, &layout, &mut broker, &launch, &bars);
     let peak = broker.peak_memory();
     let exit = broker.finish();
     let Measured {
@@ -93,6 +94,7 @@ pub(super) fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
         small,
         watch,
         list,
+        console,
         mcp,
         mut memory,
         sftp,
@@ -132,6 +134,7 @@ pub(super) fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
         small,
         watch,
         list,
+        console,
         memory,
         sftp,
         mcp,
@@ -149,12 +152,7 @@ fn write_policy(
     opts: &Options,
     size: u64,
 ) -> Result<(), String> {
-    let quote = |p: &Path| -> Result<String, String> {
-        let s = p
-            .to_str()
-            .ok_or_else(|| format!("{} is not UTF-8", p.display()))?;
-        Ok(toml::Value::String(s.to_owned()).to_string())
-    };
+    let quote = toml_path;
     let in_flight = opts.depth.max(opts.small_depth).max(64);
     // Only the default for requests without a length; the bench's all give one.
     let default_chunk = opts.chunk_sizes.iter().copied().max().unwrap_or(MAX_CHUNK);
@@ -171,4 +169,12 @@ fn write_policy(
         size.max(1 << 30),
     );
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// `p` as a TOML string, for a policy.
+pub(super) fn toml_path(p: &Path) -> Result<String, String> {
+    let s = p
+        .to_str()
+        .ok_or_else(|| format!("{} is not UTF-8", p.display()))?;
+    Ok(toml::Value::String(s.to_owned()).to_string())
 }

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::table::{mib, size, thousands};
-use super::{Encoding, Report};
+use super::{Encoding, Latency, Report};
 
 /// One of the project's speed goals, and how this run did against it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -37,6 +37,14 @@ const MEMORY_GOAL: u64 = 64 << 20;
 const WATCH_GOAL_MS: f64 = 100.0;
 /// fsbroker's recursive listing time ÷ `find -printf`'s.
 const LIST_GOAL: f64 = 2.0;
+/// The console: `files/consent` → the prompt on the page, p99, milliseconds (at most).
+const PROMPT_GOAL_MS: f64 = 200.0;
+/// The console: pausing a root → the session's `list_changed`, p99, milliseconds (at most).
+const REVOKE_GOAL_MS: f64 = 200.0;
+/// The console: a request → its line in the activity feed, p99, milliseconds (at most).
+const FEED_GOAL_MS: f64 = 500.0;
+/// Read MB/s with a console page open ÷ without (geometric mean of the pairs).
+const OPEN_PAGE_GOAL: f64 = 0.95;
 
 /// The speed goals (the project's speed issue) that `report` has a figure for, in the issue's
 /// order, each met or not. Figures the run did not measure are left out rather than failed: a
@@ -133,6 +141,41 @@ pub(crate) fn goals(report: &Report) -> Vec<Goal> {
             l.ratio_to_find_stat <= LIST_GOAL,
         );
     }
+    if let Some(c) = &report.console {
+        // As for watch: what never came is slower than any goal.
+        let latency = |l: &Latency| {
+            let missed = if l.missed > 0 {
+                format!(", {} missed", l.missed)
+            } else {
+                String::new()
+            };
+            format!("{:.1} ms{missed}", l.p99_ms)
+        };
+        for (figure, l, want) in [
+            ("console: prompt → page p99", &c.prompt, PROMPT_GOAL_MS),
+            (
+                "console: revoke → list_changed p99",
+                &c.revoke_list_changed,
+                REVOKE_GOAL_MS,
+            ),
+            ("console: request → feed p99", &c.feed, FEED_GOAL_MS),
+        ] {
+            push(
+                figure.into(),
+                latency(l),
+                format!("<= {want:.0} ms"),
+                l.missed == 0 && l.p99_ms <= want,
+            );
+        }
+        if let Some(r) = c.ratio_geomean {
+            push(
+                "console: read with a page open vs none".into(),
+                times(r),
+                format!(">= {OPEN_PAGE_GOAL:.2}x"),
+                r >= OPEN_PAGE_GOAL,
+            );
+        }
+    }
     out
 }
 
@@ -143,8 +186,8 @@ mod tests {
 
     use super::goals;
     use crate::bench::report::{
-        List, McpServer, Memory, Ops, OpsPair, Read, Report, Settings, Small, Throughput, Transfer,
-        Upload, Watch,
+        Console, ConsolePair, Latency, List, McpServer, Memory, Ops, OpsPair, Read, Report,
+        Settings, Small, Throughput, Transfer, Upload, Watch,
     };
 
     /// A report of a run that measured nothing.
@@ -165,6 +208,7 @@ mod tests {
             small: None,
             watch: None,
             list: None,
+            console: None,
             memory: Memory::default(),
             sftp: None,
             mcp: None,
@@ -418,6 +462,78 @@ mod tests {
         );
         r.list = Some(List::new(1000, secs(0.42), secs(0.1), secs(0.2)));
         assert!(!goals(&r)[0].met);
+    }
+
+    /// A console report whose latencies have these p99s (ms) and whose one pair has `ratio`.
+    fn console(prompt: f64, revoke: f64, feed: f64, ratio: f64) -> Console {
+        let ms = |p99: f64| Latency::new(&[Duration::from_secs_f64(p99 / 1e3)], 0);
+        let mb = |x: f64| Throughput {
+            mb_per_s: x,
+            ..Throughput::default()
+        };
+        Console {
+            prompt: ms(prompt),
+            revoke_list_changed: ms(revoke),
+            revoke_refused: ms(revoke + 1.0),
+            feed: ms(feed),
+            pair_bytes: 64 << 20,
+            pair_chunk_size: 1 << 20,
+            pairs: vec![ConsolePair {
+                console_first: false,
+                off: mb(100.0),
+                on: mb(100.0 * ratio),
+                ratio,
+                requests: 64,
+                activity_events: 3,
+                activity_requests: 64,
+            }],
+            ratio_geomean: Some(ratio),
+        }
+    }
+
+    #[test]
+    fn console_goals_are_p99s_and_the_open_page_ratio() {
+        let mut r = bare("base64");
+        r.console = Some(console(200.0, 12.5, 480.0, 0.95));
+        assert_eq!(
+            summary(&r),
+            [
+                goal("console: prompt → page p99", "200.0 ms", "<= 200 ms", true),
+                goal(
+                    "console: revoke → list_changed p99",
+                    "12.5 ms",
+                    "<= 200 ms",
+                    true
+                ),
+                goal("console: request → feed p99", "480.0 ms", "<= 500 ms", true),
+                goal(
+                    "console: read with a page open vs none",
+                    "0.95x",
+                    ">= 0.95x",
+                    true
+                ),
+            ]
+        );
+        r.console = Some(console(200.5, 201.0, 501.0, 0.94));
+        assert!(goals(&r).iter().all(|g| !g.met), "{:#?}", goals(&r));
+        // A prompt that never showed fails the goal, however fast the others were.
+        let mut c = console(10.0, 10.0, 10.0, 1.0);
+        c.prompt = Latency::new(&[Duration::from_millis(10)], 1);
+        r.console = Some(c);
+        let g = &goals(&r)[0];
+        assert!(!g.met);
+        assert_eq!(g.measured, "10.0 ms, 1 missed");
+        r.goals = goals(&r);
+        let table = r.table();
+        for needle in [
+            "prompt → page (2)",
+            "revoke → read refused (1)",
+            "pair 1 (no page first)",
+            "64 of 64",
+            "console: request → feed p99",
+        ] {
+            assert!(table.contains(needle), "no {needle:?} in:\n{table}");
+        }
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The bench's results: a summary table, or one JSON object (`--json`).
 //!
-//! Throughput is in MB/s and GB/s (powers of 10); latencies in microseconds; memory in bytes
-//! (the table shows MiB). The other MCP servers' entries (`mcp`) are the exception: their
-//! latencies are in milliseconds and their memory in MiB, as in the table.
+//! Throughput is in MB/s and GB/s (powers of 10); latencies in microseconds, except where a
+//! member's name says milliseconds (`_ms`: watch and console); memory in bytes (the table
+//! shows MiB). The other MCP servers' entries (`mcp`) are the exception: their latencies are
+//! in milliseconds and their memory in MiB, as in the table.
 //!
 //! Reads and uploads are in `transfers`, one entry per chunk size with sftp's figures and the
 //! ratios beside them. Last come the `goals`: each speed goal of the project this run has a
@@ -45,6 +46,9 @@ pub(crate) struct Report {
     /// A recursive `files/list` of a large tree, against `find`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub list: Option<List>,
+    /// The person's console: how soon it shows and acts, and what an open page costs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub console: Option<Console>,
     /// The broker's memory.
     pub memory: Memory,
     /// Whether OpenSSH's sftp could be compared (with `--compare-sftp`); its figures are in
@@ -201,12 +205,13 @@ pub(crate) struct Small {
     pub list: OpsPair,
 }
 
-/// Change → notification latency of `files/watch` (nearest-rank percentiles).
+/// Latency of something that should follow an act within a time, with nearest-rank
+/// percentiles of the samples that came, and how many did not.
 #[derive(Debug, Serialize)]
-pub(crate) struct Watch {
-    /// Changes timed.
+pub(crate) struct Latency {
+    /// Samples timed.
     pub samples: usize,
-    /// Changes whose notification did not come within 5 s.
+    /// Samples whose outcome did not come in time (for watch: within 5 s).
     pub missed: usize,
     /// Median latency, milliseconds.
     pub p50_ms: f64,
@@ -216,15 +221,15 @@ pub(crate) struct Watch {
     pub max_ms: f64,
 }
 
-impl Watch {
+impl Latency {
     /// From `sorted` latencies and the number `missed`.
-    pub(crate) fn new(sorted: &[Duration], missed: usize) -> Watch {
+    pub(crate) fn new(sorted: &[Duration], missed: usize) -> Latency {
         let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);
         let rank = |q: f64| {
             let n = sorted.len();
             ms(sorted.get(((q * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1))
         };
-        Watch {
+        Latency {
             samples: sorted.len() + missed,
             missed,
             p50_ms: rank(0.50),
@@ -233,6 +238,9 @@ impl Watch {
         }
     }
 }
+
+/// Change → notification latency of `files/watch`.
+pub(crate) type Watch = Latency;
 
 /// A recursive `files/list` of a large tree (every page), against `find` on the same tree.
 #[derive(Debug, Serialize)]
@@ -265,6 +273,53 @@ impl List {
             ratio_to_find_stat: a / c,
         }
     }
+}
+
+/// The person's console (`--only console`), on brokers of the phase's own: latencies with a
+/// page's view of them (`/api/events` open, `/api/state` read as the page reads it), and
+/// read throughput with and without a page open.
+#[derive(Debug, Serialize)]
+pub(crate) struct Console {
+    /// `files/consent` sent under a `prompt` root → a `state` event, then `/api/state` with
+    /// the prompt in it.
+    pub prompt: Latency,
+    /// `POST /api/roots/NAME/pause` sent → `notifications/roots/list_changed` read by the
+    /// session. `missed`: no notification within 5 s.
+    pub revoke_list_changed: Latency,
+    /// The same pause → the answer to a `files/read` there, sent right after the
+    /// notification, read refused. `missed`: no notification, or the read was not refused.
+    pub revoke_refused: Latency,
+    /// `files/read` sent → its `activity` event (merged reads wait up to 250 ms).
+    pub feed: Latency,
+    /// Bytes read in each run of the pairs (the test file).
+    pub pair_bytes: u64,
+    /// Bytes per request in the pairs (the first `--chunk-size`).
+    pub pair_chunk_size: u64,
+    /// Chunked reads without and with a console and an open `/api/events`, back to back.
+    pub pairs: Vec<ConsolePair>,
+    /// Geometric mean of the pairs' ratios (with ÷ without).
+    pub ratio_geomean: Option<f64>,
+}
+
+/// One pair of chunked reads of the test file, each on a broker of its own: without the
+/// console, and with it and a page's `/api/events` open and drained.
+#[derive(Debug, Serialize)]
+pub(crate) struct ConsolePair {
+    /// Whether the read with the console ran first (the order alternates).
+    pub console_first: bool,
+    /// Without `--console`.
+    pub off: Throughput,
+    /// With `--console` and `/api/events` open.
+    pub on: Throughput,
+    /// `on` MB/s ÷ `off` MB/s.
+    pub ratio: f64,
+    /// Requests the read with the console sent.
+    pub requests: u64,
+    /// `activity` events for those reads the page received (merged: a handful).
+    pub activity_events: u64,
+    /// The requests those events stand for (the sum of their `count`): all of them, unless
+    /// the page fell behind (`lost`) or the feed missed some.
+    pub activity_requests: u64,
 }
 
 /// The broker's peak resident memory (`VmHWM`), in bytes, at points of the run.

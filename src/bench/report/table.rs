@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use super::{Goal, McpServer, Ops, Report, Small, Throughput, Transfer};
+use super::{Console, Goal, Latency, McpServer, Ops, Report, Small, Throughput, Transfer};
 use crate::bench::Encoding;
 
 impl Report {
@@ -142,6 +142,9 @@ impl Report {
                 );
             }
         }
+        if let Some(c) = &self.console {
+            console_table(&mut t, c);
+        }
         if let Some(servers) = &self.mcp {
             mcp_table(&mut t, servers, self.small.as_ref(), s.mcp_size);
         }
@@ -235,6 +238,98 @@ fn transfer_table(t: &mut String, tr: &Transfer, vs_sftp: bool, encoding: &str) 
             r.chunks_base64 + r.chunks_utf8
         );
     }
+}
+
+/// The console's block: its latencies, then the pairs of reads without and with a page open.
+fn console_table(t: &mut String, c: &Console) {
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "  {:<30} {:>10} {:>8} {:>9}",
+        "the person's console", "p50 ms", "p99 ms", "max ms"
+    );
+    let row = |t: &mut String, name: &str, l: &Latency, missed: &str| {
+        let _ = writeln!(
+            t,
+            "  {:<30} {:>10.1} {:>8.1} {:>9.1}{}",
+            format!("{name} ({})", l.samples),
+            l.p50_ms,
+            l.p99_ms,
+            l.max_ms,
+            if l.missed > 0 {
+                format!("  ({} {missed})", l.missed)
+            } else {
+                String::new()
+            }
+        );
+    };
+    row(t, "prompt → page", &c.prompt, "missed");
+    row(t, "revoke → list_changed", &c.revoke_list_changed, "missed");
+    row(
+        t,
+        "revoke → read refused",
+        &c.revoke_refused,
+        "missed or not refused",
+    );
+    row(t, "request → feed", &c.feed, "missed");
+    let _ = writeln!(
+        t,
+        "  (page: a state event, then /api/state with the prompt; the feed sends merged reads\n   \
+         every 250 ms)"
+    );
+    if c.pairs.is_empty() {
+        return;
+    }
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "  {:<30} {:>10} {:>8} {:>9} {:>8}",
+        format!(
+            "read {}, {} chunks",
+            size(c.pair_bytes),
+            size(c.pair_chunk_size)
+        ),
+        "no page",
+        "page",
+        "page/no",
+        "events"
+    );
+    for (i, p) in c.pairs.iter().enumerate() {
+        let _ = writeln!(
+            t,
+            "  {:<30} {:>10.1} {:>8.1} {:>9} {:>8}",
+            format!(
+                "pair {} ({} first)",
+                i + 1,
+                if p.console_first { "page" } else { "no page" }
+            ),
+            p.off.mb_per_s,
+            p.on.mb_per_s,
+            format!("{:.2}x", p.ratio),
+            p.activity_events
+        );
+    }
+    if let Some(g) = c.ratio_geomean {
+        let _ = writeln!(
+            t,
+            "  {:<30} {:>10} {:>8} {:>9}",
+            "geometric mean",
+            "",
+            "",
+            format!("{g:.2}x")
+        );
+    }
+    let requests: Vec<String> = c
+        .pairs
+        .iter()
+        .map(|p| format!("{} of {}", p.activity_requests, p.requests))
+        .collect();
+    let _ = writeln!(
+        t,
+        "  (MB/s; page: --console and /api/events open and drained; events: activity events the\n   \
+         page got for the read, standing for {} requests)",
+        requests.join(", ")
+    );
 }
 
 /// The goals' block, last: each figure, what this run measured, the goal, met or not.

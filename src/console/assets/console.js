@@ -178,11 +178,20 @@
 
   // Re-reads /api/state, at most every REFRESH_MS and one request at a time: activity may
   // arrive hundreds of times a second.
-  let pending = 0, inFlight = false, again = false, lastLoad = 0, failed = false;
+  let pending = 0, inFlight = false, again = false, urgent = false, lastLoad = 0, failed = false;
   function refresh() {
     if (pending || stopped) return;
     pending = setTimeout(() => { pending = 0; load(); },
       Math.max(0, lastLoad + REFRESH_MS - Date.now()));
+  }
+
+  // Re-reads /api/state now: a `state` event (a prompt came, a grant went) is rare and must
+  // show at once, not wait out the throttle that activity needs.
+  function refreshNow() {
+    if (stopped) return;
+    if (pending) { clearTimeout(pending); pending = 0; }
+    if (inFlight) { again = true; urgent = true; return; }
+    load();
   }
 
   async function load() {
@@ -201,7 +210,10 @@
       say(['Could not read the broker\'s state: ', srv(e.message)], 'error');
     } finally {
       inFlight = false;
-      if (again) { again = false; refresh(); }
+      if (again) {
+        again = false;
+        if (urgent) { urgent = false; load(); } else refresh();
+      }
     }
   }
 
@@ -233,7 +245,7 @@
         setTimeout(async () => { await load(); connect(); }, 3000);
       }
     });
-    source.addEventListener('state', refresh);
+    source.addEventListener('state', refreshNow);
     source.addEventListener('activity', (e) => {
       const rec = parse(e.data);
       if (rec) addActivity(rec);
