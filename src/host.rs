@@ -353,6 +353,8 @@ impl Drop for Session {
         }
         self.broker.locks().release_session(self.id());
         self.broker.watches().remove_session(self.id());
+        self.broker.desk().withdraw_session(self.id());
+        self.broker.changed();
         self.broker.rate_limits().prune();
         let abandoned = self.state.uploads.len();
         if abandoned > 0 {

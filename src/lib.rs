@@ -161,4 +161,4 @@ pub use consent::{AnswerError, ConsoleOpen, GrantInfo, Prompt, PromptAnswer, Pro
 pub use error::{Error, ErrorKind};
 pub use host::{Notifications, PEER_NOTIFICATION, Session};
 pub use policy::{Overrides, Policy, PolicyError};
-pub use rundir::console_url_file;
+pub use rundir::{console_opener_file, console_url_file};

@@ -59,6 +59,14 @@ pub(crate) const MAX_PEER_NAME: usize = 256;
 /// a sandbox) is a few KiB.
 pub(crate) const MAX_PEER_NOTE: usize = 64 << 10;
 
+/// The most paths one `files/consent` may ask for: a person reads each one, and each is placed
+/// where it really leads (file-system work) before anyone is asked.
+pub(crate) const MAX_CONSENT_PATHS: usize = 256;
+
+/// The longest consent message a person is shown, in bytes (a longer one is cut, saying so):
+/// every console that shows the prompt carries it, as often as it reads the state.
+pub(crate) const MAX_CONSENT_MESSAGE: usize = 4096;
+
 /// How many prompts may wait for a person at once, across every session of a broker.
 pub(crate) const PROMPTS: usize = 2;
 

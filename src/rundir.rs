@@ -45,7 +45,7 @@ fn place() -> PathBuf {
 /// where `fsbroker console` reads it: `console.url` in the user's private runtime directory,
 /// which no server is ever granted.
 pub fn console_url_file() -> io::Result<PathBuf> {
-    Ok(dir()?.join("console.url"))
+    Ok(dir()?.join(CONSOLE_URL))
 }
 
 /// The directory, made owner-only on first use.
@@ -95,16 +95,30 @@ fn entry_name(prefix: &str, path: &Path, suffix: &str) -> io::Result<String> {
     Ok(format!("{prefix}-{hex}{suffix}"))
 }
 
-/// Where the lock of the audit log at `log` and the key of the socket at `socket` are (for
-/// the broker's own files: no request reaches them, and `proxy --confine` names them when a
-/// server would be given them).
+/// Where the lock of the audit log at `log` and the key of the socket at `socket` are, and
+/// the console's URL file and opener page (for the broker's own files: no request reaches
+/// them, and `proxy --confine` names them when a server would be given them).
 pub(crate) fn own_files(logs: &[PathBuf], socket: Option<&Path>) -> Vec<PathBuf> {
     let dir = place();
     let logs = logs
         .iter()
         .filter_map(|l| entry_name("audit", l, ".lock").ok());
     let key = socket.and_then(|s| entry_name("listen", s, ".key").ok());
-    logs.chain(key).map(|name| dir.join(name)).collect()
+    logs.chain(key)
+        .chain([CONSOLE_URL.to_owned(), CONSOLE_OPENER.to_owned()])
+        .map(|name| dir.join(name))
+        .collect()
+}
+
+/// The console's URL file's name in the directory (its default place).
+const CONSOLE_URL: &str = "console.url";
+/// The page `fsbroker console` hands the browser, which forwards it to the console.
+const CONSOLE_OPENER: &str = "console-open.html";
+
+/// Where `fsbroker console` writes the page it hands the browser (it carries a one-time
+/// ticket to the console): always here, never beside a URL file named elsewhere.
+pub fn console_opener_file() -> io::Result<PathBuf> {
+    Ok(dir()?.join(CONSOLE_OPENER))
 }
 
 /// `path` with its folder resolved (the file itself may not exist yet, or be a socket).

@@ -197,60 +197,102 @@ fn only_the_token_holder_on_the_right_host_gets_in() {
     }
 }
 
-/// Rule: the URL hands the token to the page once: it comes back as an HttpOnly,
-/// SameSite=Strict cookie and a redirect to the bare page. A state change authenticated by
-/// that cookie needs the console's own `Origin` and the CSRF token from `/api/state`; a
-/// foreign `Origin`, a cross-site `Sec-Fetch-Site`, a missing or wrong CSRF token are all
-/// refused, and nothing is done.
+/// Rule: the page's URL carries a one-time ticket: spending it gives an HttpOnly,
+/// SameSite=Strict cookie and a redirect to the bare page, and the URL file gets the next
+/// ticket (the spent one opens nothing). The page claims its key once; the cookie without
+/// the key, or the key without the cookie, reads nothing. A state change from the page needs
+/// the console's own `Origin`; a foreign or missing `Origin`, a cross-site `Sec-Fetch-Site`,
+/// or a guessed key are all refused, and nothing is done.
 #[test]
 fn a_page_from_another_origin_cannot_act() {
     let s = Setup::start(|b| prompt_policy(b, 60_000));
     let c = &s.console;
-    let wrong_token = c.request("GET", "/?token=nope", &[], None);
-    assert_eq!(wrong_token.status, 401, "{wrong_token:?}");
-    let landing = c.request("GET", &format!("/?token={}", c.token), &[], None);
-    assert_eq!(landing.status, 303, "{landing:?}");
-    assert_eq!(landing.header("location"), Some("/"));
-    let cookie = landing.header("set-cookie").expect("a cookie").to_owned();
-    assert!(cookie.contains("HttpOnly"), "{cookie}");
-    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
-    let pair = cookie.split(';').next().unwrap().to_owned();
-    assert!(pair.ends_with(&c.token), "{cookie}");
-
-    let state = c.request("GET", "/api/state", &[("Cookie", &pair)], None);
-    assert_eq!(
-        state.status, 200,
-        "the cookie lets the page read: {state:?}"
+    let first = c.page_url();
+    let (cookie, key) = c.open_page();
+    let spent = &first[first.find("/?ticket=").unwrap()..];
+    let again = c.request("GET", spent, &[], None);
+    assert_eq!(again.status, 401, "a ticket opens the page once: {again:?}");
+    assert_ne!(c.page_url(), first, "the URL file has the next ticket");
+    assert!(!std::fs::read_to_string(&s.url_file).unwrap().contains(&key));
+    let set = c.request(
+        "GET",
+        &c.page_url()[c.page_url().find("/?ticket=").unwrap()..],
+        &[],
+        None,
     );
-    let csrf = state.json()["csrf"].as_str().unwrap().to_owned();
-    assert_ne!(csrf, c.token, "the CSRF token is not the token");
+    let set = set.header("set-cookie").unwrap().to_owned();
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    assert!(
+        !set.contains(&c.token),
+        "the run's token is never a cookie: {set}"
+    );
+
     let own = format!("http://{}", c.host);
+    let reclaim = c.request(
+        "POST",
+        "/api/claim",
+        &[("Cookie", &cookie), ("Origin", &own)],
+        Some(""),
+    );
+    assert_eq!(
+        reclaim.status, 403,
+        "a page's key is handed out once: {reclaim:?}"
+    );
+    let with_both = c.request(
+        "GET",
+        "/api/state",
+        &[("Cookie", &cookie), ("X-CSRF-Token", &key)],
+        None,
+    );
+    assert_eq!(with_both.status, 200, "{with_both:?}");
+    for (what, headers) in [
+        ("the cookie alone", vec![("Cookie", cookie.as_str())]),
+        ("the key alone", vec![("X-CSRF-Token", key.as_str())]),
+        (
+            "the key as a Bearer token",
+            vec![("Authorization", &*format!("Bearer {key}"))],
+        ),
+    ] {
+        let r = c.request("GET", "/api/state", &headers, None);
+        assert_eq!(r.status, 401, "{what}: {r:?}");
+    }
+    let events = c.request(
+        "GET",
+        &format!("/api/events?csrf={}", "0".repeat(64)),
+        &[("Cookie", &cookie)],
+        None,
+    );
+    assert_eq!(events.status, 401, "{events:?}");
+
     let tries: Vec<(&str, Vec<(&str, &str)>)> = vec![
         (
             "no Origin",
-            vec![("Cookie", &pair), ("X-CSRF-Token", &csrf)],
+            vec![("Cookie", &cookie), ("X-CSRF-Token", &key)],
         ),
         (
             "a foreign Origin",
             vec![
-                ("Cookie", &pair),
+                ("Cookie", &cookie),
                 ("Origin", "http://evil.example"),
-                ("X-CSRF-Token", &csrf),
+                ("X-CSRF-Token", &key),
             ],
         ),
         (
             "another port of loopback",
             vec![
-                ("Cookie", &pair),
+                ("Cookie", &cookie),
                 ("Origin", "http://127.0.0.1:1"),
-                ("X-CSRF-Token", &csrf),
+                ("X-CSRF-Token", &key),
             ],
         ),
-        ("no CSRF token", vec![("Cookie", &pair), ("Origin", &own)]),
+        ("no key", vec![("Cookie", &cookie), ("Origin", &own)]),
         (
-            "a wrong CSRF token",
+            "a guessed key",
             vec![
-                ("Cookie", &pair),
+                ("Cookie", &cookie),
                 ("Origin", &own),
                 ("X-CSRF-Token", &c.token),
             ],
@@ -258,15 +300,15 @@ fn a_page_from_another_origin_cannot_act() {
         (
             "a cross-site fetch",
             vec![
-                ("Cookie", &pair),
+                ("Cookie", &cookie),
                 ("Origin", &own),
-                ("X-CSRF-Token", &csrf),
+                ("X-CSRF-Token", &key),
                 ("Sec-Fetch-Site", "cross-site"),
             ],
         ),
         (
             "no credential",
-            vec![("Origin", &own), ("X-CSRF-Token", &csrf)],
+            vec![("Origin", &own), ("X-CSRF-Token", &key)],
         ),
     ];
     for (what, headers) in &tries {
@@ -280,15 +322,49 @@ fn a_page_from_another_origin_cannot_act() {
         "POST",
         "/api/roots/docs/pause",
         &[
-            ("Cookie", &pair),
+            ("Cookie", &cookie),
             ("Origin", &own),
-            ("X-CSRF-Token", &csrf),
+            ("X-CSRF-Token", &key),
             ("Sec-Fetch-Site", "same-origin"),
         ],
         Some(""),
     );
     assert_eq!(r.status, 204, "the page itself may act: {r:?}");
     assert_eq!(c.state()["roots"][0]["paused"], true);
+    let bad = c.post("/api/sessions/not-a-number/end", None);
+    assert_eq!(bad.status, 400, "{bad:?}");
+    assert!(bad.json()["error"].is_string(), "errors are JSON: {bad:?}");
+}
+
+/// Rule: the console serves a bounded number of connections at once (64): idle connections
+/// from any local program, with no token, cannot take the broker's descriptors; its sessions
+/// go on, and the console answers again once they close.
+#[test]
+fn idle_connections_cannot_exhaust_the_broker() {
+    let s = Setup::start(|b| {
+        std::fs::create_dir(b.join("open")).unwrap();
+        std::fs::write(b.join("open/f.txt"), "f").unwrap();
+        PolicyToml::new()
+            .root(RootToml::at(&b.join("open")).name("open"))
+            .unlimited()
+    });
+    // More than the console serves, fewer than the kernel's backlog keeps waiting (beyond
+    // it, a connect would wait for its SYN to be retried).
+    let idle: Vec<std::net::TcpStream> = (0..120)
+        .map(|_| std::net::TcpStream::connect(&s.console.host).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", s.listener.pid()))
+        .unwrap()
+        .count();
+    assert!(
+        fds < 120,
+        "the broker holds {fds} descriptors for 120 idle connections"
+    );
+    let mut server = s.session();
+    server.ok("files/read", json!({"path": "open/f.txt"}));
+    drop(idle);
+    s.console.wait_state(WAIT, |st| st["roots"].is_array());
 }
 
 /// Rule: `--console` takes loopback addresses only; the URL file is owner-only and is one of

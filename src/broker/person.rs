@@ -177,6 +177,7 @@ impl Broker {
             .find(|m| m.id() == id)
             .ok_or(ActError::UnknownSession { id })?;
         member.end();
+        self.desk.withdraw_session(id);
         self.locks.release_session(id);
         self.watches.remove_session(id);
         self.changed();

@@ -192,6 +192,21 @@ impl Desk {
         }
     }
 
+    /// Withdraws the prompts of `session` (it ended, or its peer left): nobody should answer
+    /// a question whose asker is gone, and each held one of the broker's few turns.
+    pub(crate) fn withdraw_session(&self, session: u64) {
+        let gone = {
+            let mut waiting = self.lock();
+            let before = waiting.len();
+            // Dropping a prompt's reply end tells its asker at once ("withdrawn").
+            waiting.retain(|w| w.prompt.session != session);
+            before != waiting.len()
+        };
+        if gone {
+            self.changed();
+        }
+    }
+
     /// Takes the person's answer to prompt `id`.
     pub(crate) fn answer(&self, id: u64, answer: PromptAnswer) -> Result<Prompt, AnswerError> {
         let mut waiting = self.lock();

@@ -145,7 +145,12 @@ pub(crate) fn ask(
             kept
         }
         Err(why) => {
-            tracing::warn!(reason = %why, paths = ?req.requested_paths, "consent denied");
+            tracing::warn!(
+                reason = %why,
+                paths = req.requested_paths.len(),
+                first = ?req.requested_paths.first().map(|p| crate::audit::cap(p, crate::limits::MAX_LOGGED_PATH)),
+                "consent denied"
+            );
             Vec::new()
         }
     }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -66,8 +67,19 @@ impl AuditCheck {
     }
 }
 
-/// `GET /api/state`: sessions, prompts, roots and the audit trail.
+/// `GET /api/state`: sessions, prompts, roots and the audit trail, built off the async
+/// threads (it walks every session and prompt; the sessions' requests go on meanwhile).
 pub(crate) async fn state(State(shared): State<Arc<Shared>>) -> Response {
+    match tokio::task::spawn_blocking(move || build_state(&shared)).await {
+        Ok(state) => Json(state).into_response(),
+        Err(_) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the state could not be read",
+        ),
+    }
+}
+
+fn build_state(shared: &Shared) -> Value {
     let broker = &shared.broker;
     let sessions: Vec<Value> = broker
         .sessions()
@@ -145,8 +157,7 @@ pub(crate) async fn state(State(shared): State<Arc<Shared>>) -> Response {
             "chain": shared.audit.last().unwrap_or_else(|| json!({ "intact": null, "checkedAt": null })),
         })
     });
-    Json(json!({
-        "csrf": shared.guard.csrf(),
+    json!({
         "broker": {
             "pid": std::process::id(),
             "version": env!("CARGO_PKG_VERSION"),
@@ -156,8 +167,7 @@ pub(crate) async fn state(State(shared): State<Arc<Shared>>) -> Response {
         "prompts": prompts,
         "roots": roots,
         "audit": audit,
-    }))
-    .into_response()
+    })
 }
 
 fn mode(m: Mode) -> &'static str {
@@ -180,9 +190,12 @@ pub(crate) struct Answer {
 /// `POST /api/prompts/{id}` with `{"approvedPaths":[…]}` or `{"deny":true}`.
 pub(crate) async fn answer(
     State(shared): State<Arc<Shared>>,
-    Path(id): Path<u64>,
+    id: Result<Path<u64>, PathRejection>,
     body: Result<Json<Answer>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
+    let Ok(Path(id)) = id else {
+        return bad_id();
+    };
     let Ok(Json(body)) = body else {
         return refuse(
             StatusCode::BAD_REQUEST,
@@ -203,20 +216,40 @@ pub(crate) async fn answer(
 }
 
 /// `POST /api/grants/{id}/revoke`.
-pub(crate) async fn revoke(State(shared): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
+pub(crate) async fn revoke(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Response {
+    let Ok(Path(id)) = id else {
+        return bad_id();
+    };
     act(shared, move |b| b.revoke_grant(id).map(drop)).await
 }
 
 /// `POST /api/sessions/{id}/end`.
-pub(crate) async fn end(State(shared): State<Arc<Shared>>, Path(id): Path<u64>) -> Response {
+pub(crate) async fn end(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Response {
+    let Ok(Path(id)) = id else {
+        return bad_id();
+    };
     act(shared, move |b| b.end_session(id)).await
+}
+
+/// An id in the path that is not a number.
+fn bad_id() -> Response {
+    refuse(StatusCode::BAD_REQUEST, "the id must be a number")
 }
 
 /// `POST /api/roots/{name}/pause` and `/resume`.
 pub(crate) async fn root(
     State(shared): State<Arc<Shared>>,
-    Path((name, what)): Path<(String, String)>,
+    parts: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
+    let Ok(Path((name, what))) = parts else {
+        return refuse(StatusCode::BAD_REQUEST, "not a root's name");
+    };
     match what.as_str() {
         "pause" => act(shared, move |b| b.pause_root(&name).map(drop)).await,
         "resume" => act(shared, move |b| b.resume_root(&name).map(drop)).await,

@@ -1,20 +1,29 @@
 //! Who may use the console, checked on every request before any handler runs.
 //!
-//! Every page the person opens can reach a loopback port, so:
+//! Every page the person opens can reach a loopback port, and every other local program can
+//! listen on one, so:
 //! - `Host` must name the address the console is bound to (`127.0.0.1:PORT`, `[::1]:PORT` or
 //!   `localhost:PORT`): a rebound DNS name pointing at 127.0.0.1 is refused.
-//! - The API needs the run's token: `Authorization: Bearer TOKEN` (scripts), or the cookie
-//!   the page got by opening the URL once (HttpOnly, SameSite=Strict, named by the port
-//!   because cookies are shared between a host's ports).
+//! - Scripts authenticate with the run's token (`Authorization: Bearer TOKEN`, from the URL
+//!   file's second line). It is never put in a URL or a cookie.
+//! - The page is opened with a one-time ticket (`/?ticket=…`, the URL file's first line):
+//!   using it spends it (the next is written to the URL file), so a URL left in the
+//!   browser's history, the host's log or the opener page opens nothing later. The browser
+//!   gets an HttpOnly, SameSite=Strict cookie naming its page session, and the page then
+//!   claims that session's key once (`POST /api/claim`) and keeps it in `sessionStorage`,
+//!   which, unlike a cookie, belongs to this port alone. Every API request of the page
+//!   carries both: the cookie, and the key as `X-CSRF-Token` (or, for the event stream,
+//!   which cannot send headers, `?csrf=`). Another program on a loopback port that the
+//!   browser sends the cookie to gets a cookie that is useless without the key.
 //! - A state change (`POST`) with an `Origin` must come from the console's own origin; one
-//!   authenticated by the cookie must also carry `Origin` and the run's CSRF token
-//!   (`X-CSRF-Token`), which only a page that read `/api/state` knows. A browser never sends
-//!   `Authorization` cross-origin without a CORS preflight, which the console does not answer.
+//!   from the page must carry it, and a `Sec-Fetch-Site` other than `same-origin` is refused.
+//!   A browser never sends `Authorization` or `X-CSRF-Token` cross-origin without a CORS
+//!   preflight, which the console does not answer.
 //! - Every answer carries a CSP with no inline script and no framing, `nosniff`, and no
 //!   CORS header at all.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -23,13 +32,34 @@ use axum::response::{IntoResponse, Response};
 
 use super::Shared;
 
+/// How many page sessions are kept: each open of the URL makes one, and the oldest go first.
+const PAGES: usize = 16;
+
+/// One browser page's session: the cookie that names it and the key the page claims.
+struct Page {
+    cookie: String,
+    key: String,
+    claimed: bool,
+}
+
 /// The run's secrets and the names it answers to.
 pub(crate) struct Guard {
     token: String,
-    csrf: String,
+    /// The ticket that opens the page now; spent when used.
+    ticket: Mutex<String>,
+    pages: Mutex<Vec<Page>>,
     /// `Host` values accepted (the bound address, and `localhost` with its port).
     hosts: Vec<String>,
     cookie_name: String,
+}
+
+/// How a request proved who it is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Credential {
+    /// A script with the run's token.
+    Bearer,
+    /// The console's page: its cookie and its key.
+    Page,
 }
 
 impl Guard {
@@ -38,66 +68,103 @@ impl Guard {
         let port = bound.port();
         Ok(Guard {
             token: random_hex(32)?,
-            csrf: random_hex(32)?,
+            ticket: Mutex::new(random_hex(32)?),
+            pages: Mutex::default(),
             hosts: vec![bound.to_string(), format!("localhost:{port}")],
             cookie_name: format!("fsbroker_console_{port}"),
         })
     }
 
-    /// The address as the URL names it.
-    pub(crate) fn host(&self) -> &str {
-        &self.hosts[0]
-    }
-
-    /// The run's token.
+    /// The run's token, for scripts.
     pub(crate) fn token(&self) -> &str {
         &self.token
     }
 
-    /// The CSRF token a page sends back on state changes.
-    pub(crate) fn csrf(&self) -> &str {
-        &self.csrf
+    /// The URL that opens the page now (with its one-time ticket).
+    pub(crate) fn url(&self) -> String {
+        let ticket = self.ticket.lock().unwrap_or_else(|e| e.into_inner());
+        format!("http://{}/?ticket={ticket}", self.hosts[0])
     }
 
-    /// Whether `offered` is the token (compared in constant time).
-    pub(crate) fn token_matches(&self, offered: &str) -> bool {
-        same(offered, &self.token)
-    }
-
-    /// The `Set-Cookie` value that keeps the token for the page.
-    pub(crate) fn cookie(&self) -> String {
-        format!(
-            "{}={}; HttpOnly; SameSite=Strict; Path=/",
-            self.cookie_name, self.token
-        )
-    }
-
-    /// How the request proves it has the token, if it does.
-    fn credential(&self, headers: &HeaderMap) -> Option<Credential> {
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if let Some(offered) = bearer {
-            return self
-                .token_matches(offered.trim())
-                .then_some(Credential::Bearer);
+    /// Spends `offered` if it is the ticket: a new ticket takes its place, and a new page
+    /// session is made. Returns the `Set-Cookie` value for it.
+    pub(crate) fn redeem(&self, offered: &str) -> Result<String, String> {
+        let next = random_hex(32)?;
+        {
+            let mut ticket = self.ticket.lock().unwrap_or_else(|e| e.into_inner());
+            if !same(offered, &ticket) {
+                return Err("this address has been used already, or is not this console's: open the console with `fsbroker console`".into());
+            }
+            *ticket = next;
         }
-        let from_cookie = headers
+        let page = Page {
+            cookie: random_hex(32)?,
+            key: random_hex(32)?,
+            claimed: false,
+        };
+        let value = format!(
+            "{}={}; HttpOnly; SameSite=Strict; Path=/",
+            self.cookie_name, page.cookie
+        );
+        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        if pages.len() >= PAGES {
+            pages.remove(0);
+        }
+        pages.push(page);
+        Ok(value)
+    }
+
+    /// Hands the key of the page session the cookie names, once.
+    fn claim(&self, headers: &HeaderMap) -> Option<String> {
+        let cookie = self.cookie(headers)?;
+        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        let page = pages
+            .iter_mut()
+            .find(|p| !p.claimed && same(&cookie, &p.cookie))?;
+        page.claimed = true;
+        Some(page.key.clone())
+    }
+
+    /// The console's cookie in the request, if any.
+    fn cookie(&self, headers: &HeaderMap) -> Option<String> {
+        headers
             .get_all(header::COOKIE)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(cookie::Cookie::split_parse)
             .filter_map(Result::ok)
-            .any(|c| c.name() == self.cookie_name && self.token_matches(c.value()));
-        from_cookie.then_some(Credential::Cookie)
+            .find(|c| c.name() == self.cookie_name)
+            .map(|c| c.value().to_owned())
     }
-}
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Credential {
-    Bearer,
-    Cookie,
+    /// How the request proves it may use the API, if it does. `query_key` is the page's key
+    /// as the event stream's URL carries it.
+    fn credential(&self, headers: &HeaderMap, query_key: Option<&str>) -> Option<Credential> {
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if let Some(offered) = bearer {
+            return same(offered.trim(), &self.token).then_some(Credential::Bearer);
+        }
+        let cookie = self.cookie(headers)?;
+        let key = headers
+            .get("x-csrf-token")
+            .and_then(|v| v.to_str().ok())
+            .or(query_key)?;
+        let pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        pages
+            .iter()
+            .any(|p| p.claimed && same(&cookie, &p.cookie) && same(key, &p.key))
+            .then_some(Credential::Page)
+    }
+
+    /// Whether `origin` is the console's own.
+    fn own_origin(&self, origin: &str) -> bool {
+        origin
+            .strip_prefix("http://")
+            .is_some_and(|h| self.hosts.iter().any(|ok| ok == h))
+    }
 }
 
 /// The check every request goes through (an axum middleware).
@@ -116,12 +183,33 @@ pub(crate) async fn check(
         );
     }
     let path = request.uri().path();
-    // The page and its assets hold nothing; everything under /api/ needs the token.
+    // The page and its assets hold nothing; everything under /api/ needs a credential.
+    if path == "/api/claim" {
+        if request.method() != Method::POST {
+            return refuse(StatusCode::METHOD_NOT_ALLOWED, "claim with POST");
+        }
+        if let Err(why) = check_change(guard, headers, Credential::Page) {
+            return refuse(StatusCode::FORBIDDEN, why);
+        }
+        let Some(key) = guard.claim(headers) else {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "this page's session is unknown or was claimed already (another tab?): open the console again with `fsbroker console`",
+            );
+        };
+        let mut r = axum::Json(serde_json::json!({ "key": key })).into_response();
+        harden(r.headers_mut());
+        return r;
+    }
     if path.starts_with("/api/") {
-        let Some(credential) = guard.credential(headers) else {
+        let query_key = (path == "/api/events")
+            .then(|| request.uri().query())
+            .flatten()
+            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("csrf=")));
+        let Some(credential) = guard.credential(headers, query_key) else {
             return refuse(
                 StatusCode::UNAUTHORIZED,
-                "the console's token is missing or wrong: open the URL `fsbroker console` gives",
+                "the console's token, or this page's session, is missing or wrong: open the console with `fsbroker console`",
             );
         };
         if request.method() != Method::GET {
@@ -142,13 +230,11 @@ fn check_change(
     credential: Credential,
 ) -> Result<(), &'static str> {
     let origin = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok());
-    let own = |o: &str| {
-        o.strip_prefix("http://")
-            .is_some_and(|h| guard.hosts.iter().any(|ok| ok == h))
-    };
     match origin {
-        Some(o) if !own(o) => return Err("a request from another origin may not act here"),
-        None if credential == Credential::Cookie => {
+        Some(o) if !guard.own_origin(o) => {
+            return Err("a request from another origin may not act here");
+        }
+        None if credential == Credential::Page => {
             return Err("a state change from the page must carry its Origin");
         }
         _ => {}
@@ -157,12 +243,6 @@ fn check_change(
     let site = headers.get("sec-fetch-site").and_then(|s| s.to_str().ok());
     if site.is_some_and(|s| s != "same-origin" && s != "none") {
         return Err("a request from another site may not act here");
-    }
-    if credential == Credential::Cookie {
-        let csrf = headers.get("x-csrf-token").and_then(|t| t.to_str().ok());
-        if !csrf.is_some_and(|t| same(t, guard.csrf())) {
-            return Err("the CSRF token (X-CSRF-Token) is missing or wrong");
-        }
     }
     Ok(())
 }

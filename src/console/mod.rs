@@ -2,9 +2,10 @@
 //! person whose files these are answers consent prompts, sees what every server does, and
 //! takes access back (docs/protocol.md, "The console").
 //!
-//! - `guard.rs`: who may use it: the run's token (once in the URL, then an HttpOnly
-//!   SameSite=Strict cookie, or `Authorization: Bearer`), `Host` (DNS rebinding), `Origin`
-//!   and the CSRF token on every state change, and the headers every answer carries.
+//! - `guard.rs`: who may use it: scripts with the run's token (`Authorization: Bearer`), the
+//!   page with a one-time ticket spent for an HttpOnly SameSite=Strict cookie plus a key the
+//!   page claims once; `Host` (DNS rebinding), `Origin` on every state change, and the
+//!   headers every answer carries. `listener.rs` bounds the connections.
 //! - `api.rs`: `GET /api/state` and the person's acts (`POST`), on the broker's public API.
 //! - `feed.rs`: `GET /api/events`, Server-Sent Events: state changes and the activity feed,
 //!   bulk transfers merged.
@@ -18,10 +19,11 @@
 mod api;
 mod feed;
 mod guard;
+mod listener;
 mod notify;
 mod open;
 
-pub(crate) use open::{has_display, open_in_browser};
+pub(crate) use open::{has_display, open_in_browser, read_url_file};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -35,8 +37,10 @@ use fsbroker::Broker;
 
 /// A running console.
 pub(crate) struct Console {
-    /// The URL to open, token included.
+    /// The URL to open first (its ticket works once).
     pub(crate) url: String,
+    /// The run's token, which the URL file also holds (to know it at exit).
+    token: String,
     /// Counts the console as a consent provider while it runs.
     _open: fsbroker::ConsoleOpen,
     /// The URL file written, removed when the console goes.
@@ -48,7 +52,7 @@ impl Drop for Console {
     fn drop(&mut self) {
         self.server.abort();
         if let Some(path) = &self.url_file {
-            remove_url_file(path, &self.url);
+            remove_url_file(path, &self.token);
         }
     }
 }
@@ -60,6 +64,8 @@ pub(crate) struct Shared {
     pub(crate) audit: api::AuditCheck,
     /// When the console started (the broker, within a moment).
     pub(crate) started: String,
+    /// Where the URL is kept for the person (rewritten when its ticket is spent).
+    url_file: Option<PathBuf>,
 }
 
 /// Starts the console for `broker` on `addr` (loopback only), on the current tokio runtime;
@@ -83,17 +89,19 @@ pub(crate) fn start(
         .local_addr()
         .map_err(|e| format!("console socket: {e}"))?;
     let guard = guard::Guard::new(bound)?;
-    let url = format!("http://{}/?token={}", guard.host(), guard.token());
+    let url = guard.url();
     let shared = Arc::new(Shared {
         broker: Arc::clone(broker),
         guard,
         audit: api::AuditCheck::start(broker),
         started: fsbroker::audit::timestamp(std::time::SystemTime::now()),
+        url_file: url_file.map(Path::to_path_buf),
     });
     let app = Router::new()
         .route("/", get(page))
         .route("/console.js", get(script))
         .route("/console.css", get(style))
+        .route("/api/claim", post(not_found))
         .route("/api/state", get(api::state))
         .route("/api/events", get(feed::events))
         .route("/api/prompts/{id}", post(api::answer))
@@ -106,40 +114,56 @@ pub(crate) fn start(
             guard::check,
         ))
         .with_state(Arc::clone(&shared));
-    let listener =
-        tokio::net::TcpListener::from_std(listener).map_err(|e| format!("console socket: {e}"))?;
+    let listener = listener::Capped::new(
+        tokio::net::TcpListener::from_std(listener).map_err(|e| format!("console socket: {e}"))?,
+    );
     let server = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "the console stopped");
         }
     });
     if let Some(path) = url_file {
-        write_url_file(path, &url)?;
-        notify::spawn(broker, url.clone(), path.to_path_buf());
+        write_url_file(path, &url, shared.guard.token())?;
+        notify::spawn(broker, path.to_path_buf());
     }
     Ok(Console {
         url,
+        token: shared.guard.token().to_owned(),
         _open: broker.open_console(),
         url_file: url_file.map(Path::to_path_buf),
         server,
     })
 }
 
-/// The page: for a request with the token in its URL, the token goes into the cookie and the
-/// browser is sent to the bare URL, so the token leaves the address bar and the history.
+/// The page. Opened with its one-time ticket, it spends the ticket (the URL file gets the
+/// next), gives the browser the cookie of a new page session, and sends it to the bare page,
+/// so the address bar holds no secret.
 async fn page(
     axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
 ) -> axum::response::Response {
-    if let Some(token) = q.get("token") {
-        if !shared.guard.token_matches(token) {
-            return guard::refuse(axum::http::StatusCode::UNAUTHORIZED, "wrong token");
+    if let Some(ticket) = q.get("ticket") {
+        let cookie = match shared.guard.redeem(ticket) {
+            Ok(cookie) => cookie,
+            Err(why) => return guard::refuse(axum::http::StatusCode::UNAUTHORIZED, &why),
+        };
+        if let Some(path) = &shared.url_file {
+            let (path, url, token) = (
+                path.clone(),
+                shared.guard.url(),
+                shared.guard.token().to_owned(),
+            );
+            let written =
+                tokio::task::spawn_blocking(move || write_url_file(&path, &url, &token)).await;
+            if let Ok(Err(e)) = written {
+                tracing::warn!(error = %e, "cannot write the console's next URL");
+            }
         }
         return (
             axum::http::StatusCode::SEE_OTHER,
             [
                 (header::LOCATION, "/".to_owned()),
-                (header::SET_COOKIE, shared.guard.cookie()),
+                (header::SET_COOKIE, cookie),
             ],
         )
             .into_response();
@@ -169,11 +193,12 @@ async fn not_found() -> axum::response::Response {
     guard::refuse(axum::http::StatusCode::NOT_FOUND, "no such page")
 }
 
-/// Writes `url` to `path`, readable and writable by its owner only, through a new file
-/// renamed into place: a reader sees the whole URL or none, and a file someone else made
-/// there (a link, another owner's) is replaced, never written through.
+/// Writes `url` and the run's `token` (`token=TOKEN`, for scripts) to `path`, readable and
+/// writable by its owner only, through a new file renamed into place: a reader sees all of
+/// it or none, and a file someone else made there (a link, another owner's) is replaced,
+/// never written through.
 #[allow(clippy::disallowed_methods)] // the URL file is the broker's own file
-fn write_url_file(path: &Path, url: &str) -> Result<(), String> {
+fn write_url_file(path: &Path, url: &str, token: &str) -> Result<(), String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let fail =
@@ -198,7 +223,7 @@ fn write_url_file(path: &Path, url: &str) -> Result<(), String> {
         .open(&tmp)
         .map_err(fail)?;
     let written = file
-        .write_all(format!("{url}\n").as_bytes())
+        .write_all(format!("{url}\ntoken={token}\n").as_bytes())
         .and_then(|()| file.sync_all())
         .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = written {
@@ -208,11 +233,12 @@ fn write_url_file(path: &Path, url: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Removes the URL file at exit if it still holds this console's URL (another console may
-/// have written its own there since).
+/// Removes the URL file at exit if it is still this console's (another console may have
+/// written its own there since): its token line tells.
 #[allow(clippy::disallowed_methods)] // the URL file is the broker's own file
-fn remove_url_file(path: &Path, url: &str) {
-    if std::fs::read_to_string(path).is_ok_and(|s| s.trim_end() == url) {
+fn remove_url_file(path: &Path, token: &str) {
+    let mine = format!("token={token}");
+    if std::fs::read_to_string(path).is_ok_and(|s| s.lines().any(|l| l == mine)) {
         let _ = std::fs::remove_file(path);
     }
 }

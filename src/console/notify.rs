@@ -70,10 +70,10 @@ trait Notifications {
 }
 
 /// Raises a desktop notification for each new consent prompt while the broker lives, takes
-/// it down when the prompt is answered or expires, and opens the console at `url` (through
-/// [`crate::console::open_in_browser`], beside `url_file`) when one is clicked. Does nothing
+/// it down when the prompt is answered or expires, and opens the console whose URL is in
+/// `url_file` (through [`crate::console::open_in_browser`]) when one is clicked. Does nothing
 /// without a session bus. Runs on the current tokio runtime.
-pub(crate) fn spawn(broker: &Arc<Broker>, url: String, url_file: PathBuf) {
+pub(crate) fn spawn(broker: &Arc<Broker>, url_file: PathBuf) {
     if !session_bus_present() {
         tracing::debug!("no session bus: consent prompts raise no desktop notification");
         return;
@@ -87,7 +87,6 @@ pub(crate) fn spawn(broker: &Arc<Broker>, url: String, url_file: PathBuf) {
         Notifier {
             proxy,
             broker,
-            url,
             url_file,
             markup: true,
             shown: BTreeMap::new(),
@@ -146,7 +145,7 @@ struct Notifier {
     proxy: NotificationsProxy<'static>,
     /// Weak, so the notices end with the broker.
     broker: Weak<Broker>,
-    url: String,
+    /// Where the console's current URL is (its ticket changes each time it is used).
     url_file: PathBuf,
     /// Whether the server reads markup in a notice's body (`body-markup`), so server-made
     /// text must be escaped; assumed when it does not say.
@@ -266,10 +265,10 @@ impl Notifier {
         if args.action_key != DEFAULT_ACTION || !self.shown.values().any(|n| *n == Some(args.id)) {
             return;
         }
-        let (url, url_file) = (self.url.clone(), self.url_file.clone());
+        let url_file = self.url_file.clone();
         // xdg-open may take its time starting a browser; the notices go on meanwhile.
         tokio::task::spawn_blocking(move || {
-            if let Err(e) = crate::console::open_in_browser(&url, &url_file) {
+            if let Err(e) = crate::console::open_in_browser(&url_file) {
                 tracing::warn!(error = %e, "cannot open the console from a desktop notification");
             }
         });

@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use super::{Ctx, Op};
 use crate::broker::Broker;
 use crate::consent::{self, PromptPath, Request};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::jsonrpc::Json;
+use crate::limits::{MAX_CONSENT_MESSAGE, MAX_CONSENT_PATHS, MAX_LOGGED_PATH};
 use crate::sandbox::{self, ConsentMode, Resolved, open};
 
 /// `files/consent` parameters.
@@ -38,7 +39,24 @@ pub(crate) struct Reply {
 
 impl super::PayloadBytes for Reply {}
 
-pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Reply>> {
+pub(crate) async fn handle(ctx: &Ctx<'_>, mut params: Params) -> Result<Json<Reply>> {
+    // A person reads every path and the message: beyond these bounds a request is no
+    // question for a person, only a way to bury one (and the broker's time placing paths).
+    if params.requested_paths.len() > MAX_CONSENT_PATHS {
+        return Err(Error::invalid_params(format!(
+            "at most {MAX_CONSENT_PATHS} requestedPaths per files/consent, not {}",
+            params.requested_paths.len()
+        )));
+    }
+    if params.message.len() > MAX_CONSENT_MESSAGE {
+        let mut cut = MAX_CONSENT_MESSAGE;
+        while !params.message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let whole = params.message.len();
+        params.message.truncate(cut);
+        params.message += &format!(" […cut: the server sent {whole} bytes]");
+    }
     // One deadline for the wait for a turn and the work.
     let started = std::time::Instant::now();
     let turn = ctx.prompt_turn(started).await?;
@@ -151,7 +169,7 @@ fn narrowed(op: &Op, asked: &[Candidate], answer: &str) -> Option<Candidate> {
     let inside = c.real.absolute().starts_with(parent.real.absolute());
     let prompted = c.real.root().consent_at(c.real.rel()) == ConsentMode::Prompt;
     if !(inside && prompted) {
-        tracing::warn!(session = op.state.id, path = %answer, "consent: a narrowed path leads outside what was asked; not granted");
+        tracing::warn!(session = op.state.id, path = ?crate::audit::cap(answer, MAX_LOGGED_PATH), "consent: a narrowed path leads outside what was asked; not granted");
         return None;
     }
     Some(c)
@@ -162,7 +180,7 @@ fn narrowed(op: &Op, asked: &[Candidate], answer: &str) -> Option<Candidate> {
 /// by a glob, or one of fsbroker's own files.
 pub(super) fn place(op: &Op, raw: &str) -> Option<Candidate> {
     let refuse = |why: &str| {
-        tracing::warn!(session = op.state.id, path = %raw, "consent: {why}");
+        tracing::warn!(session = op.state.id, path = ?crate::audit::cap(raw, MAX_LOGGED_PATH), "consent: {why}");
         None
     };
     let Ok(target) = sandbox::resolve(op.policy.roots(), raw) else {

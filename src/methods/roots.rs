@@ -157,7 +157,7 @@ fn offer(op: &Op, broker: &Broker, roots: &[Arc<Root>]) -> Result<()> {
         if real.starts_with(root) && c.real.root().consent_at(c.real.rel()) == ConsentMode::Prompt {
             grants.push((c.real.root().path().to_path_buf(), real));
         } else {
-            tracing::warn!(session = op.state.id, path = %answer, "roots/list: a narrowed path leads outside the root asked about; not granted");
+            tracing::warn!(session = op.state.id, path = ?crate::audit::cap(answer, crate::limits::MAX_LOGGED_PATH), "roots/list: a narrowed path leads outside the root asked about; not granted");
         }
     }
     op.commit()?;

@@ -14,8 +14,10 @@ use serde_json::Value;
 pub struct Console {
     /// `127.0.0.1:PORT`.
     pub host: String,
-    /// The run's token.
+    /// The run's token (scripts' `Authorization: Bearer`).
     pub token: String,
+    /// The URL file, whose first line is the page's URL with its one-time ticket.
+    pub url_file: std::path::PathBuf,
 }
 
 /// One HTTP answer.
@@ -44,24 +46,61 @@ impl Reply {
 }
 
 impl Console {
-    /// Reads the URL file a broker wrote (waiting up to 15 s for it).
+    /// Reads the URL file a broker wrote (waiting up to 15 s for it): the page's URL with its
+    /// one-time ticket, then `token=TOKEN`.
     pub fn from_url_file(path: &Path) -> Console {
         let end = Instant::now() + Duration::from_secs(15);
-        let url = loop {
+        let (url, token) = loop {
             if let Ok(text) = std::fs::read_to_string(path) {
-                if text.ends_with('\n') {
-                    break text.trim().to_owned();
+                let mut lines = text.lines();
+                if let (Some(url), Some(token)) = (lines.next(), lines.next()) {
+                    if let Some(token) = token.strip_prefix("token=") {
+                        break (url.to_owned(), token.to_owned());
+                    }
                 }
             }
             assert!(Instant::now() < end, "no console URL at {}", path.display());
             std::thread::sleep(Duration::from_millis(20));
         };
         let rest = url.strip_prefix("http://").expect("an http URL");
-        let (host, query) = rest.split_once("/?token=").expect("a token in the URL");
+        let (host, _) = rest.split_once("/?ticket=").expect("a ticket in the URL");
         Console {
             host: host.to_owned(),
-            token: query.to_owned(),
+            token,
+            url_file: path.to_owned(),
         }
+    }
+
+    /// The page's URL as the URL file has it now (each ticket works once).
+    pub fn page_url(&self) -> String {
+        let text = std::fs::read_to_string(&self.url_file).expect("the URL file");
+        text.lines().next().expect("a URL line").to_owned()
+    }
+
+    /// Opens the page as a browser would: spends the ticket for the page session's cookie
+    /// (`name=value`), then claims its key. Returns (cookie, key).
+    pub fn open_page(&self) -> (String, String) {
+        let url = self.page_url();
+        let path = &url[url.find("/?ticket=").expect("a ticket")..];
+        let landing = self.request("GET", path, &[], None);
+        assert_eq!(landing.status, 303, "{landing:?}");
+        assert_eq!(landing.header("location"), Some("/"));
+        let set = landing.header("set-cookie").expect("a cookie").to_owned();
+        let cookie = set.split(';').next().unwrap().to_owned();
+        let own = format!("http://{}", self.host);
+        let claimed = self.request(
+            "POST",
+            "/api/claim",
+            &[
+                ("Cookie", &cookie),
+                ("Origin", &own),
+                ("Sec-Fetch-Site", "same-origin"),
+            ],
+            Some(""),
+        );
+        assert_eq!(claimed.status, 200, "{claimed:?}");
+        let key = claimed.json()["key"].as_str().unwrap().to_owned();
+        (cookie, key)
     }
 
     /// `GET` with the token as `Authorization: Bearer`.

@@ -57,16 +57,18 @@ impl Answer {
 }
 
 impl Api {
-    /// From the URL file's `http://127.0.0.1:PORT/?token=TOKEN`.
+    /// From the URL file: `http://127.0.0.1:PORT/?ticket=…` and, on the next line,
+    /// `token=TOKEN` (what scripts authenticate with).
     pub(super) fn from_url(text: &str) -> Result<Api, String> {
-        let bad = |why: &str| format!("the console's URL {:?}: {why}", text.trim());
-        let url = url::Url::parse(text.trim()).map_err(|e| bad(&e.to_string()))?;
+        let bad = |why: &str| format!("the console's URL file {text:?}: {why}");
+        let mut lines = text.lines();
+        let first = lines.next().unwrap_or("").trim();
+        let url = url::Url::parse(first).map_err(|e| bad(&e.to_string()))?;
         let host = url.host_str().ok_or_else(|| bad("no host"))?;
         let port = url.port().ok_or_else(|| bad("no port"))?;
-        let token = url
-            .query_pairs()
-            .find(|(k, _)| k == "token")
-            .map(|(_, v)| v.into_owned())
+        let token = lines
+            .find_map(|l| l.trim().strip_prefix("token="))
+            .map(str::to_owned)
             .ok_or_else(|| bad("no token"))?;
         let addr = (host, port)
             .to_socket_addrs()
@@ -487,7 +489,7 @@ mod tests {
     }
 
     fn api(addr: SocketAddr) -> Api {
-        Api::from_url(&format!("http://{addr}/?token=abc\n")).unwrap()
+        Api::from_url(&format!("http://{addr}/?ticket=t\ntoken=abc\n")).unwrap()
     }
 
     #[test]

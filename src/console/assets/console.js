@@ -39,6 +39,8 @@
   const MERGE_GAP_MS = 30000;  // identical records further apart than this get their own row
   const REFRESH_MS = 500;      // /api/state at most twice a second
 
+  // This page's key (see claim()): sent with every request, kept in sessionStorage, which
+  // belongs to this origin (this port) alone, unlike the cookie.
   let csrf = '';
   let stopped = false;         // set on 401: nothing more to do without the token
   let source = null;           // the EventSource
@@ -74,8 +76,9 @@
   // Characters that hide or reorder text: C0/C1 controls, soft hyphen, Arabic letter mark,
   // Mongolian vowel separator, zero-width and bidi marks, embeddings/overrides/isolates,
   // line/paragraph separators, word joiners, BOM, interlinear annotation marks.
-  const HIDDEN = '\\u0000-\\u001f\\u007f-\\u009f\\u00ad\\u061c\\u180e\\u200b-\\u200f' +
-    '\\u2028-\\u202e\\u2060-\\u206f\\ufeff\\ufff9-\\ufffb';
+  const HIDDEN = '\\u0000-\\u001f\\u007f-\\u009f\\u00ad\\u034f\\u061c\\u115f\\u1160\\u17b4\\u17b5' +
+    '\\u180b-\\u180f\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u206f\\u2800\\u3164' +
+    '\\ufe00-\\ufe0f\\ufeff\\uffa0\\ufff9-\\ufffb\\u{e0000}-\\u{e007f}\\u{e0100}-\\u{e01ef}';
   const HIDDEN_RE = new RegExp('[' + HIDDEN + ']', 'gu');
   // In a message a line break is just a line break.
   const HIDDEN_BUT_NL_RE = new RegExp('(?![\\n])[' + HIDDEN + ']', 'gu');
@@ -199,7 +202,9 @@
     inFlight = true;
     lastLoad = Date.now();
     try {
-      const res = await fetch('/api/state', { credentials: 'same-origin', cache: 'no-store' });
+      const res = await fetch('/api/state', {
+        credentials: 'same-origin', cache: 'no-store', headers: { 'X-CSRF-Token': csrf },
+      });
       if (res.status === 401) { signedOut(); return; }
       if (!res.ok) throw new Error(await errorText(res));
       render(await res.json(), performance.now());
@@ -217,6 +222,29 @@
     }
   }
 
+  // Claims this page's key once: the console's address carried a one-time ticket, which
+  // left an HttpOnly cookie naming this page's session; the key the claim returns goes with
+  // every request. A reload of this tab keeps it; another tab must open the console anew.
+  async function claim() {
+    const kept = sessionStorage.getItem('fsbroker-key');
+    if (kept && /^[0-9a-f]{64}$/.test(kept)) { csrf = kept; return true; }
+    try {
+      const res = await fetch('/api/claim', { method: 'POST', credentials: 'same-origin', cache: 'no-store' });
+      if (!res.ok) { signedOut(); return false; }
+      const body = await res.json();
+      if (!body || typeof body.key !== 'string' || !/^[0-9a-f]{64}$/.test(body.key)) {
+        signedOut();
+        return false;
+      }
+      csrf = body.key;
+      sessionStorage.setItem('fsbroker-key', csrf);
+      return true;
+    } catch (_) {
+      signedOut();
+      return false;
+    }
+  }
+
   function signedOut() {
     stopped = true;
     if (source) source.close();
@@ -229,8 +257,9 @@
   function connect() {
     if (stopped) return;
     if (source) source.close();
-    // Same origin: the console's cookie goes with it.
-    source = new EventSource('/api/events');
+    // Same origin: the console's cookie goes with it; an EventSource sends no headers, so the
+    // page's key is in the query (a request's URL, never the address bar or history).
+    source = new EventSource('/api/events?csrf=' + encodeURIComponent(csrf));
     source.addEventListener('open', () => {
       setConn('live', 'live');
       if (wasLive) feedNote('Reconnected. Requests answered while disconnected are not listed.');
@@ -271,7 +300,6 @@
 
   function render(s, at) {
     if (!s || typeof s !== 'object') throw new Error('the answer is not a state object');
-    csrf = typeof s.csrf === 'string' ? s.csrf : '';
     $('loading').hidden = true;
     $('content').hidden = false;
     const b = s.broker || {};
@@ -374,8 +402,9 @@
         '. ' + n + ' prompt' + (n === 1 ? '' : 's') + ' waiting.';
       const a = document.activeElement;
       // Take the focus only when the person is not in the middle of something else.
+      // Never a button: a key pressed to scroll must not answer the prompt.
       if (!a || a === document.body || a === document.documentElement) {
-        box.querySelector('[data-action="approve-selected"]').focus();
+        box.querySelector('h3').focus();
         return;
       }
     }
@@ -492,7 +521,7 @@
     const data = prompts.get(id);
     if (id === null || !data) return;
     if (card.dataset.armed !== 'true') {
-      say('This prompt has just appeared. Read it, then press again.', 'error');
+      say('This prompt has just appeared or moved: nothing was sent. Read it first.', 'error');
       return;
     }
     let body, done;
@@ -788,6 +817,5 @@
   });
 
   setConn('connecting', 'wait');
-  load();
-  connect();
+  claim().then((ok) => { if (ok) { load(); connect(); } });
 })();

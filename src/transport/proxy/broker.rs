@@ -262,6 +262,9 @@ impl BrokerSide {
         match self {
             BrokerSide::Local { notes, driver, .. } => {
                 notes.abort();
+                // The server is gone: its questions to the person go too.
+                let session = driver.session();
+                session.broker().desk().withdraw_session(session.id());
                 // Each request ends by its `timeout_ms`. Past it, what is left only waits to
                 // hand its answer (recorded already) to a server that is gone, through a
                 // pipe something it started may hold open and unread.
