@@ -234,10 +234,12 @@ fn a_huge_request_is_logged_capped_and_reaches_both_copies() {
     let paths: Vec<String> = (0..3000)
         .map(|i| format!("r/{i:04}-{}", "p".repeat(1017)))
         .collect();
-    b.ok(
+    // Over the paths a person may be asked about at once: refused, and recorded all the same.
+    let e = b.err(
         "files/consent",
         json!({"message": "many", "requestedPaths": paths}),
     );
+    assert_eq!(e["code"], -32602, "{e}");
     let (status, stderr) = b.finish();
     assert!(status.success(), "{stderr}");
     let (syslog, journal) = (syslog.finish(), journal.finish());

@@ -903,3 +903,26 @@ fn pausing_a_root_ends_a_confined_server_that_held_it() {
         .expect("the confined server is ended, and its proxy with it");
     assert!(!status.success(), "{status}");
 }
+
+/// Rule: the default URL file (in the user's private runtime directory) and the page
+/// `fsbroker console` hands the browser are the broker's own files: a server whose root
+/// covers that directory still cannot read them.
+#[test]
+fn the_default_url_file_is_protected_too() {
+    let url_file = fsbroker::console_url_file().expect("the private runtime directory");
+    let opener = fsbroker::console_opener_file().expect("the private runtime directory");
+    let rundir = url_file.parent().unwrap().to_owned();
+    let (_dir, base) = common::tempdir();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(rundir.parent().unwrap()).name("above"))
+        .unlimited()
+        .write_to(&base.join("policy.toml"));
+    let pids = Pids::default();
+    let listener = Listener::start(&policy, &base.join("s.sock"), &["--console"], &pids);
+    let mut server = listener.connect();
+    server.set_deadline(WAIT);
+    for file in [&url_file, &opener] {
+        let e = server.err("files/read", json!({"path": file.to_str().unwrap()}));
+        assert_eq!(code(&e), "PERMISSION_DENIED", "{}: {e}", file.display());
+    }
+}

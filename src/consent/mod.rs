@@ -61,6 +61,15 @@ pub(crate) struct Request {
     pub details: Vec<PromptPath>,
 }
 
+/// `path` cut to what a log line keeps of it (`MAX_LOGGED_PATH` bytes).
+fn cut(path: &str) -> &str {
+    let mut end = path.len().min(crate::limits::MAX_LOGGED_PATH);
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    &path[..end]
+}
+
 /// Who will be asked, or `None` when nobody can be: then every `prompt` is a denial, and
 /// nothing should be offered.
 enum Asker {
@@ -148,7 +157,7 @@ pub(crate) fn ask(
             tracing::warn!(
                 reason = %why,
                 paths = req.requested_paths.len(),
-                first = ?req.requested_paths.first().map(|p| crate::audit::cap(p, crate::limits::MAX_LOGGED_PATH)),
+                first = ?req.requested_paths.first().map(|p| cut(p)),
                 "consent denied"
             );
             Vec::new()
