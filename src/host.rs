@@ -129,7 +129,10 @@ impl Session {
     pub fn ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = self.state.ended();
         async move {
-            let _ = rx.wait_for(|ended| *ended).await;
+            // A session that goes away without being ended was not ended: never resolve.
+            if rx.wait_for(|ended| *ended).await.is_err() {
+                std::future::pending::<()>().await;
+            }
         }
     }
 
