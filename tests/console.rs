@@ -770,19 +770,16 @@ fn the_feed_shows_requests_and_merges_bulk_reads() {
 /// A server that answers nothing and never exits by itself.
 const SLEEPER: &str = "import time\nwhile True: time.sleep(1)";
 
-/// Rule: ending a proxied session on the console ends its server, whether the proxy holds its
-/// own broker (`proxy --console`) or links to a shared one (`proxy --connect`, the desktop
-/// set-up): the host sees the server exit.
-#[test]
-fn ending_a_proxied_session_ends_its_server() {
-    let (_dir, base) = common::tempdir();
+/// `fsbroker proxy --root DIR EXTRA… --console -- SLEEPER`, with the console's state once the
+/// proxy's session says how it is connected.
+fn own_proxy(extra: &[&str]) -> (tempfile::TempDir, Fsb, Console, Value) {
+    let (dir, base) = common::tempdir();
     let root = base.join("r");
     std::fs::create_dir(&root).unwrap();
     let url_file = base.join("own.url");
-    let mut own = Fsb::spawn(&[
-        "proxy",
-        "--root",
-        root.to_str().unwrap(),
+    let mut args = vec!["proxy", "--root", root.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.extend([
         "--console",
         "--console-url-file",
         url_file.to_str().unwrap(),
@@ -791,9 +788,19 @@ fn ending_a_proxied_session_ends_its_server() {
         "-c",
         SLEEPER,
     ]);
+    let proxy = Fsb::spawn(&args);
     let console = Console::from_url_file(&url_file);
     // The session exists a moment before its proxy says how it is connected.
     let state = console.wait_state(WAIT, |s| s["sessions"][0]["transport"] == "proxy");
+    (dir, proxy, console, state)
+}
+
+/// Rule: ending a proxied session on the console ends its server, whether the proxy holds its
+/// own broker (`proxy --console`) or links to a shared one (`proxy --connect`, the desktop
+/// set-up): the host sees the server exit.
+#[test]
+fn ending_a_proxied_session_ends_its_server() {
+    let (_dir, mut own, console, state) = own_proxy(&[]);
     let sid = state["sessions"][0]["id"].as_u64().unwrap();
     // Its broker is the proxy's own, and goes with it: the answer may not make it out.
     let r = console.post(&format!("/api/sessions/{sid}/end"), None);
@@ -872,26 +879,7 @@ fn an_open_console_is_asked_by_default() {
 /// (`[confine] on_revoke = "end"`, the default), as a reload that removed the root would.
 #[test]
 fn pausing_a_root_ends_a_confined_server_that_held_it() {
-    let (_dir, base) = common::tempdir();
-    let root = base.join("r");
-    std::fs::create_dir(&root).unwrap();
-    let url_file = base.join("own.url");
-    let mut proxy = Fsb::spawn(&[
-        "proxy",
-        "--root",
-        root.to_str().unwrap(),
-        "--confine",
-        "--console",
-        "--console-url-file",
-        url_file.to_str().unwrap(),
-        "--",
-        "python3",
-        "-c",
-        SLEEPER,
-    ]);
-    let console = Console::from_url_file(&url_file);
-    // The session exists a moment before its proxy says how it is connected.
-    let state = console.wait_state(WAIT, |s| s["sessions"][0]["transport"] == "proxy");
+    let (_dir, mut proxy, console, state) = own_proxy(&["--confine"]);
     assert_eq!(
         state["sessions"][0]["confinement"], "best-effort",
         "{state}"
