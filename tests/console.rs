@@ -719,7 +719,7 @@ fn a_paused_root_stays_paused_until_resumed() {
 
 /// Rule: answered requests reach `/api/events` as the audit log records them; successive
 /// reads of one file by one session are merged (`count`, summed `bytes`); a refusal stands
-/// alone; state changes are announced.
+/// alone; state changes are announced. The stream starts with a `retry` field.
 #[test]
 fn the_feed_shows_requests_and_merges_bulk_reads() {
     let s = Setup::start(|b| {
@@ -751,6 +751,9 @@ fn the_feed_shows_requests_and_merges_bulk_reads() {
     let bytes: u64 = merged.iter().map(|r| r["bytes"].as_u64().unwrap()).sum();
     assert_eq!(count, reads, "{got:?}");
     assert_eq!(bytes, reads * 1024, "{got:?}");
+    // The stream opened with its `retry` field, before any event: a browser sees it open
+    // without waiting for the first keep-alive.
+    assert_eq!(events.retry, Some(2000));
     assert!(
         merged.len() < (reads / 4) as usize,
         "merged into a few records: {}",

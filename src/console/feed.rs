@@ -1,4 +1,5 @@
-//! `GET /api/events`: Server-Sent Events for the page.
+//! `GET /api/events`: Server-Sent Events for the page. The stream opens with a `retry` field
+//! (how soon to reopen it), then:
 //!
 //! - `state` (`{}`): sessions, prompts, grants or roots changed ([`Broker::changes`]); the
 //!   page reads `/api/state` again.
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::StreamExt;
 use serde_json::{Map, Value};
 use tokio::sync::broadcast::error::RecvError;
 
@@ -28,6 +30,9 @@ use super::Shared;
 /// How long merged records wait before they are sent: well inside the 500 ms in which an
 /// operation should show in the feed.
 const FLUSH: Duration = Duration::from_millis(250);
+
+/// How soon a browser reopens a dropped stream (the SSE `retry` field, sent first).
+const RETRY: Duration = Duration::from_secs(2);
 
 /// `GET /api/events`.
 pub(crate) async fn events(
@@ -44,7 +49,12 @@ pub(crate) async fn events(
         let next = feed.next().await;
         Some((Ok(next), feed))
     });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    // Something at once: the response's head goes out with its first bytes, and Firefox opens
+    // an EventSource (and the page shows "live") only then. Without it, a quiet broker's page
+    // waited for the first keep-alive, 15 s. The field itself sets how soon a dropped stream
+    // is reopened.
+    let first = futures_util::stream::once(async { Ok(Event::default().retry(RETRY)) });
+    Sse::new(first.chain(stream)).keep_alive(KeepAlive::default())
 }
 
 /// One page's feed.

@@ -202,6 +202,7 @@ impl Console {
             reader,
             chunked,
             text: String::new(),
+            retry: None,
         }
     }
 }
@@ -212,6 +213,8 @@ pub struct Events {
     chunked: bool,
     /// Decoded text not yet split into events.
     text: String,
+    /// The last `retry` field read (ms).
+    pub retry: Option<u64>,
 }
 
 impl Events {
@@ -224,7 +227,9 @@ impl Events {
                 let mut name = String::from("message");
                 let mut data = String::new();
                 for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("event:") {
+                    if let Some(v) = line.strip_prefix("retry:") {
+                        self.retry = v.trim().parse().ok();
+                    } else if let Some(v) = line.strip_prefix("event:") {
                         name = v.trim().to_owned();
                     } else if let Some(v) = line.strip_prefix("data:") {
                         data += v.trim_start();

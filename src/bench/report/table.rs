@@ -319,16 +319,26 @@ fn console_table(t: &mut String, c: &Console) {
             format!("{g:.2}x")
         );
     }
-    let requests: Vec<String> = c
+    // Every pair's events normally stand for all its requests: say so once, not six times.
+    let all = c.pairs.first().map(|p| p.requests);
+    let requests = if c
         .pairs
         .iter()
-        .map(|p| format!("{} of {}", p.activity_requests, p.requests))
-        .collect();
+        .all(|p| Some(p.requests) == all && p.activity_requests == p.requests)
+    {
+        format!("all {} requests in every pair", all.unwrap_or(0))
+    } else {
+        let each: Vec<String> = c
+            .pairs
+            .iter()
+            .map(|p| format!("{} of {}", p.activity_requests, p.requests))
+            .collect();
+        format!("{} requests", each.join(", "))
+    };
     let _ = writeln!(
         t,
         "  (MB/s; page: --console and /api/events open and drained; events: activity events the\n   \
-         page got for the read, standing for {} requests)",
-        requests.join(", ")
+         page got for the read, standing for {requests})"
     );
 }
 

@@ -752,9 +752,31 @@
     row.hidden = !shownByFilter(row);
     const body = $('feed');
     body.prepend(row);
-    while (body.rows.length > FEED_CAP) body.lastElementChild.remove();
+    trimFeed(body);
     $('feed-empty').hidden = true;
     renderFilter();
+  }
+
+  // Past the cap, a row goes from whichever session has the most, so one server's flood cannot
+  // push another's record off the page. Within that session its oldest plain row goes first:
+  // refusals, failures and the person's own acts are kept while it has any other.
+  function trimFeed(body) {
+    if (body.rows.length <= FEED_CAP) return;
+    const counts = new Map();
+    for (const r of body.rows) counts.set(r.dataset.feedSession, (counts.get(r.dataset.feedSession) || 0) + 1);
+    while (body.rows.length > FEED_CAP) {
+      let top = null;
+      for (const [s, c] of counts) if (top === null || c > counts.get(top)) top = s;
+      let victim = null;
+      for (let i = body.rows.length - 1; i >= 0; i--) {
+        const r = body.rows[i];
+        if (r.dataset.feedSession !== top) continue;
+        if (victim === null) victim = r;
+        if (r.className === '') { victim = r; break; }
+      }
+      victim.remove();
+      counts.set(top, counts.get(top) - 1);
+    }
   }
 
   // Rows of no one session (notes, pausing a root) show whatever the filter.
