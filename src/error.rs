@@ -32,6 +32,9 @@ pub enum ErrorKind {
     RateLimited,
     /// The rename target exists and overwrite was not asked.
     AlreadyExists,
+    /// A write's content does not have the SHA-256 the write gave (*ext*); nothing was
+    /// committed.
+    ChecksumMismatch,
     /// Locked by another session or upload.
     FileLocked,
     /// The line is not JSON (`-32700`).
@@ -72,6 +75,7 @@ impl ErrorKind {
             ErrorKind::QuotaExceeded => (-31007, Some("QUOTA_EXCEEDED"), "quota exceeded"),
             ErrorKind::RateLimited => (-31008, Some("RATE_LIMITED"), "rate limited"),
             ErrorKind::AlreadyExists => (-31009, Some("ALREADY_EXISTS"), "already exists"),
+            ErrorKind::ChecksumMismatch => (-31010, Some("CHECKSUM_MISMATCH"), "checksum mismatch"),
             ErrorKind::FileLocked => (-32100, Some("FILE_LOCKED"), "file locked"),
             ErrorKind::ParseError => (-32700, None, "parse error"),
             ErrorKind::InvalidRequest => (-32600, None, "invalid request"),
@@ -277,6 +281,7 @@ mod tests {
             (ErrorKind::QuotaExceeded, -31007, "QUOTA_EXCEEDED"),
             (ErrorKind::RateLimited, -31008, "RATE_LIMITED"),
             (ErrorKind::AlreadyExists, -31009, "ALREADY_EXISTS"),
+            (ErrorKind::ChecksumMismatch, -31010, "CHECKSUM_MISMATCH"),
             (ErrorKind::FileLocked, -32100, "FILE_LOCKED"),
         ];
         for (kind, number, name) in table {

@@ -77,7 +77,8 @@
 //! - `limits.rs`: every fixed bound, with its value and why, in one table. The limits a
 //!   policy sets are [`policy`]'s; `throttle.rs` applies rates and deadlines at run time.
 //! - `jsonrpc.rs` (envelopes in, frames out), `outgoing.rs` (a frame on its way out, with a
-//!   large read's body in pages of its own), `codec.rs` (UTF-8 and base64, SIMD): private.
+//!   large read's body in pages of its own), `codec.rs` (UTF-8 and base64, SIMD), `digest.rs`
+//!   (SHA-256 of chunks, uploads and ranges: the integrity extension): private.
 //! - `locks.rs` (path locks, SEP-1708), `fair.rs` (the blocking pool shared fairly between
 //!   sessions), `fast.rs` (small reads run inline, with a watchdog that answers `TIMEOUT`
 //!   for one stuck there), `upload.rs` (chunked uploads staged beside their targets),
@@ -128,6 +129,7 @@ mod broker;
 mod codec;
 pub mod confine;
 mod consent;
+mod digest;
 pub mod error;
 mod fair;
 mod fast;
@@ -158,6 +160,7 @@ pub use broker::{
     Transport,
 };
 pub use consent::{AnswerError, ConsoleOpen, GrantInfo, Prompt, PromptAnswer, PromptPath};
+pub use digest::engine as sha256_engine;
 pub use error::{Error, ErrorKind};
 pub use host::{Notifications, PEER_NOTIFICATION, Session};
 pub use policy::{Overrides, Policy, PolicyError};

@@ -42,6 +42,9 @@ pub(crate) struct Upload {
     pub if_match: Option<String>,
     /// Held until the upload ends.
     pub lock: LockGuard,
+    /// The SHA-256 of what is staged so far, kept when the first chunk announced a `sha256`
+    /// (*ext*): the final chunk's is then checked without reading the staged bytes again.
+    pub hasher: Option<sha2::Sha256>,
 }
 
 /// A slot for an upload; `None` once it committed or was aborted, so a chunk that raced with

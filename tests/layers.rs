@@ -20,6 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("rfc3339", &[]),
     ("error", &[]),
     ("codec", &[]),
+    ("digest", &[]),
     ("rundir", &["limits", "random"]),
     ("sandbox", &["error", "limits", "random"]),
     ("policy", &["error", "limits", "rundir", "sandbox"]),
@@ -32,7 +33,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("fair", &[]),
     (
         "audit",
-        &["limits", "policy", "rfc3339", "rundir", "sandbox"],
+        &["digest", "limits", "policy", "rfc3339", "rundir", "sandbox"],
     ),
     ("outgoing", &["limits"]),
     ("jsonrpc", &["error", "outgoing"]),
@@ -63,9 +64,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "methods",
         &[
-            "audit", "broker", "codec", "consent", "error", "fair", "fast", "jsonrpc", "limits",
-            "locks", "outgoing", "policy", "rfc3339", "sandbox", "session", "throttle", "upload",
-            "watch",
+            "audit", "broker", "codec", "consent", "digest", "error", "fair", "fast", "jsonrpc",
+            "limits", "locks", "outgoing", "policy", "rfc3339", "sandbox", "session", "throttle",
+            "upload", "watch",
         ],
     ),
     (

@@ -505,6 +505,7 @@ const METHODS: &[&str] = &[
     "roots/list",
     "files/read",
     "files/list",
+    "files/checksum",
     "files/write",
     "files/create",
     "files/delete",
@@ -542,6 +543,8 @@ const PARAM_KEYS: &[&str] = &[
     "append",
     "create",
     "ifMatch",
+    "sha256",
+    "algorithm",
     "_meta",
     "bogus",
 ];
@@ -759,6 +762,16 @@ fn typed_call(paths: Vec<String>) -> impl Strategy<Value = (&'static str, Value)
                 ("offset", Count),
                 ("length", Count),
                 ("keepLocked", Flag),
+                ("sha256", Flag),
+            ],
+        ),
+        (
+            "files/checksum",
+            vec![
+                ("path", Path),
+                ("offset", Count),
+                ("length", Count),
+                ("algorithm", Text),
             ],
         ),
         (
@@ -783,6 +796,7 @@ fn typed_call(paths: Vec<String>) -> impl Strategy<Value = (&'static str, Value)
                 ("ifMatch", Text),
                 ("append", Flag),
                 ("keepLocked", Flag),
+                ("sha256", Flag),
             ],
         ),
         (

@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 /// A line's members, before it is chained.
 pub(super) type Fields = BTreeMap<&'static str, Value>;
@@ -82,11 +81,4 @@ fn escape_separators(raw: Vec<u8>) -> Vec<u8> {
     out
 }
 
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut s = String::with_capacity(64);
-    for b in digest.iter() {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
+pub(crate) use crate::digest::sha256_hex;

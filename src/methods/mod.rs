@@ -16,6 +16,7 @@
 mod call;
 mod op;
 
+mod checksum;
 mod consent;
 mod create;
 mod delete;
@@ -99,6 +100,7 @@ methods! {
     "roots/list",    Looks => roots::handle;
     "files/read",    Looks => read::handle;
     "files/list",    Looks => list::handle;
+    "files/checksum", Looks => checksum::handle;
     "files/write",   Acts  => write::handle;
     "files/create",  Acts  => create::handle;
     "files/delete",  Acts  => delete::handle;
@@ -247,7 +249,7 @@ mod tests {
         assert!(!is_broker_method("roots/other"));
         assert!(!is_broker_method("tools/call"));
         assert!(!is_broker_method("Files/read"));
-        assert_eq!(files_methods().count(), 10);
+        assert_eq!(files_methods().count(), 11);
         assert!(files_methods().all(|m| method(m).is_some()));
         assert_eq!(broker_names().collect::<Vec<_>>(), ["files/", "roots/list"]);
         let looks: Vec<_> = METHODS
@@ -255,6 +257,9 @@ mod tests {
             .filter(|m| m.kind == Kind::Looks)
             .map(|m| m.name)
             .collect();
-        assert_eq!(looks, ["roots/list", "files/read", "files/list"]);
+        assert_eq!(
+            looks,
+            ["roots/list", "files/read", "files/list", "files/checksum"]
+        );
     }
 }

@@ -1,5 +1,5 @@
-//! `files/read {path, encoding?, offset?, length?}` →
-//! `{content, encoding, size, offset, length, eof, mimeType, etag}`.
+//! `files/read {path, encoding?, offset?, length?, keepLocked?, sha256?}` →
+//! `{content, encoding, size, offset, length, eof, mimeType, etag, lockId?, sha256?}`.
 
 use std::cell::RefCell;
 use std::io::Write;
@@ -7,10 +7,12 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::{Ctx, Op, ReplyInfo};
 use crate::codec::{self, Encoding};
+use crate::digest;
 use crate::error::{Error, Result};
 use crate::jsonrpc::WriteResult;
 use crate::locks::LockMode;
@@ -30,6 +32,9 @@ pub(crate) struct Params {
     length: Option<u64>,
     #[serde(default)]
     keep_locked: bool,
+    /// *ext*: the answer carries the SHA-256 of the chunk's bytes.
+    #[serde(default)]
+    sha256: bool,
     #[serde(rename = "_meta", default)]
     _meta: Option<serde::de::IgnoredAny>,
 }
@@ -56,6 +61,8 @@ pub(crate) struct Reply {
     mime: &'static str,
     etag: String,
     lock_id: Option<String>,
+    /// The SHA-256 of the chunk's bytes (hex), when asked.
+    sha256: Option<String>,
     budget: Option<OwnedSemaphorePermit>,
 }
 
@@ -125,36 +132,41 @@ fn read(op: &Op, p: Params, bodies: &Arc<BodyPool>) -> Result<Reply> {
         .min(wanted(&op.policy, &p) as u64) as usize;
     let io_err = |e: std::io::Error| Error::from_io(&e, &p.path);
 
-    let (content, encoding, length, mime) =
-        if p.encoding == Encoding::Base64 && available >= PAGES_FROM {
-            let (body, got) =
-                base64_pages(bodies, &opened.file, p.offset, available).map_err(io_err)?;
-            let mime = mime_type(target.rel(), &opened.file, p.offset, None);
-            (
-                Content::Pages(Some(body)),
-                Encoding::Base64,
-                got as u64,
-                mime,
-            )
-        } else {
-            let mut data = vec![0u8; available];
-            let got = read_full_at(&opened.file, &mut data, p.offset).map_err(io_err)?;
-            data.truncate(got);
-            let more = p.offset + (got as u64) < size;
-            let encoding = match p.encoding {
-                Encoding::Base64 => Encoding::Base64,
-                Encoding::Utf8 => match codec::utf8_prefix(&data, more) {
-                    Some(n) => {
-                        data.truncate(n);
-                        Encoding::Utf8
-                    }
-                    None => Encoding::Base64,
-                },
-            };
-            let mime = mime_type(target.rel(), &opened.file, p.offset, Some(&data));
-            let length = data.len() as u64;
-            (Content::Raw(data), encoding, length, mime)
+    let mut hasher = p.sha256.then(Sha256::new);
+    let (content, encoding, length, mime) = if p.encoding == Encoding::Base64
+        && available >= PAGES_FROM
+    {
+        let (body, got) = base64_pages(bodies, &opened.file, p.offset, available, hasher.as_mut())
+            .map_err(io_err)?;
+        let mime = mime_type(target.rel(), &opened.file, p.offset, None);
+        (
+            Content::Pages(Some(body)),
+            Encoding::Base64,
+            got as u64,
+            mime,
+        )
+    } else {
+        let mut data = vec![0u8; available];
+        let got = read_full_at(&opened.file, &mut data, p.offset).map_err(io_err)?;
+        data.truncate(got);
+        let more = p.offset + (got as u64) < size;
+        let encoding = match p.encoding {
+            Encoding::Base64 => Encoding::Base64,
+            Encoding::Utf8 => match codec::utf8_prefix(&data, more) {
+                Some(n) => {
+                    data.truncate(n);
+                    Encoding::Utf8
+                }
+                None => Encoding::Base64,
+            },
         };
+        let mime = mime_type(target.rel(), &opened.file, p.offset, Some(&data));
+        let length = data.len() as u64;
+        if let Some(h) = hasher.as_mut() {
+            h.update(&data);
+        }
+        (Content::Raw(data), encoding, length, mime)
+    };
     Ok(Reply {
         content,
         length,
@@ -165,6 +177,7 @@ fn read(op: &Op, p: Params, bodies: &Arc<BodyPool>) -> Result<Reply> {
         mime,
         etag: open::etag(&opened.meta),
         lock_id: op.keep(&lock, p.keep_locked, &p.path)?,
+        sha256: hasher.map(|h| digest::hex(&h.finalize())),
         budget: None,
     })
 }
@@ -176,12 +189,14 @@ thread_local! {
 }
 
 /// Reads up to `len` bytes at `offset` and encodes them as base64 into fresh pages, a cache-
-/// sized piece at a time; returns the pages and how many file bytes they hold.
+/// sized piece at a time (fed to `hasher` too, while still in the cache); returns the pages
+/// and how many file bytes they hold.
 fn base64_pages(
     bodies: &Arc<BodyPool>,
     file: &std::fs::File,
     offset: u64,
     len: usize,
+    mut hasher: Option<&mut Sha256>,
 ) -> std::io::Result<(Body, usize)> {
     let mut body = bodies.take(base64::encoded_len(len, true).unwrap_or(0))?;
     SCRATCH.with_borrow_mut(|scratch| {
@@ -190,6 +205,9 @@ fn base64_pages(
         while done < len {
             let want = PIECE.min(len - done);
             let n = read_full_at(file, &mut scratch[..want], offset + done as u64)?;
+            if let Some(h) = hasher.as_mut() {
+                h.update(&scratch[..n]);
+            }
             let written = codec::base64_into_slice(&scratch[..n], body.spare());
             body.advance(written);
             done += n;
@@ -275,6 +293,12 @@ impl WriteResult for Reply {
         if let Some(id) = &self.lock_id {
             out.extend_from_slice(b",\"lockId\":");
             let _ = serde_json::to_writer(&mut *out, id);
+        }
+        if let Some(hash) = &self.sha256 {
+            // Hex digits: nothing to escape.
+            out.extend_from_slice(b",\"sha256\":\"");
+            out.extend_from_slice(hash.as_bytes());
+            out.push(b'"');
         }
         out.push(b'}');
     }

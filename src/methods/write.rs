@@ -1,5 +1,5 @@
 //! `files/write {path, content, encoding?, create?, offset?, final?, ifMatch?, append?,
-//! keepLocked?}` → `{bytesWritten, size, etag?, lockId?}`.
+//! keepLocked?, sha256?}` → `{bytesWritten, size, etag?, lockId?, sha256?}`.
 //!
 //! Without `offset`: an atomic replace. The content goes to a staging file beside the target,
 //! is synced, gets the old file's permission bits, and is renamed over the target; the
@@ -15,14 +15,17 @@ use std::sync::LazyLock;
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use super::{Ctx, Op};
 use crate::codec::{BASE64, Encoding};
+use crate::digest;
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
 use crate::sandbox::mutate::{self, Parent};
 use crate::sandbox::{Resolved, open};
+use crate::throttle;
 use crate::upload::{self, Upload};
 
 /// `files/write` parameters; `content` borrows from the request line (base64 has nothing to
@@ -45,6 +48,9 @@ pub(crate) struct Params<'a> {
     append: bool,
     #[serde(default)]
     keep_locked: bool,
+    /// *ext*: `true` on an upload's first chunk announces a hash to come; a hex SHA-256 on a
+    /// replace or an upload's final chunk is checked before anything is committed.
+    sha256: Option<serde_json::Value>,
     #[serde(rename = "_meta", default)]
     _meta: Option<serde::de::IgnoredAny>,
 }
@@ -63,6 +69,9 @@ pub(crate) struct Reply {
     etag: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     lock_id: Option<String>,
+    /// The checked SHA-256 of the committed content, when one was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sha256: Option<String>,
 }
 
 impl super::PayloadBytes for Reply {
@@ -81,10 +90,66 @@ struct Request {
     if_match: Option<String>,
     append: bool,
     keep_locked: bool,
+    check: Check,
+}
+
+/// What a write's `sha256` asks (*ext*).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Check {
+    /// Nothing.
+    None,
+    /// `true` on an upload's first chunk: hash the chunks as they come; the final chunk will
+    /// bring the hash.
+    Announced,
+    /// The SHA-256 the committed content must have (lower-case hex).
+    Expect(String),
+}
+
+impl Check {
+    /// Reads `sha256` for a write with this `offset` and `final`, refusing what cannot be
+    /// meant: a hash on a chunk that commits nothing, `true` where there is nothing to come.
+    fn parse(value: Option<serde_json::Value>, offset: Option<u64>, last: bool) -> Result<Check> {
+        use serde_json::Value;
+        let bad = |why: &str| Err(Error::invalid_params(format!("sha256: {why}")));
+        match value {
+            None | Some(Value::Bool(false)) | Some(Value::Null) => Ok(Check::None),
+            Some(Value::Bool(true)) => match offset {
+                Some(0) if !last => Ok(Check::Announced),
+                Some(0) | None => bad(
+                    "true announces a hash on an upload's first chunk; this write commits now, so give the hash itself (64 hex digits)",
+                ),
+                Some(_) => bad("true goes on an upload's first chunk (offset 0)"),
+            },
+            Some(Value::String(hex)) => {
+                if !digest::is_sha256_hex(&hex) {
+                    return bad("not a SHA-256: expected 64 hex digits");
+                }
+                if offset.is_some() && !last {
+                    return bad(
+                        "the hash of the whole upload goes on its final chunk (announce it with true on the first)",
+                    );
+                }
+                Ok(Check::Expect(hex.to_ascii_lowercase()))
+            }
+            Some(_) => bad("expected true or 64 hex digits"),
+        }
+    }
+}
+
+/// The error for content whose hash is not the one given: nothing was committed.
+fn mismatch(bytes: u64, actual: &str, expected: &str, raw: &str) -> Error {
+    Error::new(
+        ErrorKind::ChecksumMismatch,
+        format!(
+            "the {bytes} bytes received hash to sha256 {actual}, not the {expected} given; nothing was written"
+        ),
+    )
+    .with_path(raw)
 }
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params<'_>) -> Result<Json<Reply>> {
     let p = params;
+    let check = Check::parse(p.sha256, p.offset, p.last)?;
     if let Some(offset) = p.offset.filter(|&o| o > 0) {
         await_turn(ctx, &p.path, offset).await?;
     }
@@ -110,6 +175,7 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params<'_>) -> Result<Json<Rep
         if_match: p.if_match,
         append: p.append,
         keep_locked: p.keep_locked,
+        check,
     };
     ctx.owned()
         .run(move |op| write(op, request))
@@ -321,6 +387,16 @@ fn too_large(size: u64, max: u64, raw: &str) -> Error {
 }
 
 fn replace(op: &Op, p: &Request, parent: &Parent, data: &[u8], raw: &str) -> Result<Reply> {
+    let checked = match &p.check {
+        Check::Expect(expected) => {
+            let actual = digest::sha256_hex(data);
+            if &actual != expected {
+                return Err(mismatch(data.len() as u64, &actual, expected, raw));
+            }
+            Some(actual)
+        }
+        Check::None | Check::Announced => None,
+    };
     let max_file = op.policy.limits().max_file_size;
     let lock = op.lock(&parent.key, LockMode::Exclusive, raw)?;
     let current = existing(parent, raw)?;
@@ -349,6 +425,7 @@ fn replace(op: &Op, p: &Request, parent: &Parent, data: &[u8], raw: &str) -> Res
         size: meta.len(),
         etag: Some(open::etag(&meta)),
         lock_id: op.keep(&lock, p.keep_locked, raw)?,
+        sha256: checked,
     })
 }
 
@@ -392,6 +469,7 @@ fn chunk(
             mode,
             if_match: p.if_match.clone(),
             lock,
+            hasher: (p.check != Check::None).then(Sha256::new),
         };
         uploads.start(key.clone(), &p.path, upload, limits.max_uploads, raw)?;
     }
@@ -427,6 +505,9 @@ fn chunk(
         drop(guard);
         return failed(e);
     }
+    if let Some(h) = up.hasher.as_mut() {
+        h.update(data);
+    }
     up.written = size;
     up.staged.start_writeback();
     slot.landed(size);
@@ -436,6 +517,7 @@ fn chunk(
             size,
             etag: None,
             lock_id: None,
+            sha256: None,
         });
     }
     let Some(mut up) = guard.take() else {
@@ -443,6 +525,27 @@ fn chunk(
     };
     drop(guard);
     uploads.end_slot(&key, &slot);
+    // Past here a failure drops `up`, and with it the staging file: nothing is committed.
+    let checked = match &p.check {
+        Check::Expect(expected) => {
+            let actual = match up.hasher.take() {
+                Some(h) => digest::hex(&h.finalize()),
+                // Not announced: hash what was staged, read back (from the page cache).
+                None => {
+                    let deadline = &op.deadline;
+                    digest::hash_range(up.staged.file(), 0, up.written, || !deadline.expired())
+                        .map_err(|e| Error::from_io(&e, raw))?
+                        .map(|(hex, _)| hex)
+                        .ok_or_else(|| throttle::timed_out(limits.timeout))?
+                }
+            };
+            if &actual != expected {
+                return Err(mismatch(up.written, &actual, expected, raw));
+            }
+            Some(actual)
+        }
+        Check::None | Check::Announced => None,
+    };
     up.staged.finish(up.mode, raw)?;
     recheck_if_match(up.if_match.as_deref(), &up.parent, raw)?;
     recheck_if_match(p.if_match.as_deref(), &up.parent, raw)?;
@@ -452,5 +555,6 @@ fn chunk(
         size: meta.len(),
         etag: Some(open::etag(&meta)),
         lock_id: op.keep(&up.lock, p.keep_locked, raw)?,
+        sha256: checked,
     })
 }

@@ -217,7 +217,10 @@ impl Parent {
             crate::random::hex(8)
         );
         let mut opts = OpenOptions::new();
-        opts.write(true)
+        // Readable too: an upload whose final chunk brings a `sha256` it did not announce is
+        // hashed from what was staged.
+        opts.read(true)
+            .write(true)
             .create_new(true)
             .follow(cap_fs_ext::FollowSymlinks::No)
             .mode(0o600);
@@ -280,7 +283,10 @@ impl Parent {
         let _tree = tree_lock().read();
         self.check_change("changed", raw)?;
         let mut opts = OpenOptions::new();
-        opts.write(true)
+        // Readable too: an upload whose final chunk brings a `sha256` it did not announce is
+        // hashed from what was staged.
+        opts.read(true)
+            .write(true)
             .create_new(true)
             .follow(cap_fs_ext::FollowSymlinks::No)
             .mode(0o666);

@@ -1,0 +1,92 @@
+//! *ext* `files/checksum {path, offset?, length?, algorithm?}` →
+//! `{algorithm, sha256, size, offset, length, eof, etag}`: the SHA-256 of a file, or of a range
+//! of it, without its content. A client that moved a large file in chunks checks the whole
+//! arrived intact (as sftp's `check-file` extension and object stores' checksums do).
+
+use serde::{Deserialize, Serialize};
+
+use super::{Ctx, Op};
+use crate::digest;
+use crate::error::{Error, Result};
+use crate::jsonrpc::Json;
+use crate::locks::LockMode;
+use crate::sandbox::open;
+use crate::throttle;
+
+/// `files/checksum` parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct Params {
+    path: String,
+    #[serde(default)]
+    offset: u64,
+    /// Bytes to hash from `offset`; absent: to the end of the file. Not clamped to
+    /// `max_chunk_size`: nothing of the content is sent.
+    length: Option<u64>,
+    /// Only `"sha256"` (case-insensitive), the default.
+    algorithm: Option<String>,
+    #[serde(rename = "_meta", default)]
+    _meta: Option<serde::de::IgnoredAny>,
+}
+
+/// The result.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Reply {
+    algorithm: &'static str,
+    sha256: String,
+    /// The whole file's size.
+    size: u64,
+    offset: u64,
+    /// Bytes the hash covers: fewer than asked when the file ends first.
+    length: u64,
+    eof: bool,
+    etag: String,
+}
+
+impl super::PayloadBytes for Reply {}
+
+pub(crate) async fn handle(ctx: &Ctx<'_>, p: Params) -> Result<Json<Reply>> {
+    if let Some(a) = &p.algorithm {
+        if !a.eq_ignore_ascii_case("sha256") {
+            return Err(Error::invalid_params(format!(
+                "unknown algorithm {a:?}: only \"sha256\" is offered"
+            )));
+        }
+    }
+    let reply = ctx.owned().run(move |op| checksum(op, p)).await?;
+    // The bytes hashed count against the session's byte rate as a read's would: the rate
+    // bounds how much of the person's disk a server reads, whatever it does with it.
+    super::op::admit_bytes(ctx, reply.length).await?;
+    Ok(Json(reply))
+}
+
+fn checksum(op: &Op, p: Params) -> Result<Reply> {
+    let target = op.resolve(&p.path)?;
+    let opened = open::open_regular(&target, &p.path)?;
+    op.authorize(target.root(), &opened.real, &p.path)?;
+    // A shared lock, as a read takes: an upload or a kept lock of another session makes this
+    // FILE_LOCKED rather than a hash of half-written bytes.
+    let _lock = op.lock(&target.root().join(&opened.real), LockMode::Shared, &p.path)?;
+    let size = opened.meta.len();
+    let len = size
+        .saturating_sub(p.offset)
+        .min(p.length.unwrap_or(u64::MAX));
+    let deadline = &op.deadline;
+    // A large file takes a while: the hash stops at the deadline (the caller has its
+    // TIMEOUT by then) instead of holding a pool thread to the end.
+    let hashed = digest::hash_range(&opened.file, p.offset, len, || !deadline.expired())
+        .map_err(|e| Error::from_io(&e, &p.path))?;
+    let Some((sha256, length)) = hashed else {
+        return Err(throttle::timed_out(op.policy.limits().timeout));
+    };
+    Ok(Reply {
+        algorithm: "sha256",
+        sha256,
+        size,
+        offset: p.offset,
+        length,
+        eof: p.offset.saturating_add(length) >= size,
+        etag: open::etag(&opened.meta),
+    })
+}
