@@ -198,11 +198,15 @@ fn only_the_token_holder_on_the_right_host_gets_in() {
 }
 
 /// Rule: the page's URL carries a one-time ticket: spending it gives an HttpOnly,
-/// SameSite=Strict cookie and a redirect to the bare page, and the URL file gets the next
-/// ticket (the spent one opens nothing). The page claims its key once; the cookie without
-/// the key, or the key without the cookie, reads nothing. A state change from the page needs
-/// the console's own `Origin`; a foreign or missing `Origin`, a cross-site `Sec-Fetch-Site`,
-/// or a guessed key are all refused, and nothing is done.
+/// SameSite=Strict cookie and a redirect to the page with the page session's key in the
+/// fragment (which no browser sends on), not cached; the URL file gets the next ticket (the
+/// spent one opens nothing). The key is handed out nowhere else: there is no endpoint that
+/// trades a cookie for it (another loopback port's program gets the browser's cookie). The
+/// cookie without the key, or the key without the cookie, reads nothing; a cookie of the
+/// console's name planted before the real one (as another port's page can) does not shut
+/// the page out. A state change from the page needs the console's own `Origin`; a foreign or
+/// missing `Origin`, a cross-site `Sec-Fetch-Site`, or a guessed key are all refused, and
+/// nothing is done.
 #[test]
 fn a_page_from_another_origin_cannot_act() {
     let s = Setup::start(|b| prompt_policy(b, 60_000));
@@ -214,13 +218,18 @@ fn a_page_from_another_origin_cannot_act() {
     assert_eq!(again.status, 401, "a ticket opens the page once: {again:?}");
     assert_ne!(c.page_url(), first, "the URL file has the next ticket");
     assert!(!std::fs::read_to_string(&s.url_file).unwrap().contains(&key));
-    let set = c.request(
+    let landing = c.request(
         "GET",
         &c.page_url()[c.page_url().find("/?ticket=").unwrap()..],
         &[],
         None,
     );
-    let set = set.header("set-cookie").unwrap().to_owned();
+    assert_eq!(
+        landing.header("cache-control"),
+        Some("no-store"),
+        "{landing:?}"
+    );
+    let set = landing.header("set-cookie").unwrap().to_owned();
     assert!(
         set.contains("HttpOnly") && set.contains("SameSite=Strict"),
         "{set}"
@@ -231,16 +240,22 @@ fn a_page_from_another_origin_cannot_act() {
     );
 
     let own = format!("http://{}", c.host);
-    let reclaim = c.request(
-        "POST",
-        "/api/claim",
-        &[("Cookie", &cookie), ("Origin", &own)],
-        Some(""),
-    );
-    assert_eq!(
-        reclaim.status, 403,
-        "a page's key is handed out once: {reclaim:?}"
-    );
+    // What a program on another loopback port would try with the cookie the browser gave
+    // it: the first sign-in's way to the key (a claim), by every method.
+    for method in ["POST", "GET"] {
+        let claim = c.request(
+            method,
+            "/api/claim",
+            &[
+                ("Cookie", &cookie),
+                ("Origin", &own),
+                ("Sec-Fetch-Site", "same-origin"),
+            ],
+            (method == "POST").then_some(""),
+        );
+        assert_eq!(claim.status, 401, "no key for a cookie: {claim:?}");
+        assert!(!claim.body.contains(&key), "{claim:?}");
+    }
     let with_both = c.request(
         "GET",
         "/api/state",
@@ -248,6 +263,19 @@ fn a_page_from_another_origin_cannot_act() {
         None,
     );
     assert_eq!(with_both.status, 200, "{with_both:?}");
+    // Cookies planted by another port's page, sent first (a longer Path), or in a header of
+    // their own: every cookie of the name is tried.
+    let name = cookie.split('=').next().unwrap();
+    let planted = format!("{name}=junk; {name}={}; {cookie}", "0".repeat(64));
+    for cookies in [
+        vec![planted.as_str()],
+        vec![&*format!("{name}=junk"), &cookie],
+    ] {
+        let mut headers: Vec<(&str, &str)> = cookies.iter().map(|c| ("Cookie", *c)).collect();
+        headers.push(("X-CSRF-Token", &key));
+        let r = c.request("GET", "/api/state", &headers, None);
+        assert_eq!(r.status, 200, "a planted cookie shuts nobody out: {r:?}");
+    }
     for (what, headers) in [
         ("the cookie alone", vec![("Cookie", cookie.as_str())]),
         ("the key alone", vec![("X-CSRF-Token", key.as_str())]),
@@ -338,7 +366,8 @@ fn a_page_from_another_origin_cannot_act() {
 
 /// Rule: the console serves a bounded number of connections at once (64): idle connections
 /// from any local program, with no token, cannot take the broker's descriptors; its sessions
-/// go on, and the console answers again once they close.
+/// go on; and since a connection that sends no request closes after 10 s, the console
+/// answers again even while they are held open.
 #[test]
 fn idle_connections_cannot_exhaust_the_broker() {
     let s = Setup::start(|b| {
@@ -363,8 +392,98 @@ fn idle_connections_cannot_exhaust_the_broker() {
     );
     let mut server = s.session();
     server.ok("files/read", json!({"path": "open/f.txt"}));
+    // Still holding them all: a connection that sends no request head within 10 s is closed,
+    // so the console answers again (after the 64 served, and the 56 the kernel kept waiting,
+    // have each had their 10 s). The limit is a hang guard.
+    let back = std::time::Instant::now();
+    s.console
+        .wait_state(Duration::from_secs(60), |st| st["roots"].is_array());
+    eprintln!("the console answered again after {:?}", back.elapsed());
+    let mut first = &idle[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    let n = std::io::Read::read(&mut first, &mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "an idle connection is closed, not answered");
     drop(idle);
-    s.console.wait_state(WAIT, |st| st["roots"].is_array());
+}
+
+/// Rule: stderr, which hosts keep in their logs, names the console's address but never its
+/// one-time ticket, which only the owner-only URL file holds (a server with a root over the
+/// host's logs must not find a way in there).
+#[test]
+fn stderr_names_the_console_but_not_its_ticket() {
+    use std::io::BufRead;
+    let (_dir, base) = common::tempdir();
+    let root = base.join("r");
+    std::fs::create_dir(&root).unwrap();
+    let url_file = base.join("console.url");
+    let mut child = std::process::Command::new(common::bin())
+        .args(["serve", "--root"])
+        .arg(&root)
+        .arg("--console")
+        .arg("--console-url-file")
+        .arg(&url_file)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let line = loop {
+        let line = rx.recv_timeout(WAIT).expect("the console's line on stderr");
+        if line.contains("console at") {
+            break line;
+        }
+    };
+    let c = Console::from_url_file(&url_file);
+    let url = c.page_url();
+    let ticket = url.split("ticket=").nth(1).unwrap();
+    assert!(
+        line.starts_with(&format!("fsbroker: console at http://{}/ ", c.host)),
+        "{line}"
+    );
+    assert!(!line.contains(ticket), "no ticket on stderr: {line}");
+    assert!(!line.contains("ticket="), "{line}");
+    assert!(!line.contains(&c.token), "{line}");
+    assert!(
+        line.contains(&format!(
+            "fsbroker console --url-file {}",
+            url_file.display()
+        )),
+        "says how to open it: {line}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Rule: the URL file is rewritten through a temporary file of a name no one can guess: a
+/// file planted where the first design put it (`.NAME.PID.tmp`, in a directory others may
+/// write to) does not stop the next ticket reaching the URL file.
+#[test]
+fn a_planted_temporary_file_does_not_stop_the_next_ticket() {
+    let s = Setup::start(|b| prompt_policy(b, 60_000));
+    let dir = s.url_file.parent().unwrap();
+    let planted = dir.join(format!(".console.url.{}.tmp", s.listener.pid()));
+    std::fs::write(&planted, "squatted").unwrap();
+    let first = s.console.page_url();
+    s.console.open_page();
+    let next = s.console.page_url();
+    assert_ne!(next, first, "the URL file has the next ticket");
+    s.console.open_page();
+    assert_eq!(std::fs::read_to_string(&planted).unwrap(), "squatted");
 }
 
 /// Rule: `--console` takes loopback addresses only; the URL file is owner-only and is one of

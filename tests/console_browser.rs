@@ -389,16 +389,26 @@ impl Browser {
     }
 
     /// Opens the console as `fsbroker console` would, at the URL file's URL: the page spends
-    /// its one-time ticket for its cookie and goes to `/`, claims its key; then waits for the
-    /// live state.
+    /// its one-time ticket for its cookie and is sent to `/#key=…`, keeps the key and takes
+    /// it out of the address bar; then waits for the live state.
     async fn open_console(&self, console: &Console) {
         let url = console.page_url();
         self.c.goto(&url).await.expect("open the console");
-        let now = self.c.current_url().await.expect("the page's URL");
-        assert_eq!(
-            now.as_str(),
-            format!("http://{}/", console.host),
-            "the ticket is spent for a cookie and leaves the address bar"
+        let bare = format!("http://{}/", console.host);
+        until(
+            "the ticket spent and the key out of the address bar",
+            || async {
+                let now = self.c.current_url().await.expect("the page's URL");
+                (now.as_str() == bare).then_some(())
+            },
+        )
+        .await;
+        let kept = self
+            .js("return sessionStorage.getItem('fsbroker-key');")
+            .await;
+        assert!(
+            kept.as_str().is_some_and(|k| k.len() == 64),
+            "the page keeps its key: {kept}"
         );
         let live = "document.getElementById('content').hidden === false && \
                     document.getElementById('connection').textContent === 'live'";

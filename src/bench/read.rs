@@ -3,7 +3,9 @@
 //! Every answer is checked: its offset, the file size, the chunk's length (from the encoded
 //! length, without decoding), and three 48-byte windows decoded and compared with the file
 //! (start, middle, end of the chunk). With `--verify` every chunk is decoded and the whole
-//! file's sha256 compared. A chunk shortened by the broker (utf-8 ending inside a character)
+//! file's sha256 compared; the broker is asked for each chunk's sha256 too (the integrity
+//! extension), which must be that of the bytes that came, and at the end for the whole
+//! file's (`files/checksum`), which must be the file's. A chunk shortened by the broker (utf-8 ending inside a character)
 //! is followed by a request for the rest.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -43,6 +45,8 @@ struct Meta {
     offset: Option<u64>,
     length: Option<u64>,
     eof: Option<bool>,
+    /// The broker's sha256 of the chunk, asked for with `--verify`.
+    sha256: Option<String>,
 }
 
 /// Reads the whole file once; returns the throughput.
@@ -80,8 +84,9 @@ pub(crate) fn run(broker: &mut Broker, spec: &Spec, bars: &Bars) -> Result<repor
             let id = broker.requests.id();
             writeln!(
                 broker.requests,
-                "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"files/read\",\"params\":{{\"path\":{path},\"offset\":{offset},\"length\":{len},\"encoding\":\"{}\"}}}}",
-                spec.encoding.name()
+                "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"files/read\",\"params\":{{\"path\":{path},\"offset\":{offset},\"length\":{len},\"encoding\":\"{}\"{}}}}}",
+                spec.encoding.name(),
+                if spec.sha256.is_some() { ",\"sha256\":true" } else { "" }
             )
             .map_err(|e| format!("sending to the broker: {e}"))?;
             in_flight.insert(id, (offset, len));
@@ -119,8 +124,46 @@ pub(crate) fn run(broker: &mut Broker, spec: &Spec, bars: &Bars) -> Result<repor
         ));
     }
     checker.finish()?;
+    if let Some(expected) = spec.sha256 {
+        whole_file_checksum(broker, &path, &expected)?;
+    }
     out.throughput = Throughput::new(out.throughput.bytes, elapsed);
     Ok(out)
+}
+
+/// Asks the broker for the whole file's sha256 (`files/checksum`), untimed, and compares it
+/// with the file's.
+fn whole_file_checksum(broker: &mut Broker, path: &str, expected: &[u8; 32]) -> Result<(), String> {
+    let id = broker.requests.id();
+    writeln!(
+        broker.requests,
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"files/checksum\",\"params\":{{\"path\":{path}}}}}"
+    )
+    .map_err(|e| format!("sending to the broker: {e}"))?;
+    let (span, answer) = broker.answer()?;
+    let line = broker.answers.line(span);
+    if let Some(e) = &answer.error {
+        return Err(format!(
+            "files/checksum: {}",
+            wire::error_text(&line[e.clone()])
+        ));
+    }
+    let result = answer.result.clone().ok_or("files/checksum: no result")?;
+    let got: serde_json::Value = serde_json::from_slice(&line[result])
+        .map_err(|e| format!("files/checksum: a bad result ({e})"))?;
+    let want = hex(expected);
+    if got["sha256"].as_str() != Some(want.as_str()) {
+        return Err(format!(
+            "files/checksum gave {} for a file whose sha256 is {want}",
+            got["sha256"]
+        ));
+    }
+    Ok(())
+}
+
+/// Lower-case hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The chunks still to ask for.
@@ -238,6 +281,14 @@ impl Checker {
             return Err(format!("{length} bytes where {expected} were due"));
         }
         if let (Some(data), Some((_, hasher))) = (data, &mut self.sha256) {
+            let mine = hex(&Sha256::digest(&data));
+            if meta.sha256.as_deref() != Some(mine.as_str()) {
+                return Err(format!(
+                    "the broker's sha256 of the chunk ({:?}) is not that of the {} bytes that came ({mine})",
+                    meta.sha256,
+                    data.len()
+                ));
+            }
             self.pending.insert(offset, data);
             while let Some(entry) = self.pending.first_entry() {
                 if *entry.key() != self.hashed_to {

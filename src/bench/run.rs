@@ -128,6 +128,7 @@ pub(super) fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
             small_ops: opts.small_ops,
             small_depth: opts.small_depth,
             verify: if opts.verify { "sha256" } else { "sampled" },
+            sha256_engine: opts.verify.then(fsbroker::sha256_engine),
             mcp_size: opts.runs(Phase::Mcp).then_some(opts.mcp.mcp_size),
         },
         transfers,

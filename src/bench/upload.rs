@@ -5,7 +5,9 @@
 //! `depth` chunks are in flight (the broker writes them in order). A second thread reads and
 //! encodes the next chunks while the broker handles the current ones, so the time measured is
 //! the broker's and the pipe's. The answers' `bytesWritten` and `size`, and the
-//! committed file's size (and sha256 with `--verify`), are checked.
+//! committed file's size (and sha256 with `--verify`), are checked. With `--verify` the
+//! upload also carries its sha256 (announced on the first chunk, given on the last), which
+//! the broker checks before it commits.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -187,12 +189,15 @@ fn encode_chunks(
                 id += 1;
                 request(
                     &mut line,
-                    id,
-                    target,
-                    offset,
-                    last,
-                    &data[..len],
-                    spec.encoding,
+                    Piece {
+                        id,
+                        target,
+                        offset,
+                        last,
+                        data: &data[..len],
+                        encoding: spec.encoding,
+                        sha256: spec.sha256.as_ref(),
+                    },
                 );
                 Chunk {
                     line,
@@ -210,26 +215,42 @@ fn encode_chunks(
     }
 }
 
-/// A `files/write` request line.
-fn request(
-    line: &mut Vec<u8>,
+/// One chunk's request, as [`request`] writes it.
+struct Piece<'a> {
     id: u64,
-    target: &str,
+    target: &'a str,
     offset: u64,
     last: bool,
-    data: &[u8],
+    data: &'a [u8],
     encoding: Encoding,
-) {
+    /// The whole upload's sha256 (`--verify`): announced on the first chunk, given on the
+    /// last, for the broker to check before it commits (the integrity extension).
+    sha256: Option<&'a [u8; 32]>,
+}
+
+/// A `files/write` request line.
+fn request(line: &mut Vec<u8>, p: Piece<'_>) {
     // Text that is not UTF-8 (a chunk of a binary file, or one cut inside a character) goes
     // as base64.
-    let text = match encoding {
-        Encoding::Utf8 => std::str::from_utf8(data).ok(),
+    let text = match p.encoding {
+        Encoding::Utf8 => std::str::from_utf8(p.data).ok(),
         Encoding::Base64 => None,
+    };
+    let check = match p.sha256 {
+        Some(hash) if p.last => format!(
+            ",\"sha256\":\"{}\"",
+            hash.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+        Some(_) if p.offset == 0 => ",\"sha256\":true".to_owned(),
+        _ => String::new(),
     };
     let _ = write!(
         line,
-        "{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"files/write\",\"params\":{{\"path\":{target},\"offset\":{offset},\"final\":{last},\"encoding\":\"{}\",\"content\":",
-        id,
+        "{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"files/write\",\"params\":{{\"path\":{},\"offset\":{},\"final\":{}{check},\"encoding\":\"{}\",\"content\":",
+        p.id,
+        p.target,
+        p.offset,
+        p.last,
         if text.is_some() { "utf-8" } else { "base64" }
     );
     match text {
@@ -238,7 +259,7 @@ fn request(
         }
         None => {
             line.push(b'"');
-            crate::bench::codec::base64_into(data, line);
+            crate::bench::codec::base64_into(p.data, line);
             line.push(b'"');
         }
     }

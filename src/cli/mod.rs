@@ -136,7 +136,9 @@ struct BenchArgs {
     #[arg(long, value_name = "N", default_value_t = 64)]
     small_depth: usize,
     /// Check every byte: the sha256 of everything read, and of the uploaded file (slower;
-    /// without it, three windows of every chunk are compared with the file).
+    /// without it, three windows of every chunk are compared with the file). The broker's
+    /// own hashes are checked too (the integrity extension): `sha256` on every read and
+    /// upload, and `files/checksum` of the whole file.
     #[arg(long)]
     verify: bool,
     /// Print one JSON object on stdout instead of the table.

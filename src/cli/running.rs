@@ -89,9 +89,17 @@ fn start_console(
     };
     let _in_runtime = runtime.enter();
     let console = crate::console::start(broker, addr, Some(&url_file))?;
-    // On stderr, which hosts keep in their logs: the person (or `fsbroker console`) finds
-    // the page from here or from the URL file.
-    eprintln!("fsbroker: console at {}", console.url);
+    // On stderr, which hosts keep in their logs (where a server with a root over them could
+    // read it): the bare address, never the one-time ticket, which only the URL file holds.
+    let how = if fsbroker::console_url_file().is_ok_and(|default| default == url_file) {
+        "fsbroker console".to_owned()
+    } else {
+        format!("fsbroker console --url-file {}", url_file.display())
+    };
+    eprintln!(
+        "fsbroker: console at {} (open it with `{how}`)",
+        console.address
+    );
     Ok(Some(console))
 }
 

@@ -6,15 +6,20 @@
 //!   `localhost:PORT`): a rebound DNS name pointing at 127.0.0.1 is refused.
 //! - Scripts authenticate with the run's token (`Authorization: Bearer TOKEN`, from the URL
 //!   file's second line). It is never put in a URL or a cookie.
-//! - The page is opened with a one-time ticket (`/?ticket=…`, the URL file's first line):
-//!   using it spends it (the next is written to the URL file), so a URL left in the
-//!   browser's history, the host's log or the opener page opens nothing later. The browser
-//!   gets an HttpOnly, SameSite=Strict cookie naming its page session, and the page then
-//!   claims that session's key once (`POST /api/claim`) and keeps it in `sessionStorage`,
-//!   which, unlike a cookie, belongs to this port alone. Every API request of the page
-//!   carries both: the cookie, and the key as `X-CSRF-Token` (or, for the event stream,
-//!   which cannot send headers, `?csrf=`). Another program on a loopback port that the
-//!   browser sends the cookie to gets a cookie that is useless without the key.
+//! - The page is opened with a one-time ticket (`/?ticket=…`, the URL file's first line, and
+//!   nowhere else: stderr gets the bare address): using it spends it (the next is written to
+//!   the URL file), so a URL left in the browser's history or the opener page opens nothing
+//!   later. The answer is a redirect to `/#key=KEY`, with an HttpOnly, SameSite=Strict
+//!   cookie naming the new page session. The key travels only in that answer, to the browser
+//!   that spent the ticket: a fragment is never sent to a server, and the page moves it to
+//!   `sessionStorage` (this origin's, so this port's alone) and takes it out of the address
+//!   bar. Every API request of the page carries both: the cookie, and the key as
+//!   `X-CSRF-Token` (or, for the event stream, which cannot send headers, `?csrf=`).
+//! - Cookies are not kept apart by port: every program on a loopback port that the browser
+//!   visits gets the console's cookie, and can set cookies of the same name (a longer
+//!   `Path` makes the browser send its own first). So the cookie alone is worth nothing (the
+//!   key is never handed out for it), and every cookie of the console's name a request
+//!   carries is tried, so a planted one cannot shut the person out.
 //! - A state change (`POST`) with an `Origin` must come from the console's own origin; one
 //!   from the page must carry it, and a `Sec-Fetch-Site` other than `same-origin` is refused.
 //!   A browser never sends `Authorization` or `X-CSRF-Token` cross-origin without a CORS
@@ -35,11 +40,13 @@ use super::Shared;
 /// How many page sessions are kept: each open of the URL makes one, and the oldest go first.
 const PAGES: usize = 16;
 
-/// One browser page's session: the cookie that names it and the key the page claims.
+/// The most cookies of the console's name a request is searched for its page's.
+const COOKIES: usize = 32;
+
+/// One browser page's session: the cookie that names it and the key the page was given.
 struct Page {
     cookie: String,
     key: String,
-    claimed: bool,
 }
 
 /// The run's secrets and the names it answers to.
@@ -86,9 +93,14 @@ impl Guard {
         format!("http://{}/?ticket={ticket}", self.hosts[0])
     }
 
+    /// The console's address, with no secret in it (for stderr and logs).
+    pub(crate) fn address(&self) -> String {
+        format!("http://{}/", self.hosts[0])
+    }
+
     /// Spends `offered` if it is the ticket: a new ticket takes its place, and a new page
-    /// session is made. Returns the `Set-Cookie` value for it.
-    pub(crate) fn redeem(&self, offered: &str) -> Result<String, String> {
+    /// session is made. Returns the `Set-Cookie` value for it and the page's key.
+    pub(crate) fn redeem(&self, offered: &str) -> Result<(String, String), String> {
         let next = random_hex(32)?;
         {
             let mut ticket = self.ticket.lock().unwrap_or_else(|e| e.into_inner());
@@ -100,41 +112,33 @@ impl Guard {
         let page = Page {
             cookie: random_hex(32)?,
             key: random_hex(32)?,
-            claimed: false,
         };
         let value = format!(
             "{}={}; HttpOnly; SameSite=Strict; Path=/",
             self.cookie_name, page.cookie
         );
+        let key = page.key.clone();
         let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
         if pages.len() >= PAGES {
             pages.remove(0);
         }
         pages.push(page);
-        Ok(value)
+        Ok((value, key))
     }
 
-    /// Hands the key of the page session the cookie names, once.
-    fn claim(&self, headers: &HeaderMap) -> Option<String> {
-        let cookie = self.cookie(headers)?;
-        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        let page = pages
-            .iter_mut()
-            .find(|p| !p.claimed && same(&cookie, &p.cookie))?;
-        page.claimed = true;
-        Some(page.key.clone())
-    }
-
-    /// The console's cookie in the request, if any.
-    fn cookie(&self, headers: &HeaderMap) -> Option<String> {
+    /// Every cookie of the console's name in the request (at most [`COOKIES`]): another
+    /// port's page may have planted some beside the console's own.
+    fn cookies(&self, headers: &HeaderMap) -> Vec<String> {
         headers
             .get_all(header::COOKIE)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(cookie::Cookie::split_parse)
             .filter_map(Result::ok)
-            .find(|c| c.name() == self.cookie_name)
+            .filter(|c| c.name() == self.cookie_name)
+            .take(COOKIES)
             .map(|c| c.value().to_owned())
+            .collect()
     }
 
     /// How the request proves it may use the API, if it does. `query_key` is the page's key
@@ -147,15 +151,15 @@ impl Guard {
         if let Some(offered) = bearer {
             return same(offered.trim(), &self.token).then_some(Credential::Bearer);
         }
-        let cookie = self.cookie(headers)?;
         let key = headers
             .get("x-csrf-token")
             .and_then(|v| v.to_str().ok())
             .or(query_key)?;
+        let cookies = self.cookies(headers);
         let pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
         pages
             .iter()
-            .any(|p| p.claimed && same(&cookie, &p.cookie) && same(key, &p.key))
+            .any(|p| same(key, &p.key) && cookies.iter().any(|c| same(c, &p.cookie)))
             .then_some(Credential::Page)
     }
 
@@ -184,23 +188,6 @@ pub(crate) async fn check(
     }
     let path = request.uri().path();
     // The page and its assets hold nothing; everything under /api/ needs a credential.
-    if path == "/api/claim" {
-        if request.method() != Method::POST {
-            return refuse(StatusCode::METHOD_NOT_ALLOWED, "claim with POST");
-        }
-        if let Err(why) = check_change(guard, headers, Credential::Page) {
-            return refuse(StatusCode::FORBIDDEN, why);
-        }
-        let Some(key) = guard.claim(headers) else {
-            return refuse(
-                StatusCode::FORBIDDEN,
-                "this page's session is unknown or was claimed already (another tab?): open the console again with `fsbroker console`",
-            );
-        };
-        let mut r = axum::Json(serde_json::json!({ "key": key })).into_response();
-        harden(r.headers_mut());
-        return r;
-    }
     if path.starts_with("/api/") {
         let query_key = (path == "/api/events")
             .then(|| request.uri().query())
@@ -280,7 +267,7 @@ fn same(a: &str, b: &str) -> bool {
 
 /// `bytes` random bytes from the kernel, as hex. Without randomness there is no secret worth
 /// the name, and the console does not start.
-fn random_hex(bytes: usize) -> Result<String, String> {
+pub(crate) fn random_hex(bytes: usize) -> Result<String, String> {
     let mut buf = vec![0u8; bytes];
     let mut filled = 0;
     while filled < bytes {

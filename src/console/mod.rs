@@ -3,8 +3,8 @@
 //! takes access back (docs/protocol.md, "The console").
 //!
 //! - `guard.rs`: who may use it: scripts with the run's token (`Authorization: Bearer`), the
-//!   page with a one-time ticket spent for an HttpOnly SameSite=Strict cookie plus a key the
-//!   page claims once; `Host` (DNS rebinding), `Origin` on every state change, and the
+//!   page with a one-time ticket spent for an HttpOnly SameSite=Strict cookie plus a key
+//!   handed to the page in its address's fragment; `Host` (DNS rebinding), `Origin` on every state change, and the
 //!   headers every answer carries. `listener.rs` bounds the connections.
 //! - `api.rs`: `GET /api/state` and the person's acts (`POST`), on the broker's public API.
 //! - `feed.rs`: `GET /api/events`, Server-Sent Events: state changes and the activity feed,
@@ -37,8 +37,8 @@ use fsbroker::Broker;
 
 /// A running console.
 pub(crate) struct Console {
-    /// The URL to open first (its ticket works once).
-    pub(crate) url: String,
+    /// The console's address, without its ticket: the ticket is in the URL file only.
+    pub(crate) address: String,
     /// The run's token, which the URL file also holds (to know it at exit).
     token: String,
     /// Counts the console as a consent provider while it runs.
@@ -90,6 +90,7 @@ pub(crate) fn start(
         .map_err(|e| format!("console socket: {e}"))?;
     let guard = guard::Guard::new(bound)?;
     let url = guard.url();
+    let address = guard.address();
     let shared = Arc::new(Shared {
         broker: Arc::clone(broker),
         guard,
@@ -101,7 +102,6 @@ pub(crate) fn start(
         .route("/", get(page))
         .route("/console.js", get(script))
         .route("/console.css", get(style))
-        .route("/api/claim", post(not_found))
         .route("/api/state", get(api::state))
         .route("/api/events", get(feed::events))
         .route("/api/prompts/{id}", post(api::answer))
@@ -117,17 +117,13 @@ pub(crate) fn start(
     let listener = listener::Capped::new(
         tokio::net::TcpListener::from_std(listener).map_err(|e| format!("console socket: {e}"))?,
     );
-    let server = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "the console stopped");
-        }
-    });
+    let server = tokio::spawn(serve(listener, app));
     if let Some(path) = url_file {
         write_url_file(path, &url, shared.guard.token())?;
         notify::spawn(broker, path.to_path_buf());
     }
     Ok(Console {
-        url,
+        address,
         token: shared.guard.token().to_owned(),
         _open: broker.open_console(),
         url_file: url_file.map(Path::to_path_buf),
@@ -135,16 +131,44 @@ pub(crate) fn start(
     })
 }
 
+/// How long a connection may take to send a request's head, counted from when the console
+/// starts waiting for one (on a new connection, or an idle kept-alive one): past it the
+/// connection is closed, so connections that send nothing cannot hold the console's
+/// [`listener::CONNECTIONS`] slots for good. A page sends its requests' heads at once; its
+/// event stream, once asked for, is not reading a head and is not cut.
+const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves the console's connections (HTTP/1.1), each on a task of its own.
+async fn serve(mut listener: listener::Capped, app: Router) {
+    use axum::serve::Listener;
+    loop {
+        let (io, _) = listener.accept().await;
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT);
+            let served = http
+                .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+                .await;
+            if let Err(e) = served {
+                tracing::debug!(error = %e, "console: a connection ended");
+            }
+        });
+    }
+}
+
 /// The page. Opened with its one-time ticket, it spends the ticket (the URL file gets the
-/// next), gives the browser the cookie of a new page session, and sends it to the bare page,
-/// so the address bar holds no secret.
+/// next), gives the browser the cookie of a new page session, and sends it to the page with
+/// the session's key in the fragment (`/#key=KEY`), which no browser sends to a server; the
+/// page keeps the key and takes it out of the address bar.
 async fn page(
     axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
 ) -> axum::response::Response {
     if let Some(ticket) = q.get("ticket") {
-        let cookie = match shared.guard.redeem(ticket) {
-            Ok(cookie) => cookie,
+        let (cookie, key) = match shared.guard.redeem(ticket) {
+            Ok(page) => page,
             Err(why) => return guard::refuse(axum::http::StatusCode::UNAUTHORIZED, &why),
         };
         if let Some(path) = &shared.url_file {
@@ -162,8 +186,9 @@ async fn page(
         return (
             axum::http::StatusCode::SEE_OTHER,
             [
-                (header::LOCATION, "/".to_owned()),
+                (header::LOCATION, format!("/#key={key}")),
                 (header::SET_COOKIE, cookie),
+                (header::CACHE_CONTROL, "no-store".to_owned()),
             ],
         )
             .into_response();
@@ -210,18 +235,27 @@ fn write_url_file(path: &Path, url: &str, token: &str) -> Result<(), String> {
     let name = path
         .file_name()
         .ok_or_else(|| format!("--console-url-file {}: names no file", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(&tmp)
-        .map_err(fail)?;
+    // A random name, and another on a clash: a name others can guess could be taken first
+    // (in a directory they may write to), and every rewrite would then fail, leaving a spent
+    // ticket in the file.
+    let mut attempt = 0;
+    let (tmp, mut file) = loop {
+        let suffix = guard::random_hex(8)?;
+        let tmp = dir.join(format!(".{}.{suffix}.tmp", name.to_string_lossy()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&tmp)
+        {
+            Ok(file) => break (tmp, file),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 8 => {
+                attempt += 1;
+            }
+            Err(e) => return Err(fail(e)),
+        }
+    };
     let written = file
         .write_all(format!("{url}\ntoken={token}\n").as_bytes())
         .and_then(|()| file.sync_all())

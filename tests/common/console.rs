@@ -78,28 +78,24 @@ impl Console {
     }
 
     /// Opens the page as a browser would: spends the ticket for the page session's cookie
-    /// (`name=value`), then claims its key. Returns (cookie, key).
+    /// (`name=value`) and its key, which the redirect carries in its fragment. Returns
+    /// (cookie, key).
     pub fn open_page(&self) -> (String, String) {
         let url = self.page_url();
         let path = &url[url.find("/?ticket=").expect("a ticket")..];
         let landing = self.request("GET", path, &[], None);
         assert_eq!(landing.status, 303, "{landing:?}");
-        assert_eq!(landing.header("location"), Some("/"));
+        let location = landing.header("location").expect("a redirect");
+        let key = location
+            .strip_prefix("/#key=")
+            .unwrap_or_else(|| panic!("the key in the fragment: {location}"))
+            .to_owned();
+        assert!(
+            key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{key}"
+        );
         let set = landing.header("set-cookie").expect("a cookie").to_owned();
         let cookie = set.split(';').next().unwrap().to_owned();
-        let own = format!("http://{}", self.host);
-        let claimed = self.request(
-            "POST",
-            "/api/claim",
-            &[
-                ("Cookie", &cookie),
-                ("Origin", &own),
-                ("Sec-Fetch-Site", "same-origin"),
-            ],
-            Some(""),
-        );
-        assert_eq!(claimed.status, 200, "{claimed:?}");
-        let key = claimed.json()["key"].as_str().unwrap().to_owned();
         (cookie, key)
     }
 

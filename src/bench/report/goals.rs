@@ -202,6 +202,7 @@ mod tests {
                 small_ops: 10,
                 small_depth: 64,
                 verify: "sampled",
+                sha256_engine: None,
                 mcp_size: None,
             },
             transfers: Vec::new(),

@@ -86,8 +86,13 @@ pub(crate) struct Settings {
     pub small_ops: usize,
     /// Requests in flight in the pipelined small runs.
     pub small_depth: usize,
-    /// `sampled` (three windows per chunk) or `sha256` (every byte).
+    /// `sampled` (three windows per chunk) or `sha256` (every byte, and the broker's hashes
+    /// of each chunk read, of the whole file and of each upload checked too).
     pub verify: &'static str,
+    /// The SHA-256 engine this CPU gets (`sha-ni`, `armv8-sha2` or `portable`), with
+    /// `--verify`: the broker's hashes run on it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256_engine: Option<&'static str>,
     /// Size of the file the other MCP servers read (when they run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mcp_size: Option<u64>,

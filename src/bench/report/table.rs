@@ -39,12 +39,17 @@ impl Report {
         let chunks: Vec<String> = s.chunk_sizes.iter().map(|&c| size(c)).collect();
         let _ = writeln!(
             t,
-            "  requests  chunks of {}{}, {}, {} in flight; content checked: {}",
+            "  requests  chunks of {}{}, {}, {} in flight; content checked: {}{}",
             chunks.join(", "),
             if chunks.len() > 1 { " (in turn)" } else { "" },
             s.encoding,
             s.depth,
-            s.verify
+            s.verify,
+            s.sha256_engine
+                .map(|e| format!(
+                    " (and the broker's sha256 of each chunk, upload and file; engine {e})"
+                ))
+                .unwrap_or_default()
         );
         let vs_sftp = self.sftp.as_ref().is_some_and(|s| s.available);
         for tr in &self.transfers {

@@ -39,7 +39,7 @@
   const MERGE_GAP_MS = 30000;  // identical records further apart than this get their own row
   const REFRESH_MS = 500;      // /api/state at most twice a second
 
-  // This page's key (see claim()): sent with every request, kept in sessionStorage, which
+  // This page's key (see takeKey()): sent with every request, kept in sessionStorage, which
   // belongs to this origin (this port) alone, unlike the cookie.
   let csrf = '';
   let stopped = false;         // set on 401: nothing more to do without the token
@@ -222,27 +222,21 @@
     }
   }
 
-  // Claims this page's key once: the console's address carried a one-time ticket, which
-  // left an HttpOnly cookie naming this page's session; the key the claim returns goes with
-  // every request. A reload of this tab keeps it; another tab must open the console anew.
-  async function claim() {
+  // Takes this page's key: the console's address carried a one-time ticket, which the
+  // console spent for an HttpOnly cookie naming this page's session and sent the page here
+  // with the session's key in the fragment (#key=…), which a browser never sends to any
+  // server. The key moves to sessionStorage and out of the address bar (and so out of the
+  // history). A reload of this tab keeps it; another tab must open the console anew.
+  function takeKey() {
+    const given = /^#key=([0-9a-f]{64})$/.exec(location.hash);
+    if (given) {
+      sessionStorage.setItem('fsbroker-key', given[1]);
+      history.replaceState(null, '', location.pathname);
+    }
     const kept = sessionStorage.getItem('fsbroker-key');
     if (kept && /^[0-9a-f]{64}$/.test(kept)) { csrf = kept; return true; }
-    try {
-      const res = await fetch('/api/claim', { method: 'POST', credentials: 'same-origin', cache: 'no-store' });
-      if (!res.ok) { signedOut(); return false; }
-      const body = await res.json();
-      if (!body || typeof body.key !== 'string' || !/^[0-9a-f]{64}$/.test(body.key)) {
-        signedOut();
-        return false;
-      }
-      csrf = body.key;
-      sessionStorage.setItem('fsbroker-key', csrf);
-      return true;
-    } catch (_) {
-      signedOut();
-      return false;
-    }
+    signedOut();
+    return false;
   }
 
   function signedOut() {
@@ -839,5 +833,5 @@
   });
 
   setConn('connecting', 'wait');
-  claim().then((ok) => { if (ok) { load(); connect(); } });
+  if (takeKey()) { load(); connect(); }
 })();
