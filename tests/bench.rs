@@ -545,3 +545,58 @@ fn watch_and_list_phases_measure_what_they_say() {
         "{text}"
     );
 }
+
+/// `--only integrity`: reads and uploads without and with the broker's SHA-256, in pairs
+/// (each hash checked by the bench: a chunk's against the file's chunk, an upload's by the
+/// broker before it commits), and `files/checksum` of the whole file checked against the
+/// file's; the report names the engine and each pair's rates. `--verify` asks the broker's
+/// hashes of every read and upload too.
+#[test]
+fn integrity_phase_measures_the_hashes_cost() {
+    let report = bench_json(&[
+        "--only",
+        "integrity",
+        "--json",
+        "--size",
+        "3MiB",
+        "--chunk-size",
+        "256KiB",
+    ]);
+    let i = &report["integrity"];
+    assert!(
+        ["sha-ni", "armv8-sha2", "portable"].contains(&i["engine"].as_str().unwrap_or("")),
+        "{report:#}"
+    );
+    assert_eq!(i["bytes"], 3 << 20, "{report:#}");
+    for kind in ["reads", "uploads"] {
+        let pairs = i[kind].as_array().expect("pairs");
+        assert_eq!(pairs.len(), 4, "{report:#}");
+        for n in 0..pairs.len() {
+            positive(&report, &format!("/integrity/{kind}/{n}/off/mb_per_s"));
+            positive(&report, &format!("/integrity/{kind}/{n}/on/mb_per_s"));
+            positive(&report, &format!("/integrity/{kind}/{n}/ratio"));
+        }
+    }
+    positive(&report, "/integrity/read_geomean");
+    positive(&report, "/integrity/upload_geomean");
+    positive(&report, "/integrity/checksum/mb_per_s");
+    positive(&report, "/integrity/local_sha256/mb_per_s");
+    let figures = goal_figures(&report);
+    assert!(
+        figures.contains(&"read with sha256 vs without, 256 KiB".to_owned()),
+        "{figures:?}"
+    );
+    let verified = bench_json(&[
+        "--only",
+        "read,upload",
+        "--json",
+        "--size",
+        "2MiB",
+        "--verify",
+    ]);
+    assert_eq!(verified["settings"]["verify"], "sha256", "{verified:#}");
+    assert!(
+        verified["settings"]["sha256_engine"].is_string(),
+        "{verified:#}"
+    );
+}

@@ -18,7 +18,9 @@
 //! - `sftp.rs`: with `--compare-sftp`, OpenSSH's `sftp -D sftp-server` on the same file;
 //! - `console/`: with `--only console`, the person's console on brokers of its own: how soon
 //!   a prompt shows on the page, a paused root reaches the session and a request reaches the
-//!   activity feed, and what an open page costs a large read.
+//!   activity feed, and what an open page costs a large read;
+//! - `integrity.rs`: with `--only integrity`, what the broker's SHA-256 costs: reads and
+//!   uploads without and with it, in pairs, and `files/checksum` of the whole file.
 //!
 //! A run can take several chunk sizes (`--chunk-size 256KiB,1MiB,8MiB`): the reads run once
 //! per size, in the order given, each followed by `sftp get`; the uploads likewise, each
@@ -45,6 +47,7 @@ mod client;
 mod codec;
 mod console;
 mod fixture;
+mod integrity;
 mod list;
 mod mcp;
 mod phases;
@@ -105,6 +108,9 @@ pub(crate) enum Phase {
     /// The person's console: prompt, revoke and feed latency, and reads with a page open
     /// (brokers of its own; only when named).
     Console,
+    /// What the integrity extension costs: reads and uploads without and with `sha256`, and
+    /// `files/checksum` of the whole file (only when named).
+    Integrity,
 }
 
 /// The `--compare-mcp` options, part of `fsbroker bench`'s command line.
@@ -164,11 +170,12 @@ pub(crate) struct Options {
 impl Options {
     fn runs(&self, phase: Phase) -> bool {
         if self.only.is_empty() {
-            // The console phase starts brokers of its own and reads the file six more times:
-            // it runs when asked for.
+            // The console phase starts brokers of its own and reads the file six more times,
+            // the integrity phase reads and uploads it eight times each: they run when asked
+            // for.
             match phase {
                 Phase::Mcp => !self.mcp.compare_mcp.is_empty(),
-                Phase::Console => false,
+                Phase::Console | Phase::Integrity => false,
                 _ => true,
             }
         } else {
@@ -185,6 +192,7 @@ impl Options {
             Phase::Watch,
             Phase::List,
             Phase::Console,
+            Phase::Integrity,
         ]
         .iter()
         .all(|&p| !self.runs(p))

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use super::client::{Broker, Launch};
 use super::report::{self, Memory};
 use super::{
-    MAX_CHUNK, Options, Phase, console, list, mcp, progress, read, sftp, small, upload, watch,
+    MAX_CHUNK, Options, Phase, console, integrity, list, mcp, progress, read, sftp, small, upload,
+    watch,
 };
 
 /// Where things are, for the phases.
@@ -36,6 +37,7 @@ pub(super) struct Measured {
     pub(super) watch: Option<report::Watch>,
     pub(super) list: Option<report::List>,
     pub(super) console: Option<report::Console>,
+    pub(super) integrity: Option<report::Integrity>,
     pub(super) mcp: Option<Vec<report::McpServer>>,
     pub(super) memory: Memory,
     pub(super) sftp: Option<report::Sftp>,
@@ -85,6 +87,7 @@ pub(super) fn phases(
                     depth: opts.depth,
                     encoding: opts.encoding,
                     sha256: layout.sha256,
+                    chunk_sha256: None,
                 },
                 bars,
             )?);
@@ -156,7 +159,23 @@ pub(super) fn phases(
                     depth: opts.depth,
                     encoding: opts.encoding,
                     sha256: layout.sha256,
+                    chunk_sha256: None,
                 },
+            },
+            bars,
+        )?);
+    }
+
+    let mut integrity_report = None;
+    if opts.runs(Phase::Integrity) {
+        integrity_report = Some(integrity::run(
+            broker,
+            &integrity::Spec {
+                file: &layout.file,
+                size: layout.size,
+                chunk: opts.chunk_sizes.first().copied().unwrap_or(MAX_CHUNK) as usize,
+                depth: opts.depth,
+                scratch: &layout.scratch,
             },
             bars,
         )?);
@@ -233,6 +252,7 @@ pub(super) fn phases(
         watch: watch_report,
         list: list_report,
         console: console_report,
+        integrity: integrity_report,
         mcp: mcp_report,
         memory,
         sftp: sftp_report,
@@ -246,7 +266,7 @@ pub(super) fn phases(
 /// next (seen here: 400 MB/s, then 3.7 GB/s, for the same 1 GiB written twice); whichever
 /// upload came first would pay for that. So `size` bytes are written to a scratch file and
 /// removed, untimed, then everything is synced.
-fn settle(dir: &std::path::Path, size: u64) {
+pub(super) fn settle(dir: &std::path::Path, size: u64) {
     let path = dir.join(".settle");
     let block = vec![0x5au8; 8 << 20];
     if let Ok(mut f) = std::fs::File::create(&path) {

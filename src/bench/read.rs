@@ -35,6 +35,9 @@ pub(crate) struct Spec<'a> {
     pub encoding: Encoding,
     /// The file's sha256: check every byte.
     pub sha256: Option<[u8; 32]>,
+    /// Each chunk's sha256 (hex) by offset: ask the broker for its hash of each chunk and
+    /// compare (the integrity phase; no chunk is decoded for it).
+    pub chunk_sha256: Option<&'a HashMap<u64, String>>,
 }
 
 /// The members of a read result the bench looks at (besides `content`).
@@ -86,7 +89,7 @@ pub(crate) fn run(broker: &mut Broker, spec: &Spec, bars: &Bars) -> Result<repor
                 broker.requests,
                 "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"files/read\",\"params\":{{\"path\":{path},\"offset\":{offset},\"length\":{len},\"encoding\":\"{}\"{}}}}}",
                 spec.encoding.name(),
-                if spec.sha256.is_some() { ",\"sha256\":true" } else { "" }
+                if spec.sha256.is_some() || spec.chunk_sha256.is_some() { ",\"sha256\":true" } else { "" }
             )
             .map_err(|e| format!("sending to the broker: {e}"))?;
             in_flight.insert(id, (offset, len));
@@ -102,7 +105,7 @@ pub(crate) fn run(broker: &mut Broker, spec: &Spec, bars: &Bars) -> Result<repor
             .and_then(|id| in_flight.remove(&id))
             .ok_or_else(|| format!("an answer to no request: {}", wire::preview(line)))?;
         let got = checker
-            .check(line, &answer, offset, len, spec.size)
+            .check(line, &answer, offset, len, spec.size, spec.chunk_sha256)
             .map_err(|e| broker.failed(&format!("files/read at offset {offset}: {e}")))?;
         match got.encoding {
             Encoding::Base64 => out.chunks_base64 += 1,
@@ -223,6 +226,7 @@ impl Checker {
         offset: u64,
         asked: u64,
         size: u64,
+        chunk_sha256: Option<&HashMap<u64, String>>,
     ) -> Result<Got, String> {
         if let Some(e) = &answer.error {
             return Err(wire::error_text(&line[e.clone()]));
@@ -274,6 +278,15 @@ impl Checker {
                 "length {:?} but the content holds {length} bytes",
                 meta.length
             ));
+        }
+        // A chunk of the grid the hashes were made on (a retried rest is not).
+        if let Some(want) = chunk_sha256.and_then(|h| h.get(&offset)) {
+            if length == expected && meta.sha256.as_deref() != Some(want.as_str()) {
+                return Err(format!(
+                    "the broker's sha256 of the chunk ({:?}) is not the chunk's ({want})",
+                    meta.sha256
+                ));
+            }
         }
         let eof = meta.eof.unwrap_or(offset + length >= size);
         let short_ok = encoding == Encoding::Utf8 && length > 0 && !eof;

@@ -31,9 +31,11 @@ pub(super) fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
         }
     };
     let mut sha256 = None;
-    // Small operations alone need no test file; the console phase reads it.
-    let needs_file =
-        opts.runs(Phase::Read) || opts.runs(Phase::Upload) || opts.runs(Phase::Console);
+    // Small operations alone need no test file; the console and integrity phases read it.
+    let needs_file = opts.runs(Phase::Read)
+        || opts.runs(Phase::Upload)
+        || opts.runs(Phase::Console)
+        || opts.runs(Phase::Integrity);
     let size = if !needs_file {
         0
     } else if generated {
@@ -95,6 +97,7 @@ pub(super) fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
         watch,
         list,
         console,
+        integrity,
         mcp,
         mut memory,
         sftp,
@@ -136,6 +139,7 @@ pub(super) fn run(opts: &Options, ws: &Workspace) -> Result<Report, String> {
         watch,
         list,
         console,
+        integrity,
         memory,
         sftp,
         mcp,

@@ -43,6 +43,9 @@ const PROMPT_GOAL_MS: f64 = 200.0;
 const REVOKE_GOAL_MS: f64 = 200.0;
 /// The console: a request → its line in the activity feed, p99, milliseconds (at most).
 const FEED_GOAL_MS: f64 = 500.0;
+/// Reads and uploads with the broker's SHA-256 ÷ without (geometric mean of the pairs): a
+/// hash costs at most a tenth.
+pub(crate) const INTEGRITY_GOAL: f64 = 0.90;
 /// Read MB/s with a console page open ÷ without (geometric mean of the pairs).
 const OPEN_PAGE_GOAL: f64 = 0.95;
 
@@ -176,6 +179,21 @@ pub(crate) fn goals(report: &Report) -> Vec<Goal> {
             );
         }
     }
+    if let Some(i) = &report.integrity {
+        for (figure, r) in [
+            ("read with sha256 vs without", i.read_geomean),
+            ("upload with sha256 vs without", i.upload_geomean),
+        ] {
+            if let Some(r) = r {
+                push(
+                    format!("{figure}, {}", super::table::size(i.chunk_size)),
+                    times(r),
+                    format!(">= {INTEGRITY_GOAL:.2}x"),
+                    r >= INTEGRITY_GOAL,
+                );
+            }
+        }
+    }
     out
 }
 
@@ -210,6 +228,7 @@ mod tests {
             watch: None,
             list: None,
             console: None,
+            integrity: None,
             memory: Memory::default(),
             sftp: None,
             mcp: None,

@@ -49,6 +49,9 @@ pub(crate) struct Report {
     /// The person's console: how soon it shows and acts, and what an open page costs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub console: Option<Console>,
+    /// What the integrity extension's hashes cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub integrity: Option<Integrity>,
     /// The broker's memory.
     pub memory: Memory,
     /// Whether OpenSSH's sftp could be compared (with `--compare-sftp`); its figures are in
@@ -325,6 +328,43 @@ pub(crate) struct ConsolePair {
     /// The requests those events stand for (the sum of their `count`): all of them, unless
     /// the page fell behind (`lost`) or the feed missed some.
     pub activity_requests: u64,
+}
+
+/// What the integrity extension costs (`--only integrity`): transfers without and with the
+/// broker's SHA-256, back to back, and a whole file's hash.
+#[derive(Debug, Serialize)]
+pub(crate) struct Integrity {
+    /// The SHA-256 engine this CPU gets (`sha-ni`, `armv8-sha2`, `portable`).
+    pub engine: &'static str,
+    /// Bytes of each transfer (the test file).
+    pub bytes: u64,
+    /// Bytes per request (the first `--chunk-size`).
+    pub chunk_size: u64,
+    /// Chunked reads without and with `"sha256": true`.
+    pub reads: Vec<IntegrityPair>,
+    /// Geometric mean of the reads' ratios (with ÷ without).
+    pub read_geomean: Option<f64>,
+    /// Chunked uploads without and with the upload's sha256 (announced, then checked).
+    pub uploads: Vec<IntegrityPair>,
+    /// Geometric mean of the uploads' ratios.
+    pub upload_geomean: Option<f64>,
+    /// `files/checksum` of the whole file.
+    pub checksum: Throughput,
+    /// The bench's own process hashing the same file (page cache, same engine).
+    pub local_sha256: Throughput,
+}
+
+/// One transfer without and with the hash, back to back.
+#[derive(Debug, Serialize)]
+pub(crate) struct IntegrityPair {
+    /// Whether the one with the hash ran first (the order alternates).
+    pub hashed_first: bool,
+    /// Without the hash.
+    pub off: Throughput,
+    /// With it.
+    pub on: Throughput,
+    /// `on` MB/s ÷ `off` MB/s.
+    pub ratio: f64,
 }
 
 /// The broker's peak resident memory (`VmHWM`), in bytes, at points of the run.

@@ -150,6 +150,10 @@ impl Report {
         if let Some(c) = &self.console {
             console_table(&mut t, c);
         }
+        if let Some(i) = &self.integrity {
+            let _ = writeln!(t);
+            integrity_table(&mut t, i);
+        }
         if let Some(servers) = &self.mcp {
             mcp_table(&mut t, servers, self.small.as_ref(), s.mcp_size);
         }
@@ -344,6 +348,60 @@ fn console_table(t: &mut String, c: &Console) {
         t,
         "  (MB/s; page: --console and /api/events open and drained; events: activity events the\n   \
          page got for the read, standing for {requests})"
+    );
+}
+
+/// The integrity block: the pairs without and with the broker's hash, and a whole file's.
+fn integrity_table(t: &mut String, i: &super::Integrity) {
+    let _ = writeln!(
+        t,
+        "  {:<30} {:>10} {:>8} {:>9}",
+        format!("sha256, {} chunks ({})", size(i.chunk_size), i.engine),
+        "without",
+        "with",
+        "with/out"
+    );
+    for (kind, pairs, mean) in [
+        ("read", &i.reads, i.read_geomean),
+        ("upload", &i.uploads, i.upload_geomean),
+    ] {
+        for (n, p) in pairs.iter().enumerate() {
+            let _ = writeln!(
+                t,
+                "  {:<30} {:>10.1} {:>8.1} {:>9}",
+                format!(
+                    "{kind} pair {} ({} first)",
+                    n + 1,
+                    if p.hashed_first { "with" } else { "without" }
+                ),
+                p.off.mb_per_s,
+                p.on.mb_per_s,
+                format!("{:.2}x", p.ratio)
+            );
+        }
+        if let Some(g) = mean {
+            let _ = writeln!(
+                t,
+                "  {:<30} {:>10} {:>8} {:>9}",
+                format!("{kind}: geometric mean"),
+                "",
+                "",
+                format!("{g:.2}x")
+            );
+        }
+    }
+    let _ = writeln!(
+        t,
+        "  files/checksum of {}: {:.1} MB/s; this process hashing it: {:.1} MB/s ({:.2}x)",
+        mib(i.bytes),
+        i.checksum.mb_per_s,
+        i.local_sha256.mb_per_s,
+        i.checksum.mb_per_s / i.local_sha256.mb_per_s.max(1e-9)
+    );
+    let _ = writeln!(
+        t,
+        "  (MB/s; with: \"sha256\": true on every read, checked against the chunk's hash made\n   \
+         beforehand; the upload's hash announced on its first chunk, checked at its commit)"
     );
 }
 
