@@ -106,12 +106,13 @@ pub(crate) fn run(
     })
 }
 
-/// Each chunk's sha256 (by offset), the whole file's, and how fast this process hashed it
-/// (read from the page cache: the reference for `files/checksum`).
-fn hash_locally(
-    spec: &Spec,
-    bars: &Bars,
-) -> Result<(HashMap<u64, String>, [u8; 32], Throughput), String> {
+/// What the bench hashed itself: each chunk's sha256 (hex, by offset), the whole file's, and
+/// how fast this process hashed the whole (from the page cache: `files/checksum`'s
+/// reference).
+type Local = (HashMap<u64, String>, [u8; 32], Throughput);
+
+/// Hashes the test file as [`Local`] says.
+fn hash_locally(spec: &Spec, bars: &Bars) -> Result<Local, String> {
     let file = std::fs::File::open(spec.file)
         .map_err(|e| format!("cannot open {}: {e}", spec.file.display()))?;
     let bar = bars.bytes("hashing the test file's chunks", spec.size);
