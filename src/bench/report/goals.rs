@@ -198,14 +198,13 @@ pub(crate) fn goals(report: &Report) -> Vec<Goal> {
 }
 
 #[cfg(test)]
-#[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::goals;
     use crate::bench::report::{
-        Console, ConsolePair, Latency, List, McpServer, Memory, Ops, OpsPair, Read, Report,
-        Settings, Small, Throughput, Transfer, Upload, Watch,
+        Console, ConsolePair, Integrity, IntegrityPair, Latency, List, McpServer, Memory, Ops,
+        OpsPair, Read, Report, Settings, Small, Throughput, Transfer, Upload, Watch,
     };
 
     /// A report of a run that measured nothing.
@@ -549,8 +548,68 @@ mod tests {
             "prompt → page (2)",
             "revoke → read refused (1)",
             "pair 1 (no page first)",
-            "64 of 64",
+            "standing for all 64 requests in every pair",
             "console: request → feed p99",
+        ] {
+            assert!(table.contains(needle), "no {needle:?} in:\n{table}");
+        }
+    }
+
+    /// An integrity report whose read and upload pairs have these ratios.
+    fn integrity(read: f64, upload: f64) -> Integrity {
+        let mb = |x: f64| Throughput {
+            mb_per_s: x,
+            ..Throughput::default()
+        };
+        let pair = |ratio: f64| IntegrityPair {
+            hashed_first: false,
+            off: mb(1000.0),
+            on: mb(1000.0 * ratio),
+            ratio,
+        };
+        Integrity {
+            engine: "sha-ni",
+            bytes: 64 << 20,
+            chunk_size: 1 << 20,
+            reads: vec![pair(read)],
+            read_geomean: Some(read),
+            uploads: vec![pair(upload)],
+            upload_geomean: Some(upload),
+            checksum: mb(900.0),
+            local_sha256: mb(1000.0),
+        }
+    }
+
+    #[test]
+    fn integrity_goals_are_at_most_a_tenth_slower() {
+        let mut r = bare("base64");
+        r.integrity = Some(integrity(0.90, 0.95));
+        assert_eq!(
+            summary(&r),
+            [
+                goal(
+                    "read with sha256 vs without, 1 MiB",
+                    "0.90x",
+                    ">= 0.90x",
+                    true
+                ),
+                goal(
+                    "upload with sha256 vs without, 1 MiB",
+                    "0.95x",
+                    ">= 0.90x",
+                    true
+                ),
+            ]
+        );
+        r.integrity = Some(integrity(0.89, 0.5));
+        assert!(goals(&r).iter().all(|g| !g.met), "{:#?}", goals(&r));
+        r.goals = goals(&r);
+        let table = r.table();
+        for needle in [
+            "sha256, 1 MiB chunks (sha-ni)",
+            "read pair 1 (without first)",
+            "upload: geometric mean",
+            "files/checksum of 64.0 MiB: 900.0 MB/s; this process hashing it: 1000.0 MB/s (0.90x)",
         ] {
             assert!(table.contains(needle), "no {needle:?} in:\n{table}");
         }
