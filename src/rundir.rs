@@ -110,6 +110,14 @@ pub(crate) fn own_files(logs: &[PathBuf], socket: Option<&Path>) -> Vec<PathBuf>
         .collect()
 }
 
+/// The console's files in the directory: its URL file (where a broker writes it unless told
+/// otherwise) and the page `fsbroker console` hands the browser. Each is rewritten through a
+/// temporary sibling (`NAME.RANDOM.tmp`), which holds the same secrets.
+pub(crate) fn console_files() -> Vec<PathBuf> {
+    let dir = place();
+    vec![dir.join(CONSOLE_URL), dir.join(CONSOLE_OPENER)]
+}
+
 /// The console's URL file's name in the directory (its default place).
 const CONSOLE_URL: &str = "console.url";
 /// The page `fsbroker console` hands the browser, which forwards it to the console.

@@ -11,7 +11,7 @@
 //!   `list_changed` and then refusals; End session (confirmed in the page's dialog) ends it.
 //! - A server's hostile name and message are shown as text: no element is made of them, no
 //!   script runs, a direction-changing character is shown as `\u{…}`.
-//! - A page of another origin, in the browser that holds the console's cookie, cannot act:
+//! - A page of another origin, in the browser where the console is open, cannot act:
 //!   what it sends arrives and is refused (Chromium's network log shows each request).
 //! - The page as a person sees it: screenshots, wide and 360 px narrow (no sideways scroll).
 //!
@@ -362,10 +362,6 @@ impl Browser {
                 "Network.requestWillBeSentExtraInfo" => {
                     r.on_wire = true;
                     let headers = params["headers"].as_object();
-                    r.cookie = headers
-                        .and_then(|h| h.iter().find(|(k, _)| k.eq_ignore_ascii_case("cookie")))
-                        .and_then(|(_, v)| v.as_str())
-                        .map(str::to_owned);
                     r.origin = headers
                         .and_then(|h| h.iter().find(|(k, _)| k.eq_ignore_ascii_case("origin")))
                         .and_then(|(_, v)| v.as_str())
@@ -388,9 +384,9 @@ impl Browser {
         let _ = tokio::time::timeout(WAIT, self.c.clone().close()).await;
     }
 
-    /// Opens the console as `fsbroker console` would, at the URL file's URL: the page spends
-    /// its one-time ticket for its cookie and is sent to `/#key=…`, keeps the key and takes
-    /// it out of the address bar; then waits for the live state.
+    /// Opens the console as `fsbroker console` would, at the URL file's URL: the answer that
+    /// spends the one-time ticket is the page with its key, which it keeps, taking the ticket
+    /// out of the address bar; then waits for the live state.
     async fn open_console(&self, console: &Console) {
         let url = console.page_url();
         self.c.goto(&url).await.expect("open the console");
@@ -532,8 +528,6 @@ struct Sent {
     /// Whether it left the browser (its headers as sent were logged): one a failed CORS
     /// preflight stopped never does.
     on_wire: bool,
-    /// The `Cookie` header it carried.
-    cookie: Option<String>,
     origin: Option<String>,
     /// The answer's status, if one came.
     status: Option<u64>,
@@ -1215,14 +1209,14 @@ impl Drop for Attacker {
     }
 }
 
-/// Rule: a page of another origin, opened in the very browser that holds the console's
-/// cookie (same site: loopback, another port), cannot act on the console: it tries a fetch
-/// with a guessed CSRF token, a "simple" no-cors POST and a form posted into a frame, at
-/// `127.0.0.1` and at `localhost`, and no root is paused; it cannot read the state either.
-/// The page itself cannot tell a request refused by the console from one the browser never
-/// sent (the console's `Cross-Origin-Resource-Policy` hides even a refusal), so in Chromium
-/// the browser's network log shows that the simple POSTs did arrive, with the console's
-/// cookie, and were refused by the console.
+/// Rule: a page of another origin (same site: loopback, another port), opened in the very
+/// browser where the console is open, cannot act on the console: it tries a fetch with a
+/// guessed CSRF token, a "simple" no-cors POST and a form posted into a frame, at `127.0.0.1`
+/// and at `localhost`, and no root is paused; it cannot read the state either. The console
+/// sets no cookie (cookies are shared by every port), so the browser holds none of its. The
+/// page itself cannot tell a request refused by the console from one the browser never sent
+/// (the console's `Cross-Origin-Resource-Policy` hides even a refusal), so in Chromium the
+/// browser's network log shows that the simple POSTs did arrive and were refused.
 async fn a_page_from_another_origin_cannot_act(engine: Engine) {
     let Some(b) = Browser::start_with(engine, true).await else {
         return;
@@ -1240,12 +1234,7 @@ async fn a_page_from_another_origin_cannot_act(engine: Engine) {
     finish(&b, async {
         b.open_console(&s.console).await;
         let cookies = b.c.get_all_cookies().await.expect("the browser's cookies");
-        assert!(
-            cookies
-                .iter()
-                .any(|c| c.name() == format!("fsbroker_console_{port}")),
-            "the browser holds the console's cookie: {cookies:?}"
-        );
+        assert!(cookies.is_empty(), "the console set no cookie: {cookies:?}");
 
         if b.engine == Engine::Chromium {
             b.requests().await; // the console's own, set aside
@@ -1302,9 +1291,9 @@ async fn a_page_from_another_origin_cannot_act(engine: Engine) {
 
 /// The rest of [`a_page_from_another_origin_cannot_act`] where the browser's network log
 /// tells it (Chromium's): what reached the console. The "simple" POSTs (the no-cors fetches
-/// and the form) were sent, at 127.0.0.1 with the console's cookie (same site: only the port
-/// differs), all with the attacker's Origin, and the console itself refused them; the one with
-/// a custom header never left the browser (its preflight got no CORS answer).
+/// and the form) were sent, all with the attacker's Origin, and the console itself refused
+/// them; the one with a custom header never left the browser (its preflight got no CORS
+/// answer).
 async fn chromium_saw_the_posts_refused(b: &Browser, port: &str, attacker_port: u16) {
     let attacker_origin = format!("http://127.0.0.1:{}", attacker_port);
     let console_apis = [
@@ -1346,27 +1335,12 @@ async fn chromium_saw_the_posts_refused(b: &Browser, port: &str, attacker_port: 
             Some(attacker_origin.as_str()),
             "{posts:#?}"
         );
-        if r.url.starts_with(&console_apis[0]) {
-            assert!(
-                r.cookie
-                    .as_deref()
-                    .is_some_and(|c| c.contains(&format!("fsbroker_console_{port}="))),
-                "sent with the console's cookie: {posts:#?}"
-            );
-            // The cookie alone is no credential (the page's key is not sent
-            // cross-origin): refused before any check of the origin.
-            assert!(
-                matches!(r.status, Some(401 | 403)),
-                "refused by the console: {posts:#?}"
-            );
-        } else {
-            // The cookie is the console's at 127.0.0.1 only (`localhost` is another
-            // host), so this one carries no credential at all.
-            assert!(
-                matches!(r.status, Some(401 | 403)),
-                "refused by the console: {posts:#?}"
-            );
-        }
+        // No key (the page's is not sent cross-origin): refused before any check of the
+        // origin.
+        assert!(
+            matches!(r.status, Some(401 | 403)),
+            "refused by the console: {posts:#?}"
+        );
     }
 }
 

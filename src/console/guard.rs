@@ -9,17 +9,17 @@
 //! - The page is opened with a one-time ticket (`/?ticket=…`, the URL file's first line, and
 //!   nowhere else: stderr gets the bare address): using it spends it (the next is written to
 //!   the URL file), so a URL left in the browser's history or the opener page opens nothing
-//!   later. The answer is a redirect to `/#key=KEY`, with an HttpOnly, SameSite=Strict
-//!   cookie naming the new page session. The key travels only in that answer, to the browser
-//!   that spent the ticket: a fragment is never sent to a server, and the page moves it to
-//!   `sessionStorage` (this origin's, so this port's alone) and takes it out of the address
-//!   bar. Every API request of the page carries both: the cookie, and the key as
+//!   later. The answer is the page itself, with a new page session's key in a `<meta>`
+//!   element: the key travels only in that answer, to the browser that spent the ticket, and
+//!   never in a URL (a URL reaches the browser's history, even one replaced at once). The page
+//!   moves it to `sessionStorage` (this origin's, so this port's alone) and takes the ticket
+//!   out of the address bar. Every API request of the page carries the key as
 //!   `X-CSRF-Token` (or, for the event stream, which cannot send headers, `?csrf=`).
-//! - Cookies are not kept apart by port: every program on a loopback port that the browser
-//!   visits gets the console's cookie, and can set cookies of the same name (a longer
-//!   `Path` makes the browser send its own first). So the cookie alone is worth nothing (the
-//!   key is never handed out for it), and every cookie of the console's name a request
-//!   carries is tried, so a planted one cannot shut the person out.
+//! - No cookie. Cookies are not kept apart by port: every program on a loopback port the
+//!   browser visits receives the cookies of `127.0.0.1`, and can set, overwrite or crowd out
+//!   cookies of any name there. Three hostile reviews broke designs that let a cookie count
+//!   for something (a key claimed with it; a session locked out by a planted or overwritten
+//!   one). The key, which only the page holds, is the whole credential.
 //! - A state change (`POST`) with an `Origin` must come from the console's own origin; one
 //!   from the page must carry it, and a `Sec-Fetch-Site` other than `same-origin` is refused.
 //!   A browser never sends `Authorization` or `X-CSRF-Token` cross-origin without a CORS
@@ -40,24 +40,15 @@ use super::Shared;
 /// How many page sessions are kept: each open of the URL makes one, and the oldest go first.
 const PAGES: usize = 16;
 
-/// The most cookies of the console's name a request is searched for its page's.
-const COOKIES: usize = 32;
-
-/// One browser page's session: the cookie that names it and the key the page was given.
-struct Page {
-    cookie: String,
-    key: String,
-}
-
 /// The run's secrets and the names it answers to.
 pub(crate) struct Guard {
     token: String,
     /// The ticket that opens the page now; spent when used.
     ticket: Mutex<String>,
-    pages: Mutex<Vec<Page>>,
+    /// The keys of the page sessions, oldest first.
+    pages: Mutex<Vec<String>>,
     /// `Host` values accepted (the bound address, and `localhost` with its port).
     hosts: Vec<String>,
-    cookie_name: String,
 }
 
 /// How a request proved who it is.
@@ -65,7 +56,7 @@ pub(crate) struct Guard {
 enum Credential {
     /// A script with the run's token.
     Bearer,
-    /// The console's page: its cookie and its key.
+    /// The console's page: its key.
     Page,
 }
 
@@ -78,7 +69,6 @@ impl Guard {
             ticket: Mutex::new(random_hex(32)?),
             pages: Mutex::default(),
             hosts: vec![bound.to_string(), format!("localhost:{port}")],
-            cookie_name: format!("fsbroker_console_{port}"),
         })
     }
 
@@ -99,8 +89,8 @@ impl Guard {
     }
 
     /// Spends `offered` if it is the ticket: a new ticket takes its place, and a new page
-    /// session is made. Returns the `Set-Cookie` value for it and the page's key.
-    pub(crate) fn redeem(&self, offered: &str) -> Result<(String, String), String> {
+    /// session is made. Returns its key.
+    pub(crate) fn redeem(&self, offered: &str) -> Result<String, String> {
         let next = random_hex(32)?;
         {
             let mut ticket = self.ticket.lock().unwrap_or_else(|e| e.into_inner());
@@ -109,36 +99,13 @@ impl Guard {
             }
             *ticket = next;
         }
-        let page = Page {
-            cookie: random_hex(32)?,
-            key: random_hex(32)?,
-        };
-        let value = format!(
-            "{}={}; HttpOnly; SameSite=Strict; Path=/",
-            self.cookie_name, page.cookie
-        );
-        let key = page.key.clone();
+        let key = random_hex(32)?;
         let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
         if pages.len() >= PAGES {
             pages.remove(0);
         }
-        pages.push(page);
-        Ok((value, key))
-    }
-
-    /// Every cookie of the console's name in the request (at most [`COOKIES`]): another
-    /// port's page may have planted some beside the console's own.
-    fn cookies(&self, headers: &HeaderMap) -> Vec<String> {
-        headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(cookie::Cookie::split_parse)
-            .filter_map(Result::ok)
-            .filter(|c| c.name() == self.cookie_name)
-            .take(COOKIES)
-            .map(|c| c.value().to_owned())
-            .collect()
+        pages.push(key.clone());
+        Ok(key)
     }
 
     /// How the request proves it may use the API, if it does. `query_key` is the page's key
@@ -155,11 +122,10 @@ impl Guard {
             .get("x-csrf-token")
             .and_then(|v| v.to_str().ok())
             .or(query_key)?;
-        let cookies = self.cookies(headers);
         let pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
         pages
             .iter()
-            .any(|p| same(key, &p.key) && cookies.iter().any(|c| same(c, &p.cookie)))
+            .any(|p| same(key, p))
             .then_some(Credential::Page)
     }
 
@@ -199,6 +165,11 @@ pub(crate) async fn check(
                 "the console's token, or this page's session, is missing or wrong: open the console with `fsbroker console`",
             );
         };
+        // The connection holds a credential: it keeps its place when the console is full
+        // (listener.rs).
+        if let Some(proven) = request.extensions().get::<super::listener::Proven>() {
+            proven.set();
+        }
         if request.method() != Method::GET {
             if let Err(why) = check_change(guard, headers, credential) {
                 return refuse(StatusCode::FORBIDDEN, why);

@@ -1,93 +1,74 @@
-//! The console's listener: at most [`CONNECTIONS`] connections at once.
+//! The console's connections: at most [`CONNECTIONS`] at once, and room kept for the ones
+//! that proved who they are.
 //!
 //! Any local program can connect to a loopback port without a token. Unbounded, idle or
-//! half-sent connections would take the broker's descriptors, which its sessions need; with
-//! a bound they can at worst keep the console itself busy, never the broker.
+//! half-sent connections would take the broker's descriptors, which its sessions need. A plain
+//! cap is not enough either: connections that send a harmless request now and then (the page's
+//! script, say, or a refused `/api/` call) would hold every slot, and the person's page could
+//! not get one. So a connection counts as *proven* once a request on it carried the run's
+//! token or a page's key ([`Proven`], set by the guard), and when the cap is reached a new
+//! connection takes the place of the oldest one that has not proven itself. Only when every
+//! open connection has proven itself is the new one turned away.
+//!
+//! A program that keeps opening connections can still slow the page (its fresh connections
+//! compete with the page's for a moment); it cannot hold the console.
 
-use std::io;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::AbortHandle;
 
 /// Connections the console serves at once (a page holds two or three).
 pub(crate) const CONNECTIONS: usize = 64;
 
-/// A listener that accepts a connection only while fewer than [`CONNECTIONS`] are open.
-pub(crate) struct Capped {
-    inner: TcpListener,
-    slots: Arc<Semaphore>,
-}
+/// Set on a connection once one of its requests carried a credential; found by the guard in
+/// the request's extensions.
+#[derive(Clone, Default)]
+pub(crate) struct Proven(Arc<AtomicBool>);
 
-impl Capped {
-    pub(crate) fn new(inner: TcpListener) -> Capped {
-        Capped {
-            inner,
-            slots: Arc::new(Semaphore::new(CONNECTIONS)),
-        }
+impl Proven {
+    pub(crate) fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
     }
 }
 
-/// An accepted connection, holding its slot until it closes.
-pub(crate) struct Slot {
-    io: TcpStream,
-    _slot: OwnedSemaphorePermit,
+/// One open connection: whether it proved itself, and how to end it.
+struct Conn {
+    proven: Proven,
+    task: AbortHandle,
 }
 
-impl axum::serve::Listener for Capped {
-    type Io = Slot;
-    type Addr = std::net::SocketAddr;
+/// The open connections, oldest first.
+#[derive(Default)]
+pub(crate) struct Conns {
+    open: Mutex<Vec<Conn>>,
+}
 
-    async fn accept(&mut self) -> (Slot, std::net::SocketAddr) {
-        loop {
-            // Waiting here leaves further connections in the kernel's backlog.
-            let Ok(slot) = Arc::clone(&self.slots).acquire_owned().await else {
-                std::future::pending::<()>().await;
-                continue;
-            };
-            match self.inner.accept().await {
-                Ok((io, addr)) => return (Slot { io, _slot: slot }, addr),
-                Err(e) => {
-                    tracing::debug!(error = %e, "console: accept failed");
-                    // Out of descriptors, say: give the broker a moment before trying again.
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
+impl Conns {
+    /// Whether one more connection may be served: below the cap, or once the oldest that has
+    /// not proven itself is ended to make room.
+    pub(crate) fn make_room(&self) -> bool {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|c| !c.task.is_finished());
+        if open.len() < CONNECTIONS {
+            return true;
+        }
+        match open.iter().position(|c| !c.proven.get()) {
+            Some(oldest) => {
+                open.remove(oldest).task.abort();
+                true
             }
+            None => false,
         }
     }
 
-    fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
-        self.inner.local_addr()
-    }
-}
-
-impl AsyncRead for Slot {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Slot {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+    /// Counts a connection served by `task`.
+    pub(crate) fn add(&self, proven: Proven, task: AbortHandle) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.push(Conn { proven, task });
     }
 }

@@ -3,9 +3,9 @@
 //! takes access back (docs/protocol.md, "The console").
 //!
 //! - `guard.rs`: who may use it: scripts with the run's token (`Authorization: Bearer`), the
-//!   page with a one-time ticket spent for an HttpOnly SameSite=Strict cookie plus a key
-//!   handed to the page in its address's fragment; `Host` (DNS rebinding), `Origin` on every state change, and the
-//!   headers every answer carries. `listener.rs` bounds the connections.
+//!   page with a key handed to it once, in the answer that spends its one-time ticket; `Host`
+//!   (DNS rebinding), `Origin` on every state change, and the headers every answer carries.
+//!   `listener.rs` bounds the connections, keeping room for those that proved themselves.
 //! - `api.rs`: `GET /api/state` and the person's acts (`POST`), on the broker's public API.
 //! - `feed.rs`: `GET /api/events`, Server-Sent Events: state changes and the activity feed,
 //!   bulk transfers merged.
@@ -114,9 +114,8 @@ pub(crate) fn start(
             guard::check,
         ))
         .with_state(Arc::clone(&shared));
-    let listener = listener::Capped::new(
-        tokio::net::TcpListener::from_std(listener).map_err(|e| format!("console socket: {e}"))?,
-    );
+    let listener =
+        tokio::net::TcpListener::from_std(listener).map_err(|e| format!("console socket: {e}"))?;
     let server = tokio::spawn(serve(listener, app));
     if let Some(path) = url_file {
         write_url_file(path, &url, shared.guard.token())?;
@@ -133,21 +132,42 @@ pub(crate) fn start(
 
 /// How long a connection may take to send a request's head, counted from when the console
 /// starts waiting for one (on a new connection, or an idle kept-alive one): past it the
-/// connection is closed, so connections that send nothing cannot hold the console's
-/// [`listener::CONNECTIONS`] slots for good. A page sends its requests' heads at once; its
-/// event stream, once asked for, is not reading a head and is not cut.
+/// connection is closed. A page sends its requests' heads at once; its event stream, once
+/// asked for, is not reading a head and is not cut.
 const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Serves the console's connections (HTTP/1.1), each on a task of its own.
-async fn serve(mut listener: listener::Capped, app: Router) {
-    use axum::serve::Listener;
+/// The most a request's head may take in memory. A browser sends every cookie of
+/// `127.0.0.1` to every port, and any page served there can set up to some 180 cookies of
+/// 4 KiB: a head over hyper's default (about 400 KiB) would be refused (`431`), and the person
+/// shut out until they clear their cookies. This takes the largest cookie jar browsers allow.
+const MAX_HEAD: usize = 1 << 20;
+
+/// Serves the console's connections (HTTP/1.1), each on a task of its own, as many at once
+/// as [`listener::Conns`] allows.
+async fn serve(listener: tokio::net::TcpListener, app: Router) {
+    let conns = listener::Conns::default();
     loop {
-        let (io, _) = listener.accept().await;
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
+        let io = match listener.accept().await {
+            Ok((io, _)) => io,
+            Err(e) => {
+                tracing::debug!(error = %e, "console: accept failed");
+                // Out of descriptors, say: give the broker a moment before trying again.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if !conns.make_room() {
+            continue; // every slot is a proven connection's: this one is closed
+        }
+        let proven = listener::Proven::default();
+        let service = hyper_util::service::TowerToHyperService::new(
+            app.clone().layer(axum::Extension(proven.clone())),
+        );
+        let task = tokio::spawn(async move {
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT);
+                .header_read_timeout(HEAD_TIMEOUT)
+                .max_buf_size(MAX_HEAD);
             let served = http
                 .serve_connection(hyper_util::rt::TokioIo::new(io), service)
                 .await;
@@ -155,20 +175,21 @@ async fn serve(mut listener: listener::Capped, app: Router) {
                 tracing::debug!(error = %e, "console: a connection ended");
             }
         });
+        conns.add(proven, task.abort_handle());
     }
 }
 
 /// The page. Opened with its one-time ticket, it spends the ticket (the URL file gets the
-/// next), gives the browser the cookie of a new page session, and sends it to the page with
-/// the session's key in the fragment (`/#key=KEY`), which no browser sends to a server; the
-/// page keeps the key and takes it out of the address bar.
+/// next) and is the page itself with a new page session's key in a `<meta>` element; the
+/// page keeps the key in `sessionStorage` and takes the ticket out of the address bar. The
+/// key is never in a URL: browsers keep every URL they were sent to in their history.
 async fn page(
     axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
 ) -> axum::response::Response {
     if let Some(ticket) = q.get("ticket") {
-        let (cookie, key) = match shared.guard.redeem(ticket) {
-            Ok(page) => page,
+        let key = match shared.guard.redeem(ticket) {
+            Ok(key) => key,
             Err(why) => return guard::refuse(axum::http::StatusCode::UNAUTHORIZED, &why),
         };
         if let Some(path) = &shared.url_file {
@@ -183,13 +204,18 @@ async fn page(
                 tracing::warn!(error = %e, "cannot write the console's next URL");
             }
         }
+        // The key is hex: nothing in it needs escaping.
+        let page = include_str!("assets/index.html").replacen(
+            "<head>",
+            &format!("<head>\n<meta name=\"fsbroker-key\" content=\"{key}\">"),
+            1,
+        );
         return (
-            axum::http::StatusCode::SEE_OTHER,
             [
-                (header::LOCATION, format!("/#key={key}")),
-                (header::SET_COOKIE, cookie),
-                (header::CACHE_CONTROL, "no-store".to_owned()),
+                (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+                (header::CACHE_CONTROL, "no-store"),
             ],
+            page,
         )
             .into_response();
     }
@@ -219,52 +245,10 @@ async fn not_found() -> axum::response::Response {
 }
 
 /// Writes `url` and the run's `token` (`token=TOKEN`, for scripts) to `path`, readable and
-/// writable by its owner only, through a new file renamed into place: a reader sees all of
-/// it or none, and a file someone else made there (a link, another owner's) is replaced,
-/// never written through.
-#[allow(clippy::disallowed_methods)] // the URL file is the broker's own file
+/// writable by its owner only ([`open::write_owner_only`]).
 fn write_url_file(path: &Path, url: &str, token: &str) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let fail =
-        |e: std::io::Error| format!("cannot write the console URL to {}: {e}", path.display());
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| format!("--console-url-file {}: names no file", path.display()))?;
-    // A random name, and another on a clash: a name others can guess could be taken first
-    // (in a directory they may write to), and every rewrite would then fail, leaving a spent
-    // ticket in the file.
-    let mut attempt = 0;
-    let (tmp, mut file) = loop {
-        let suffix = guard::random_hex(8)?;
-        let tmp = dir.join(format!(".{}.{suffix}.tmp", name.to_string_lossy()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&tmp)
-        {
-            Ok(file) => break (tmp, file),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 8 => {
-                attempt += 1;
-            }
-            Err(e) => return Err(fail(e)),
-        }
-    };
-    let written = file
-        .write_all(format!("{url}\ntoken={token}\n").as_bytes())
-        .and_then(|()| file.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(fail(e));
-    }
-    Ok(())
+    open::write_owner_only(path, format!("{url}\ntoken={token}\n").as_bytes())
+        .map_err(|e| format!("cannot write the console URL to {}: {e}", path.display()))
 }
 
 /// Removes the URL file at exit if it is still this console's (another console may have

@@ -44,18 +44,61 @@ pub(crate) fn read_url_file(file: &Path) -> Result<(String, Option<String>), Str
     Ok((url, token))
 }
 
+/// Writes `contents` to `path`, readable and writable by its owner only, through a new file
+/// renamed into place: a reader sees all of it or none, and whatever someone else made at
+/// `path` (a link, another owner's file) is replaced, never written through.
+///
+/// The new file is `NAME.RANDOM.tmp` beside `path`: a name no one can take first (in a folder
+/// others may write to, a guessable one would make every rewrite fail), and one that starts
+/// with `path`'s own name, which makes it one of the broker's protected files too
+/// (`ProtectedSpec::rewritten`): it holds the same secrets while it exists.
+#[allow(clippy::disallowed_methods)] // the console's own files, never a request path
+pub(crate) fn write_owner_only(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("names no file"))?;
+    let mut attempt = 0;
+    let (tmp, mut file) = loop {
+        let suffix = super::guard::random_hex(8).map_err(std::io::Error::other)?;
+        let tmp = dir.join(format!("{}.{suffix}.tmp", name.to_string_lossy()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&tmp)
+        {
+            Ok(file) => break (tmp, file),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 8 => {
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let written = file
+        .write_all(contents)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 /// Opens the console whose URL file is `url_file` with `xdg-open`, through a page in the
 /// private runtime directory that sends the browser on: a URL given on a command line can be
 /// read by every user of the machine (`ps`), and this one carries a ticket. The page is one
 /// of the broker's protected files, and its ticket is spent once the browser used it.
 pub(crate) fn open_in_browser(url_file: &Path) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let (url, _) = read_url_file(url_file)?;
     let page = fsbroker::console_opener_file()
         .map_err(|e| format!("cannot find the private runtime directory: {e}"))?;
-    let dir = page.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".console-open.{}.tmp", std::process::id()));
     let escaped = url
         .replace('&', "&amp;")
         .replace('"', "&quot;")
@@ -63,17 +106,7 @@ pub(crate) fn open_in_browser(url_file: &Path) -> Result<(), String> {
     let html = format!(
         "<!doctype html><meta charset=utf-8><meta http-equiv=\"refresh\" content=\"0;url={escaped}\"><title>fsbroker console</title>\n"
     );
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(html.as_bytes()))
-        .and_then(|()| std::fs::rename(&tmp, &page));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("{}: {e}", page.display()));
-    }
+    write_owner_only(&page, html.as_bytes()).map_err(|e| format!("{}: {e}", page.display()))?;
     let status = std::process::Command::new("xdg-open")
         .arg(&page)
         .status()

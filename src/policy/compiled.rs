@@ -202,6 +202,15 @@ impl Policy {
                 .map(|a| a.path.clone())
                 .chain(overrides.audit_in_use.clone())
                 .collect(),
+            // The console's URL file carries its token, and is rewritten through a temporary
+            // sibling that carries it too.
+            rewritten: overrides
+                .console_url_file
+                .iter()
+                .chain(&console.url_file)
+                .cloned()
+                .chain(crate::rundir::console_files())
+                .collect(),
             roots: roots
                 .iter()
                 .map(|r| r.configured_path().to_path_buf())

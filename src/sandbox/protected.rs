@@ -98,6 +98,10 @@ pub struct ProtectedSpec {
     pub command: Vec<PathBuf>,
     /// Audit logs, whose rotated siblings are own files too.
     pub audit_logs: Vec<PathBuf>,
+    /// Files rewritten through a temporary sibling named after them (`NAME.RANDOM.tmp`),
+    /// which holds what the file holds: own files, and so is every sibling whose name starts
+    /// with theirs (the console's URL file and opener page, which carry its secrets).
+    pub rewritten: Vec<PathBuf>,
     /// The roots, as configured (their canonical paths and every link on the way are
     /// protected).
     pub roots: Vec<PathBuf>,
@@ -108,7 +112,12 @@ impl Protected {
     pub fn new(spec: &ProtectedSpec) -> Protected {
         let mut p = Protected::default();
         let mut holders: Vec<(PathBuf, Verdict)> = Vec::new();
-        for file in spec.files.iter().chain(&spec.audit_logs) {
+        for file in spec
+            .files
+            .iter()
+            .chain(&spec.audit_logs)
+            .chain(&spec.rewritten)
+        {
             for path in spellings(file) {
                 holders.push((path.clone(), Verdict::HoldsOwnFiles));
                 push_unique(&mut p.files, path);
@@ -121,7 +130,7 @@ impl Protected {
                 }
             }
         }
-        for log in &spec.audit_logs {
+        for log in spec.audit_logs.iter().chain(&spec.rewritten) {
             for path in spellings(log) {
                 if let (Some(dir), Some(name)) = (path.parent(), path.file_name()) {
                     let family = (dir.to_path_buf(), name.to_os_string());
@@ -376,6 +385,7 @@ mod tests {
             audit_logs: vec![base.join("proj/audit.jsonl")],
             roots: vec![base.join("proj")],
             command: vec![],
+            rewritten: vec![],
         });
         let id = |rel: &str| {
             std::fs::symlink_metadata(base.join(rel))

@@ -77,26 +77,24 @@ impl Console {
         text.lines().next().expect("a URL line").to_owned()
     }
 
-    /// Opens the page as a browser would: spends the ticket for the page session's cookie
-    /// (`name=value`) and its key, which the redirect carries in its fragment. Returns
-    /// (cookie, key).
-    pub fn open_page(&self) -> (String, String) {
+    /// Opens the page as a browser would: spends the ticket, and takes the page session's
+    /// key from the page the console answers with (its `<meta name="fsbroker-key">`).
+    pub fn open_page(&self) -> String {
         let url = self.page_url();
         let path = &url[url.find("/?ticket=").expect("a ticket")..];
-        let landing = self.request("GET", path, &[], None);
-        assert_eq!(landing.status, 303, "{landing:?}");
-        let location = landing.header("location").expect("a redirect");
-        let key = location
-            .strip_prefix("/#key=")
-            .unwrap_or_else(|| panic!("the key in the fragment: {location}"))
-            .to_owned();
+        let page = self.request("GET", path, &[], None);
+        assert_eq!(page.status, 200, "{page:?}");
+        let at = page
+            .body
+            .find("<meta name=\"fsbroker-key\" content=\"")
+            .unwrap_or_else(|| panic!("no key in the page: {}", page.body));
+        let rest = &page.body[at + "<meta name=\"fsbroker-key\" content=\"".len()..];
+        let key = rest[..rest.find('"').expect("the attribute's end")].to_owned();
         assert!(
             key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()),
             "{key}"
         );
-        let set = landing.header("set-cookie").expect("a cookie").to_owned();
-        let cookie = set.split(';').next().unwrap().to_owned();
-        (cookie, key)
+        key
     }
 
     /// `GET` with the token as `Authorization: Bearer`.

@@ -10,7 +10,8 @@
  *
  * Test hooks (stable):
  *   #connection                  "live" while the event stream is open; otherwise
- *                                "connecting", "disconnected, retrying" or "needs its token"
+ *                                "connecting", "disconnected, retrying", "not answering" or
+ *                                "needs its token"
  *   #status                      role=status: the outcome of the person's acts, and errors
  *   #announce                    aria-live: "Session N asks for file access" for new prompts
  *   #loading                     "Connecting…" until the first /api/state arrives
@@ -38,9 +39,10 @@
   const FEED_CAP = 500;        // rows kept in the activity feed
   const MERGE_GAP_MS = 30000;  // identical records further apart than this get their own row
   const REFRESH_MS = 500;      // /api/state at most twice a second
+  const FETCH_MS = 10000;      // a request not answered by then is given up
 
   // This page's key (see takeKey()): sent with every request, kept in sessionStorage, which
-  // belongs to this origin (this port) alone, unlike the cookie.
+  // belongs to this origin (this port) alone, unlike cookies, which every port shares.
   let csrf = '';
   let stopped = false;         // set on 401: nothing more to do without the token
   let source = null;           // the EventSource
@@ -73,12 +75,13 @@
   // Replaces an element's content; `parts` as for h().
   const fill = (el, ...parts) => el.replaceChildren(...h('span', {}, parts).childNodes);
 
-  // Characters that hide or reorder text: C0/C1 controls, soft hyphen, Arabic letter mark,
-  // Mongolian vowel separator, zero-width and bidi marks, embeddings/overrides/isolates,
-  // line/paragraph separators, word joiners, BOM, interlinear annotation marks.
-  const HIDDEN = '\\u0000-\\u001f\\u007f-\\u009f\\u00ad\\u034f\\u061c\\u115f\\u1160\\u17b4\\u17b5' +
-    '\\u180b-\\u180f\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u206f\\u2800\\u3164' +
-    '\\ufe00-\\ufe0f\\ufeff\\uffa0\\ufff9-\\ufffb\\u{e0000}-\\u{e007f}\\u{e0100}-\\u{e01ef}';
+  // Characters that hide or reorder text: every control (Cc), every format character (Cf:
+  // soft hyphen, zero-width and bidi marks, embeddings, overrides and isolates, word joiners,
+  // BOM, Arabic number signs, musical formatting, tags, interlinear annotation marks), the
+  // line and paragraph separators, and blanks that draw nothing: the combining grapheme
+  // joiner, fillers (Hangul, Braille blank), variation selectors.
+  const HIDDEN = '\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}\\u034f\\u115f\\u1160\\u17b4\\u17b5' +
+    '\\u180b-\\u180f\\u2800\\u3164\\ufe00-\\ufe0f\\uffa0\\u{e0100}-\\u{e01ef}';
   const HIDDEN_RE = new RegExp('[' + HIDDEN + ']', 'gu');
   // In a message a line break is just a line break.
   const HIDDEN_BUT_NL_RE = new RegExp('(?![\\n])[' + HIDDEN + ']', 'gu');
@@ -159,7 +162,8 @@
     if (posting.has(url)) return false;
     posting.add(url);
     const headers = { 'X-CSRF-Token': csrf };
-    const init = { method: 'POST', credentials: 'same-origin', cache: 'no-store', headers };
+    // No cookie is needed, and none is sent: the page's key is its credential.
+    const init = { method: 'POST', credentials: 'omit', cache: 'no-store', headers };
     if (body !== undefined) {
       headers['Content-Type'] = 'application/json';
       init.body = JSON.stringify(body);
@@ -201,19 +205,32 @@
     if (inFlight) { again = true; return; }
     inFlight = true;
     lastLoad = Date.now();
+    // A console that does not answer (busy with other connections, or gone) is said so
+    // rather than left looking live.
+    const timer = new AbortController();
+    const giveUp = setTimeout(() => timer.abort(), FETCH_MS);
     try {
       const res = await fetch('/api/state', {
-        credentials: 'same-origin', cache: 'no-store', headers: { 'X-CSRF-Token': csrf },
+        credentials: 'omit', cache: 'no-store', headers: { 'X-CSRF-Token': csrf },
+        signal: timer.signal,
       });
       if (res.status === 401) { signedOut(); return; }
       if (!res.ok) throw new Error(await errorText(res));
       render(await res.json(), performance.now());
       if (failed) say('Reading the broker\'s state works again.', 'ok');
+      if (source && source.readyState === EventSource.OPEN) setConn('live', 'live');
       failed = false;
     } catch (e) {
       failed = true;
-      say(['Could not read the broker\'s state: ', srv(e.message)], 'error');
+      if (timer.signal.aborted) {
+        setConn('not answering', 'down');
+        say('The console did not answer within ' + FETCH_MS / 1000 + ' s; trying again.', 'error');
+        setTimeout(load, 2000);
+      } else {
+        say(['Could not read the broker\'s state: ', srv(e.message)], 'error');
+      }
     } finally {
+      clearTimeout(giveUp);
       inFlight = false;
       if (again) {
         again = false;
@@ -222,17 +239,19 @@
     }
   }
 
-  // Takes this page's key: the console's address carried a one-time ticket, which the
-  // console spent for an HttpOnly cookie naming this page's session and sent the page here
-  // with the session's key in the fragment (#key=…), which a browser never sends to any
-  // server. The key moves to sessionStorage and out of the address bar (and so out of the
-  // history). A reload of this tab keeps it; another tab must open the console anew.
+  // Takes this page's key: the console's address carried a one-time ticket, and the console
+  // answered it with this page and a new page session's key in a <meta> element (never in a
+  // URL, which the browser's history would keep). The key moves to sessionStorage, the
+  // element goes, and the spent ticket leaves the address bar. A reload of this tab keeps the
+  // key; another tab must open the console anew.
   function takeKey() {
-    const given = /^#key=([0-9a-f]{64})$/.exec(location.hash);
-    if (given) {
-      sessionStorage.setItem('fsbroker-key', given[1]);
-      history.replaceState(null, '', location.pathname);
+    const meta = document.querySelector('meta[name="fsbroker-key"]');
+    if (meta) {
+      const given = meta.getAttribute('content') || '';
+      meta.remove();
+      if (/^[0-9a-f]{64}$/.test(given)) sessionStorage.setItem('fsbroker-key', given);
     }
+    if (location.search || location.hash) history.replaceState(null, '', location.pathname);
     const kept = sessionStorage.getItem('fsbroker-key');
     if (kept && /^[0-9a-f]{64}$/.test(kept)) { csrf = kept; return true; }
     signedOut();
@@ -251,7 +270,7 @@
   function connect() {
     if (stopped) return;
     if (source) source.close();
-    // Same origin: the console's cookie goes with it; an EventSource sends no headers, so the
+    // An EventSource sends no headers of its own, so the
     // page's key is in the query (a request's URL, never the address bar or history).
     source = new EventSource('/api/events?csrf=' + encodeURIComponent(csrf));
     source.addEventListener('open', () => {
