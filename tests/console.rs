@@ -1091,3 +1091,162 @@ fn the_default_url_file_is_protected_too() {
         assert_eq!(code(&e), "PERMISSION_DENIED", "{}: {e}", file.display());
     }
 }
+
+/// Rule: the URL file and its temporary siblings are the broker's own files however their
+/// folder is reached: a root that is a bind mount of that folder (another path, the same
+/// folder) reads, lists and watches none of them. The broker runs in a mount namespace of its
+/// own (`unshare -m`, as root), where the bind mount is made; elsewhere the test prints
+/// `SKIPPED` with the reason.
+#[test]
+fn the_url_file_is_protected_through_a_bind_mount() {
+    let (_dir, base) = common::tempdir();
+    let real = base.join("real");
+    let bound = base.join("bound");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::create_dir(&bound).unwrap();
+    std::fs::write(real.join("other.txt"), "readable").unwrap();
+    let probe = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$1" "$2""#)
+        .arg("sh")
+        .arg(&real)
+        .arg(&bound)
+        .output();
+    match probe {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => {
+            eprintln!(
+                "SKIPPED: cannot bind-mount in a mount namespace of our own (needs root): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("SKIPPED: no unshare (util-linux): {e}");
+            return;
+        }
+    }
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&real).name("real"))
+        .root(RootToml::at(&bound).name("bound"))
+        .unlimited()
+        .write_to(&base.join("policy.toml"));
+    let url_file = real.join("console.url");
+    let sock = base.join("s.sock");
+    /// The broker, killed however the test ends.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _broker = Killed(
+        std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$1" "$2" && exec "$3" serve --listen "$4" --policy "$5" --console --console-url-file "$6""#)
+        .arg("sh")
+        .arg(&real)
+        .arg(&bound)
+        .arg(common::bin())
+        .arg(&sock)
+        .arg(&policy)
+        .arg(&url_file)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the broker in a namespace of its own"),
+    );
+    let c = Console::from_url_file(&url_file);
+    let end = std::time::Instant::now() + WAIT;
+    while !sock.exists() {
+        assert!(std::time::Instant::now() < end, "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut server = common::Fsb::connect(&sock);
+    // A temporary sibling as each rewrite makes one, for a moment.
+    std::fs::write(
+        real.join("console.url.00112233aabbccdd.tmp"),
+        std::fs::read(&url_file).unwrap(),
+    )
+    .unwrap();
+    for (through, name) in [
+        ("real", "console.url"),
+        ("bound", "console.url"),
+        ("bound", "console.url.00112233aabbccdd.tmp"),
+    ] {
+        let e = server.err("files/read", json!({"path": format!("{through}/{name}")}));
+        assert_eq!(code(&e), "PERMISSION_DENIED", "{through}/{name}: {e}");
+    }
+    let ok = server.ok("files/read", json!({"path": "bound/other.txt"}));
+    assert_eq!(
+        ok["content"], "readable",
+        "the bind mount is a working root"
+    );
+    let listed = server.ok(
+        "files/list",
+        json!({"path": "bound", "includeHidden": true}),
+    );
+    let names: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(names, ["other.txt"], "{listed}");
+    // The person opens the console again: the rewrite is not seen through the other path.
+    c.open_page();
+    let e = server.err("files/read", json!({"path": "bound/console.url"}));
+    assert_eq!(code(&e), "PERMISSION_DENIED", "{e}");
+    assert!(!e.to_string().contains(&c.token), "{e}");
+}
+
+/// Rule: a connection that proved itself (a request with the token) stays open while its
+/// client keeps it, idle past the 10 s an unproven one gets, and through a flood of new
+/// connections from another program (300, which evict one another, never it): its next
+/// request is answered on it. So the page's requests need no fresh connection that a flood
+/// could crowd out.
+#[test]
+fn a_proven_connection_outlasts_idleness_and_a_flood() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let s = Setup::start(|b| prompt_policy(b, 60_000));
+    let c = &s.console;
+    let mut conn = std::net::TcpStream::connect(&c.host).expect("connect");
+    conn.set_read_timeout(Some(WAIT)).unwrap();
+    let request = format!(
+        "GET /api/state HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\r\n",
+        c.host, c.token
+    );
+    // One keep-alive answer: its head, then as many bytes as its Content-Length says.
+    let answer = |conn: &mut std::net::TcpStream| -> String {
+        conn.write_all(request.as_bytes()).unwrap();
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let mut status = String::new();
+        reader.read_line(&mut status).unwrap();
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0u8; length];
+        reader.read_exact(&mut body).unwrap();
+        status
+    };
+    assert!(answer(&mut conn).contains(" 200 "));
+    std::thread::sleep(Duration::from_secs(11));
+    let flood: Vec<std::net::TcpStream> = (0..300)
+        .filter_map(|_| std::net::TcpStream::connect(&c.host).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        answer(&mut conn).contains(" 200 "),
+        "answered on the same connection"
+    );
+    drop(flood);
+}

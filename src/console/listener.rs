@@ -31,7 +31,7 @@ impl Proven {
         self.0.store(true, Ordering::Relaxed);
     }
 
-    fn get(&self) -> bool {
+    pub(crate) fn get(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 }

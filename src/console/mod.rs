@@ -114,6 +114,11 @@ pub(crate) fn start(
             guard::check,
         ))
         .with_state(Arc::clone(&shared));
+    // A longer queue than the standard library's 128, so a burst of connections from another
+    // program leaves room for the page's (Linux takes a second listen() as the new length).
+    if let Err(e) = rustix::net::listen(&listener, BACKLOG) {
+        tracing::debug!(error = %e, "console: the listen backlog stays at its default");
+    }
     let listener =
         tokio::net::TcpListener::from_std(listener).map_err(|e| format!("console socket: {e}"))?;
     let server = tokio::spawn(serve(listener, app));
@@ -130,11 +135,15 @@ pub(crate) fn start(
     })
 }
 
-/// How long a connection may take to send a request's head, counted from when the console
-/// starts waiting for one (on a new connection, or an idle kept-alive one): past it the
-/// connection is closed. A page sends its requests' heads at once; its event stream, once
-/// asked for, is not reading a head and is not cut.
-const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a connection may stay open without proving itself (a request carrying the token
+/// or a page's key): past it, it is closed, whatever it is doing (sending nothing, or a head a
+/// byte at a time). A proven connection is kept as long as its client keeps it: the page's
+/// next requests reuse it rather than needing a new connection, which a flood of connections
+/// from another program could crowd out.
+const UNPROVEN_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The listen backlog: connections the kernel keeps waiting while the console accepts.
+const BACKLOG: i32 = 1024;
 
 /// The most a request's head may take in memory. A browser sends every cookie of
 /// `127.0.0.1` to every port, and any page served there can set up to some 180 cookies of
@@ -165,14 +174,23 @@ async fn serve(listener: tokio::net::TcpListener, app: Router) {
         );
         let task = tokio::spawn(async move {
             let mut http = hyper::server::conn::http1::Builder::new();
+            // No head timeout of hyper's: it would close a proven connection left idle too;
+            // the watch below closes unproven ones instead.
             http.timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
+                .header_read_timeout(None)
                 .max_buf_size(MAX_HEAD);
             let served = http
                 .serve_connection(hyper_util::rt::TokioIo::new(io), service)
                 .await;
             if let Err(e) = served {
                 tracing::debug!(error = %e, "console: a connection ended");
+            }
+        });
+        let (watched, ending) = (proven.clone(), task.abort_handle());
+        tokio::spawn(async move {
+            tokio::time::sleep(UNPROVEN_FOR).await;
+            if !watched.get() {
+                ending.abort();
             }
         });
         conns.add(proven, task.abort_handle());

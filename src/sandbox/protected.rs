@@ -13,6 +13,9 @@
 //! Each is known by its path (canonical, and as configured when that differs) — which also
 //! covers what does not exist yet, such as the next rotated audit log — and by its device and
 //! inode when it exists, so a hard link or a bind mount of it under another name is caught too.
+//! Files made later in a known folder under a known name's prefix (a rotated audit log, the
+//! console's URL file rewritten through a new file) are known by that name and their folder's
+//! identity, so another path to the folder does not reach them either.
 
 // Ambient `std::fs` calls are allowed here (clippy.toml): knowing the broker's own files by path and identity is this module's job.
 #![allow(clippy::disallowed_methods)]
@@ -53,6 +56,18 @@ impl Verdict {
 
 /// The reason given for any request on one of fsbroker's own files.
 pub(crate) const OWN_FILE: &str = "protected: fsbroker's own file";
+
+/// Whether two folders are one (device and inode), reached by different paths: a bind mount
+/// of a family's folder, say. A family's members are made after the broker started (each
+/// rotated log, each rewrite of the console's URL file through a new file), so their own
+/// identities cannot be known in advance; their folder's can. Asked only for an entry whose
+/// name already starts with a family's, so a listing pays nothing for it.
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.is_dir() && id_of(&a) == id_of(&b),
+        _ => false,
+    }
+}
 
 /// A file's identity on the machine: device and inode.
 pub(crate) type Id = (u64, u64);
@@ -206,10 +221,9 @@ impl Protected {
         self.files
             .iter()
             .any(|f| f.file_name() == Some(name) && f.parent() == Some(dir))
-            || self
-                .families
-                .iter()
-                .any(|(d, n)| bytes.starts_with(n.as_encoded_bytes()) && d == dir)
+            || self.families.iter().any(|(d, n)| {
+                bytes.starts_with(n.as_encoded_bytes()) && (d == dir || same_dir(d, dir))
+            })
             || id.is_some_and(|id| {
                 self.file_ids
                     .read()

@@ -40,6 +40,9 @@
   const MERGE_GAP_MS = 30000;  // identical records further apart than this get their own row
   const REFRESH_MS = 500;      // /api/state at most twice a second
   const FETCH_MS = 10000;      // a request not answered by then is given up
+  const FIRST_RETRY_MS = 1000; // a failed read of the state is tried again after this,
+  const MAX_RETRY_MS = 8000;   // doubling each time it fails again, up to this
+  let retryMs = FIRST_RETRY_MS / 2;
 
   // This page's key (see takeKey()): sent with every request, kept in sessionStorage, which
   // belongs to this origin (this port) alone, unlike cookies, which every port shares.
@@ -218,17 +221,21 @@
       if (!res.ok) throw new Error(await errorText(res));
       render(await res.json(), performance.now());
       if (failed) say('Reading the broker\'s state works again.', 'ok');
+      retryMs = FIRST_RETRY_MS / 2;
       if (source && source.readyState === EventSource.OPEN) setConn('live', 'live');
       failed = false;
     } catch (e) {
       failed = true;
+      // Whatever went wrong, the page no longer shows the broker as it is: it says so, and
+      // tries again, less often the longer it fails (a prompt must not wait for an event).
+      setConn('not answering', 'down');
       if (timer.signal.aborted) {
-        setConn('not answering', 'down');
         say('The console did not answer within ' + FETCH_MS / 1000 + ' s; trying again.', 'error');
-        setTimeout(load, 2000);
       } else {
-        say(['Could not read the broker\'s state: ', srv(e.message)], 'error');
+        say(['Could not read the broker\'s state: ', srv(e.message), '; trying again.'], 'error');
       }
+      retryMs = Math.min(retryMs * 2, MAX_RETRY_MS);
+      setTimeout(load, retryMs);
     } finally {
       clearTimeout(giveUp);
       inFlight = false;
