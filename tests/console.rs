@@ -487,8 +487,9 @@ fn a_planted_temporary_file_does_not_stop_the_next_ticket() {
 /// Rule: `--console` takes loopback addresses only; the URL file is owner-only and is one of
 /// the broker's own files, which no server reads even when it lies inside a root; so is every
 /// temporary sibling it is rewritten through (`console.url.RANDOM.tmp`), which holds the
-/// same secrets: a server listing and reading the folder while the person opens the console
-/// again and again never sees the token.
+/// same secrets, and a hard link made of it (an old version is emptied when replaced): a
+/// server listing and reading the folder while the person opens the console again and again
+/// never sees the token.
 #[test]
 fn loopback_only_and_the_url_file_is_protected() {
     let (_dir, base) = common::tempdir();
@@ -545,6 +546,25 @@ fn loopback_only_and_the_url_file_is_protected() {
     assert!(!listed.to_string().contains(&s.console.token), "{listed}");
     let e = server.err("files/delete", json!({"path": sibling.to_str().unwrap()}));
     assert_eq!(code(&e), "PERMISSION_DENIED", "{e}");
+    // A hard link of the URL file under another name (a backup tool's, say): refused while
+    // it is the file in use; once the person opened the console and the file was rewritten,
+    // the old version is emptied (its inode may go to any file later, so it is not refused
+    // for ever: it holds nothing).
+    let link = s.base.join("copy.txt");
+    std::fs::hard_link(&s.url_file, &link).unwrap();
+    for method in ["files/read", "files/checksum"] {
+        let e = server.err(method, json!({"path": link.to_str().unwrap()}));
+        assert_eq!(code(&e), "PERMISSION_DENIED", "{method}: {e}");
+    }
+    s.console.open_page();
+    let old = server.ok("files/read", json!({"path": link.to_str().unwrap()}));
+    assert_eq!(old["content"], "", "the old version is emptied: {old}");
+    let newer = s.base.join("copy-2.txt");
+    std::fs::hard_link(&s.url_file, &newer).unwrap();
+    let e = server.err("files/read", json!({"path": newer.to_str().unwrap()}));
+    assert_eq!(code(&e), "PERMISSION_DENIED", "{e}");
+    std::fs::remove_file(&link).unwrap();
+    std::fs::remove_file(&newer).unwrap();
     // And the real rewrites, many of them, while a session lists and reads the folder as
     // fast as it can: no token or ticket reaches it.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -203,6 +203,7 @@ async fn serve(listener: tokio::net::TcpListener, app: Router) {
 /// key is never in a URL: browsers keep every URL they were sent to in their history.
 async fn page(
     axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+    proven: Option<axum::Extension<listener::Proven>>,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
 ) -> axum::response::Response {
     if let Some(ticket) = q.get("ticket") {
@@ -210,6 +211,11 @@ async fn page(
             Ok(key) => key,
             Err(why) => return guard::refuse(axum::http::StatusCode::UNAUTHORIZED, &why),
         };
+        // The ticket was a credential: the connection keeps its place while the page goes
+        // out on it (a flood of other connections must not cut it off, the ticket spent).
+        if let Some(axum::Extension(proven)) = proven {
+            proven.set();
+        }
         if let Some(path) = &shared.url_file {
             let (path, url, token) = (
                 path.clone(),

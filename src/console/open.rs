@@ -51,7 +51,10 @@ pub(crate) fn read_url_file(file: &Path) -> Result<(String, Option<String>), Str
 /// The new file is `NAME.RANDOM.tmp` beside `path`: a name no one can take first (in a folder
 /// others may write to, a guessable one would make every rewrite fail), and one that starts
 /// with `path`'s own name, which makes it one of the broker's protected files too
-/// (`ProtectedSpec::rewritten`): it holds the same secrets while it exists.
+/// (`ProtectedSpec::rewritten`): it holds the same secrets while it exists. Its identity is
+/// protected too, from before it holds anything, so a hard link made of it under any name is
+/// refused to servers; and the version it replaces is emptied once replaced, so a hard link
+/// made of an old version holds nothing.
 #[allow(clippy::disallowed_methods)] // the console's own files, never a request path
 pub(crate) fn write_owner_only(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
@@ -63,6 +66,14 @@ pub(crate) fn write_owner_only(path: &Path, contents: &[u8]) -> std::io::Result<
     let name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other("names no file"))?;
+    // The version in place now, to empty once it is replaced (not followed if a link; a FIFO
+    // there is not waited on).
+    let old = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(path)
+        .ok()
+        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()));
     let mut attempt = 0;
     let (tmp, mut file) = loop {
         let suffix = super::guard::random_hex(8).map_err(std::io::Error::other)?;
@@ -74,7 +85,14 @@ pub(crate) fn write_owner_only(path: &Path, contents: &[u8]) -> std::io::Result<
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&tmp)
         {
-            Ok(file) => break (tmp, file),
+            Ok(file) => {
+                // Known as the broker's own before it holds anything: a hard link made of it
+                // later, anywhere, is refused to servers too.
+                if let Ok(meta) = file.metadata() {
+                    fsbroker::sandbox::protect_written(&meta);
+                }
+                break (tmp, file);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 8 => {
                 attempt += 1;
             }
@@ -87,8 +105,15 @@ pub(crate) fn write_owner_only(path: &Path, contents: &[u8]) -> std::io::Result<
         .and_then(|()| std::fs::rename(&tmp, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
+        return written;
     }
-    written
+    if let Some(old) = old {
+        let _ = old.set_len(0);
+        if let Ok(meta) = old.metadata() {
+            fsbroker::sandbox::forget_written(&meta);
+        }
+    }
+    Ok(())
 }
 
 /// Opens the console whose URL file is `url_file` with `xdg-open`, through a page in the

@@ -18,6 +18,7 @@ mod resolve;
 mod root;
 
 pub use deny::DenySet;
+pub use protected::{forget_written, protect_written};
 pub(crate) use resolve::join_display;
 pub use resolve::{MAX_WALK_DEPTH, Resolved, resolve};
 pub(crate) use root::link;

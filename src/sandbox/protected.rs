@@ -69,6 +69,33 @@ fn same_dir(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Identities of the files this process keeps its secrets in now (the console's URL file),
+/// whatever policy is in force: a hard link or a file bind mount made of one, under any name
+/// in any root, is one of fsbroker's own files. A version that is replaced is emptied and
+/// forgotten ([`forget_written`]): its inode number may then be given to any other file.
+static WRITTEN: RwLock<Vec<Id>> = RwLock::new(Vec::new());
+
+/// Registers the file `meta` describes as one of fsbroker's own files, for every policy, until
+/// [`forget_written`]. Call it when the file is made, before anything secret is in it: a hard
+/// link or a file bind mount made of it, under any name in any root, is then refused to
+/// servers as the file itself is.
+pub fn protect_written(meta: &std::fs::Metadata) {
+    let id = id_of(meta);
+    let mut written = WRITTEN.write().unwrap_or_else(|e| e.into_inner());
+    if !written.contains(&id) {
+        written.push(id);
+    }
+}
+
+/// Forgets a file [`protect_written`] registered, once it holds nothing secret any more.
+pub fn forget_written(meta: &std::fs::Metadata) {
+    let id = id_of(meta);
+    WRITTEN
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|w| *w != id);
+}
+
 /// A file's identity on the machine: device and inode.
 pub(crate) type Id = (u64, u64);
 
@@ -229,6 +256,10 @@ impl Protected {
                     .read()
                     .unwrap_or_else(|e| e.into_inner())
                     .contains_key(&id)
+                    || WRITTEN
+                        .read()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(&id)
             })
     }
 
