@@ -17,7 +17,6 @@
 //! ≥ 0.90× at 1 MiB chunks (a hash costs at most a tenth).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
@@ -26,8 +25,9 @@ use sha2::{Digest, Sha256};
 
 use super::client::Broker;
 use super::progress::Bars;
+use super::read::hex;
 use super::report::{self, IntegrityPair, Throughput};
-use super::{Encoding, read, upload, wire};
+use super::{Encoding, read, upload};
 
 /// Pairs of each kind: even, so each order comes as often.
 const PAIRS: usize = 4;
@@ -161,33 +161,7 @@ fn checksum(
         .to_str()
         .ok_or_else(|| format!("{} is not UTF-8", file.display()))?;
     let path = serde_json::to_string(path).map_err(|e| e.to_string())?;
-    let id = broker.requests.id();
-    let started = Instant::now();
-    writeln!(
-        broker.requests,
-        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"files/checksum\",\"params\":{{\"path\":{path}}}}}"
-    )
-    .and_then(|()| broker.requests.flush())
-    .map_err(|e| format!("sending to the broker: {e}"))?;
-    let (span, answer) = broker.answer()?;
-    let elapsed = started.elapsed();
-    let line = broker.answers.line(span);
-    if let Some(e) = &answer.error {
-        return Err(format!(
-            "files/checksum: {}",
-            wire::error_text(&line[e.clone()])
-        ));
-    }
-    let result = answer.result.clone().ok_or("files/checksum: no result")?;
-    let got: serde_json::Value = serde_json::from_slice(&line[result])
-        .map_err(|e| format!("files/checksum: a bad result ({e})"))?;
-    if got["sha256"].as_str() != Some(hex(whole).as_str()) {
-        return Err(format!(
-            "files/checksum gave {} for a file whose sha256 is {}",
-            got["sha256"],
-            hex(whole)
-        ));
-    }
+    let elapsed = read::whole_file_checksum(broker, &path, whole)?;
     Ok(Throughput::new(size, elapsed))
 }
 
@@ -209,9 +183,4 @@ fn geomean(pairs: &[IntegrityPair]) -> Option<f64> {
         let logs: f64 = pairs.iter().map(|p| p.ratio.ln()).sum();
         (logs / pairs.len() as f64).exp()
     })
-}
-
-/// Lower-case hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -13,7 +13,7 @@ use std::io::Write;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde::Deserialize;
@@ -134,16 +134,23 @@ pub(crate) fn run(broker: &mut Broker, spec: &Spec, bars: &Bars) -> Result<repor
     Ok(out)
 }
 
-/// Asks the broker for the whole file's sha256 (`files/checksum`), untimed, and compares it
-/// with the file's.
-fn whole_file_checksum(broker: &mut Broker, path: &str, expected: &[u8; 32]) -> Result<(), String> {
+/// Asks the broker for the whole file's sha256 (`files/checksum`; `path` as JSON) and compares
+/// it with the file's; returns how long the answer took.
+pub(crate) fn whole_file_checksum(
+    broker: &mut Broker,
+    path: &str,
+    expected: &[u8; 32],
+) -> Result<Duration, String> {
     let id = broker.requests.id();
+    let started = Instant::now();
     writeln!(
         broker.requests,
         "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"files/checksum\",\"params\":{{\"path\":{path}}}}}"
     )
+    .and_then(|()| broker.requests.flush())
     .map_err(|e| format!("sending to the broker: {e}"))?;
     let (span, answer) = broker.answer()?;
+    let elapsed = started.elapsed();
     let line = broker.answers.line(span);
     if let Some(e) = &answer.error {
         return Err(format!(
@@ -161,11 +168,11 @@ fn whole_file_checksum(broker: &mut Broker, path: &str, expected: &[u8; 32]) -> 
             got["sha256"]
         ));
     }
-    Ok(())
+    Ok(elapsed)
 }
 
 /// Lower-case hex.
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -237,10 +237,7 @@ fn request(line: &mut Vec<u8>, p: Piece<'_>) {
         Encoding::Base64 => None,
     };
     let check = match p.sha256 {
-        Some(hash) if p.last => format!(
-            ",\"sha256\":\"{}\"",
-            hash.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        ),
+        Some(hash) if p.last => format!(",\"sha256\":\"{}\"", super::read::hex(hash)),
         Some(_) if p.offset == 0 => ",\"sha256\":true".to_owned(),
         _ => String::new(),
     };
