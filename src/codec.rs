@@ -64,6 +64,78 @@ pub(crate) fn base64_into_slice(data: &[u8], out: &mut [u8]) -> usize {
     BASE64.encode_slice(data, out).unwrap_or(0)
 }
 
+/// Input bytes decoded per step of [`base64_decode_in_place`] once the room allows: small
+/// enough to stay in cache between the decoder's read and its write.
+const IN_PLACE_BLOCK: usize = 64 << 10;
+
+/// Decodes the base64 at `buf[src]` into the start of `buf`, and returns its length: the
+/// decoded bytes are `buf[..n]`. `src` must start past the first byte or two.
+///
+/// Base64 decodes 4 bytes into 3, so the output, begun at 0, stays behind the input, begun at
+/// `src.start`: each step decodes as many whole quads as the gap between them allows (the
+/// output of a step must end before its input begins), and the gap grows by a quarter of each
+/// step's input, so after a few dozen small steps every step is [`IN_PLACE_BLOCK`]. Only the
+/// last step may hold padding, as in a decode of the whole. An error's byte offset is counted
+/// from `src.start`.
+pub(crate) fn base64_decode_in_place(
+    buf: &mut [u8],
+    src: std::ops::Range<usize>,
+) -> Result<usize, base64::DecodeError> {
+    use base64::DecodeError;
+    let (mut out, mut at) = (0, src.start);
+    while at < src.end {
+        let quads = ((at - out) / 3).min(IN_PLACE_BLOCK / 4);
+        if quads == 0 {
+            // No gap yet (the content starts at the line's first bytes, which a request
+            // never does): one quad through a stack buffer.
+            let step = (src.end - at).min(4);
+            let mut tmp = [0u8; 3];
+            let n = BASE64
+                .decode_slice(&buf[at..at + step], &mut tmp)
+                .map_err(|e| shift(slice_error(e), at - src.start))?;
+            buf[out..out + n].copy_from_slice(&tmp[..n]);
+            (out, at) = (out + n, at + step);
+            continue;
+        }
+        let step = (src.end - at).min(quads * 4);
+        let (written, unread) = buf.split_at_mut(at);
+        let n = BASE64
+            .decode_slice(&unread[..step], &mut written[out..])
+            .map_err(|e| shift(slice_error(e), at - src.start))?;
+        (out, at) = (out + n, at + step);
+        if n != step / 4 * 3 && at < src.end {
+            // Padding ended a step that is not the last: bytes follow the padding.
+            return Err(DecodeError::InvalidByte(at - src.start, buf[at]));
+        }
+    }
+    return Ok(out);
+
+    fn slice_error(e: base64::DecodeSliceError) -> DecodeError {
+        match e {
+            base64::DecodeSliceError::DecodeError(e) => e,
+            // The output slice is the whole gap, at least 3 bytes per quad of input.
+            base64::DecodeSliceError::OutputSliceTooSmall => DecodeError::InvalidLength(0),
+        }
+    }
+
+    fn shift(e: DecodeError, by: usize) -> DecodeError {
+        match e {
+            DecodeError::InvalidByte(at, b) => DecodeError::InvalidByte(at + by, b),
+            DecodeError::InvalidLastSymbol {
+                offset,
+                symbol,
+                symbol_value,
+            } => DecodeError::InvalidLastSymbol {
+                offset: offset + by,
+                symbol,
+                symbol_value,
+            },
+            DecodeError::InvalidLength(n) => DecodeError::InvalidLength(n + by),
+            other => other,
+        }
+    }
+}
+
 /// How much of `chunk` to send as UTF-8 text, or `None` to send it as base64.
 ///
 /// A chunk that ends inside a character is shortened to the last whole character when more
@@ -80,6 +152,62 @@ pub(crate) fn utf8_prefix(chunk: &[u8], more: bool) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_place_decoding_matches_a_whole_decode() {
+        for n in [0usize, 1, 2, 3, 4, 5, 47, 48, 1000, 4097, 200_000, 300_001] {
+            let data: Vec<u8> = (0..n).map(|i| (i * 31 + 7) as u8).collect();
+            let text = BASE64.encode(&data);
+            for gap in [1usize, 2, 3, 11, 100] {
+                let mut buf = vec![b'{'; gap];
+                buf.extend_from_slice(text.as_bytes());
+                buf.extend_from_slice(b"\"}");
+                let got = base64_decode_in_place(&mut buf, gap..gap + text.len());
+                assert_eq!(got, Ok(n), "n {n}, gap {gap}");
+                assert!(buf[..n] == data[..], "n {n}, gap {gap}");
+            }
+        }
+    }
+
+    #[test]
+    fn in_place_decoding_refuses_what_a_whole_decode_refuses() {
+        let good = BASE64.encode((0..100_000u32).map(|i| i as u8).collect::<Vec<_>>());
+        let bad_at = |at: usize, b: u8| {
+            let mut t = good.clone().into_bytes();
+            t[at] = b;
+            t
+        };
+        let cases: Vec<Vec<u8>> = vec![
+            bad_at(70_000, b'"'),
+            bad_at(5, b'\\'),
+            bad_at(65_536, b'='),
+            bad_at(133_331, b'*'),
+            format!("{good}A").into_bytes(),
+            good.as_bytes()[..good.len() - 1].to_vec(),
+            b"QQ==QQ==".to_vec(),
+            b"Q".to_vec(),
+        ];
+        for text in cases {
+            let whole = BASE64.decode(&text);
+            let mut buf = b"{\"content\":\"".to_vec();
+            let start = buf.len();
+            buf.extend_from_slice(&text);
+            let got = base64_decode_in_place(&mut buf, start..start + text.len());
+            assert!(whole.is_err(), "the reference refuses it");
+            assert!(
+                got.is_err(),
+                "refused in place too: {:?}",
+                &text[..text.len().min(20)]
+            );
+            if let (
+                Err(base64::DecodeError::InvalidByte(w, _)),
+                Err(base64::DecodeError::InvalidByte(g, _)),
+            ) = (&whole, &got)
+            {
+                assert_eq!(w, g, "the offset is the content's");
+            }
+        }
+    }
 
     #[test]
     fn base64_matches_the_reference_engine() {

@@ -12,7 +12,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use serde_json::value::RawValue;
+
 use crate::broker::Broker;
+use crate::buffers::{Content, Line};
 use crate::fast::Late;
 use crate::jsonrpc::{self, Incoming};
 use crate::limits::MAX_PEER_NOTE;
@@ -22,6 +25,10 @@ use crate::session::{Outbox, Received, SessionState};
 /// The notification a proxy sends a shared broker (`proxy --connect`) to name the MCP server
 /// behind it: `{"name": "…"}`, the server's own `serverInfo.name`.
 pub const PEER_NOTIFICATION: &str = "notifications/fsbroker/peer";
+
+/// The one method whose line may have its content lifted out before parsing: the others
+/// would read the stand-in as their content.
+const LIFTS_FOR: &str = "files/write";
 
 /// The notification a shared broker sends a proxy (`proxy --connect`) just before it closes
 /// the link because the person ended the session: the proxy then ends its server, as a local
@@ -278,6 +285,70 @@ impl Session {
         self.respond_received(line, self.received(), None).await
     }
 
+    /// Runs one request of this session.
+    async fn request(
+        &self,
+        id: &RawValue,
+        method: &str,
+        params: Option<&RawValue>,
+        content: Option<Content<'_>>,
+        received: Received,
+        late: Option<&Arc<Late>>,
+    ) -> Option<Outgoing> {
+        let arrival = received.arrival();
+        // Without `late`, `received` lives until the answer is built.
+        let _received = match late {
+            Some(late) => {
+                late.hold(id, received);
+                None
+            }
+            None => Some(received),
+        };
+        let frame = crate::methods::call(
+            self.broker(),
+            self.state(),
+            method,
+            crate::methods::Args {
+                params,
+                lifted: content,
+            },
+            id,
+            arrival,
+            late,
+        )
+        .await;
+        // Answered: its place goes now, as `_received` does for the pool's callers.
+        if let Some(late) = late {
+            late.release();
+        }
+        match late {
+            Some(late) if late.answered() => None,
+            _ => Some(frame),
+        }
+    }
+
+    /// [`Session::respond_received`] for a line the transport hands over: an upload chunk's
+    /// content is then decoded in place, in the line's own buffer, which goes back to the
+    /// connection's spares when the chunk is written.
+    pub(crate) async fn respond_line(
+        &self,
+        line: Line,
+        received: Received,
+        late: Option<&Arc<Late>>,
+    ) -> Option<Outgoing> {
+        if let Some(lifted) = jsonrpc::lift(&line) {
+            if let Incoming::Request { id, method, params } = jsonrpc::parse(&lifted.view) {
+                if method == LIFTS_FOR {
+                    let content = Content::Owned(line, lifted.content);
+                    return self
+                        .request(id, &method, params, Some(content), received, late)
+                        .await;
+                }
+            }
+        }
+        self.respond_received(&line, received, late).await
+    }
+
     /// [`Session::respond`] for a request already counted by [`Session::received`]. With
     /// `late` (a transport that can take an answer from another thread), a request stuck on
     /// the fast path is answered `TIMEOUT` through it at its deadline, and `None` is returned
@@ -288,35 +359,23 @@ impl Session {
         received: Received,
         late: Option<&Arc<Late>>,
     ) -> Option<Outgoing> {
-        match jsonrpc::parse(line) {
+        // An upload chunk's content is lifted out of its line before parsing (see
+        // `jsonrpc::lift`); any other method's line is parsed whole.
+        let lifted = jsonrpc::lift(line);
+        let (incoming, content) = match &lifted {
+            Some(lifted) => match jsonrpc::parse(&lifted.view) {
+                request @ Incoming::Request { .. } if request.method() == Some(LIFTS_FOR) => {
+                    let content = Content::Borrowed(&line[lifted.content.clone()]);
+                    (request, Some(content))
+                }
+                _ => (jsonrpc::parse(line), None),
+            },
+            None => (jsonrpc::parse(line), None),
+        };
+        match incoming {
             Incoming::Request { id, method, params } => {
-                let arrival = received.arrival();
-                // Without `late`, `received` lives until the answer is built.
-                let _received = match late {
-                    Some(late) => {
-                        late.hold(id, received);
-                        None
-                    }
-                    None => Some(received),
-                };
-                let frame = crate::methods::call(
-                    self.broker(),
-                    self.state(),
-                    &method,
-                    params,
-                    id,
-                    arrival,
-                    late,
-                )
-                .await;
-                // Answered: its place goes now, as `_received` does for the pool's callers.
-                if let Some(late) = late {
-                    late.release();
-                }
-                match late {
-                    Some(late) if late.answered() => None,
-                    _ => Some(frame),
-                }
+                self.request(id, &method, params, content, received, late)
+                    .await
             }
             Incoming::Notification { method, params } => {
                 if method == PEER_NOTIFICATION {

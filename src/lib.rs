@@ -77,7 +77,8 @@
 //! - `limits.rs`: every fixed bound, with its value and why, in one table. The limits a
 //!   policy sets are [`policy`]'s; `throttle.rs` applies rates and deadlines at run time.
 //! - `jsonrpc.rs` (envelopes in, frames out), `outgoing.rs` (a frame on its way out, with a
-//!   large read's body in pages of its own), `codec.rs` (UTF-8 and base64, SIMD), `digest.rs`
+//!   large read's body in pages of its own), `buffers.rs` (large request lines, reused, and
+//!   the content lifted out of them), `codec.rs` (UTF-8 and base64, SIMD), `digest.rs`
 //!   (SHA-256 of chunks, uploads and ranges: the integrity extension): private.
 //! - `locks.rs` (path locks, SEP-1708), `fair.rs` (the blocking pool shared fairly between
 //!   sessions), `fast.rs` (small reads run inline, with a watchdog that answers `TIMEOUT`
@@ -126,6 +127,7 @@
 // the transports, the path resolver and the audit log's verifier. The rest is the broker's own.
 pub mod audit;
 mod broker;
+mod buffers;
 mod codec;
 pub mod confine;
 mod consent;

@@ -20,6 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("rfc3339", &[]),
     ("error", &[]),
     ("codec", &[]),
+    ("buffers", &[]),
     ("digest", &[]),
     ("rundir", &["limits", "random"]),
     ("sandbox", &["error", "limits", "random"]),
@@ -36,7 +37,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["digest", "limits", "policy", "rfc3339", "rundir", "sandbox"],
     ),
     ("outgoing", &["limits"]),
-    ("jsonrpc", &["error", "outgoing"]),
+    ("jsonrpc", &["error", "outgoing", "random"]),
     (
         "fast",
         &["audit", "error", "jsonrpc", "throttle", "outgoing"],
@@ -64,22 +65,23 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "methods",
         &[
-            "audit", "broker", "codec", "consent", "digest", "error", "fair", "fast", "jsonrpc",
-            "limits", "locks", "outgoing", "policy", "rfc3339", "sandbox", "session", "throttle",
-            "upload", "watch",
+            "audit", "broker", "buffers", "codec", "consent", "digest", "error", "fair", "fast",
+            "jsonrpc", "limits", "locks", "outgoing", "policy", "rfc3339", "sandbox", "session",
+            "throttle", "upload", "watch",
         ],
     ),
     (
         "host",
         &[
-            "audit", "broker", "fast", "jsonrpc", "limits", "methods", "outgoing", "session",
+            "audit", "broker", "buffers", "fast", "jsonrpc", "limits", "methods", "outgoing",
+            "session",
         ],
     ),
     (
         "transport",
         &[
-            "broker", "confine", "error", "fast", "host", "jsonrpc", "limits", "methods",
-            "outgoing", "policy", "random", "rundir",
+            "broker", "buffers", "confine", "error", "fast", "host", "jsonrpc", "limits",
+            "methods", "outgoing", "policy", "random", "rundir",
         ],
     ),
     // Built only for `cargo fuzz` and for `cargo test`: what they check of the private layers.

@@ -12,11 +12,21 @@ use super::op::{Ctx, audit_unavailable};
 use super::{Kind, Outcome, dispatch, is_broker_method, method as row};
 use crate::audit::{AuditError, AuditLog, PendingLine};
 use crate::broker::Broker;
+use crate::buffers::Content;
 use crate::fast::{Late, LateAudit};
 use crate::jsonrpc;
 use crate::outgoing::Outgoing;
 use crate::session::SessionState;
 use crate::throttle;
+
+/// A request's parameters: as parsed, and the content lifted out of its line before parsing.
+#[derive(Debug)]
+pub(crate) struct Args<'a> {
+    /// The `params` member, raw.
+    pub params: Option<&'a RawValue>,
+    /// See `Ctx::lifted`.
+    pub lifted: Option<Content<'a>>,
+}
 
 /// Runs one request and returns its response frame; writes its audit line when the broker
 /// keeps an audit log, and refuses it when that log cannot be written. The same record goes
@@ -26,12 +36,13 @@ pub(crate) async fn call(
     broker: &Arc<Broker>,
     state: &Arc<SessionState>,
     method: &str,
-    params: Option<&RawValue>,
+    args: Args<'_>,
     id: &RawValue,
     arrival: u64,
     late: Option<&Arc<Late>>,
 ) -> Outgoing {
     let started = Instant::now();
+    let Args { params, lifted } = args;
     let known = row(method);
     let audit = broker.audit().filter(|_| is_broker_method(method));
     // The line is begun before the work runs: a read may take the fast path, where the
@@ -59,6 +70,7 @@ pub(crate) async fn call(
         state,
         arrival,
         late: late.cloned(),
+        lifted: std::sync::Mutex::new(lifted),
     };
     let mut also_refused = 0;
     let (frame, outcome) = if audit.is_some_and(|a| !a.is_healthy()) {

@@ -37,7 +37,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::{self, WriteResult};
 use crate::outgoing::{Body, Outgoing};
 
-pub(crate) use call::call;
+pub(crate) use call::{Args, call};
 use op::{Ctx, Op};
 
 /// What a method does to the person's files, as the audit log and the rate limiter see it.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::broker::Broker;
+use crate::buffers::Content;
 use crate::consent;
 use crate::error::{Error, ErrorKind, Result};
 use crate::fast::{FastPath, Late, Ticket};
@@ -25,6 +26,10 @@ pub(crate) struct Ctx<'a> {
     pub arrival: u64,
     /// How the fast path's watchdog answers this request if it gets stuck there.
     pub late: Option<Arc<Late>>,
+    /// An upload chunk's content, lifted out of its line before parsing
+    /// (`jsonrpc::lift`), unchecked; its `content` then parses to `jsonrpc::placeholder()`.
+    /// Taken by the method that reads it.
+    pub lifted: std::sync::Mutex<Option<Content<'a>>>,
 }
 
 impl Ctx<'_> {

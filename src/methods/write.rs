@@ -18,10 +18,11 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{Ctx, Op};
-use crate::codec::{BASE64, Encoding};
+use crate::buffers::{Content, Line};
+use crate::codec::{self, BASE64, Encoding};
 use crate::digest;
 use crate::error::{Error, ErrorKind, Result};
-use crate::jsonrpc::Json;
+use crate::jsonrpc::{self, Json};
 use crate::locks::LockMode;
 use crate::sandbox::mutate::{self, Parent};
 use crate::sandbox::{Resolved, open};
@@ -83,7 +84,7 @@ impl super::PayloadBytes for Reply {
 /// What the blocking part of a write gets: the parameters, with the content decoded.
 struct Request {
     path: String,
-    data: Vec<u8>,
+    data: Data,
     create: bool,
     offset: Option<u64>,
     last: bool,
@@ -153,15 +154,17 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params<'_>) -> Result<Json<Rep
     if let Some(offset) = p.offset.filter(|&o| o > 0) {
         await_turn(ctx, &p.path, offset).await?;
     }
+    let content = content_of(ctx, &p.content, p.encoding)?;
+    let sent = content.bytes().len();
     let payload = match p.encoding {
-        Encoding::Utf8 => p.content.len(),
-        Encoding::Base64 => p.content.len() / 4 * 3,
+        Encoding::Utf8 => sent,
+        Encoding::Base64 => sent / 4 * 3,
     };
     super::op::admit_bytes(ctx, payload as u64).await?;
-    // Decoded here, while the content is still borrowed from the request line (a few
-    // milliseconds of SIMD for the largest chunk), so it is never copied first.
+    // Decoded here, on the async thread (a few milliseconds of SIMD for the largest chunk):
+    // a lifted chunk in place, in its own line; other content into a buffer of its own.
     let data = decode(
-        p.content,
+        content,
         p.encoding,
         ctx.policy.limits().max_chunk_size,
         &p.path,
@@ -259,8 +262,68 @@ fn write(op: &Op, p: Request) -> Result<Reply> {
     }
 }
 
+/// The content as sent: lifted out of the request line before parsing (`jsonrpc::lift`)
+/// when it was long, else as parsed. Text is valid UTF-8 either way.
+fn content_of<'p, 'a: 'p>(
+    ctx: &Ctx<'a>,
+    parsed: &'p str,
+    encoding: Encoding,
+) -> Result<Content<'p>> {
+    let lifted = ctx.lifted.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let Some(lifted) = lifted else {
+        return Ok(Content::Borrowed(parsed.as_bytes()));
+    };
+    if parsed != jsonrpc::placeholder() {
+        // What was lifted is another member (one named `content` in `_meta`): it is checked
+        // as the whole line would have been, so that no line passes with a string serde_json
+        // would have refused.
+        check_text(lifted.bytes())
+            .map_err(|why| Error::new(ErrorKind::ParseError, format!("not valid JSON: {why}")))?;
+        return Ok(Content::Borrowed(parsed.as_bytes()));
+    }
+    // Base64 decoding refuses any byte outside its alphabet; text is checked here.
+    if matches!(encoding, Encoding::Utf8) {
+        check_text(lifted.bytes())
+            .map_err(|why| Error::invalid_params(format!("content: {why}")))?;
+    }
+    Ok(lifted)
+}
+
+/// What serde_json checks of a string without escapes: UTF-8, and no raw control character.
+fn check_text(text: &[u8]) -> std::result::Result<(), String> {
+    let text = simdutf8::compat::from_utf8(text)
+        .map_err(|e| format!("invalid UTF-8 at byte {}", e.valid_up_to()))?;
+    match text.bytes().position(|b| b < 0x20) {
+        Some(at) => Err(format!(
+            "control character (U+{:04X}) at byte {at} must be escaped",
+            text.as_bytes()[at]
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A chunk's decoded bytes: in the request line's own buffer (decoded in place), or in a
+/// buffer of their own.
+#[derive(Debug)]
+enum Data {
+    /// `line[..len]`.
+    InLine(Line, usize),
+    Own(Vec<u8>),
+}
+
+impl std::ops::Deref for Data {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Data::InLine(line, len) => &line[..*len],
+            Data::Own(bytes) => bytes,
+        }
+    }
+}
+
 /// The payload as bytes, refused before decoding when it cannot fit `max_chunk_size`.
-fn decode(content: Cow<'_, str>, encoding: Encoding, max: usize, raw: &str) -> Result<Vec<u8>> {
+fn decode(content: Content<'_>, encoding: Encoding, max: usize, raw: &str) -> Result<Data> {
     let too_big = |n: usize| {
         Error::new(
             ErrorKind::QuotaExceeded,
@@ -268,16 +331,28 @@ fn decode(content: Cow<'_, str>, encoding: Encoding, max: usize, raw: &str) -> R
         )
         .with_path(raw)
     };
-    let data = match encoding {
-        Encoding::Utf8 => content.into_owned().into_bytes(),
-        Encoding::Base64 => {
-            let estimate = content.len() / 4 * 3;
-            if estimate > max + 3 {
-                return Err(too_big(estimate));
-            }
-            BASE64
-                .decode(content.as_bytes())
-                .map_err(|e| Error::invalid_params(format!("content is not valid base64: {e}")))?
+    let sent = content.bytes().len();
+    let estimate = match encoding {
+        Encoding::Utf8 => sent,
+        Encoding::Base64 => sent / 4 * 3,
+    };
+    if estimate > max + 3 {
+        return Err(too_big(estimate));
+    }
+    let not_base64 =
+        |e: base64::DecodeError| Error::invalid_params(format!("content is not valid base64: {e}"));
+    let data = match (content, encoding) {
+        (Content::Owned(mut line, range), Encoding::Utf8) => {
+            line.copy_within(range.clone(), 0);
+            Data::InLine(line, range.len())
+        }
+        (Content::Owned(mut line, range), Encoding::Base64) => {
+            let n = codec::base64_decode_in_place(&mut line, range).map_err(not_base64)?;
+            Data::InLine(line, n)
+        }
+        (Content::Borrowed(text), Encoding::Utf8) => Data::Own(text.to_vec()),
+        (Content::Borrowed(text), Encoding::Base64) => {
+            Data::Own(BASE64.decode(text).map_err(not_base64)?)
         }
     };
     if data.len() > max {

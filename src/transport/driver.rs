@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
+use crate::buffers::{Line, Spares};
 use crate::fast::{Late, Sink};
 use crate::host::Session;
 use crate::limits::INPUT_BUDGET_KIB;
@@ -46,6 +47,8 @@ pub(crate) struct Driver<T> {
     sink: Sink,
     /// Requests the watchdog answered whose tasks are still stuck in their work.
     stuck: Arc<AtomicUsize>,
+    /// Where large lines' buffers go back to, for the reader.
+    spares: Option<Spares>,
 }
 
 impl<T> std::fmt::Debug for Driver<T> {
@@ -88,7 +91,14 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
             held: Arc::new(Semaphore::new(INPUT_BUDGET_KIB)),
             tasks: JoinSet::new(),
             out,
+            spares: None,
         }
+    }
+
+    /// Gives large lines' buffers back to `spares` (the reader's) once their requests are done.
+    pub(crate) fn with_spares(mut self, spares: Spares) -> Self {
+        self.spares = Some(spares);
+        self
     }
 
     /// The session driven.
@@ -116,12 +126,18 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
         let out = self.out.downgrade();
         let late = Late::new(Arc::clone(&self.sink));
         let stuck = Arc::clone(&self.stuck);
+        let spares = self.spares.clone();
         self.tasks.spawn(async move {
             // Uncounted when the task ends, however it ends (a panic included).
             let _counted = Unstuck(Arc::clone(&late), stuck);
-            let frame = session.respond_received(&line, received, Some(&late)).await;
+            let line = Line::new(line, spares.clone());
+            let frame = session.respond_line(line, received, Some(&late)).await;
             if let (Some(frame), Some(out)) = (frame, out.upgrade()) {
                 let _ = out.send(T::from(frame)).await;
+            }
+            if let Some(spares) = spares.filter(|_| session.state().uploads.len() == 0) {
+                // Kept only while an upload is open, whose next chunk's line is as long.
+                spares.clear();
             }
             drop((permit, held));
         });

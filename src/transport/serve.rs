@@ -16,6 +16,7 @@ use super::driver::Driver;
 use super::framing::{Frame, InputBudget, LineReader};
 use super::pipe::BlockingWriter;
 use super::pipe::FrameWriter;
+use crate::buffers::Spares;
 use crate::error::{Error, ErrorKind};
 use crate::host::Session;
 use crate::jsonrpc;
@@ -134,8 +135,11 @@ where
     let ended = session.ended();
     tokio::pin!(stop, ended);
     let proxy_link = Arc::clone(&session);
-    let mut driver = Driver::new(session, opts.max_in_flight, tx);
-    let mut reader = LineReader::new(input, opts.max_line).with_budget(budget, wait);
+    let spares = Spares::default();
+    let mut driver = Driver::new(session, opts.max_in_flight, tx).with_spares(spares.clone());
+    let mut reader = LineReader::new(input, opts.max_line)
+        .with_budget(budget, wait)
+        .with_spares(spares);
     let mut ended_by_person = false;
     loop {
         // A broker asked to stop takes no more requests; those taken finish below.
