@@ -652,7 +652,10 @@ fn missing_folders_of_the_log_are_created_owner_only() {
             dir.display()
         );
     }
-    assert!(stderr.contains("created the audit log's missing folder"), "{stderr}");
+    assert!(
+        stderr.contains("created the audit log's missing folder"),
+        "{stderr}"
+    );
     let (code, out) = verify(&log);
     assert_eq!(code, 0, "{out}");
     // The next run finds the folders there and says nothing of them.
@@ -677,12 +680,18 @@ fn missing_folders_of_the_log_are_created_owner_only() {
         .spawn();
     let refused = b.err("files/read", json!({"path": "r/logs/deep/audit.jsonl"}));
     assert_eq!(common::code(&refused), "PERMISSION_DENIED", "{refused}");
-    let refused = b.err("files/rename", json!({"oldPath": "r/logs", "newPath": "r/moved"}));
+    let refused = b.err(
+        "files/rename",
+        json!({"oldPath": "r/logs", "newPath": "r/moved"}),
+    );
     assert_eq!(common::code(&refused), "PERMISSION_DENIED", "{refused}");
     let stderr = finish_with_log(&mut b);
     assert_eq!(mode(&root.join("logs")), 0o700);
     assert_eq!(mode(&root.join("logs/deep")), 0o700);
-    assert!(stderr.contains("created the audit log's missing folder"), "{stderr}");
+    assert!(
+        stderr.contains("created the audit log's missing folder"),
+        "{stderr}"
+    );
     let (code, out) = verify(&log);
     assert_eq!(code, 0, "{out}");
 }

@@ -403,12 +403,12 @@ fn create_folders(path: &Path) -> std::io::Result<()> {
     let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
         return Ok(());
     };
+    let absent = |dir: &Path| {
+        std::fs::symlink_metadata(dir).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    };
     let missing: Vec<&Path> = parent
         .ancestors()
-        .take_while(|dir| {
-            !dir.as_os_str().is_empty()
-                && matches!(std::fs::symlink_metadata(dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
-        })
+        .take_while(|dir| !dir.as_os_str().is_empty() && absent(dir))
         .collect();
     for dir in missing.iter().rev() {
         match std::fs::DirBuilder::new().mode(0o700).create(dir) {
