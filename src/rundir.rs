@@ -138,7 +138,35 @@ fn canonical(path: &Path) -> io::Result<PathBuf> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    Ok(parent.canonicalize().map_err(|e| at(parent, e))?.join(name))
+    // An audit log's folder may not exist yet: the broker creates it when it opens the log,
+    // after the policy has named the log's lock among its own files. The deepest folder that
+    // exists stands for it, with the rest as written, so the name found before the folders
+    // are made is the name found after.
+    let mut missing = Vec::new();
+    let mut existing = parent;
+    loop {
+        match existing.canonicalize() {
+            Ok(real) => {
+                let mut out = real;
+                out.extend(missing.iter().rev());
+                return Ok(out.join(name));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match (existing.parent(), existing.file_name()) {
+                    (Some(up), Some(last)) => {
+                        missing.push(last);
+                        existing = if up.as_os_str().is_empty() {
+                            Path::new(".")
+                        } else {
+                            up
+                        };
+                    }
+                    _ => return Err(at(parent, e)),
+                }
+            }
+            Err(e) => return Err(at(parent, e)),
+        }
+    }
 }
 
 /// An exclusive lock, by file, on something every broker of the user may share (an audit

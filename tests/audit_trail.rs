@@ -624,3 +624,84 @@ fn a_file_that_is_not_a_log_is_refused_untouched() {
         assert_eq!(code, 1, "{what}");
     }
 }
+
+/// Rule: a log whose folders do not exist yet (`~/.local/state/fsbroker/` on a fresh account)
+/// is opened all the same: the broker creates each missing folder owner-only (0700), says so
+/// on stderr, and the chain it writes there verifies. So for `--audit` and for the policy's
+/// `[audit] path`; and a folder made this way is protected like one that existed: a server
+/// whose root holds it can neither read the log nor move the folder away.
+#[test]
+fn missing_folders_of_the_log_are_created_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+
+    // `--audit`, two folders deep.
+    let (_t, root, _) = setup();
+    let base = root.parent().unwrap().to_path_buf();
+    let log = base.join("state/fsbroker/audit.jsonl");
+    let mut b = Cmd::new(&["serve", "--root", s(&root), "--audit", s(&log)])
+        .log(Log::Keep)
+        .spawn();
+    b.ok("files/read", json!({"path": "root/f.txt"}));
+    let stderr = finish_with_log(&mut b);
+    for dir in [base.join("state"), base.join("state/fsbroker")] {
+        assert_eq!(mode(&dir), 0o700, "{}", dir.display());
+        assert!(
+            stderr.contains(&format!("folder={}", dir.display())),
+            "stderr names {}: {stderr}",
+            dir.display()
+        );
+    }
+    assert!(
+        stderr.contains("created the audit log's missing folder"),
+        "{stderr}"
+    );
+    let (code, out) = verify(&log);
+    assert_eq!(code, 0, "{out}");
+    // The next run finds the folders there and says nothing of them.
+    let mut b = Cmd::new(&["serve", "--root", s(&root), "--audit", s(&log)])
+        .log(Log::Keep)
+        .spawn();
+    b.ok("files/read", json!({"path": "root/f.txt"}));
+    let stderr = finish_with_log(&mut b);
+    assert!(!stderr.contains("created the audit log"), "{stderr}");
+    assert_eq!(verify(&log).0, 0);
+
+    // The policy's `[audit] path` (relative to the policy), inside a read-write root.
+    let (_t, root, _) = setup();
+    let dir = root.parent().unwrap().to_path_buf();
+    let policy = common::write_policy(&dir, &root, "mode = \"read-write\"", "");
+    let mut text = std::fs::read_to_string(&policy).unwrap();
+    text += "\n[audit]\npath = \"root/logs/deep/audit.jsonl\"\n";
+    std::fs::write(&policy, text).unwrap();
+    let log = root.join("logs/deep/audit.jsonl");
+    let mut b = Cmd::new(&["serve", "--policy", s(&policy)])
+        .log(Log::Keep)
+        .spawn();
+    let refused = b.err("files/read", json!({"path": "r/logs/deep/audit.jsonl"}));
+    assert_eq!(common::code(&refused), "PERMISSION_DENIED", "{refused}");
+    let refused = b.err(
+        "files/rename",
+        json!({"oldPath": "r/logs", "newPath": "r/moved"}),
+    );
+    assert_eq!(common::code(&refused), "PERMISSION_DENIED", "{refused}");
+    let stderr = finish_with_log(&mut b);
+    assert_eq!(mode(&root.join("logs")), 0o700);
+    assert_eq!(mode(&root.join("logs/deep")), 0o700);
+    assert!(
+        stderr.contains("created the audit log's missing folder"),
+        "{stderr}"
+    );
+    let (code, out) = verify(&log);
+    assert_eq!(code, 0, "{out}");
+}
+
+/// Ends the broker's session and returns its whole stderr (kept: [`Log::Keep`]), after
+/// checking that it exited 0.
+fn finish_with_log(b: &mut Fsb) -> String {
+    let (status, _) = b.end();
+    assert!(b.log_closed_within(Duration::from_secs(10)));
+    let stderr = b.log_text();
+    assert!(status.success(), "{stderr}");
+    stderr
+}

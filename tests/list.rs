@@ -689,3 +689,50 @@ fn result_paths_can_be_sent_back_as_they_are() {
     }
     assert_eq!(read, files.len());
 }
+
+/// Rule (§3, "which form"): with a single root, a first segment that names the root means the
+/// root, even when the root holds an entry of that name (`--root .` in a clone named `src`):
+/// `files/list {"path":"src"}` lists the root, and the entry is `src/src`. The broker warns of
+/// this on stderr at start, naming the way round it; a root without such an entry gets no
+/// warning.
+#[test]
+fn a_root_named_like_its_own_entry_is_listed_by_its_name_and_warned_of() {
+    use common::fsb::{Cmd, Log};
+    let (_t, base) = tempdir();
+    let src = base.join("src");
+    touch(&src, "src/inner.rs", "x");
+    touch(&src, "top.txt", "y");
+    let mut b = Cmd::new(&["serve", "--root", "."])
+        .cwd(&src)
+        .log(Log::Keep)
+        .spawn();
+    let listed = b.ok("files/list", json!({"path": "src"}));
+    assert_eq!(paths(&listed), ["src/src", "src/top.txt"], "{listed}");
+    let inner = b.ok("files/list", json!({"path": "src/src"}));
+    assert_eq!(paths(&inner), ["src/src/inner.rs"], "{inner}");
+    let (status, _) = b.end();
+    assert!(b.log_closed_within(Duration::from_secs(10)));
+    let log = b.log_text();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("root \"src\"")
+            && log.contains("holds an entry also named \"src\"")
+            && log.contains("\"src/src\""),
+        "{log}"
+    );
+
+    // The same tree under another name: nothing to warn of.
+    let plain = base.join("plain");
+    touch(&plain, "src/inner.rs", "x");
+    let mut b = Cmd::new(&["serve", "--root", "."])
+        .cwd(&plain)
+        .log(Log::Keep)
+        .spawn();
+    let listed = b.ok("files/list", json!({"path": "src"}));
+    assert_eq!(paths(&listed), ["plain/src/inner.rs"], "{listed}");
+    let (status, _) = b.end();
+    assert!(b.log_closed_within(Duration::from_secs(10)));
+    let log = b.log_text();
+    assert!(status.success(), "{log}");
+    assert!(!log.contains("holds an entry also named"), "{log}");
+}

@@ -192,6 +192,7 @@ impl AuditLog {
             source,
         };
         let until = Instant::now() + OWN_LINE_WAIT;
+        create_folders(&path).map_err(io)?;
         let file = rotate::open(&path, Some(until)).map_err(io)?;
         let lock = LockFile::for_file(&path).map_err(io)?;
         let copies = Copies::new(&config.copies).map_err(io)?;
@@ -391,6 +392,38 @@ impl AuditLog {
 /// A time as the log writes it (`ts`): RFC 3339, UTC, milliseconds.
 pub fn timestamp(t: SystemTime) -> String {
     crate::rfc3339::format(t)
+}
+
+/// Creates the folders missing above the log at `path`, owner-only (0700), and says so on
+/// the log (stderr). A log under `~/.local/state/fsbroker/` must not need a `mkdir` first,
+/// and the folders hold who did what with the person's files, so no one else may list them.
+/// A folder made by another process meanwhile is taken as it is.
+fn create_folders(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    let absent = |dir: &Path| {
+        std::fs::symlink_metadata(dir).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    };
+    let missing: Vec<&Path> = parent
+        .ancestors()
+        .take_while(|dir| !dir.as_os_str().is_empty() && absent(dir))
+        .collect();
+    for dir in missing.iter().rev() {
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot create its folder {}: {e}", dir.display()),
+                ));
+            }
+        }
+        tracing::warn!(folder = %dir.display(), log = %path.display(), "created the audit log's missing folder, owner-only (0700)");
+    }
+    Ok(())
 }
 
 /// A broker's own line (`start`, `seal`, `rotate`, …): its time, its event and its pid.

@@ -239,8 +239,9 @@ impl Policy {
 
     /// What an operator should hear about this policy although it loads: each writable root
     /// that holds one of fsbroker's own files (refused to servers, but a sign that the policy
-    /// sits in the tree it hands out), and each root nested in another (both sets of rules
-    /// apply, the strictest wins).
+    /// sits in the tree it hands out), each root nested in another (both sets of rules
+    /// apply, the strictest wins), and a single root holding an entry of its own name (a
+    /// path starting with that name means the root, not the entry).
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
         for root in &self.roots {
@@ -283,6 +284,22 @@ impl Policy {
                      consent command included",
                     root.name(),
                     root.path().display()
+                ));
+            }
+            // With one root, a relative path may leave out the root's name (form 4), but a
+            // first segment that names the root always means the root (results are written
+            // `NAME/rel` and must be sendable back): an entry of the same name is then reached
+            // only as `NAME/NAME/...`, which surprises a server that reads paths relative to
+            // the root. With several roots every relative path must start with a name.
+            if self.roots.len() == 1 && root.dir().symlink_metadata(root.name()).is_ok() {
+                out.push(format!(
+                    "root {name:?} ({}) holds an entry also named {name:?}: the path \"{name}\", \
+                     and every path starting with \"{name}/\", means the root itself, not that \
+                     entry (a root's name always wins as a first segment); reach the entry as \
+                     \"{name}/{name}\" or by its absolute path, or give the root another name \
+                     (`name = \"...\"` in a policy's [[root]] table)",
+                    root.path().display(),
+                    name = root.name(),
                 ));
             }
             for other in &self.roots {

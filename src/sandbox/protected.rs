@@ -129,6 +129,9 @@ pub struct Protected {
     sealed: Vec<PathBuf>,
     /// Identities of roots, and of every folder above an own file or a root.
     dir_ids: HashMap<Id, Verdict>,
+    /// Identities of folders above an own file that were made after the policy was compiled
+    /// (an audit log's folders, created when the log is opened): [`Protected::refresh`].
+    late_dir_ids: RwLock<HashMap<Id, Verdict>>,
 }
 
 /// What to protect, as configured; [`Protected::new`] resolves it.
@@ -191,7 +194,6 @@ impl Protected {
                 p.dir_ids.insert(id_of(&meta), Verdict::Root);
             }
         }
-        p.refresh();
         // Every folder above a protected path, by identity: a bind mount or a second name
         // for one of them is refused like the folder itself. A root's own identity wins
         // over "holds" (a root above another root is itself a root).
@@ -202,11 +204,13 @@ impl Protected {
                 }
             }
         }
+        p.refresh();
         p
     }
 
-    /// Learns the identities of the own files that exist now (the audit log is created after
-    /// the policy is loaded).
+    /// Learns the identities of the own files that exist now, and of the folders above them
+    /// (the audit log, and any folder missing above it, is created after the policy is
+    /// loaded).
     pub fn refresh(&self) {
         let ids: HashMap<Id, Verdict> = self
             .files
@@ -215,6 +219,18 @@ impl Protected {
             .map(|m| (id_of(&m), Verdict::OwnFile))
             .collect();
         *self.file_ids.write().unwrap_or_else(|e| e.into_inner()) = ids;
+        // The folders the broker made for its audit log did not exist when `new` looked for
+        // the identities of the folders above its own files: learn the ones that exist now.
+        let late: HashMap<Id, Verdict> = self
+            .files
+            .iter()
+            .flat_map(|f| f.ancestors().skip(1))
+            .filter_map(|dir| std::fs::metadata(dir).ok())
+            .map(|m| id_of(&m))
+            .filter(|id| !self.dir_ids.contains_key(id))
+            .map(|id| (id, Verdict::HoldsOwnFiles))
+            .collect();
+        *self.late_dir_ids.write().unwrap_or_else(|e| e.into_inner()) = late;
     }
 
     /// Whether nothing is protected (no policy file, no audit log, no roots).
@@ -289,7 +305,14 @@ impl Protected {
         if self.roots.iter().any(above) {
             return Some(Verdict::HoldsRoot);
         }
-        self.dir_ids.get(&id?).copied()
+        let id = id?;
+        self.dir_ids.get(&id).copied().or_else(|| {
+            self.late_dir_ids
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&id)
+                .copied()
+        })
     }
 }
 
@@ -313,16 +336,32 @@ pub(crate) fn spellings(path: &Path) -> Vec<PathBuf> {
             None => break,
         }
     }
-    // A file that does not exist yet (a rotated log, a socket) has no canonical form; its
-    // folder does.
-    let canonical = std::fs::canonicalize(path).ok().or_else(|| {
-        let dir = std::fs::canonicalize(path.parent()?).ok()?;
-        Some(dir.join(path.file_name()?))
-    });
-    if let Some(c) = canonical {
+    if let Some(c) = canonical_as_far_as_it_exists(&abs) {
         push_unique(&mut out, c);
     }
     out
+}
+
+/// `path` canonical up to its deepest ancestor that exists, and as written below it. A file
+/// that does not exist yet (a rotated log, a socket) has no canonical form, and neither has an
+/// audit log whose folders the broker creates when it opens the log (after the policy is
+/// compiled): their deepest existing folder does.
+fn canonical_as_far_as_it_exists(path: &Path) -> Option<PathBuf> {
+    let mut missing = Vec::new();
+    let mut existing = path;
+    loop {
+        match std::fs::canonicalize(existing) {
+            Ok(mut real) => {
+                real.extend(missing.iter().rev());
+                return Some(real);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                missing.push(existing.file_name()?);
+                existing = existing.parent()?;
+            }
+            Err(_) => return None,
+        }
+    }
 }
 
 /// `path` with its first symlink (from the top) replaced by the link's target, or `None` when

@@ -1,0 +1,154 @@
+//! The audit log's syslog copy against a real collector: Debian's `rsyslogd`, run in the
+//! foreground as the test's own user with a private configuration (its own socket in a temp
+//! dir instead of `/dev/log`, and each message's body written to a file), receives the chain
+//! intact. `tests/audit_copies.rs` checks the framing byte by byte against sockets the tests
+//! bind themselves; this checks that a collector people run reads that framing as meant.
+//!
+//! Needs `rsyslogd` (Debian's `rsyslog`; `.ci/run` installs it). Without it the test prints
+//! `SKIPPED` and passes.
+
+// Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
+// it out of the library's request paths).
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::audit::{log_lines, s, verify_files};
+use common::{Fsb, tempdir};
+use serde_json::json;
+
+/// `rsyslogd` on `PATH` or in the system folders it is installed in (`/usr/sbin` is not on
+/// every user's `PATH`).
+fn find_rsyslogd() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join("rsyslogd"))
+        .find(|p| p.is_file())
+}
+
+/// A running `rsyslogd`, stopped when dropped.
+struct Rsyslogd {
+    child: Child,
+    stderr: PathBuf,
+}
+
+impl Rsyslogd {
+    /// Starts `program` in the foreground on a configuration of its own in `dir`: an
+    /// `imuxsock` input on `socket` only (no system socket, so no root needed), the regular
+    /// parsers (RFC 5424) rather than the local-socket shortcut, and an `omfile` action
+    /// writing each message's MSG alone, one per line, to `out`. Returns once the socket
+    /// exists.
+    fn start(program: &Path, dir: &Path, socket: &Path, out: &Path) -> Rsyslogd {
+        let config = dir.join("rsyslog.conf");
+        std::fs::write(
+            &config,
+            format!(
+                r#"global(workDirectory="{work}" maxMessageSize="64k")
+module(load="imuxsock" SysSock.Use="off")
+input(type="imuxsock" Socket="{socket}" UseSpecialParser="off" ParseHostname="on")
+template(name="body" type="string" string="%msg%\n")
+action(type="omfile" file="{out}" template="body")
+"#,
+                work = s(dir),
+                socket = s(socket),
+                out = s(out),
+            ),
+        )
+        .unwrap();
+        let stderr = dir.join("rsyslogd.stderr");
+        let child = Command::new(program)
+            .args(["-n", "-f", s(&config), "-i", s(&dir.join("rsyslogd.pid"))])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
+        let mut r = Rsyslogd { child, stderr };
+        let end = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            if let Ok(Some(status)) = r.child.try_wait() {
+                panic!("rsyslogd exited ({status}): {}", r.log());
+            }
+            assert!(
+                Instant::now() < end,
+                "rsyslogd made no socket in 10 s: {}",
+                r.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        r
+    }
+
+    /// What rsyslogd said on stderr.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Rsyslogd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The lines of `file` once it holds at least `n` (rsyslogd writes them a little after they
+/// arrive), or what it holds after 10 s.
+fn lines_when(file: &Path, n: usize) -> Vec<String> {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let lines = std::fs::read_to_string(file)
+            .map(|t| t.lines().map(str::to_owned).collect::<Vec<_>>())
+            .unwrap_or_default();
+        if lines.len() >= n || Instant::now() >= end {
+            return lines;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Rule: the syslog copy reaches a real collector intact. Every line of the log (the start
+/// line, allowed and refused requests, a path with a quote and a non-ASCII letter, the seal)
+/// is in what rsyslogd wrote, once, in order, byte for byte, and that copy verifies as a chain
+/// on its own (`fsbroker audit verify`).
+#[test]
+fn rsyslogd_receives_the_chain_intact() {
+    let Some(rsyslogd) = find_rsyslogd() else {
+        eprintln!("SKIPPED: rsyslogd not installed (apt-get install rsyslog)");
+        return;
+    };
+    let (_t, dir) = tempdir();
+    let socket = dir.join("log.sock");
+    let received = dir.join("received.jsonl");
+    let collector = Rsyslogd::start(&rsyslogd, &dir, &socket, &received);
+
+    let (_t2, _, policy, log) = common::audit::audited(
+        "mode = \"read-write\"",
+        &format!("syslog = '{}'", s(&socket)),
+    );
+    let mut b = Fsb::spawn(&["serve", "--policy", s(&policy)]);
+    b.ok("roots/list", json!({}));
+    b.ok("files/read", json!({"path": "r/f.txt"}));
+    b.err("files/read", json!({"path": "r/nö \"such\".txt"}));
+    b.ok("files/write", json!({"path": "r/new.txt", "content": "x"}));
+    b.ok("files/list", json!({"path": "r"}));
+    let (status, stderr) = b.finish();
+    assert!(status.success(), "{stderr}");
+
+    let lines = log_lines(&log);
+    assert_eq!(lines.len(), 7, "start, five requests, seal: {lines:#?}");
+    let copy = lines_when(&received, lines.len());
+    assert_eq!(
+        copy,
+        lines,
+        "what rsyslogd wrote differs from the log; rsyslogd said: {}",
+        collector.log()
+    );
+    let (code, text) = verify_files(&[&received], &[]);
+    assert_eq!(code, 0, "{text}");
+}
