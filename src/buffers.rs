@@ -11,6 +11,8 @@
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
 /// Lines at least this long are worth keeping for reuse (and are handed over by the reader in
 /// the buffer they were read into).
 pub(crate) const LARGE_LINE: usize = 1 << 20;
@@ -20,30 +22,61 @@ pub(crate) const LARGE_LINE: usize = 1 << 20;
 const SPARES: usize = 2;
 
 /// A connection's spare line buffers. Cloned, it is the same spares.
+///
+/// A spare holds its size of the broker's budget for partial lines (`max_pending_input`)
+/// while it is kept, and is freed when the budget has no room: spares are lines that are no
+/// longer in flight, and without that bound a connection that read a few long lines and went
+/// quiet kept them outside every limit, as many times over as there are connections.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Spares(Arc<Mutex<Vec<Vec<u8>>>>);
+pub(crate) struct Spares {
+    kept: Arc<Mutex<Vec<(Vec<u8>, Option<OwnedSemaphorePermit>)>>>,
+    /// The budget, in KiB (`None`: unbounded, for a reader of one trusted stream).
+    budget: Option<Arc<Semaphore>>,
+}
 
 impl Spares {
-    fn lock(&self) -> MutexGuard<'_, Vec<Vec<u8>>> {
-        // A push, a pop or a clear cannot panic half-way.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Keeps `buf` when it is large and there is room among the spares.
-    fn give(&self, buf: Vec<u8>) {
-        if buf.capacity() >= LARGE_LINE {
-            let mut spares = self.lock();
-            if spares.len() < SPARES {
-                spares.push(buf);
-            }
+    /// Spares counted against `budget` (permits of 1 KiB).
+    pub(crate) fn within(budget: Arc<Semaphore>) -> Spares {
+        Spares {
+            kept: Arc::default(),
+            budget: Some(budget),
         }
     }
 
-    /// The spare with the most room, if it has more than `than` bytes.
+    fn lock(&self) -> MutexGuard<'_, Vec<(Vec<u8>, Option<OwnedSemaphorePermit>)>> {
+        // A push, a pop or a clear cannot panic half-way.
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `buf` when it is large, there is room among the spares, and the budget has room
+    /// for it.
+    fn give(&self, buf: Vec<u8>) {
+        if buf.capacity() < LARGE_LINE {
+            return;
+        }
+        let mut kept = self.lock();
+        if kept.len() >= SPARES {
+            return;
+        }
+        let permit = match &self.budget {
+            Some(budget) => {
+                let kib = u32::try_from(buf.capacity().div_ceil(1024)).unwrap_or(u32::MAX);
+                match Arc::clone(budget).try_acquire_many_owned(kib) {
+                    Ok(permit) => Some(permit),
+                    Err(_) => return,
+                }
+            }
+            None => None,
+        };
+        kept.push((buf, permit));
+    }
+
+    /// The spare with the most room, if it has more than `than` bytes (its share of the
+    /// budget is given back: the reader covers the line it reads as any other).
     pub(crate) fn take(&self, than: usize) -> Option<Vec<u8>> {
-        let mut spares = self.lock();
-        let best = (0..spares.len()).max_by_key(|&i| spares[i].capacity())?;
-        (spares[best].capacity() > than).then(|| spares.swap_remove(best))
+        let mut kept = self.lock();
+        let best = (0..kept.len()).max_by_key(|&i| kept[i].0.capacity())?;
+        (kept[best].0.capacity() > than).then(|| kept.swap_remove(best).0)
     }
 
     /// Frees every spare (the connection has no upload open: the next line may be small, and
@@ -139,5 +172,39 @@ mod tests {
         assert!(spares.take(LARGE_LINE - 1).is_some());
         spares.clear();
         assert_eq!(spares.len(), 0);
+    }
+
+    #[test]
+    fn spares_hold_the_budget_and_none_is_kept_past_it() {
+        let budget = Arc::new(Semaphore::new(3 * LARGE_LINE / 1024));
+        let spares = Spares::within(Arc::clone(&budget));
+        drop(Line::new(
+            Vec::with_capacity(2 * LARGE_LINE),
+            Some(spares.clone()),
+        ));
+        assert_eq!(spares.len(), 1);
+        assert_eq!(
+            budget.available_permits(),
+            LARGE_LINE / 1024,
+            "held while kept"
+        );
+        drop(Line::new(
+            Vec::with_capacity(2 * LARGE_LINE),
+            Some(spares.clone()),
+        ));
+        assert_eq!(spares.len(), 1, "no room in the budget: freed");
+        let buf = spares.take(0).expect("the spare");
+        assert_eq!(
+            budget.available_permits(),
+            3 * LARGE_LINE / 1024,
+            "given back when taken"
+        );
+        drop(Line::new(buf, Some(spares.clone())));
+        spares.clear();
+        assert_eq!(
+            budget.available_permits(),
+            3 * LARGE_LINE / 1024,
+            "and when cleared"
+        );
     }
 }

@@ -55,6 +55,11 @@ impl InputBudget {
         }
     }
 
+    /// The budget itself, in permits of 1 KiB, for what else holds line memory (the spares).
+    pub(crate) fn kib(&self) -> Arc<Semaphore> {
+        Arc::clone(&self.kib)
+    }
+
     /// KiB not held by any reader now.
     #[cfg(test)]
     pub(crate) fn available_kib(&self) -> usize {

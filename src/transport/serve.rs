@@ -135,7 +135,7 @@ where
     let ended = session.ended();
     tokio::pin!(stop, ended);
     let proxy_link = Arc::clone(&session);
-    let spares = Spares::default();
+    let spares = Spares::within(budget.kib());
     let mut driver = Driver::new(session, opts.max_in_flight, tx).with_spares(spares.clone());
     let mut reader = LineReader::new(input, opts.max_line)
         .with_budget(budget, wait)
