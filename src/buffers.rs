@@ -21,6 +21,9 @@ pub(crate) const LARGE_LINE: usize = 1 << 20;
 /// worked on, and one more for the line between them.
 const SPARES: usize = 2;
 
+/// A spare buffer, and its share of the budget.
+type Kept = (Vec<u8>, Option<OwnedSemaphorePermit>);
+
 /// A connection's spare line buffers. Cloned, it is the same spares.
 ///
 /// A spare holds its size of the broker's budget for partial lines (`max_pending_input`)
@@ -29,7 +32,7 @@ const SPARES: usize = 2;
 /// quiet kept them outside every limit, as many times over as there are connections.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Spares {
-    kept: Arc<Mutex<Vec<(Vec<u8>, Option<OwnedSemaphorePermit>)>>>,
+    kept: Arc<Mutex<Vec<Kept>>>,
     /// The budget, in KiB (`None`: unbounded, for a reader of one trusted stream).
     budget: Option<Arc<Semaphore>>,
 }
@@ -43,7 +46,7 @@ impl Spares {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<(Vec<u8>, Option<OwnedSemaphorePermit>)>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Kept>> {
         // A push, a pop or a clear cannot panic half-way.
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
