@@ -1632,7 +1632,7 @@ fn run(opts: &Opts, binary: &Path) -> Result<bool, Box<dyn std::error::Error>> {
     );
     let pid = broker.0.id();
     let up_by = Instant::now() + Duration::from_secs(30);
-    while !is_listening(&sock) {
+    while !is_listening(&sock, pid) {
         if let Some(status) = broker.0.try_wait()? {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             return Err(format!("the broker exited before listening ({status}):\n{log}").into());

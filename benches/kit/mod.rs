@@ -159,19 +159,31 @@ pub fn holds_inotify_watch(pid: u32) -> bool {
     inotify_fdinfo(pid).any(|t| t.contains("inotify wd:"))
 }
 
-/// Whether a Unix socket bound at `path` is listening (`__SO_ACCEPTCON` in `/proc/net/unix`).
-/// Asked without connecting: a probe would be a session of its own.
-pub fn is_listening(path: &Path) -> bool {
-    let Some(path) = path.to_str() else {
+/// Whether process `pid` listens on a Unix socket at `path`: the path exists, and one of the
+/// process's sockets is listening (`__SO_ACCEPTCON` in `/proc/net/unix`). Asked without
+/// connecting: a probe would be a session of its own. Not matched by name: the broker binds
+/// under a temporary name and renames the socket into place once it listens, and
+/// `/proc/net/unix` keeps the name it was bound with.
+pub fn is_listening(path: &Path, pid: u32) -> bool {
+    if std::fs::symlink_metadata(path).is_err() {
         return false;
-    };
+    }
+    let sockets: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|t| {
+            let t = t.to_string_lossy();
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
     std::fs::read_to_string("/proc/net/unix")
         .unwrap_or_default()
         .lines()
         .skip(1)
         .any(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() >= 8 && f[7] == path && f[3] == "00010000"
+            f.len() >= 7 && f[3] == "00010000" && sockets.iter().any(|s| s == f[6])
         })
 }
 
