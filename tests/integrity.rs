@@ -68,15 +68,7 @@ fn served(limits: &str) -> (tempfile::TempDir, PathBuf, Fsb, tempfile::TempDir) 
 
 /// Bytes that are neither all one value nor periodic at any chunk size used here.
 fn pattern(len: usize) -> Vec<u8> {
-    let mut x: u32 = 0x1234_5678;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x >> 24) as u8
-        })
-        .collect()
+    common::pattern(len, 0x1234_5678)
 }
 
 /// Staging files (`.NAME.fsbroker-….part`) left in `dir`.

@@ -23,7 +23,7 @@ mod common;
 use std::path::PathBuf;
 
 use base64::Engine;
-use common::{Fsb, code, serve_policy, tempdir};
+use common::{Fsb, code, pattern, serve_policy, tempdir};
 use serde_json::{Value, json};
 
 fn b64(bytes: &[u8]) -> String {
@@ -41,19 +41,6 @@ fn served() -> (tempfile::TempDir, PathBuf, Fsb, tempfile::TempDir) {
         "requests_per_second = 0\nmax_chunk_size = 4194304",
     );
     (t, root, b, policy_dir)
-}
-
-/// Bytes that repeat at no chunk size used here.
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 /// Sends `line` (no newline) as it is, and returns the response to `id`.

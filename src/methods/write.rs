@@ -155,11 +155,7 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params<'_>) -> Result<Json<Rep
         await_turn(ctx, &p.path, offset).await?;
     }
     let content = content_of(ctx, &p.content, p.encoding)?;
-    let sent = content.bytes().len();
-    let payload = match p.encoding {
-        Encoding::Utf8 => sent,
-        Encoding::Base64 => sent / 4 * 3,
-    };
+    let payload = decoded_estimate(&content, p.encoding);
     super::op::admit_bytes(ctx, payload as u64).await?;
     // Decoded here, on the async thread (a few milliseconds of SIMD for the largest chunk):
     // a lifted chunk in place, in its own line; other content into a buffer of its own.
@@ -322,6 +318,15 @@ impl std::ops::Deref for Data {
     }
 }
 
+/// About how many bytes `content` decodes to (base64: up to 2 fewer, for padding).
+fn decoded_estimate(content: &Content<'_>, encoding: Encoding) -> usize {
+    let sent = content.bytes().len();
+    match encoding {
+        Encoding::Utf8 => sent,
+        Encoding::Base64 => sent / 4 * 3,
+    }
+}
+
 /// The payload as bytes, refused before decoding when it cannot fit `max_chunk_size`.
 fn decode(content: Content<'_>, encoding: Encoding, max: usize, raw: &str) -> Result<Data> {
     let too_big = |n: usize| {
@@ -331,11 +336,7 @@ fn decode(content: Content<'_>, encoding: Encoding, max: usize, raw: &str) -> Re
         )
         .with_path(raw)
     };
-    let sent = content.bytes().len();
-    let estimate = match encoding {
-        Encoding::Utf8 => sent,
-        Encoding::Base64 => sent / 4 * 3,
-    };
+    let estimate = decoded_estimate(&content, encoding);
     if estimate > max + 3 {
         return Err(too_big(estimate));
     }

@@ -173,3 +173,18 @@ pub fn snapshot(dir: &Path) -> std::collections::BTreeMap<String, String> {
     walk(dir, dir, &mut out);
     out
 }
+
+/// `len` bytes of xorshift32 from `seed` (not 0): neither all one value nor periodic at any
+/// chunk size the tests use.
+pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    assert_ne!(seed, 0, "xorshift from 0 stays 0");
+    let mut x = seed;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 24) as u8
+        })
+        .collect()
+}
