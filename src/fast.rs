@@ -63,7 +63,14 @@ pub(crate) struct Late {
     audit: Mutex<Option<LateAudit>>,
     /// The watchdog wrote the audit line; the task must not write another.
     audited: AtomicBool,
+    /// Called once by the watchdog when the request is still running inline at its deadline:
+    /// whatever waits behind it on its thread must go on elsewhere (a batch's other
+    /// requests).
+    overdue: Mutex<Option<Overdue>>,
 }
+
+/// What [`Late::on_overdue`] runs.
+pub(crate) type Overdue = Box<dyn FnOnce() + Send>;
 
 /// The audit line of a request the watchdog may answer, and the log it goes to.
 pub(crate) struct LateAudit {
@@ -92,7 +99,14 @@ impl Late {
             received: Mutex::new(None),
             audit: Mutex::new(None),
             audited: AtomicBool::new(false),
+            overdue: Mutex::new(None),
         })
+    }
+
+    /// Runs `f` (on the watchdog's thread) if the request is still running inline at its
+    /// deadline; replaces what an earlier call set.
+    pub(crate) fn on_overdue(&self, f: Overdue) {
+        *self.overdue.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
     }
 
     /// Hands the watchdog the request's audit line, in case it answers the request.
@@ -307,6 +321,16 @@ fn watch(shared: &Arc<Shared>) {
 fn settle(running: &mut Running) {
     if running.settled || Instant::now() < running.until {
         return;
+    }
+    // Whatever the answer, the work holds its thread past its deadline.
+    let overdue = running
+        .late
+        .overdue
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(f) = overdue {
+        f();
     }
     if !running.deadline.expire() {
         // Committing: its own result stands and will be sent when it returns.

@@ -20,7 +20,10 @@ use crate::fast::Late;
 use crate::jsonrpc::{self, Incoming};
 use crate::limits::MAX_PEER_NOTE;
 use crate::outgoing::Outgoing;
-use crate::session::{Outbox, Received, SessionState};
+/// A request's place among its session's unanswered requests, taken when it arrives
+/// ([`Session::received`]); transports hold it until they hand the request over.
+pub(crate) use crate::session::Received;
+use crate::session::{Outbox, SessionState};
 
 /// The notification a proxy sends a shared broker (`proxy --connect`) to name the MCP server
 /// behind it: `{"name": "…"}`, the server's own `serverInfo.name`.
@@ -346,7 +349,10 @@ impl Session {
                 }
             }
         }
-        self.respond_received(&line, received, late).await
+        // Not an upload chunk (or not one whose content could be lifted): parsed whole, and
+        // not lifted a second time.
+        self.respond_incoming(jsonrpc::parse(&line), None, received, late)
+            .await
     }
 
     /// [`Session::respond`] for a request already counted by [`Session::received`]. With
@@ -372,6 +378,19 @@ impl Session {
             },
             None => (jsonrpc::parse(line), None),
         };
+        self.respond_incoming(incoming, content, received, late)
+            .await
+    }
+
+    /// Answers a parsed message: the core of [`Session::respond_line`] and
+    /// [`Session::respond_received`].
+    async fn respond_incoming(
+        &self,
+        incoming: Incoming<'_>,
+        content: Option<Content<'_>>,
+        received: Received,
+        late: Option<&Arc<Late>>,
+    ) -> Option<Outgoing> {
         match incoming {
             Incoming::Request { id, method, params } => {
                 self.request(id, &method, params, content, received, late)

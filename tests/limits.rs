@@ -736,3 +736,36 @@ fn max_in_flight_stops_reading_until_a_request_finishes() {
         "the ping ({ping_at:?}) came before any consent finished ({first_consent:?})"
     );
 }
+
+#[test]
+fn a_burst_is_answered_whole_with_a_single_request_slot() {
+    // A burst that arrives in one write is taken as a batch (src/transport/driver.rs); its
+    // requests each need a slot, and with `max_in_flight = 1` the batch must start before its
+    // second request can have one, or nothing is ever answered.
+    let (_t, root) = tempdir();
+    std::fs::write(root.join("a.txt"), "a").unwrap();
+    let (_pt, pdir) = tempdir();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&root).name("r"))
+        .unlimited_with("max_in_flight = 1")
+        .write_to(&pdir.join("policy.toml"));
+    let mut b = Fsb::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
+    let mut input = Vec::new();
+    for i in 1..=20 {
+        let (method, params) = if i % 2 == 0 {
+            ("ping", json!({}))
+        } else {
+            ("files/read", json!({"path": "r/a.txt"}))
+        };
+        input.extend(request_line(i, method, params));
+    }
+    b.send_raw(&input);
+    let mut seen = HashMap::new();
+    for _ in 1..=20 {
+        let m = b.read_message();
+        let id = m["id"].as_u64().unwrap_or_else(|| panic!("{m}"));
+        assert!(m.get("result").is_some(), "{m}");
+        assert!(seen.insert(id, m).is_none(), "id {id} answered twice");
+    }
+    assert_eq!(seen[&1]["result"]["content"], "a");
+}

@@ -258,3 +258,66 @@ fn a_read_answered_by_the_watchdog_is_in_the_sealed_audit_log() {
         String::from_utf8_lossy(&verify.stderr)
     );
 }
+
+/// Sends `lines` in one write, so that the broker finds them together and takes them as one
+/// batch (src/transport/driver.rs), and returns the ids in the order their answers came.
+fn answer_order(b: &mut Fsb, lines: &[(u64, serde_json::Value)]) -> Vec<(u64, serde_json::Value)> {
+    let mut bytes = Vec::new();
+    for (id, params) in lines {
+        bytes.extend(common::request_line(*id, "files/read", params.clone()));
+    }
+    b.send_raw(&bytes);
+    let mut answers = Vec::new();
+    while answers.len() < lines.len() {
+        let (_, m) = b
+            .next_stamped(Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("answers so far: {answers:?}\n{}", b.log_text()));
+        let id = m["id"].as_u64().unwrap_or_else(|| panic!("{m}"));
+        answers.push((id, m));
+    }
+    answers
+}
+
+#[test]
+fn a_batch_goes_on_past_a_request_stuck_inline() {
+    // The first request of a burst runs inline and never returns. The watchdog answers it at
+    // its deadline and must hand the rest of the burst to another runner: nothing else would
+    // ever take them.
+    let Some((_t, policy, fs)) = setup(400) else {
+        return;
+    };
+    let mut run = Run::start(fs, &policy);
+    let fast = json!({"path": "r/fast.txt"});
+    let mut lines = vec![(1001, stuck_read(1024))];
+    lines.extend((1002..1008).map(|id| (id, fast.clone())));
+    let answers = answer_order(&mut run.b, &lines);
+    for (id, m) in &answers {
+        if *id == 1001 {
+            assert_eq!(m["error"]["code"], TIMEOUT, "{m}");
+        } else {
+            assert_eq!(m["result"]["content"], "still here\n", "{m}");
+        }
+    }
+    let r = run.b.ok("ping", json!({}));
+    assert!(r.is_object(), "{r}");
+}
+
+#[test]
+fn requests_behind_one_waiting_for_the_pool_in_a_batch_do_not_wait_for_it() {
+    // A large read goes to the pool and hangs there until its deadline. The small reads that
+    // came in the same burst must not queue behind it: they are answered before its TIMEOUT.
+    let Some((_t, policy, fs)) = setup(3000) else {
+        return;
+    };
+    let mut run = Run::start(fs, &policy);
+    let fast = json!({"path": "r/fast.txt"});
+    let mut lines = vec![(
+        2001,
+        json!({"path": "r/mnt/slow.bin", "length": 512 << 10, "encoding": "base64"}),
+    )];
+    lines.extend((2002..2008).map(|id| (id, fast.clone())));
+    let answers = answer_order(&mut run.b, &lines);
+    let ids: Vec<u64> = answers.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids.last(), Some(&2001), "answer order: {ids:?}");
+    assert_eq!(answers[ids.len() - 1].1["error"]["code"], TIMEOUT);
+}

@@ -211,6 +211,18 @@ impl Broker {
         Some(kib * 1024)
     }
 
+    /// The CPU time the broker has used so far, in all its threads (user and system).
+    pub(crate) fn cpu_time(&self) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        // The command name (field 2) may hold spaces; the fields after it do not.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let mut fields = rest.split_whitespace().skip(11);
+        let user: u64 = fields.next()?.parse().ok()?;
+        let system: u64 = fields.next()?.parse().ok()?;
+        let hz = rustix::param::clock_ticks_per_second().max(1);
+        Some(Duration::from_secs_f64((user + system) as f64 / hz as f64))
+    }
+
     /// Closes the broker's stdin and waits for it to exit (up to 30 s, then kills it); says
     /// how it ended.
     pub(crate) fn finish(self) -> String {

@@ -99,6 +99,7 @@ fn measure(
     let mut latency: Vec<Option<Duration>> = vec![None; n];
     let mut first_id = None;
     let mut done = 0;
+    let cpu_before = broker.cpu_time();
     let started = Instant::now();
     while done < n {
         while sent_at.len() < n && sent_at.len() - done < depth {
@@ -142,7 +143,11 @@ fn measure(
     bar.inc((n % 64) as u64);
     let mut latency: Vec<Duration> = latency.into_iter().flatten().collect();
     latency.sort_unstable();
-    Ok(Ops::new(n as u64, elapsed, &latency))
+    let cpu = broker
+        .cpu_time()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    Ok(Ops::new(n as u64, elapsed, &latency).with_cpu(cpu))
 }
 
 #[derive(Deserialize)]

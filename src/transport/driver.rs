@@ -8,13 +8,25 @@
 //! hold a share of the session's output budget until they are written (see
 //! `Session::reserve_output`). A peer that stops reading its answers therefore stops the
 //! broker reading its requests, with memory bounded by these three budgets.
+//!
+//! A burst of small requests already waiting in the reader's buffer goes to the session as
+//! one batch ([`Driver::submit_batch`]): one task takes them in turn, each polled once where
+//! it stands, and spawned on its own only if it has to wait (for the pool, a lock, room in
+//! the output). Small reads and lists then run on the fast path one after another, without
+//! a task or a thread hand-off each, which was most of a pipelined small read's cost
+//! (docs/benchmarks.md). A request stuck inline holds up the rest of its batch only until
+//! the fast path's watchdog answers it: it then starts another runner for the rest
+//! ([`Late::on_overdue`]).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc};
-use tokio::task::JoinSet;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::buffers::{Line, Spares};
 use crate::fast::{Late, Sink};
@@ -36,12 +48,33 @@ impl Drop for Unstuck {
 /// How often [`Driver::finish`] looks whether only stuck, already answered requests are left.
 const STUCK_CHECK: Duration = Duration::from_millis(100);
 
+/// The most requests in one batch: a batch's last answer waits for its first ones, each a
+/// few microseconds when inline.
+pub(crate) const BATCH: usize = 32;
+
+/// Lines at least this long go alone: they are upload chunks or long lists of paths, whose
+/// work is not a few microseconds.
+pub(crate) const BATCH_LINE: usize = 16 << 10;
+
+/// Requests a batch runner takes before it lets the other tasks of its thread run (other
+/// sessions' among them); it also renews tokio's budget, which would otherwise make the
+/// runner's sends look like waits.
+const YIELD_EVERY: usize = 8;
+
+/// One request's whole way through the session (answer sent, bounds given back), owning what
+/// it needs, so that it can run in a batch or as a task of its own.
+type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Requests of one batch not yet started, taken in turn by a runner ([`run_batch`]).
+type Queue = Arc<Mutex<VecDeque<(Job, Arc<Late>)>>>;
+
 /// Runs one session's requests within its bounds; answers go to `out`.
 pub(crate) struct Driver<T> {
     session: Arc<Session>,
+    /// Requests running; each holds one permit until its answer is sent.
     in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
     held: Arc<Semaphore>,
-    tasks: JoinSet<()>,
     out: mpsc::Sender<T>,
     /// `out` for the fast path's watchdog, which answers stuck requests from its own thread.
     sink: Sink,
@@ -83,13 +116,14 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
             }
             taken
         });
+        let max_in_flight = max_in_flight.max(1);
         Driver {
             sink,
             stuck,
             session,
-            in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
             held: Arc::new(Semaphore::new(INPUT_BUDGET_KIB)),
-            tasks: JoinSet::new(),
             out,
             spares: None,
         }
@@ -110,39 +144,65 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
     /// request slot and room for the line are free. Returns `false` when the output is gone
     /// (the session is over).
     pub(crate) async fn submit(&mut self, line: Vec<u8>) -> bool {
-        if self.out.is_closed() {
-            return false;
+        match self.job(line).await {
+            Some((job, _)) => {
+                tokio::spawn(job);
+                true
+            }
+            None => false,
         }
-        let Ok(permit) = Arc::clone(&self.in_flight).acquire_owned().await else {
-            return false;
-        };
-        let kib = line.len().div_ceil(1024).clamp(1, INPUT_BUDGET_KIB) as u32;
-        let Ok(held) = Arc::clone(&self.held).acquire_many_owned(kib).await else {
-            return false;
-        };
-        let session = Arc::clone(&self.session);
-        // Counted now, in arrival order: tasks may start in any order.
-        let received = session.received();
-        let out = self.out.downgrade();
-        let late = Late::new(Arc::clone(&self.sink));
-        let stuck = Arc::clone(&self.stuck);
-        let spares = self.spares.clone();
-        self.tasks.spawn(async move {
-            // Uncounted when the task ends, however it ends (a panic included).
-            let _counted = Unstuck(Arc::clone(&late), stuck);
-            let line = Line::new(line, spares.clone());
-            let frame = session.respond_line(line, received, Some(&late)).await;
-            if let (Some(frame), Some(out)) = (frame, out.upgrade()) {
-                let _ = out.send(T::from(frame)).await;
+    }
+
+    /// Hands several lines to the session at once, to be taken in turn by one task (see the
+    /// module documentation); for lines that arrived together, each shorter than
+    /// [`BATCH_LINE`]. Returns `false` when the output is gone.
+    pub(crate) async fn submit_batch(&mut self, lines: Vec<Vec<u8>>) -> bool {
+        let mut jobs = VecDeque::with_capacity(lines.len());
+        for line in lines {
+            let kib = line.len().div_ceil(1024).clamp(1, INPUT_BUDGET_KIB);
+            if !jobs.is_empty()
+                && (self.in_flight.available_permits() == 0 || self.held.available_permits() < kib)
+            {
+                // The batch so far starts now: its requests hold slots and room that this
+                // line may have to wait for (with `max_in_flight` 1, it always would).
+                tokio::spawn(run_batch(Arc::new(Mutex::new(std::mem::take(&mut jobs)))));
             }
-            if let Some(spares) = spares.filter(|_| session.state().uploads.len() == 0) {
-                // Kept only while an upload is open, whose next chunk's line is as long.
-                spares.clear();
+            match self.job(line).await {
+                Some(job) => jobs.push_back(job),
+                None => return false,
             }
-            drop((permit, held));
-        });
-        while self.tasks.try_join_next().is_some() {}
+        }
+        if !jobs.is_empty() {
+            tokio::spawn(run_batch(Arc::new(Mutex::new(jobs))));
+        }
         true
+    }
+
+    /// The job that answers `line`, once a request slot and room for the line are free;
+    /// `None` when the output is gone.
+    async fn job(&mut self, line: Vec<u8>) -> Option<(Job, Arc<Late>)> {
+        if self.out.is_closed() {
+            return None;
+        }
+        let permit = Arc::clone(&self.in_flight).acquire_owned().await.ok()?;
+        let kib = line.len().div_ceil(1024).clamp(1, INPUT_BUDGET_KIB) as u32;
+        let held = Arc::clone(&self.held).acquire_many_owned(kib).await.ok()?;
+        // Counted now, in arrival order: requests may start in any order.
+        let received = self.session.received();
+        let late = Late::new(Arc::clone(&self.sink));
+        let job = answer(
+            Arc::clone(&self.session),
+            Line::new(line, self.spares.clone()),
+            received,
+            Arc::clone(&late),
+            Bounds {
+                out: self.out.downgrade(),
+                stuck: Arc::clone(&self.stuck),
+                spares: self.spares.clone(),
+                permits: (permit, held),
+            },
+        );
+        Some((Box::pin(job), late))
     }
 
     /// Sends a frame of the transport's own (an error for a line it could not pass on).
@@ -154,16 +214,82 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
     /// already answered `TIMEOUT` and that are still stuck in a file system are not waited
     /// for: they hold nothing the session's end needs (their output is a weak reference),
     /// and they end when their system call does.
-    pub(crate) async fn finish(mut self) {
-        while !self.tasks.is_empty() {
-            if self.tasks.len() <= self.stuck.load(Ordering::Acquire) {
-                self.tasks.detach_all();
-                break;
-            }
+    pub(crate) async fn finish(self) {
+        loop {
+            // Every request holds a slot until it is answered: all of them back, but for the
+            // stuck ones, means nothing is left to answer.
+            let stuck = self.stuck.load(Ordering::Acquire).min(self.max_in_flight);
+            let all = (self.max_in_flight - stuck) as u32;
             tokio::select! {
-                _ = self.tasks.join_next() => {}
+                _ = self.in_flight.acquire_many(all) => return,
                 () = tokio::time::sleep(STUCK_CHECK) => {}
             }
+        }
+    }
+}
+
+/// What a request holds until it is answered, and where its answer goes.
+struct Bounds<T> {
+    out: mpsc::WeakSender<T>,
+    stuck: Arc<AtomicUsize>,
+    spares: Option<Spares>,
+    /// Its request slot and its line's share of the input budget.
+    permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+/// Answers one line: the body of every [`Job`].
+async fn answer<T: From<Outgoing> + Send + 'static>(
+    session: Arc<Session>,
+    line: Line,
+    received: crate::host::Received,
+    late: Arc<Late>,
+    bounds: Bounds<T>,
+) {
+    // Uncounted when the request ends, however it ends (a panic included).
+    let _counted = Unstuck(Arc::clone(&late), bounds.stuck);
+    let frame = session.respond_line(line, received, Some(&late)).await;
+    if let (Some(frame), Some(out)) = (frame, bounds.out.upgrade()) {
+        let _ = out.send(T::from(frame)).await;
+    }
+    if let Some(spares) = bounds.spares.filter(|_| session.state().uploads.len() == 0) {
+        // Kept only while an upload is open, whose next chunk's line is as long.
+        spares.clear();
+    }
+    drop(bounds.permits);
+}
+
+/// Takes a batch's requests in turn: each is polled once here, and finished here when it
+/// needs no wait (small work inline on the fast path), or spawned as a task of its own when
+/// it does, so that no request waits for another's wait.
+fn run_batch(queue: Queue) -> Job {
+    // Boxed (as a `Job`): it spawns itself, and a recursive future needs a named type.
+    Box::pin(take_batch(queue))
+}
+
+/// [`run_batch`]'s loop.
+async fn take_batch(queue: Queue) {
+    let runtime = tokio::runtime::Handle::current();
+    let mut taken = 0;
+    loop {
+        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        let Some((mut job, late)) = next else {
+            return;
+        };
+        // Stuck inline past its deadline, this request holds this runner: the watchdog then
+        // starts another for the rest (a runner that finds nothing left just ends).
+        let rest = Arc::clone(&queue);
+        let spawner = runtime.clone();
+        late.on_overdue(Box::new(move || {
+            spawner.spawn(run_batch(rest));
+        }));
+        let polled = std::future::poll_fn(|cx| Poll::Ready(job.as_mut().poll(cx))).await;
+        if polled.is_pending() {
+            // Its next poll, in its own task, registers that task to be woken.
+            tokio::spawn(job);
+        }
+        taken += 1;
+        if taken % YIELD_EVERY == 0 {
+            tokio::task::yield_now().await;
         }
     }
 }

@@ -186,6 +186,12 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         self
     }
 
+    /// Whether a whole line is already here: the next [`LineReader::next_frame`] then reads
+    /// nothing.
+    pub(crate) fn has_line(&self) -> bool {
+        memchr::memchr(b'\n', &self.buf[self.scanned..]).is_some()
+    }
+
     /// The next frame, or `None` at end of input. A last line without `\n` is still a line.
     pub(crate) async fn next_frame(&mut self) -> io::Result<Option<Frame>> {
         loop {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
 
-use super::driver::Driver;
+use super::driver::{BATCH, BATCH_LINE, Driver};
 use super::framing::{Frame, InputBudget, LineReader};
 use super::pipe::BlockingWriter;
 use super::pipe::FrameWriter;
@@ -141,10 +141,15 @@ where
         .with_budget(budget, wait)
         .with_spares(spares);
     let mut ended_by_person = false;
+    // A frame read while gathering a batch that could not join it.
+    let mut held_back: Option<Frame> = None;
     loop {
         // A broker asked to stop takes no more requests; those taken finish below.
         let next = tokio::select! {
-            next = reader.next_frame() => next,
+            next = async { match held_back.take() {
+                Some(frame) => Ok(Some(frame)),
+                None => reader.next_frame().await,
+            } } => next,
             () = &mut stop => break,
             () = &mut ended => {
                 tracing::warn!(session = id, "the person ended the session; closing it");
@@ -179,6 +184,26 @@ where
                 driver.send(refused(len).into()).await
             }
             Frame::Line(line) if line.iter().all(u8::is_ascii_whitespace) => true,
+            Frame::Line(line) if line.len() < BATCH_LINE && reader.has_line() => {
+                // More lines are already here: a pipelined burst, answered as one batch.
+                let mut batch = vec![line];
+                while batch.len() < BATCH && reader.has_line() {
+                    match reader.next_frame().await {
+                        Ok(Some(Frame::Line(line))) if line.iter().all(u8::is_ascii_whitespace) => {
+                        }
+                        Ok(Some(Frame::Line(line))) if line.len() < BATCH_LINE => batch.push(line),
+                        Ok(other) => {
+                            held_back = other;
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(session = id, error = %e, "input failed; ending the session");
+                            break;
+                        }
+                    }
+                }
+                driver.submit_batch(batch).await
+            }
             Frame::Line(line) => driver.submit(line).await,
         };
         if !more {

@@ -242,6 +242,7 @@ mod tests {
             ops_per_s,
             p50_us: 10.0,
             p99_us: 20.0,
+            broker_cpu_us: None,
         }
     }
 

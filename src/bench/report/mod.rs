@@ -166,6 +166,10 @@ pub(crate) struct Ops {
     pub p50_us: f64,
     /// 99th percentile latency, microseconds.
     pub p99_us: f64,
+    /// CPU time the broker spent per operation (user and system, every thread), microseconds:
+    /// unlike the rate, it hardly moves when other programs share the machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broker_cpu_us: Option<f64>,
 }
 
 impl Ops {
@@ -185,7 +189,14 @@ impl Ops {
             ops_per_s: ops as f64 / seconds,
             p50_us: pct(0.50),
             p99_us: pct(0.99),
+            broker_cpu_us: None,
         }
+    }
+
+    /// With the broker's CPU time over the run (`None` where it could not be read).
+    pub(crate) fn with_cpu(mut self, cpu: Option<Duration>) -> Ops {
+        self.broker_cpu_us = cpu.map(|c| c.as_secs_f64() * 1e6 / self.ops.max(1) as f64);
+        self
     }
 }
 

@@ -59,17 +59,21 @@ impl Report {
             let _ = writeln!(t);
             let _ = writeln!(
                 t,
-                "  {:<30} {:>10} {:>8} {:>9}",
-                "small operations", "ops/s", "p50 ms", "p99 ms"
+                "  {:<30} {:>10} {:>8} {:>9} {:>13}",
+                "small operations", "ops/s", "p50 ms", "p99 ms", "broker CPU µs"
             );
             let row = |t: &mut String, name: String, o: &Ops| {
+                let cpu = o
+                    .broker_cpu_us
+                    .map_or_else(|| "-".to_owned(), |c| format!("{c:.1}"));
                 let _ = writeln!(
                     t,
-                    "  {:<30} {:>10.0} {:>8.3} {:>9.3}",
+                    "  {:<30} {:>10.0} {:>8.3} {:>9.3} {:>13}",
                     name,
                     o.ops_per_s,
                     o.p50_us / 1e3,
-                    o.p99_us / 1e3
+                    o.p99_us / 1e3,
+                    cpu
                 );
             };
             let kib = sm.read_size / 1024;
