@@ -51,8 +51,9 @@ export function dropAfter(res, n, onDrop) {
   const write = res.write.bind(res);
   res.write = (chunk, ...rest) => {
     const text = Buffer.isBuffer(chunk) || chunk instanceof Uint8Array ? Buffer.from(chunk).toString("utf8") : String(chunk);
-    const isSse = String(res.getHeader("content-type") ?? "").startsWith("text/event-stream");
-    if (!isSse || text.startsWith(":")) return write(chunk, ...rest);
+    // Headers given to writeHead are not visible to getHeader: an SSE event is known by its
+    // first field instead.
+    if (!/^(id|event|data|retry):/.test(text)) return write(chunk, ...rest);
     events += text.split("\n\n").length - 1;
     if (events < n) return write(chunk, ...rest);
     res.write = () => true; // nothing more goes out on this response
