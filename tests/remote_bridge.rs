@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 
 use common::fsb::{Cmd, Fsb, Log};
 use common::kit::Rng;
-use common::peers::{peers_dir, require_npm};
+use common::peers::{peers_dir, require_npm, require_python_mcp1};
 use common::remote::RemoteServer;
 use common::{path_str, tempdir, uri_path};
 
@@ -249,6 +249,48 @@ fn dropped_sse_streams_are_resumed_through_mcp_remote() {
     assert!(
         resumed,
         "no GET carried a Last-Event-ID: {seen}\n{}",
+        server.log()
+    );
+    host.finish();
+}
+
+/// Python SDK 1.x server (`mcp` 1.30, FastMCP, stateful, SSE) through mcp-remote: the same
+/// requests on both streams, answered by the broker.
+#[test]
+fn python_v1_server_through_mcp_remote() {
+    require_npm();
+    let python = require_python_mcp1();
+    let root = root();
+    let server = RemoteServer::start(&python, &["remote_py1.py"]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    let init = host.initialize();
+    assert_eq!(init["serverInfo"]["name"], "fsbroker-remote-py1", "{init}");
+    brokered_round(&mut host, &root, "post");
+    brokered_round(&mut host, &root, "get");
+    host.finish();
+}
+
+/// The Python server cutting its SSE streams after two events: resumed, the file whole.
+#[test]
+fn dropped_python_sse_streams_are_resumed_through_mcp_remote() {
+    require_npm();
+    let python = require_python_mcp1();
+    let root = root();
+    let server = RemoteServer::start(&python, &["remote_py1.py", "--drop-sse-after", "2"]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    host.initialize();
+    brokered_round(&mut host, &root, "post");
+    let debug = server.debug();
+    assert!(
+        debug["drops"].as_u64().is_some_and(|n| n > 0),
+        "no stream was dropped: {debug}"
+    );
+    let resumed = debug["get_streams"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|s| s["lastEventId"].is_string()));
+    assert!(
+        resumed,
+        "no GET carried a Last-Event-ID: {debug}\n{}",
         server.log()
     );
     host.finish();
