@@ -66,6 +66,8 @@ struct Host {
     fsb: Fsb,
     home: tempfile::TempDir,
     ids: Vec<u64>,
+    /// `params._meta` of every tools/call: set for a 2026-07-28 host, which has no handshake.
+    meta: Option<Value>,
 }
 
 impl Host {
@@ -93,6 +95,7 @@ impl Host {
             fsb,
             home,
             ids: Vec::new(),
+            meta: None,
         }
     }
 
@@ -123,9 +126,36 @@ impl Host {
         r
     }
 
+    /// From now on a host of MCP 2026-07-28: each request declares its revision (and no
+    /// roots of the host's own) in its envelope.
+    fn modern(&mut self) {
+        self.meta = Some(json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "remote-bridge-test", "version": "0"}
+        }));
+    }
+
+    /// The tool call's raw response.
+    fn call(&mut self, name: &str, arguments: Value) -> Value {
+        let mut params = json!({"name": name, "arguments": arguments});
+        if let Some(meta) = &self.meta {
+            params["_meta"] = meta.clone();
+        }
+        let id = self.fsb.send("tools/call", params);
+        self.ids.push(id);
+        self.fsb.response(id)
+    }
+
     /// A tool call whose one text block is JSON: that JSON.
     fn tool(&mut self, name: &str, arguments: Value) -> Value {
-        let r = self.request("tools/call", json!({"name": name, "arguments": arguments}));
+        let r = self.call(name, arguments);
+        assert!(
+            r.get("error").is_none(),
+            "tools/call {name} failed: {r}\nproxy and bridge log:\n{}",
+            self.fsb.log_text()
+        );
+        let r = r["result"].clone();
         assert_ne!(r["isError"], true, "tool {name} failed: {r}");
         let text = r["content"][0]["text"]
             .as_str()
@@ -292,6 +322,46 @@ fn dropped_python_sse_streams_are_resumed_through_mcp_remote() {
         resumed,
         "no GET carried a Last-Event-ID: {debug}\n{}",
         server.log()
+    );
+    host.finish();
+}
+
+/// TypeScript SDK 2.x handler of the 2026-07-28 era (stateless, `input_required`) through
+/// `mcp-remote --protocol auto`, with a 2026 host: the server's `roots/list` and hand-written
+/// `files/*` input requests reach fsbroker's proxy as `input_required` results, which it
+/// answers and retries itself; the host only sees the final results.
+#[test]
+fn typescript_v2_server_through_mcp_remote_with_a_2026_host() {
+    require_npm();
+    let root = root();
+    let server = RemoteServer::node("remote_ts2.mjs", &[]);
+    let mut host = Host::start(&root.path, &server.url, &["--protocol", "auto"]);
+    host.modern();
+    brokered_round(&mut host, &root, "post");
+    host.finish();
+}
+
+/// The same server with a 2025 host: mcp-remote answers the handshake itself and puts the
+/// server's `roots/list` input request to its client as a request, which the broker answers;
+/// `files/*` input requests it cannot put to a 2025 client, and fails the call (a limit of
+/// the bridge, documented in docs/hosts.md).
+#[test]
+fn typescript_v2_server_through_mcp_remote_with_a_2025_host() {
+    require_npm();
+    let root = root();
+    let server = RemoteServer::node("remote_ts2.mjs", &[]);
+    let mut host = Host::start(&root.path, &server.url, &["--protocol", "auto"]);
+    host.initialize();
+    let roots = host.ask("roots/list", json!({}), "post");
+    assert_eq!(roots["roots"][0]["name"], "remote-root", "{roots}");
+    let r = host.call(
+        "request",
+        json!({"method": "files/list", "params": {"path": path_str(&root.path)}}),
+    );
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("files/list") && message.contains("2025"),
+        "mcp-remote 0.15.1 was expected to refuse a files/* input request for a 2025 client: {r}"
     );
     host.finish();
 }
