@@ -91,7 +91,13 @@ impl Http {
             .wrap_connector(tcp);
         // hyper's client follows no redirect: a 3xx is reported as it is, so the user's
         // headers (a token) never go to another origin.
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        // No connection is kept for the next request: a kept one the server closes (its
+        // idle timeout, a stream it cut) just as it is taken fails the request after it was
+        // sent, and a POST is not safe to send twice (a tool call would run twice). A new
+        // connection per message costs a handshake; the messages that matter are large.
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(connector);
         Ok(Http {
             client,
             uri,

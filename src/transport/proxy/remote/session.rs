@@ -87,6 +87,11 @@ impl Session {
         self.state().expired
     }
 
+    /// Whether `initialize` was answered (a version negotiated).
+    pub(super) fn is_initialized(&self) -> bool {
+        self.state().version.is_some()
+    }
+
     /// Whether a session id is sent.
     pub(super) fn has_id(&self) -> bool {
         self.state().id.is_some()
@@ -115,7 +120,7 @@ impl Remote {
     /// POST), and follows it on a task; waits only for its headers. `None` when the server
     /// offers none (405), or in the 2026-07-28 era, which has no GET stream.
     pub(super) async fn open_get_stream(self: Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
-        if self.session.is_modern() || self.session.expired() {
+        if self.session.is_modern() || self.session.expired() || !self.session.is_initialized() {
             return None;
         }
         let first = match self.get(None).await {
