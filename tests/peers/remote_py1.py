@@ -233,6 +233,10 @@ async def app(scope, receive, send):
         return await respond(send, 200, {"sessions": list(mcp.session_manager._server_instances),
                                          "deleted_sessions": deleted_sessions, "expired_sessions": expired_sessions,
                                          "get_streams": get_streams, "drops": drops})
+    if path != "/mcp":
+        return await respond(send, 404, {"error": "not found"})
+    # Only the MCP endpoint is protected, as a resource server does: OAuth discovery probes
+    # elsewhere get 404, and no authorization server is offered.
     if opts.require_header and headers.get(opts.require_header[0]) != opts.require_header[1]:
         say(f"401 for {method} {path}: header {opts.require_header[0]} missing or wrong")
         return await respond(send, 401, {"error": "unauthorized"},
