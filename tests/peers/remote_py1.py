@@ -96,6 +96,7 @@ deleted_sessions: list[str] = []
 expired_sessions: list[str] = []
 get_streams: list[dict[str, Any]] = []
 drops = 0
+drops_by_session: dict[str, int] = {}
 early: dict[int, asyncio.Task] = {}  # ServerSession (by id()) → its early roots/list
 
 
@@ -201,7 +202,8 @@ async def expire_session(ctx: Context) -> str:
 async def sse_count(ctx: Context) -> str:
     """The GET streams of this session (their Last-Event-ID) and how many streams were cut."""
     sid = session_id(ctx)
-    return json.dumps({"gets": [g["lastEventId"] for g in get_streams if g["session"] == sid], "drops": drops})
+    return json.dumps({"gets": [g["lastEventId"] for g in get_streams if g["session"] == sid],
+                       "drops": drops_by_session.get(sid, 0)})
 
 
 inner = mcp.streamable_http_app()
@@ -268,6 +270,8 @@ async def app(scope, receive, send):
                 if events >= opts.drop_sse_after:
                     cut = True
                     drops += 1
+                    if sid:
+                        drops_by_session[sid] = drops_by_session.get(sid, 0) + 1
                     say(f"dropping the SSE stream of {method} after {opts.drop_sse_after} events")
                     # uvicorn's own send is a method of the request's cycle, which holds the
                     # connection: closing it mid-body is the dropped connection a client sees.
