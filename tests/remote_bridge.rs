@@ -410,3 +410,28 @@ fn typescript_v1_server_over_https_with_a_required_header() {
         server.log()
     );
 }
+
+/// A session the server forgets (HTTP 404 on the next request) is initialized again by
+/// mcp-remote, which resends the request: the broker answers on the new session as before.
+#[test]
+fn an_expired_session_is_reestablished_through_mcp_remote() {
+    require_npm();
+    let root = root();
+    let server = RemoteServer::node("remote_ts1.mjs", &[]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    host.initialize();
+    let expired = host.tool("expire_session", json!({}));
+    let old = expired["expired"]
+        .as_str()
+        .expect("the expired session's id")
+        .to_owned();
+    brokered_round(&mut host, &root, "post");
+    let debug = server.debug();
+    assert_eq!(debug["expired_sessions"], json!([old]), "{debug}");
+    let live = debug["sessions"].as_array().expect("sessions");
+    assert!(
+        !live.is_empty() && !live.contains(&json!(old)),
+        "no new session after the expiry: {debug}"
+    );
+    host.finish();
+}
