@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 use common::fsb::{Cmd, Fsb, Log};
 use common::kit::Rng;
 use common::peers::{peers_dir, require_npm, require_python_mcp1};
-use common::remote::RemoteServer;
+use common::remote::{RemoteServer, test_ca};
 use common::{path_str, tempdir, uri_path};
 
 /// Bounds every wait, only so that a hang fails instead of blocking the run; nothing here is
@@ -72,6 +72,11 @@ struct Host {
 
 impl Host {
     fn start(root: &Path, url: &str, bridge_args: &[&str]) -> Host {
+        Host::start_with(root, url, bridge_args, &[])
+    }
+
+    /// [`Host::start`] with more environment for the proxy and the bridge it starts.
+    fn start_with(root: &Path, url: &str, bridge_args: &[&str], env: &[(&str, &Path)]) -> Host {
         let home = tempfile::tempdir().expect("tempdir");
         let bridge = peers_dir().join("node_modules/mcp-remote/dist/proxy.js");
         let mut args = vec![
@@ -84,13 +89,13 @@ impl Host {
             url.to_owned(),
         ];
         args.extend(bridge_args.iter().map(|a| (*a).to_owned()));
-        let fsb = Cmd::new(&args)
+        let mut cmd = Cmd::new(&args)
             .env("HOME", home.path())
-            .env("MCP_REMOTE_CONFIG_DIR", home.path().join("mcp-auth"))
-            .log(Log::Keep)
-            .record()
-            .deadline(WAIT)
-            .spawn();
+            .env("MCP_REMOTE_CONFIG_DIR", home.path().join("mcp-auth"));
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
+        let fsb = cmd.log(Log::Keep).record().deadline(WAIT).spawn();
         Host {
             fsb,
             home,
@@ -362,6 +367,71 @@ fn typescript_v2_server_through_mcp_remote_with_a_2025_host() {
     assert!(
         message.contains("files/list") && message.contains("2025"),
         "mcp-remote 0.15.1 was expected to refuse a files/* input request for a 2025 client: {r}"
+    );
+    host.finish();
+}
+
+/// HTTPS with a CA made for the test (trusted through `NODE_EXTRA_CA_CERTS`), and a server
+/// that answers 401 without its header: mcp-remote sends the header (`--header`) and never
+/// starts OAuth; the broker answers as over plain HTTP.
+#[test]
+fn typescript_v1_server_over_https_with_a_required_header() {
+    require_npm();
+    let root = root();
+    let certs = tempfile::tempdir().expect("tempdir");
+    let ca = test_ca(certs.path());
+    let server = RemoteServer::node(
+        "remote_ts1.mjs",
+        &[
+            "--tls",
+            ca.cert.to_str().unwrap(),
+            ca.key.to_str().unwrap(),
+            "--require-header",
+            "X-Fsbroker-Test: s3cret",
+        ],
+    );
+    assert!(
+        server.url.starts_with("https://127.0.0.1:"),
+        "{}",
+        server.url
+    );
+    let mut host = Host::start_with(
+        &root.path,
+        &server.url,
+        &["--header", "X-Fsbroker-Test:s3cret"],
+        &[("NODE_EXTRA_CA_CERTS", &ca.ca_cert)],
+    );
+    host.initialize();
+    brokered_round(&mut host, &root, "post");
+    host.finish();
+    assert!(
+        !server.log().contains("401 for"),
+        "a request went without the header:\n{}",
+        server.log()
+    );
+}
+
+/// A session the server forgets (HTTP 404 on the next request) is initialized again by
+/// mcp-remote, which resends the request: the broker answers on the new session as before.
+#[test]
+fn an_expired_session_is_reestablished_through_mcp_remote() {
+    require_npm();
+    let root = root();
+    let server = RemoteServer::node("remote_ts1.mjs", &[]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    host.initialize();
+    let expired = host.tool("expire_session", json!({}));
+    let old = expired["expired"]
+        .as_str()
+        .expect("the expired session's id")
+        .to_owned();
+    brokered_round(&mut host, &root, "post");
+    let debug = server.debug();
+    assert_eq!(debug["expired_sessions"], json!([old]), "{debug}");
+    let live = debug["sessions"].as_array().expect("sessions");
+    assert!(
+        !live.is_empty() && !live.contains(&json!(old)),
+        "no new session after the expiry: {debug}"
     );
     host.finish();
 }

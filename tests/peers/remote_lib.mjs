@@ -93,6 +93,13 @@ export function listen(opts, name, handler, debug) {
         res.end(JSON.stringify(debug()));
         return;
       }
+      if (url.pathname !== "/mcp") {
+        res.writeHead(404, { "content-type": "text/plain" });
+        res.end("not found\n");
+        return;
+      }
+      // Only the MCP endpoint is protected, as a resource server does: OAuth discovery
+      // probes elsewhere get 404, and no authorization server is offered.
       const gate = opts.requireHeader;
       if (gate && req.headers[gate.name] !== gate.value) {
         say(`401 for ${req.method} ${url.pathname}: header ${gate.name} missing or wrong`);
@@ -101,11 +108,6 @@ export function listen(opts, name, handler, debug) {
           "www-authenticate": `Bearer resource_metadata="${base}${metadataPath}"`,
         });
         res.end(JSON.stringify({ error: "unauthorized", error_description: `${gate.name} required` }));
-        return;
-      }
-      if (url.pathname !== "/mcp") {
-        res.writeHead(404, { "content-type": "text/plain" });
-        res.end("not found\n");
         return;
       }
       await handler(req, res, base);
@@ -133,12 +135,36 @@ export function listen(opts, name, handler, debug) {
   return server;
 }
 
-/** Reads a POST body as JSON (for handlers that are not given the raw request). */
-export async function readJson(req) {
+/** The SDKs' default bound on a POST body (both TypeScript SDKs and the Python SDK 1.x). */
+export const SDK_BODY_LIMIT = 4 * 1024 * 1024;
+
+/**
+ * Reads a POST body as JSON, or answers 413 and returns `TOO_LARGE` past `limit` bytes (declared
+ * or sent). The peers parse bodies themselves to route them, and the SDKs do not bound a body
+ * handed to them already parsed: this is where the limit is kept.
+ */
+export const TOO_LARGE = Symbol("too large");
+export async function readBody(req, res, limit = SDK_BODY_LIMIT) {
+  const tooLarge = () => {
+    res.writeHead(413, { "content-type": "application/json" });
+    res.end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32000, message: `Payload Too Large: body over ${limit} bytes` }, id: null }));
+    req.resume();
+    return TOO_LARGE;
+  };
+  if (Number(req.headers["content-length"] ?? 0) > limit) return tooLarge();
   const parts = [];
-  for await (const p of req) parts.push(p);
+  let size = 0;
+  for await (const p of req) {
+    size += p.length;
+    if (size > limit) return tooLarge();
+    parts.push(p);
+  }
   const text = Buffer.concat(parts).toString("utf8");
-  return text ? JSON.parse(text) : undefined;
+  try {
+    return text ? JSON.parse(text) : undefined;
+  } catch {
+    return null; // the SDK answers an unparsable body itself
+  }
 }
 
 /** A request to the client whose JSON-RPC error comes back as data, not as a throw. */

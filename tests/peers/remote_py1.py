@@ -96,6 +96,7 @@ deleted_sessions: list[str] = []
 expired_sessions: list[str] = []
 get_streams: list[dict[str, Any]] = []
 drops = 0
+drops_by_session: dict[str, int] = {}
 early: dict[int, asyncio.Task] = {}  # ServerSession (by id()) → its early roots/list
 
 
@@ -201,7 +202,8 @@ async def expire_session(ctx: Context) -> str:
 async def sse_count(ctx: Context) -> str:
     """The GET streams of this session (their Last-Event-ID) and how many streams were cut."""
     sid = session_id(ctx)
-    return json.dumps({"gets": [g["lastEventId"] for g in get_streams if g["session"] == sid], "drops": drops})
+    return json.dumps({"gets": [g["lastEventId"] for g in get_streams if g["session"] == sid],
+                       "drops": drops_by_session.get(sid, 0)})
 
 
 inner = mcp.streamable_http_app()
@@ -233,6 +235,10 @@ async def app(scope, receive, send):
         return await respond(send, 200, {"sessions": list(mcp.session_manager._server_instances),
                                          "deleted_sessions": deleted_sessions, "expired_sessions": expired_sessions,
                                          "get_streams": get_streams, "drops": drops})
+    if path != "/mcp":
+        return await respond(send, 404, {"error": "not found"})
+    # Only the MCP endpoint is protected, as a resource server does: OAuth discovery probes
+    # elsewhere get 404, and no authorization server is offered.
     if opts.require_header and headers.get(opts.require_header[0]) != opts.require_header[1]:
         say(f"401 for {method} {path}: header {opts.require_header[0]} missing or wrong")
         return await respond(send, 401, {"error": "unauthorized"},
@@ -264,6 +270,8 @@ async def app(scope, receive, send):
                 if events >= opts.drop_sse_after:
                     cut = True
                     drops += 1
+                    if sid:
+                        drops_by_session[sid] = drops_by_session.get(sid, 0) + 1
                     say(f"dropping the SSE stream of {method} after {opts.drop_sse_after} events")
                     # uvicorn's own send is a method of the request's cycle, which holds the
                     # connection: closing it mid-body is the dropped connection a client sees.

@@ -11,7 +11,7 @@ import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
 import { z } from "zod";
-import { ask, dropAfter, jsonText, listen, log, parseArgs, readAll, readJson } from "./remote_lib.mjs";
+import { TOO_LARGE, ask, dropAfter, jsonText, listen, log, parseArgs, readAll, readBody } from "./remote_lib.mjs";
 
 const NAME = "remote_ts1";
 const opts = parseArgs(process.argv.slice(2), NAME);
@@ -118,16 +118,8 @@ listen(
     const id = req.headers["mcp-session-id"];
     let body;
     if (req.method === "POST") {
-      const declared = Number(req.headers["content-length"] ?? 0);
-      const limit = opts.bodyLimit ?? 4 * 1024 * 1024;
-      if (declared > limit) {
-        // The SDK would answer 413 too, but only after we had parsed the body ourselves.
-        res.writeHead(413, { "content-type": "application/json" });
-        res.end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32000, message: `body over ${limit} bytes` }, id: null }));
-        req.resume();
-        return;
-      }
-      body = await readJson(req).catch(() => null);
+      body = await readBody(req, res, opts.bodyLimit);
+      if (body === TOO_LARGE) return;
     }
     let entry = id ? sessions.get(id) : undefined;
     if (id && !entry) {

@@ -17,7 +17,7 @@ import { createHash, randomUUID } from "node:crypto";
 import { Readable } from "node:stream";
 import { McpServer, createMcpHandler, inputRequired, inputResponse } from "@modelcontextprotocol/server";
 import * as z from "zod/v4";
-import { jsonText, listen, log, parseArgs, readJson } from "./remote_lib.mjs";
+import { TOO_LARGE, jsonText, listen, log, parseArgs, readBody } from "./remote_lib.mjs";
 
 const NAME = "remote_ts2";
 const opts = parseArgs(process.argv.slice(2), NAME);
@@ -128,18 +128,8 @@ listen(
     let body;
     let request;
     if (req.method === "POST") {
-      const limit = opts.bodyLimit ?? 4 * 1024 * 1024;
-      if (Number(req.headers["content-length"] ?? 0) > limit) {
-        res.writeHead(413, { "content-type": "application/json" });
-        res.end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32000, message: `body over ${limit} bytes` }, id: null }));
-        req.resume();
-        return;
-      }
-      const text = await readJson(req).then(
-        (v) => v,
-        () => null,
-      );
-      body = text;
+      body = await readBody(req, res, opts.bodyLimit);
+      if (body === TOO_LARGE) return;
       request = new Request(url, { method: "POST", headers, body: JSON.stringify(body ?? null) });
     } else {
       request = new Request(url, { method: req.method, headers, body: req.method === "GET" || req.method === "HEAD" ? undefined : Readable.toWeb(req), duplex: "half" });
