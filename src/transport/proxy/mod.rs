@@ -22,6 +22,10 @@
 //! [`STOP_KILL_GRACE`]); the server's exit ends the relay. The proxy exits with the server's
 //! exit code.
 //!
+//! The server is a process the proxy starts (`-- SERVER`), or a remote one (`--url`):
+//! `remote/` makes a remote server's Streamable HTTP look like a child's stdin and stdout to
+//! the relay, which is the same for both; this file only chooses ([`run`]).
+//!
 //! The parts: this file starts the server and the two relays and sees them end; `lines.rs`
 //! is the relay of lines each way (and `route`, the gate every server line passes first);
 //! `broker.rs` is the broker end (a local session or a shared broker's socket); `child.rs`
