@@ -123,12 +123,10 @@ fn remote(args: &ProxyArgs) -> Result<Option<transport::proxy::RemoteOptions>, S
     }
     let mut remote = transport::proxy::RemoteOptions::new(url).map_err(|e| e.to_string())?;
     for header in &args.headers {
-        let (name, value) = header.split_once(':').ok_or_else(|| {
-            format!(
-                "--header {:?}: write it as NAME:VALUE",
-                header.split(':').next().unwrap_or_default()
-            )
-        })?;
+        // Not shown: without its colon, a header may be all value (a token).
+        let (name, value) = header
+            .split_once(':')
+            .ok_or("--header: write it as NAME:VALUE (one has no colon)")?;
         remote = remote.header(name, value).map_err(|e| e.to_string())?;
     }
     for header in &args.header_envs {

@@ -11,6 +11,9 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use sse_stream::{Sse, SseByteStream};
 
+/// Bytes of SSE framing allowed beyond the longest message.
+const FRAMING: usize = 64 << 10;
+
 /// Why an event stream ended early.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum StreamError {
@@ -33,6 +36,9 @@ pub(super) struct Events {
 impl Events {
     /// Events of `body`, none longer than `max` bytes.
     pub(super) fn new(body: Incoming, max: usize) -> Events {
+        // Room for the event's framing (`data: ` on each of its lines, `id:`, `retry:`) on
+        // top of the message it carries.
+        let bound = max + FRAMING;
         let taken = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&taken);
         let bytes = body.into_data_stream().map(move |piece| {
@@ -40,7 +46,7 @@ impl Events {
             // The parser asks for more only when it holds no whole event: what it was given
             // since the last one is what it holds (and at most one piece more).
             let held = counter.fetch_add(piece.len(), Ordering::Relaxed) + piece.len();
-            if held > max {
+            if held > bound {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
                     "event too large",
@@ -63,7 +69,7 @@ impl Events {
                 self.taken.store(0, Ordering::Relaxed);
                 Ok(event)
             }
-            Err(_) if self.taken.load(Ordering::Relaxed) > self.max => {
+            Err(_) if self.taken.load(Ordering::Relaxed) > self.max + FRAMING => {
                 Err(StreamError::TooLarge { max: self.max })
             }
             Err(e) => Err(StreamError::Broken(e.to_string())),
