@@ -323,9 +323,18 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
     }
     let url = remote.url().to_owned();
     let (to_server, server_rx) = mpsc::channel::<ToServer>(OUTPUT_QUEUE);
-    let connected = remote::connect(remote, opts.max_line, server_rx)
+    let (ending, gone) = tokio::sync::watch::channel(false);
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+    if let Link::Local(session) = &link {
+        let stopped = session.broker().stopped();
+        tokio::spawn(async move {
+            stopped.await;
+            stopping_tx.send_replace(true);
+        });
+    }
+    let ends = remote::Ends { gone, stopping };
+    let connected = remote::connect(remote, opts.max_line, server_rx, ends)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let (ending, _) = tokio::sync::watch::channel(false);
     // The person ending the session (the console) ends the remote session, as the host's EOF
     // does: a local session says so itself, a shared broker by a last note on the link.
     let (person_ended, ended_note) = tokio::sync::watch::channel(false);

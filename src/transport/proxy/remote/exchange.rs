@@ -227,7 +227,7 @@ impl Remote {
     }
 
     /// The POST of `msg` and what it brings back.
-    async fn send(&self, msg: &Message, key: Option<&str>) -> Result<(), Failure> {
+    async fn send(self: &Arc<Self>, msg: &Message, key: Option<&str>) -> Result<(), Failure> {
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(
@@ -297,6 +297,17 @@ impl Remote {
         let is_request = matches!(msg.kind, Kind::Request { .. });
         if is_event_stream(response.headers()) {
             let events = Events::new(response.into_body(), self.max_line);
+            if !is_request {
+                // A stream for a notification or an answer owes the host nothing, and may
+                // stay open: followed beside the pump, which goes on with the next message.
+                let me = Arc::clone(self);
+                self.lock_streams().spawn(async move {
+                    if let Err(e) = me.follow_post(events, None).await {
+                        tracing::debug!(error = %e, "a stream that answers no request ended");
+                    }
+                });
+                return Ok(());
+            }
             return self.follow_post(events, key).await;
         }
         let body = read_body(response, self.max_line)

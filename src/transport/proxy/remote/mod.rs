@@ -31,7 +31,7 @@ use tokio::io::{AsyncWriteExt, DuplexStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use crate::limits::{OUTPUT_QUEUE, REMOTE_GOODBYE, REMOTE_POSTS_AT_ONCE};
+use crate::limits::{HOST_GONE_GRACE, OUTPUT_QUEUE, REMOTE_GOODBYE, REMOTE_POSTS_AT_ONCE};
 use crate::outgoing::Outgoing;
 use crate::transport::relay::{Budget, ToServer};
 use exchange::{Kind, Message};
@@ -185,7 +185,7 @@ impl RemoteOptions {
 
 /// A remote server connected to the relay: `output` is what the relay reads (the server's
 /// messages, one per line); `done` resolves once the host has gone, the answers in flight
-/// have come (or [`REMOTE_GOODBYE`] passed) and the session was ended.
+/// have come (or their grace passed) and the session was ended.
 pub(super) struct Connected {
     pub(super) output: DuplexStream,
     pub(super) done: tokio::task::JoinHandle<()>,
@@ -197,6 +197,7 @@ pub(super) fn connect(
     opts: RemoteOptions,
     max_line: usize,
     from_relay: mpsc::Receiver<ToServer>,
+    ends: Ends,
 ) -> Result<Connected, RemoteError> {
     let http = Http::new(&opts.url, opts.headers, &opts.ca_certs)?;
     let (output, mut input) = tokio::io::duplex(64 << 10);
@@ -219,8 +220,9 @@ pub(super) fn connect(
         inbound,
         budget: Budget::new(),
         max_line,
+        streams: Mutex::default(),
     });
-    let done = tokio::spawn(remote.pump(from_relay));
+    let done = tokio::spawn(remote.pump(from_relay, ends));
     Ok(Connected { output, done })
 }
 
@@ -235,11 +237,44 @@ struct Remote {
     inbound: mpsc::Sender<Outgoing>,
     budget: Budget,
     max_line: usize,
+    /// Event streams that answer no request of the host's (a notification's, an answer's),
+    /// followed beside the pump; ended with the session.
+    streams: Mutex<JoinSet<()>>,
+}
+
+/// How the proxy's end reaches the pump: `gone` once the host has gone (its EOF, or a stop),
+/// `stopping` once the broker is stopping (a signal: less time for goodbyes).
+pub(super) struct Ends {
+    pub(super) gone: tokio::sync::watch::Receiver<bool>,
+    pub(super) stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Ends {
+    /// Runs `work`, unless the host has gone and [`HOST_GONE_GRACE`] has passed since (a
+    /// server that does not answer must not keep the proxy after its host); whether it ran
+    /// to its end.
+    async fn unless_gone(&self, work: impl std::future::Future<Output = ()>) -> bool {
+        let mut gone = self.gone.clone();
+        let late = async move {
+            if gone.wait_for(|g| *g).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(HOST_GONE_GRACE).await;
+        };
+        tokio::select! {
+            () = work => true,
+            () = late => false,
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stopping.borrow()
+    }
 }
 
 impl Remote {
     /// Sends the relay's lines until the host has gone, then says goodbye.
-    async fn pump(self: Arc<Self>, mut from_relay: mpsc::Receiver<ToServer>) {
+    async fn pump(self: Arc<Self>, mut from_relay: mpsc::Receiver<ToServer>, ends: Ends) {
         let mut requests = JoinSet::new();
         let posts = Arc::new(Semaphore::new(REMOTE_POSTS_AT_ONCE));
         let mut get: Option<tokio::task::JoinHandle<()>> = None;
@@ -253,7 +288,7 @@ impl Remote {
                 continue;
             }
             let msg = Message::read(line);
-            match &msg.kind {
+            let sent = match &msg.kind {
                 // The session is made here: nothing else goes before it is, and its GET
                 // stream is open before the next message (`notifications/initialized`, on
                 // which servers ask for roots) is sent.
@@ -261,8 +296,12 @@ impl Remote {
                     if let Some(old) = get.take() {
                         old.abort();
                     }
-                    Arc::clone(&self).exchange(msg).await;
-                    get = Arc::clone(&self).open_get_stream().await;
+                    let me = Arc::clone(&self);
+                    ends.unless_gone(async {
+                        Arc::clone(&me).exchange(msg).await;
+                        get = me.open_get_stream().await;
+                    })
+                    .await
                 }
                 // Requests run at once, each on its own connection: one may wait for the
                 // host (a tool call asking for roots) while the broker's answer goes out.
@@ -275,15 +314,27 @@ impl Remote {
                         me.exchange(msg).await;
                         drop(permit);
                     });
+                    true
                 }
                 // Notifications and answers are taken at once (202): sent in order, so that
                 // `notifications/initialized` precedes the requests after it.
-                _ => Arc::clone(&self).exchange(msg).await,
+                _ => ends.unless_gone(Arc::clone(&self).exchange(msg)).await,
+            };
+            if !sent {
+                tracing::warn!(
+                    "the host has gone and the server is not answering; ending the session"
+                );
+                break;
             }
         }
-        // The host has gone: answers already coming are relayed for a moment, then the
-        // session ends.
-        let _ = tokio::time::timeout(REMOTE_GOODBYE, async {
+        // The host has gone: answers already coming are relayed while it may still read them
+        // (less when the broker is stopping), then the session ends.
+        let grace = if ends.stopping() {
+            REMOTE_GOODBYE
+        } else {
+            HOST_GONE_GRACE
+        };
+        let _ = tokio::time::timeout(grace, async {
             while requests.join_next().await.is_some() {}
         })
         .await;
@@ -291,7 +342,12 @@ impl Remote {
         if let Some(get) = get {
             get.abort();
         }
+        self.lock_streams().abort_all();
         self.end_session().await;
+    }
+
+    fn lock_streams(&self) -> std::sync::MutexGuard<'_, JoinSet<()>> {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Hands one message of the server's to the relay, as one line. Line breaks (which JSON
