@@ -26,7 +26,7 @@ use common::fsb::{Cmd, Fsb, Log};
 use common::kit::Rng;
 use common::peers::{require_npm, require_python_mcp1};
 use common::remote::{RemoteServer, test_ca};
-use common::{path_str, tempdir, uri_path};
+use common::{Listener, PolicyToml, RootToml, path_str, tempdir, uri_path};
 
 /// Bounds every wait, only so that a hang fails instead of blocking the run; nothing here is
 /// timed. Generous: debug builds, Node.js startup and a 20 MiB file in chunks.
@@ -494,4 +494,22 @@ fn a_token_from_the_environment() {
     brokered_round(&mut host, &root, "post");
     let log = host.finish();
     assert!(!log.contains("s3cret"), "the token was logged:\n{log}");
+}
+
+/// `--connect` and `--url` together: a shared broker answers the remote server's requests.
+#[test]
+fn a_shared_broker_answers_a_remote_server() {
+    require_npm();
+    let root = root();
+    let (_tmp, dir) = tempdir();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&root.path))
+        .write_to(&dir.join("shared.toml"));
+    let broker = Listener::start(&policy, &dir.join("broker.sock"), &[], &Default::default());
+    let server = RemoteServer::node("remote_ts1.mjs", &[]);
+    let sock = path_str(&broker.sock);
+    let mut host = Host::start(&root.path, &server.url, &["--connect", &sock]);
+    host.initialize();
+    brokered_round(&mut host, &root, "post");
+    host.finish();
 }

@@ -356,3 +356,75 @@ fn the_command_line_refuses_clearly() {
     let e = run(&["proxy", "--url", "ftp://example.com/mcp"], &[]);
     assert!(e.contains("http://"), "{e}");
 }
+
+/// A server that answers like an MCP server: `initialize` with a session, 202 for
+/// notifications, `{}` for any other request, 405 for GET, 200 for DELETE.
+fn plain_server() -> Server {
+    Server::start(|req, stream| match req.method.as_str() {
+        "GET" => respond(stream, "405 Method Not Allowed", &[], b""),
+        "DELETE" => respond(stream, "200 OK", &[], b""),
+        _ => match req.json()["method"].as_str() {
+            Some("initialize") => {
+                answer_json(req, init_result(), stream, &["Mcp-Session-Id: sess-2"])
+            }
+            Some(m) if m.starts_with("notifications/") => respond(stream, "202 Accepted", &[], b""),
+            _ => answer_json(req, json!({}), stream, &[]),
+        },
+    })
+}
+
+/// A host that writes its messages and closes its end at once (`printf … | fsbroker proxy`)
+/// still gets every answer, and the session is then DELETEd.
+#[test]
+fn a_host_that_writes_and_leaves_gets_its_answers() {
+    let server = plain_server();
+    let (_dir, mut fsb) = proxy(&server.url, &[]);
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}));
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+    let (status, rest) = fsb.end();
+    assert!(status.success(), "{status}\n{}", fsb.log_text());
+    let ids: Vec<Value> = rest
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|m| m["id"].clone())
+        .collect();
+    let mut all: Vec<Value> = fsb
+        .received()
+        .iter()
+        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+        .map(|m| m["id"].clone())
+        .collect();
+    all.extend(ids);
+    assert!(
+        all.contains(&json!(1)) && all.contains(&json!(2)),
+        "{all:?}"
+    );
+    let methods: Vec<String> = server.seen().iter().map(|s| s.method.clone()).collect();
+    assert_eq!(
+        methods.last().map(String::as_str),
+        Some("DELETE"),
+        "{methods:?}"
+    );
+}
+
+/// SIGTERM ends the proxy, and the session with it (`DELETE`).
+#[test]
+fn a_stop_signal_deletes_the_session() {
+    let server = plain_server();
+    let (_dir, mut fsb) = proxy(&server.url, &[]);
+    initialize(&mut fsb);
+    fsb.signal(rustix::process::Signal::TERM);
+    let status = fsb
+        .wait_exit(WAIT)
+        .expect("the proxy did not end after SIGTERM");
+    let deleted = server
+        .seen()
+        .iter()
+        .any(|s| s.method == "DELETE" && s.header("mcp-session-id") == Some("sess-2"));
+    assert!(
+        deleted,
+        "no DELETE after SIGTERM ({status}): {:?}",
+        server.seen()
+    );
+}
