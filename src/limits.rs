@@ -344,5 +344,9 @@ pub(crate) const REMOTE_GOODBYE: Duration = Duration::from_secs(2);
 /// HTTP 413 into a clamp); past this the oldest are forgotten.
 pub(crate) const REMOTE_READS_KEPT: usize = 1024;
 
+/// Host requests the proxy answered with its own error whose ids it remembers, so that the
+/// server's late answer to one is not passed on as a second answer.
+pub(crate) const REMOTE_FAILED_KEPT: usize = 256;
+
 /// The smallest `files/read` length the proxy clamps to after HTTP 413s.
 pub(crate) const REMOTE_MIN_CHUNK: u64 = 4096;

@@ -21,7 +21,7 @@ use super::sse::{Events, StreamError};
 use super::{Remote, header_value};
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
-use crate::limits::{REMOTE_RESUMES, REMOTE_RETRY};
+use crate::limits::{REMOTE_FAILED_KEPT, REMOTE_RESUMES, REMOTE_RETRY};
 use crate::transport::modern;
 
 const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
@@ -532,6 +532,12 @@ impl Remote {
         }
         let err = Error::new(failure.kind(), format!("fsbroker: {failure}"));
         self.deliver(&jsonrpc::error_frame(Some(id), &err)).await;
+        // From now on the server's own answer, should it come, is not passed on.
+        let mut failed = self.lock_failed();
+        if failed.len() >= REMOTE_FAILED_KEPT {
+            failed.pop_front();
+        }
+        failed.push_back(id.get().to_owned());
     }
 }
 

@@ -101,7 +101,7 @@ impl Http {
         Ok(Http {
             client,
             uri,
-            url: url.as_str().into(),
+            url: shown_url(url).into(),
             headers,
         })
     }
@@ -131,6 +131,20 @@ impl Http {
             Ok(Ok(response)) => Ok(response),
         }
     }
+}
+
+/// The URL as messages show it: without its query or fragment, which some services use for
+/// a key (`?api_key=…`); `?…` says one was there.
+pub(super) fn shown_url(url: &url::Url) -> String {
+    let mut shown = url.clone();
+    let hidden = shown.query().is_some() || shown.fragment().is_some();
+    shown.set_query(None);
+    shown.set_fragment(None);
+    let mut text = shown.to_string();
+    if hidden {
+        text.push_str("?…");
+    }
+    text
 }
 
 /// An error and its causes, as one line (hyper's own says only "client error (Connect)").

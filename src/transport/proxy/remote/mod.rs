@@ -22,7 +22,7 @@ mod reads;
 mod session;
 mod sse;
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -52,7 +52,7 @@ pub struct RemoteOptions {
 impl std::fmt::Debug for RemoteOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteOptions")
-            .field("url", &self.url.as_str())
+            .field("url", &http::shown_url(&self.url))
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("ca_certs", &self.ca_certs)
             .field("max_chunk", &self.max_chunk)
@@ -121,7 +121,7 @@ impl RemoteOptions {
                 };
                 if !loopback {
                     tracing::warn!(
-                        url,
+                        url = %http::shown_url(&parsed),
                         "plain http to a remote host: the headers (a token) travel in the clear"
                     );
                 }
@@ -221,6 +221,7 @@ pub(super) fn connect(
         budget: Budget::new(),
         max_line,
         streams: Mutex::default(),
+        failed: Mutex::default(),
     });
     let done = tokio::spawn(remote.pump(from_relay, ends));
     Ok(Connected { output, done })
@@ -237,6 +238,9 @@ struct Remote {
     inbound: mpsc::Sender<Outgoing>,
     budget: Budget,
     max_line: usize,
+    /// The last host requests (ids as written) answered with the proxy's error, at most
+    /// `limits::REMOTE_FAILED_KEPT`, whose late answers from the server are dropped.
+    failed: Mutex<VecDeque<String>>,
     /// Event streams that answer no request of the host's (a notification's, an answer's),
     /// followed beside the pump; ended with the session.
     streams: Mutex<JoinSet<()>>,
@@ -364,7 +368,9 @@ impl Remote {
         if line.iter().all(u8::is_ascii_whitespace) {
             return;
         }
-        line = self.read_message(line);
+        let Some(mut line) = self.read_message(line) else {
+            return;
+        };
         line.push(b'\n');
         let Some(frame) = self.budget.frame(line).await else {
             return;
@@ -373,7 +379,7 @@ impl Remote {
     }
 
     /// What the proxy learns from a message of the server's on its way to the relay.
-    fn read_message(&self, line: Vec<u8>) -> Vec<u8> {
+    fn read_message(&self, line: Vec<u8>) -> Option<Vec<u8>> {
         #[derive(serde::Deserialize)]
         struct Envelope<'a> {
             #[serde(borrow)]
@@ -385,20 +391,26 @@ impl Remote {
             result: Option<&'a serde_json::value::RawValue>,
         }
         let Ok(env) = serde_json::from_slice::<Envelope>(&line) else {
-            return line;
+            return Some(line);
         };
         match (env.id, env.method.as_deref()) {
             (Some(id), Some("files/read")) => {
                 let (id, params) = (id.to_owned(), env.params.map(ToOwned::to_owned));
-                self.lock_reads().arrived(&id, params.as_deref(), line)
+                Some(self.lock_reads().arrived(&id, params.as_deref(), line))
             }
             (Some(id), None) => {
                 let key = id.get().to_owned();
+                // A request already answered with the proxy's error (its stream broke, say)
+                // gets no second answer: the host may have reused the id.
+                if self.lock_failed().contains(&key) {
+                    tracing::debug!(id = %key, "a late answer to a request already failed was dropped");
+                    return None;
+                }
                 let version = env.result.and_then(negotiated_version);
                 self.answered(&key, version.as_deref());
-                line
+                Some(line)
             }
-            _ => line,
+            _ => Some(line),
         }
     }
 
@@ -413,6 +425,10 @@ impl Remote {
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_failed(&self) -> std::sync::MutexGuard<'_, VecDeque<String>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_reads(&self) -> std::sync::MutexGuard<'_, Reads> {
