@@ -46,7 +46,7 @@ pub(super) struct Message {
     /// The 2026-07-28 revision (or later) a request declares.
     modern: Option<HeaderValue>,
     /// `Mcp-Name`'s value (2026-07-28: a tool's or prompt's name, a resource's URI).
-    name: Option<Result<HeaderValue, String>>,
+    name: Option<HeaderValue>,
 }
 
 impl Message {
@@ -58,11 +58,6 @@ impl Message {
             method: Option<String>,
             #[serde(borrow)]
             params: Option<&'a RawValue>,
-        }
-        #[derive(serde::Deserialize)]
-        struct Named {
-            name: Option<serde_json::Value>,
-            uri: Option<serde_json::Value>,
         }
         let (kind, params) = match serde_json::from_slice::<Envelope>(&line) {
             Ok(Envelope {
@@ -99,17 +94,17 @@ impl Message {
         // `tools/call` without it.
         let member = match &kind {
             Kind::Request { method, .. } if modern.is_some() => match method.as_str() {
-                "tools/call" | "prompts/get" => Some(false),
-                "resources/read" => Some(true),
+                "tools/call" | "prompts/get" => Some("name"),
+                "resources/read" => Some("uri"),
+                "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
                 _ => None,
             },
             _ => None,
         };
-        let name = member.and_then(|uri| {
-            let named: Named = serde_json::from_str(params?.get()).ok()?;
-            let value = if uri { named.uri } else { named.name };
-            let text = value?.as_str()?.to_owned();
-            Some(header_value(&text).ok_or(text))
+        let name = member.and_then(|member| {
+            let params: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(params?.get()).ok()?;
+            Some(mcp_name(params.get(member)?.as_str()?))
         });
         Message {
             line: Bytes::from(line),
@@ -179,16 +174,12 @@ pub(super) enum Failure {
         url: Arc<str>,
         resumed: &'static str,
     },
-    /// A header the message needs cannot be written (2026-07-28: `Mcp-Name`).
-    #[error("the request's {what} ({value:?}) cannot be sent as an HTTP header")]
-    Header { what: &'static str, value: String },
 }
 
 impl Failure {
     fn kind(&self) -> ErrorKind {
         match self {
             Failure::TooLarge { .. } => ErrorKind::QuotaExceeded,
-            Failure::Header { .. } => ErrorKind::InvalidRequest,
             _ => ErrorKind::Internal,
         }
     }
@@ -253,17 +244,8 @@ impl Remote {
                 if let Some(method) = msg.method().and_then(header_value) {
                     headers.insert(MCP_METHOD, method);
                 }
-                match &msg.name {
-                    Some(Ok(name)) => {
-                        headers.insert(MCP_NAME, name.clone());
-                    }
-                    Some(Err(value)) => {
-                        return Err(Failure::Header {
-                            what: "name",
-                            value: value.chars().take(200).collect(),
-                        });
-                    }
-                    None => {}
+                if let Some(name) = &msg.name {
+                    headers.insert(MCP_NAME, name.clone());
                 }
             }
         }
@@ -541,6 +523,31 @@ impl Remote {
     }
 }
 
+/// `Mcp-Name`'s value for `text`: as it is when it is printable ASCII without blanks at its
+/// ends, else `=?base64?…?=` (the UTF-8 in standard base64), the form the 2026-07-28
+/// transport gives names a header cannot carry (and empty ones, and ones that look encoded).
+fn mcp_name(text: &str) -> HeaderValue {
+    use base64::Engine;
+    const PREFIX: &str = "=?base64?";
+    const SUFFIX: &str = "?=";
+    let plain = !text.is_empty()
+        && text.trim() == text
+        && !(text.starts_with(PREFIX) && text.ends_with(SUFFIX))
+        && text.chars().all(|c| c == '\t' || (' '..='~').contains(&c));
+    let encoded;
+    let value = if plain {
+        text
+    } else {
+        encoded = format!(
+            "{PREFIX}{}{SUFFIX}",
+            base64::engine::general_purpose::STANDARD.encode(text)
+        );
+        &encoded
+    };
+    // Printable ASCII either way, so always a valid header value.
+    HeaderValue::from_str(value).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
 /// `result.length` of a `files/read` answer.
 fn read_length(line: &[u8]) -> Option<u64> {
     #[derive(serde::Deserialize)]
@@ -585,11 +592,20 @@ mod tests {
     }
 
     #[test]
+    fn names_a_header_cannot_carry_are_base64() {
+        assert_eq!(mcp_name("read_all"), "read_all");
+        assert_eq!(mcp_name("héllo"), "=?base64?aMOpbGxv?=");
+        assert_eq!(mcp_name(" x"), "=?base64?IHg=?=");
+        assert_eq!(mcp_name(""), "=?base64??=");
+        assert_eq!(mcp_name("a\r\nX: y"), "=?base64?YQ0KWDogeQ==?=");
+    }
+
+    #[test]
     fn names_the_tool_for_a_modern_call() {
         let line = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"read_all","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
         let msg = Message::read(line.to_vec());
         assert!(msg.modern.is_some());
-        assert_eq!(msg.name.unwrap().unwrap(), "read_all");
+        assert_eq!(msg.name.unwrap(), "read_all");
         let old = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"x"}}"#;
         let msg = Message::read(old.to_vec());
         assert!(msg.modern.is_none() && msg.name.is_none());
