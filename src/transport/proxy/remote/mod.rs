@@ -310,15 +310,22 @@ impl Remote {
                 // Requests run at once, each on its own connection: one may wait for the
                 // host (a tool call asking for roots) while the broker's answer goes out.
                 Kind::Request { .. } => {
-                    let Ok(permit) = Arc::clone(&posts).acquire_owned().await else {
-                        break;
-                    };
-                    let me = Arc::clone(&self);
-                    requests.spawn(async move {
-                        me.exchange(msg).await;
-                        drop(permit);
-                    });
-                    true
+                    let mut permit = None;
+                    ends.unless_gone(async {
+                        permit = Arc::clone(&posts).acquire_owned().await.ok();
+                    })
+                    .await;
+                    match permit {
+                        Some(permit) => {
+                            let me = Arc::clone(&self);
+                            requests.spawn(async move {
+                                me.exchange(msg).await;
+                                drop(permit);
+                            });
+                            true
+                        }
+                        None => false,
+                    }
                 }
                 // Notifications and answers are taken at once (202): sent in order, so that
                 // `notifications/initialized` precedes the requests after it.
