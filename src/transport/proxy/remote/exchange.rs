@@ -204,10 +204,19 @@ impl Remote {
                 if !self.lock_pending().remove(key) {
                     return;
                 }
-                let failure = outcome.err().unwrap_or(Failure::NoAnswer {
+                let mut failure = outcome.err().unwrap_or(Failure::NoAnswer {
                     url: Arc::clone(&self.http.url),
                     resumed: "",
                 });
+                // A stream cut because the session ended says so, not only that it broke.
+                if self.session.expired()
+                    && !self.session.is_modern()
+                    && matches!(failure, Failure::NoAnswer { .. } | Failure::Stream { .. })
+                {
+                    failure = Failure::Expired {
+                        url: Arc::clone(&self.http.url),
+                    };
+                }
                 self.fail(id, &failure).await;
             }
             (_, Err(failure)) => {
