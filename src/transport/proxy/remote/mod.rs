@@ -42,6 +42,18 @@ use session::Session;
 /// A remote MCP server to relay to (`proxy --url`), with the headers every request carries.
 ///
 /// Header values never appear in logs or errors (its `Debug` names the headers only).
+///
+/// ```
+/// use fsbroker::transport::proxy::RemoteOptions;
+///
+/// let remote = RemoteOptions::new("https://mcp.example.com/mcp")?
+///     .header("X-Team", "blue")?
+///     .max_chunk(1 << 20);
+/// assert_eq!(remote.url(), "https://mcp.example.com/mcp");
+/// // The protocol's own headers cannot be replaced.
+/// assert!(RemoteOptions::new("https://mcp.example.com/mcp")?.header("Mcp-Session-Id", "x").is_err());
+/// # Ok::<(), fsbroker::transport::proxy::RemoteError>(())
+/// ```
 pub struct RemoteOptions {
     url: url::Url,
     headers: HeaderMap,
