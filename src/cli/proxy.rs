@@ -67,6 +67,12 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
             };
             let session = Arc::new(running.broker.session());
             opts.max_in_flight = running.broker.policy().limits().max_in_flight;
+            let policy_mode = fsbroker::confine::mode(None, &running.broker.policy());
+            if opts.remote.is_some() && policy_mode != fsbroker::policy::ConfineMode::Off {
+                tracing::warn!(
+                    "the policy's [confine] mode does not apply to a remote server (--url): there is no process to confine"
+                );
+            }
             match confine_server(
                 &running.broker.policy(),
                 flag,
