@@ -405,6 +405,32 @@ fn dropped_sse_streams_are_resumed() {
     host.finish();
 }
 
+/// The Python server cutting its streams after two events: resumed, the file whole.
+#[test]
+fn dropped_python_sse_streams_are_resumed() {
+    require_npm();
+    let python = require_python_mcp1();
+    let root = root();
+    let server = RemoteServer::start(&python, &["remote_py1.py", "--drop-sse-after", "2"]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    host.initialize();
+    brokered_round(&mut host, &root, "post");
+    let debug = server.debug();
+    assert!(
+        debug["drops"].as_u64().is_some_and(|n| n > 0),
+        "no stream was dropped: {debug}"
+    );
+    let resumed = debug["get_streams"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|s| s["lastEventId"].is_string()));
+    assert!(
+        resumed,
+        "no GET carried a Last-Event-ID: {debug}\n{}",
+        server.log()
+    );
+    host.finish();
+}
+
 /// The server forgets the session: the host's next request gets a JSON-RPC error naming the
 /// URL and the expiry (never silence), and so does every later one.
 #[test]
