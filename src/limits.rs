@@ -332,8 +332,8 @@ pub(crate) const REMOTE_RETRY: Duration = Duration::from_secs(1);
 /// See [`REMOTE_RETRY`].
 pub(crate) const REMOTE_MAX_RETRY: Duration = Duration::from_secs(30);
 
-/// Host requests waiting for the remote server at once; past this the proxy stops reading the
-/// host (each holds a connection and its stream).
+/// Host requests sent to the remote server at once (each holds a connection and its stream);
+/// the next wait, holding their share of the relay's budget, which stops the host when full.
 pub(crate) const REMOTE_POSTS_AT_ONCE: usize = 64;
 
 /// How long the proxy waits, once the host has gone, for answers still in flight before it

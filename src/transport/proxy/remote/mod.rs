@@ -296,7 +296,13 @@ impl Remote {
         let mut get: Option<tokio::task::JoinHandle<()>> = None;
         while let Some(ToServer::Frame(frame)) = from_relay.recv().await {
             while requests.try_join_next().is_some() {}
-            let mut line = frame.into_vec();
+            // The line keeps its share of the relay's budget until it is sent: a host whose
+            // requests wait for room here is stopped, as a child that stops reading stops it.
+            let (bytes, body, held) = frame.into_parts();
+            let mut line = match body {
+                Some((at, body)) => Outgoing::with_body(bytes, at, body).into_vec(),
+                None => bytes,
+            };
             while line.last().is_some_and(|b| b.is_ascii_whitespace()) {
                 line.pop();
             }
@@ -321,23 +327,21 @@ impl Remote {
                 }
                 // Requests run at once, each on its own connection: one may wait for the
                 // host (a tool call asking for roots) while the broker's answer goes out.
+                // The pump never waits for room itself: the broker's answers behind a request
+                // must not wait for the requests ahead of them (a tool call may be waiting
+                // for exactly such an answer).
                 Kind::Request { .. } => {
-                    let mut permit = None;
-                    ends.unless_gone(async {
-                        permit = Arc::clone(&posts).acquire_owned().await.ok();
-                    })
-                    .await;
-                    match permit {
-                        Some(permit) => {
-                            let me = Arc::clone(&self);
-                            requests.spawn(async move {
-                                me.exchange(msg).await;
-                                drop(permit);
-                            });
-                            true
-                        }
-                        None => false,
-                    }
+                    let me = Arc::clone(&self);
+                    let posts = Arc::clone(&posts);
+                    requests.spawn(async move {
+                        let Ok(permit) = posts.acquire_owned().await else {
+                            return;
+                        };
+                        drop(held);
+                        me.exchange(msg).await;
+                        drop(permit);
+                    });
+                    true
                 }
                 // Notifications and answers are taken at once (202): sent in order, so that
                 // `notifications/initialized` precedes the requests after it.
