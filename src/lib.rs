@@ -21,7 +21,8 @@
 //! - [`transport`]: the ready-made ways to connect servers: [`transport::serve_stdio`],
 //!   [`transport::serve_connection`] (any byte stream), [`transport::listen::listen`] (one
 //!   broker shared over a Unix socket) and [`transport::proxy::run`] (in front of any stdio
-//!   MCP server, optionally [`confine`]d by Landlock).
+//!   MCP server, optionally [`confine`]d by Landlock, or of a remote one over Streamable
+//!   HTTP: [`transport::proxy::RemoteOptions`]).
 //! - [`Error`] and [`ErrorKind`] (one kind per wire error code), [`PolicyError`],
 //!   [`audit::AuditError`].
 //! - [`audit::verify_files`]: checks a hash-chained audit log; [`sandbox::resolve`]: the
@@ -48,7 +49,9 @@
 //! - `transport/`: the ways in. Line framing with a named maximum (`framing.rs`), the stdio
 //!   server (`serve.rs`), the Unix-socket server (`listen.rs`), the session driver every one
 //!   of them shares (`driver.rs`), pipe writes (`pipe.rs`), and the proxy: `proxy/` (the
-//!   server's process, the relay loops, the broker side), `relay.rs` (its queues), `eras/`
+//!   server's process, the relay loops, the broker side, and `proxy/remote/`: a remote
+//!   server's Streamable HTTP client made to look like a child's stdin and stdout, with its
+//!   session, event streams and bounds), `relay.rs` (its queues), `eras/`
 //!   and `modern/` (the MCP 2026-07-28 era), `lenient/` (how the loosest host reader might
 //!   read a server's line, so that no reader can be handed one of the broker's methods).
 //! - `host.rs`: the host's API, [`Session`] and [`Notifications`]; the transports use it too.

@@ -303,3 +303,50 @@ pub(crate) const GIVE_UP: Duration = Duration::from_secs(30);
 /// How many times (10 ms apart) a proxy looks for a shared broker's key that is not there
 /// yet (the broker writes it just after its socket appears).
 pub(crate) const KEY_WAIT_TRIES: u32 = 100;
+
+// ---- The proxy's Streamable HTTP client (`proxy --url`) ----
+// What a remote MCP server can make the proxy hold or wait for. Event and body sizes are
+// bounded by the proxy's `max_line`: a message longer than that could not be relayed anyway.
+
+/// How long a TCP connection to the remote server may take to open.
+pub(crate) const REMOTE_CONNECT: Duration = Duration::from_secs(10);
+
+/// How long a response's status and headers may take after the request was sent (TLS
+/// handshake included). A server that answers a request with one JSON body only once its work
+/// is done sends its headers then, so this is also the longest such a request may run; a
+/// server that streams (SSE) sends its headers at once.
+pub(crate) const REMOTE_HEAD: Duration = Duration::from_secs(300);
+
+/// How long a JSON response body may go without a byte once its headers came: the body is
+/// being sent, and a server that stalls in the middle of it (slow-loris) is given up on. Event
+/// streams have no such limit: a stream may idle while the server works.
+pub(crate) const REMOTE_BODY_IDLE: Duration = Duration::from_secs(60);
+
+/// How many times in a row a dropped event stream (a POST's or the GET stream) is resumed
+/// before the proxy gives up on it.
+pub(crate) const REMOTE_RESUMES: u32 = 5;
+
+/// The wait before resuming a stream when the server named none (`retry:`), and the most a
+/// server's `retry:` may ask for.
+pub(crate) const REMOTE_RETRY: Duration = Duration::from_secs(1);
+/// See [`REMOTE_RETRY`].
+pub(crate) const REMOTE_MAX_RETRY: Duration = Duration::from_secs(30);
+
+/// Host requests sent to the remote server at once (each holds a connection and its stream);
+/// the next wait, holding their share of the relay's budget, which stops the host when full.
+pub(crate) const REMOTE_POSTS_AT_ONCE: usize = 64;
+
+/// How long the proxy waits, once the host has gone, for answers still in flight before it
+/// ends the session, and then for the session's `DELETE`.
+pub(crate) const REMOTE_GOODBYE: Duration = Duration::from_secs(2);
+
+/// The server's `files/read` requests remembered until their answers are sent (to turn an
+/// HTTP 413 into a clamp); past this the oldest are forgotten.
+pub(crate) const REMOTE_READS_KEPT: usize = 1024;
+
+/// Host requests the proxy answered with its own error whose ids it remembers, so that the
+/// server's late answer to one is not passed on as a second answer.
+pub(crate) const REMOTE_FAILED_KEPT: usize = 256;
+
+/// The smallest `files/read` length the proxy clamps to after HTTP 413s.
+pub(crate) const REMOTE_MIN_CHUNK: u64 = 4096;

@@ -46,14 +46,19 @@ enum Command {
     /// Logs go to stderr (set RUST_LOG, e.g. RUST_LOG=fsbroker=debug); stdout carries
     /// protocol messages only. At end of input, requests in flight finish and it exits 0.
     Serve(ServeArgs),
-    /// Put the broker in front of a stdio MCP server: `fsbroker proxy [OPTIONS] -- SERVER ARGS`.
+    /// Put the broker in front of an MCP server: a stdio server it starts
+    /// (`fsbroker proxy [OPTIONS] -- SERVER ARGS`) or a remote one over Streamable HTTP
+    /// (`fsbroker proxy [OPTIONS] --url URL`).
     ///
     /// The host runs this instead of the server. Messages pass through unchanged, except
     /// that the host's `initialize` gains `roots.filesystemBrokering`, and the server's
     /// `roots/list` and `files/*` requests are answered here and never reach the host. The
-    /// proxy exits with the server's exit code.
+    /// proxy exits with the server's exit code (0 for a remote server).
     ///
     /// Example: fsbroker proxy --root ~/src/project -- npx -y @modelcontextprotocol/server-filesystem
+    ///
+    /// Example, a remote server with a bearer token from the environment (the token stays
+    /// out of the command line, `ps` and the logs): MCP_TOKEN="Bearer $(cat ~/.config/acme/token)" fsbroker proxy --root ~/src/project --url https://mcp.example.com/mcp --header-env Authorization=MCP_TOKEN
     Proxy(ProxyArgs),
     /// Check a policy file, or print its JSON Schema.
     #[command(subcommand)]
@@ -224,9 +229,33 @@ struct ProxyArgs {
         default_missing_value = "best-effort"
     )]
     confine: Option<ConfineArg>,
-    /// The MCP server to run, after `--`.
-    #[arg(last = true, required = true, value_name = "SERVER")]
+    /// The MCP server to run, after `--` (or --url).
+    #[arg(last = true, required_unless_present = "url", value_name = "SERVER")]
     command: Vec<std::ffi::OsString>,
+    /// Reach a remote MCP server over Streamable HTTP (http:// or https://) instead of
+    /// starting one: the host's messages are POSTed to URL, and the server's (JSON answers,
+    /// event streams, the session's GET stream) come back to the host, its roots/list and
+    /// files/* requests answered here. Not with `-- SERVER` or --confine.
+    #[arg(long, value_name = "URL")]
+    url: Option<String>,
+    /// A header for every request to --url, as NAME:VALUE (repeatable). The value shows in
+    /// `ps`: put secrets in --header-env.
+    #[arg(long = "header", value_name = "NAME:VALUE", requires = "url")]
+    headers: Vec<String>,
+    /// A header for every request to --url whose value is the environment variable VAR, read
+    /// at start, as NAME=VAR (repeatable): `--header-env Authorization=MCP_TOKEN` with
+    /// MCP_TOKEN="Bearer …". The value never appears in logs or errors.
+    #[arg(long = "header-env", value_name = "NAME=VAR", requires = "url")]
+    header_envs: Vec<String>,
+    /// Also trust the certificates of this PEM file (a private CA) for an https --url, besides
+    /// the system's roots (repeatable).
+    #[arg(long = "ca-cert", value_name = "FILE", requires = "url")]
+    ca_certs: Vec<PathBuf>,
+    /// Cap the length of the remote server's files/read requests (bytes, or KiB, MiB...), so
+    /// that the answers fit its request-body limit. Without it the proxy learns the limit
+    /// from the first answer the server refuses (HTTP 413) and clamps later reads.
+    #[arg(long, value_name = "SIZE", value_parser = crate::bench::parse_size, requires = "url")]
+    max_chunk_size: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -14,19 +14,31 @@ use super::running::{load_policy, runtime, start};
 
 /// Runs `fsbroker proxy`.
 pub(super) fn run(args: ProxyArgs) -> ExitCode {
-    let flag = args.confine.map(fsbroker::policy::ConfineMode::from);
+    let remote = match remote(&args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // No server process to confine: the policy's `[confine] mode` does not apply either.
+    let flag = match remote {
+        Some(_) => Some(fsbroker::policy::ConfineMode::Off),
+        None => args.confine.map(fsbroker::policy::ConfineMode::from),
+    };
     let mut opts = transport::proxy::ProxyOptions {
         command: args.command,
         max_line: args.serve.max_line_bytes,
         max_in_flight: fsbroker::policy::Limits::default().max_in_flight,
         confine: None,
         end_server: None,
+        remote,
     };
     let result = match &args.connect {
         // A shared broker answers; this process only relays. Its confinement comes from the
         // policy and roots given to this proxy, which should be the shared broker's.
         Some(path) => runtime().and_then(|rt| {
-            if flag.is_some() {
+            if flag.is_some_and(|f| f != fsbroker::policy::ConfineMode::Off) {
                 let policy = match load_policy(&args.serve) {
                     Ok(p) => p,
                     Err(e) => return Err(io::Error::other(e)),
@@ -55,6 +67,12 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
             };
             let session = Arc::new(running.broker.session());
             opts.max_in_flight = running.broker.policy().limits().max_in_flight;
+            let policy_mode = fsbroker::confine::mode(None, &running.broker.policy());
+            if opts.remote.is_some() && policy_mode != fsbroker::policy::ConfineMode::Off {
+                tracing::warn!(
+                    "the policy's [confine] mode does not apply to a remote server (--url): there is no process to confine"
+                );
+            }
             match confine_server(
                 &running.broker.policy(),
                 flag,
@@ -89,6 +107,49 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The remote server of `--url`, with its headers, checked before anything starts; `None`
+/// without `--url`. `--url` with a server command or `--confine` is refused.
+fn remote(args: &ProxyArgs) -> Result<Option<transport::proxy::RemoteOptions>, String> {
+    let Some(url) = &args.url else {
+        return Ok(None);
+    };
+    if !args.command.is_empty() {
+        return Err(
+            "--url and `-- SERVER` both name the server: give one (--url reaches a remote server, `-- SERVER` starts a local one)"
+                .into(),
+        );
+    }
+    if args.confine.is_some() {
+        return Err(
+            "--confine confines a server the proxy starts; it cannot apply to a remote server (--url)"
+                .into(),
+        );
+    }
+    let mut remote = transport::proxy::RemoteOptions::new(url).map_err(|e| e.to_string())?;
+    for header in &args.headers {
+        // Not shown: without its colon, a header may be all value (a token).
+        let (name, value) = header
+            .split_once(':')
+            .ok_or("--header: write it as NAME:VALUE (one has no colon)")?;
+        remote = remote.header(name, value).map_err(|e| e.to_string())?;
+    }
+    for header in &args.header_envs {
+        let (name, var) = header
+            .split_once('=')
+            .ok_or_else(|| format!("--header-env {header:?}: write it as NAME=VAR"))?;
+        remote = remote
+            .header_from_env(name, var)
+            .map_err(|e| e.to_string())?;
+    }
+    for path in &args.ca_certs {
+        remote = remote.ca_cert(path.clone());
+    }
+    if let Some(max) = args.max_chunk_size {
+        remote = remote.max_chunk(max);
+    }
+    Ok(Some(remote))
 }
 
 /// The confinement of the proxy's server, when asked for (`--confine`, or the policy's

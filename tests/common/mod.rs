@@ -20,6 +20,7 @@ pub mod memory;
 pub mod peers;
 pub mod policy;
 pub mod procs;
+pub mod remote;
 
 #[allow(unused_imports)] // each test file uses its own part
 pub use fsb::{Fsb, Listener};

@@ -1,7 +1,8 @@
 //! Real MCP peers for the tests: the npm packages pinned in `tests/peers/package.json` (and
-//! its lockfile) and the Python packages pinned in `tests/peers/requirements.txt`. When they
-//! are missing the tests install them themselves, once (`npm ci --prefix tests/peers`; a
-//! virtual environment in `tests/peers/.venv`), under a file lock so that tests starting at
+//! its lockfile) and the Python packages pinned in `tests/peers/requirements.txt` (and, for the
+//! Python SDK 1.x, `requirements-mcp1.txt`). When they are missing the tests install them
+//! themselves, once (`npm ci --prefix tests/peers`; virtual environments in `tests/peers/.venv`
+//! and `tests/peers/.venv-mcp1`), under a file lock so that tests starting at
 //! the same moment install them once and wait for each other. Without Node.js and npm, or
 //! Python 3 with venv, they fail, saying so: they are never skipped.
 
@@ -25,11 +26,12 @@ pub fn node() -> String {
     std::env::var("NODE").unwrap_or_else(|_| "node".to_owned())
 }
 
-const NPM_PACKAGES: [&str; 5] = [
+const NPM_PACKAGES: [&str; 6] = [
     "@modelcontextprotocol/sdk",
     "@modelcontextprotocol/server-filesystem",
     "@modelcontextprotocol/server",
     "@modelcontextprotocol/client",
+    "mcp-remote",
     "zod",
 ];
 
@@ -86,15 +88,29 @@ pub fn require_npm() {
 /// The virtual environment's Python, with the pinned Python peers installed (created on
 /// first use: `python3 -m venv tests/peers/.venv`, then `pip install -r requirements.txt`).
 pub fn require_python() -> PathBuf {
-    let venv = peers_dir().join(".venv");
+    require_venv(".venv", "requirements.txt")
+}
+
+/// The Python of `tests/peers/.venv-mcp1`, holding the Python SDK 1.x (`mcp` 1.30) that
+/// `remote_py1.py` is made with: `requirements.txt` pins 2.x for the other peers, and one venv
+/// cannot hold both.
+pub fn require_python_mcp1() -> PathBuf {
+    require_venv(".venv-mcp1", "requirements-mcp1.txt")
+}
+
+/// The Python of the virtual environment `tests/peers/VENV`, with `tests/peers/REQUIREMENTS`
+/// installed (created on first use, under `tests/peers/VENV.lock`).
+pub fn require_venv(venv: &str, requirements: &str) -> PathBuf {
+    let lock = format!("{venv}.lock");
+    let venv = peers_dir().join(venv);
     let python = venv.join("bin/python");
     let marker = venv.join(".installed");
-    let requirements = peers_dir().join("requirements.txt");
+    let requirements = peers_dir().join(requirements);
     let ready = || {
         // Installed from this very requirements file (a changed pin installs again).
         std::fs::read(&marker).ok() == std::fs::read(&requirements).ok()
     };
-    install_once(".venv.lock", ready, || {
+    install_once(&lock, ready, || {
         let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
         let _ = std::fs::remove_dir_all(&venv);
         let status = Command::new(&base)
@@ -127,13 +143,15 @@ pub fn require_python() -> PathBuf {
             .unwrap_or_else(|e| panic!("cannot run pip in {}: {e}", venv.display()));
         assert!(
             status.success(),
-            "`pip install -r tests/peers/requirements.txt` failed ({status})"
+            "`pip install -r {}` failed ({status})",
+            requirements.display()
         );
         std::fs::copy(&requirements, &marker).expect("mark the venv installed");
     });
     assert!(
         ready(),
-        "the Python peers are still missing after installing them"
+        "the Python peers of {} are still missing after installing them",
+        requirements.display()
     );
     python
 }

@@ -22,6 +22,10 @@
 //! [`STOP_KILL_GRACE`]); the server's exit ends the relay. The proxy exits with the server's
 //! exit code.
 //!
+//! The server is a process the proxy starts (`-- SERVER`), or a remote one (`--url`):
+//! `remote/` makes a remote server's Streamable HTTP look like a child's stdin and stdout to
+//! the relay, which is the same for both; this file only chooses ([`run`]).
+//!
 //! The parts: this file starts the server and the two relays and sees them end; `lines.rs`
 //! is the relay of lines each way (and `route`, the gate every server line passes first);
 //! `broker.rs` is the broker end (a local session or a shared broker's socket); `child.rs`
@@ -31,6 +35,7 @@
 mod broker;
 mod child;
 mod lines;
+mod remote;
 mod stderr;
 
 use std::ffi::OsString;
@@ -57,6 +62,7 @@ use crate::outgoing::Outgoing;
 use broker::BrokerSide;
 use child::{GroupGuard, Target, end_orphans, end_server, exit_code, wait_gone};
 use lines::{Relay, relay_host, relay_server};
+pub use remote::{RemoteError, RemoteOptions};
 use stderr::copy_stderr;
 
 /// How the proxy reaches a broker.
@@ -84,6 +90,9 @@ pub struct ProxyOptions {
     /// Resolves, with the reason, when the server must be ended (a reload took away access a
     /// confined server holds): it is sent SIGTERM, then SIGKILL after [`END_GRACE`].
     pub end_server: Option<EndServer>,
+    /// A remote server to reach over Streamable HTTP instead of starting `command`
+    /// (`--url`); `confine` does not apply to it.
+    pub remote: Option<RemoteOptions>,
 }
 
 /// Runs the proxy until the server exits; returns its exit code.
@@ -98,6 +107,14 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
             session.state().set_confinement(mode.to_owned());
         }
     }
+    match opts.remote.take() {
+        Some(remote) => run_remote(link, opts, remote).await,
+        None => run_child(link, opts).await,
+    }
+}
+
+/// The server is a process of the proxy's: its stdin and stdout are the relay's.
+async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     let (program, args) = opts
         .command
         .split_first()
@@ -219,81 +236,14 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         .name("fsbroker-server-writer".into())
         .spawn(move || write_frames(server_rx, BlockingWriter(server_in)))?;
 
-    // The host's stdout: the server's messages, one writer thread.
-    let (to_host, host_rx) = mpsc::channel::<Outgoing>(OUTPUT_QUEUE);
-    let stdout = BlockingWriter(io::stdout().as_fd().try_clone_to_owned()?);
-    let host_writer = spawn_writer("fsbroker-host-writer", host_rx, stdout)?;
-
-    // A local broker asked to stop (SIGTERM, SIGINT) stops reading the host, as at the host's
-    // EOF: the server's stdin is closed and the server is ended ([`end_server`]) in time for
-    // the broker to seal its log; the server's file requests are no longer taken.
-    let stopping = Arc::new(AtomicBool::new(false));
-    let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
-        Link::Local(session) => {
-            let stopped = session.broker().stopped();
-            let flag = Arc::clone(&stopping);
-            tokio::spawn(async move {
-                stopped.await;
-                flag.store(true, Ordering::Release);
-            });
-            Box::pin(session.broker().stopped())
-        }
-        Link::Remote(_) => Box::pin(std::future::pending()),
-    };
-    // Makes the proxy's own ids (its questions to the broker, its retries) its own.
-    let nonce = crate::random::hex(8);
-    let (mut broker, asker) = BrokerSide::start(
-        link,
-        to_server.clone(),
-        &opts,
-        &nonce,
-        stopping,
-        person_ended,
-    )
-    .await?;
-    if let BrokerSide::Remote { to_broker, key, .. } = &broker {
-        // The link says at once that it is a proxy's (a console shows it so, and ending the
-        // session ends the server); a shared broker records the confinement in its audit
-        // log, as a local one does.
-        let params = match &opts.confine {
-            Some(confine) => serde_json::json!({ "confinement": confine.audit_record() }),
-            None => serde_json::json!({}),
-        };
-        let line = super::peer_note(key.as_deref(), params);
-        let _ = to_broker.send(line.into()).await;
-    }
-    let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
-    let eras = Arc::new(Eras::new(asker, nonce));
-
-    // The host → server queue's budget, shared by the proxy's own retries.
-    let server_budget = Budget::new();
-    let host_reader = {
-        let to_server = to_server.clone();
-        let budget = server_budget.clone();
-        let to_host = to_host.clone();
-        let init_id = Arc::clone(&init_id);
-        let eras = Arc::clone(&eras);
-        let max = opts.max_line;
-        let ending = ending.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init_id, eras, budget, max) => {}
-                () = stop => {}
-            }
-            // Before the close is queued: a server that stopped reading its stdin leaves no
-            // room for it, and must be ended all the same.
-            ending.send_replace(true);
-            let _ = to_server.send(ToServer::Close).await;
-        })
-    };
-    let relay = Relay {
-        out: Outputs {
-            to_host: to_host.clone(),
-            to_server: to_server.clone(),
-            server_budget,
-        },
-        eras,
-    };
+    let Sides {
+        mut broker,
+        relay,
+        init_id,
+        host_reader,
+        host_writer,
+        to_host,
+    } = start_sides(link, &opts, &to_server, ending.clone(), person_ended).await?;
     let confined = opts.confine.is_some();
     let mut exited = None;
     {
@@ -358,4 +308,193 @@ pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         tracing::debug!(error = %e, "host output");
     }
     Ok(exit_code(status))
+}
+
+/// The server is remote (`--url`): the relay's lines for it go over Streamable HTTP, and what
+/// it sends comes back as the lines the relay reads ([`remote`]). The proxy ends once the host
+/// has gone (or the broker stops, or the person ends the session) and the session is ended;
+/// it exits 0.
+async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io::Result<i32> {
+    if opts.confine.is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--confine confines a server the proxy starts; it cannot apply to a remote server (--url)",
+        ));
+    }
+    let url = remote.url().to_owned();
+    let (to_server, server_rx) = mpsc::channel::<ToServer>(OUTPUT_QUEUE);
+    let (ending, gone) = tokio::sync::watch::channel(false);
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+    if let Link::Local(session) = &link {
+        let stopped = session.broker().stopped();
+        tokio::spawn(async move {
+            stopped.await;
+            stopping_tx.send_replace(true);
+        });
+    }
+    let ends = remote::Ends { gone, stopping };
+    let connected = remote::connect(remote, opts.max_line, server_rx, ends)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // The person ending the session (the console) ends the remote session, as the host's EOF
+    // does: a local session says so itself, a shared broker by a last note on the link.
+    let (person_ended, ended_note) = tokio::sync::watch::channel(false);
+    let ended: EndServer = match &link {
+        Link::Local(session) => {
+            let ended = session.ended();
+            Box::pin(async move {
+                ended.await;
+                "the person ended the session".to_owned()
+            })
+        }
+        Link::Remote(_) => {
+            let mut note = ended_note;
+            Box::pin(async move {
+                if note.wait_for(|e| *e).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                "the person ended the session on the shared broker".to_owned()
+            })
+        }
+    };
+    let Sides {
+        mut broker,
+        relay,
+        init_id,
+        host_reader,
+        host_writer,
+        to_host,
+    } = start_sides(link, &opts, &to_server, ending, person_ended).await?;
+    let closer = {
+        let to_server = to_server.clone();
+        tokio::spawn(async move {
+            let reason = ended.await;
+            tracing::warn!(%reason, "ending the remote session");
+            let _ = to_server.send(ToServer::Close).await;
+        })
+    };
+    tracing::info!(url, "relaying to a remote MCP server");
+    relay_server(
+        connected.output,
+        &relay,
+        &mut broker,
+        &init_id,
+        opts.max_line,
+    )
+    .await;
+    host_reader.abort();
+    closer.abort();
+    drop(relay);
+    drop(to_server);
+    let _ = connected.done.await;
+    broker.finish().await;
+    drop(to_host);
+    if let Ok(Err(e)) = host_writer.await {
+        tracing::debug!(error = %e, "host output");
+    }
+    Ok(0)
+}
+
+/// What the proxy runs whichever the server is: the host's reader and writer, the broker
+/// side, the eras, and the relay's outputs.
+struct Sides {
+    broker: BrokerSide,
+    relay: Relay,
+    init_id: Arc<Mutex<Option<Box<RawValue>>>>,
+    host_reader: tokio::task::JoinHandle<()>,
+    host_writer: tokio::sync::oneshot::Receiver<io::Result<()>>,
+    to_host: mpsc::Sender<Outgoing>,
+}
+
+/// Starts the host's side and the broker's; the host's lines go to `to_server`, and `ending`
+/// is set once the host has gone (or the broker stops).
+async fn start_sides(
+    link: Link,
+    opts: &ProxyOptions,
+    to_server: &mpsc::Sender<ToServer>,
+    ending: tokio::sync::watch::Sender<bool>,
+    person_ended: tokio::sync::watch::Sender<bool>,
+) -> io::Result<Sides> {
+    // The host's stdout: the server's messages, one writer thread.
+    let (to_host, host_rx) = mpsc::channel::<Outgoing>(OUTPUT_QUEUE);
+    let stdout = BlockingWriter(io::stdout().as_fd().try_clone_to_owned()?);
+    let host_writer = spawn_writer("fsbroker-host-writer", host_rx, stdout)?;
+
+    // A local broker asked to stop (SIGTERM, SIGINT) stops reading the host, as at the host's
+    // EOF: the server's stdin is closed and the server is ended ([`end_server`]) in time for
+    // the broker to seal its log; the server's file requests are no longer taken.
+    let stopping = Arc::new(AtomicBool::new(false));
+    let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
+        Link::Local(session) => {
+            let stopped = session.broker().stopped();
+            let flag = Arc::clone(&stopping);
+            tokio::spawn(async move {
+                stopped.await;
+                flag.store(true, Ordering::Release);
+            });
+            Box::pin(session.broker().stopped())
+        }
+        Link::Remote(_) => Box::pin(std::future::pending()),
+    };
+    // Makes the proxy's own ids (its questions to the broker, its retries) its own.
+    let nonce = crate::random::hex(8);
+    let (broker, asker) = BrokerSide::start(
+        link,
+        to_server.clone(),
+        opts,
+        &nonce,
+        stopping,
+        person_ended,
+    )
+    .await?;
+    if let BrokerSide::Remote { to_broker, key, .. } = &broker {
+        // The link says at once that it is a proxy's (a console shows it so, and ending the
+        // session ends the server); a shared broker records the confinement in its audit
+        // log, as a local one does.
+        let params = match &opts.confine {
+            Some(confine) => serde_json::json!({ "confinement": confine.audit_record() }),
+            None => serde_json::json!({}),
+        };
+        let line = super::peer_note(key.as_deref(), params);
+        let _ = to_broker.send(line.into()).await;
+    }
+    let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
+    let eras = Arc::new(Eras::new(asker, nonce));
+
+    // The host → server queue's budget, shared by the proxy's own retries.
+    let server_budget = Budget::new();
+    let host_reader = {
+        let to_server = to_server.clone();
+        let budget = server_budget.clone();
+        let to_host = to_host.clone();
+        let init_id = Arc::clone(&init_id);
+        let eras = Arc::clone(&eras);
+        let max = opts.max_line;
+        let ending = ending.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init_id, eras, budget, max) => {}
+                () = stop => {}
+            }
+            // Before the close is queued: a server that stopped reading its stdin leaves no
+            // room for it, and must be ended all the same.
+            ending.send_replace(true);
+            let _ = to_server.send(ToServer::Close).await;
+        })
+    };
+    let relay = Relay {
+        out: Outputs {
+            to_host: to_host.clone(),
+            to_server: to_server.clone(),
+            server_budget,
+        },
+        eras,
+    };
+    Ok(Sides {
+        broker,
+        relay,
+        init_id,
+        host_reader,
+        host_writer,
+        to_host,
+    })
 }

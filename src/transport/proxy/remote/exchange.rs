@@ -1,0 +1,622 @@
+//! One message to the remote server: its POST, with the era's headers, and what comes back
+//! (a JSON body, or an event stream followed, and resumed, until the request's answer). A
+//! request that gets no answer gets a JSON-RPC error instead, under its own id, naming the URL
+//! and why; an answer of the broker's the server refuses as too large (413) becomes an error
+//! for the server's request, and a clamp on its later reads.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::http::header::{
+    ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, WWW_AUTHENTICATE,
+};
+use ::http::{Method, Response, StatusCode};
+use bytes::Bytes;
+use hyper::body::Incoming;
+use serde_json::value::RawValue;
+
+use super::http::{BodyError, SendError, read_body};
+use super::session::{SESSION_ID, is_event_stream, retry_after};
+use super::sse::{Events, StreamError};
+use super::{Remote, header_value};
+use crate::error::{Error, ErrorKind};
+use crate::jsonrpc;
+use crate::limits::{REMOTE_FAILED_KEPT, REMOTE_RESUMES, REMOTE_RETRY};
+use crate::transport::modern;
+
+const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
+
+/// What a line for the server is.
+pub(super) enum Kind {
+    /// A request (the host's, or the proxy's retry of one): it must get an answer.
+    Request { id: Box<RawValue>, method: String },
+    /// A notification (the host's or the broker's).
+    Notification { method: String },
+    /// An answer (the broker's, or the host's to a server request).
+    Response { id: Box<RawValue> },
+    /// A line the proxy cannot read; sent as it is.
+    Other,
+}
+
+/// A line for the server, read as far as its POST needs.
+pub(super) struct Message {
+    pub(super) line: Bytes,
+    pub(super) kind: Kind,
+    /// The 2026-07-28 revision (or later) a request declares.
+    modern: Option<HeaderValue>,
+    /// `Mcp-Name`'s value (2026-07-28: a tool's or prompt's name, a resource's URI).
+    name: Option<HeaderValue>,
+}
+
+impl Message {
+    pub(super) fn read(line: Vec<u8>) -> Message {
+        #[derive(serde::Deserialize)]
+        struct Envelope<'a> {
+            #[serde(borrow)]
+            id: Option<&'a RawValue>,
+            method: Option<String>,
+            #[serde(borrow)]
+            params: Option<&'a RawValue>,
+        }
+        let (kind, params) = match serde_json::from_slice::<Envelope>(&line) {
+            Ok(Envelope {
+                id: Some(id),
+                method: Some(method),
+                params,
+            }) => (
+                Kind::Request {
+                    id: id.to_owned(),
+                    method,
+                },
+                params,
+            ),
+            Ok(Envelope {
+                id: None,
+                method: Some(method),
+                ..
+            }) => (Kind::Notification { method }, None),
+            Ok(Envelope {
+                id: Some(id),
+                method: None,
+                ..
+            }) => (Kind::Response { id: id.to_owned() }, None),
+            _ => (Kind::Other, None),
+        };
+        let modern = match &kind {
+            Kind::Request { .. } => modern::declared_version(&line)
+                .filter(|v| modern::is_modern(v))
+                .and_then(|v| header_value(&v)),
+            _ => None,
+        };
+        // The 2026-07-28 transport mirrors what a request acts on in `Mcp-Name`, so that a
+        // gateway can route it without reading the body; the TypeScript SDK 2.x refuses a
+        // `tools/call` without it.
+        let member = match &kind {
+            Kind::Request { method, .. } if modern.is_some() => match method.as_str() {
+                "tools/call" | "prompts/get" => Some("name"),
+                "resources/read" => Some("uri"),
+                "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
+                _ => None,
+            },
+            _ => None,
+        };
+        let name = member.and_then(|member| {
+            let params: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(params?.get()).ok()?;
+            Some(mcp_name(params.get(member)?.as_str()?))
+        });
+        Message {
+            line: Bytes::from(line),
+            kind,
+            modern,
+            name,
+        }
+    }
+
+    fn method(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Request { method, .. } | Kind::Notification { method } => Some(method),
+            _ => None,
+        }
+    }
+}
+
+/// Why a message got no answer from the server.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Failure {
+    /// No response at all.
+    #[error(transparent)]
+    Send(#[from] SendError),
+    /// 404 for a request carrying the session's id.
+    #[error(
+        "the MCP server at {url} ended the session (HTTP 404 for its Mcp-Session-Id): it expired or the server restarted; restart the proxy for a new session"
+    )]
+    Expired { url: Arc<str> },
+    /// 401.
+    #[error(
+        "the MCP server at {url} requires authorization (HTTP 401{metadata}); supply a token with --header-env Authorization=VAR, the environment variable VAR holding \"Bearer <token>\""
+    )]
+    Unauthorized { url: Arc<str>, metadata: String },
+    /// 3xx: redirects are not followed.
+    #[error(
+        "the MCP server at {url} answered HTTP {status}{location}; redirects are not followed: give the final URL with --url"
+    )]
+    Redirect {
+        url: Arc<str>,
+        status: u16,
+        location: String,
+    },
+    /// 413 for a host's message.
+    #[error(
+        "the MCP server at {url} refused a message of {len} bytes with HTTP 413 (Payload Too Large)"
+    )]
+    TooLarge { url: Arc<str>, len: usize },
+    /// Any other status that is not a success.
+    #[error("the MCP server at {url} answered HTTP {status}{detail}")]
+    Status {
+        url: Arc<str>,
+        status: u16,
+        detail: String,
+    },
+    /// 202 (or another success without a body) for a request.
+    #[error("the MCP server at {url} accepted the request (HTTP {status}) but sent no answer")]
+    NoBody { url: Arc<str>, status: u16 },
+    /// A JSON body that could not be read whole.
+    #[error("the MCP server at {url} sent {error}")]
+    Body { url: Arc<str>, error: BodyError },
+    /// An event stream that broke, or had an event too long.
+    #[error("the MCP server at {url}: {error}")]
+    Stream { url: Arc<str>, error: StreamError },
+    /// The stream ended (and could not be resumed) before the request's answer.
+    #[error("the MCP server at {url} closed the response stream without answering{resumed}")]
+    NoAnswer {
+        url: Arc<str>,
+        resumed: &'static str,
+    },
+}
+
+impl Failure {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Failure::TooLarge { .. } => ErrorKind::QuotaExceeded,
+            _ => ErrorKind::Internal,
+        }
+    }
+}
+
+impl Remote {
+    /// Sends `msg`; a request of the host's gets its answer, or an error, on the relay.
+    pub(super) async fn exchange(self: Arc<Self>, msg: Message) {
+        let key = match &msg.kind {
+            Kind::Request { id, .. } => {
+                let key = id.get().to_owned();
+                self.lock_pending().insert(key.clone());
+                Some(key)
+            }
+            _ => None,
+        };
+        let outcome = self.send(&msg, key.as_deref()).await;
+        match (&msg.kind, outcome) {
+            (Kind::Request { id, .. }, outcome) => {
+                let key = key.as_deref().unwrap_or_default();
+                // The one place an unanswered request is settled: once, whichever came first.
+                if !self.lock_pending().remove(key) {
+                    return;
+                }
+                let mut failure = outcome.err().unwrap_or(Failure::NoAnswer {
+                    url: Arc::clone(&self.http.url),
+                    resumed: "",
+                });
+                // A stream cut because the session ended says so, not only that it broke.
+                if self.session.expired()
+                    && !self.session.is_modern()
+                    && matches!(failure, Failure::NoAnswer { .. } | Failure::Stream { .. })
+                {
+                    failure = Failure::Expired {
+                        url: Arc::clone(&self.http.url),
+                    };
+                }
+                self.fail(id, &failure).await;
+            }
+            (_, Err(failure)) => {
+                tracing::warn!(error = %failure, "a message for the server was not delivered");
+            }
+            (_, Ok(())) => {}
+        }
+    }
+
+    /// The POST of `msg` and what it brings back.
+    async fn send(self: &Arc<Self>, msg: &Message, key: Option<&str>) -> Result<(), Failure> {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        let initialize =
+            matches!(&msg.kind, Kind::Request { method, .. } if method == "initialize");
+        if initialize {
+            self.session.begin(key.unwrap_or_default());
+        } else {
+            if let Kind::Request { .. } = msg.kind {
+                // Each host request decides the era, as the relay's `Eras` does.
+                self.session.set_modern(msg.modern.clone());
+            }
+            if !self.session.is_modern() && self.session.expired() {
+                return Err(Failure::Expired {
+                    url: Arc::clone(&self.http.url),
+                });
+            }
+            self.session.headers(&mut headers);
+            if self.session.is_modern() {
+                if let Some(method) = msg.method().and_then(header_value) {
+                    headers.insert(MCP_METHOD, method);
+                }
+                if let Some(name) = &msg.name {
+                    headers.insert(MCP_NAME, name.clone());
+                }
+            }
+        }
+        let sent_id = headers.contains_key(SESSION_ID);
+        // The broker's answer to a read of the server's: the read is settled now.
+        let read = match &msg.kind {
+            Kind::Response { id } => self.lock_reads().answered(id.get()),
+            _ => None,
+        };
+        let response = self
+            .http
+            .send(Method::POST, headers, msg.line.clone())
+            .await?;
+        if initialize {
+            self.session
+                .established(response.headers().get(SESSION_ID).cloned());
+        }
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND && sent_id {
+            self.session_gone();
+            return Err(Failure::Expired {
+                url: Arc::clone(&self.http.url),
+            });
+        }
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            return self.refused_as_too_large(msg, read).await;
+        }
+        if !status.is_success() {
+            return Err(self.refusal(response).await);
+        }
+        let is_request = matches!(msg.kind, Kind::Request { .. });
+        if is_event_stream(response.headers()) {
+            let events = Events::new(response.into_body(), self.max_line);
+            if !is_request {
+                // A stream for a notification or an answer owes the host nothing, and may
+                // stay open: followed beside the pump, which goes on with the next message.
+                let me = Arc::clone(self);
+                self.lock_streams().spawn(async move {
+                    if let Err(e) = me.follow_post(events, None).await {
+                        tracing::debug!(error = %e, "a stream that answers no request ended");
+                    }
+                });
+                return Ok(());
+            }
+            return self.follow_post(events, key).await;
+        }
+        let body = read_body(response, self.max_line)
+            .await
+            .map_err(|error| Failure::Body {
+                url: Arc::clone(&self.http.url),
+                error,
+            })?;
+        if body.iter().all(u8::is_ascii_whitespace) {
+            if is_request {
+                return Err(Failure::NoBody {
+                    url: Arc::clone(&self.http.url),
+                    status: status.as_u16(),
+                });
+            }
+            return Ok(());
+        }
+        self.deliver(&body).await;
+        Ok(())
+    }
+
+    /// Follows a POST's event stream until the answer to `key` has come, resuming it (a GET
+    /// with `Last-Event-ID`) when it drops before, at most [`REMOTE_RESUMES`] times in a row.
+    async fn follow_post(&self, mut events: Events, key: Option<&str>) -> Result<(), Failure> {
+        let mut last = None;
+        let mut retry = REMOTE_RETRY;
+        let mut attempts = 0;
+        loop {
+            let outcome = self.follow(&mut events, key, &mut last, &mut retry).await;
+            let Some(key) = key.filter(|k| self.lock_pending().contains(*k)) else {
+                return outcome
+                    .map(|_| ())
+                    .map_err(|error| self.stream_failure(error));
+            };
+            match outcome {
+                Err(error @ StreamError::TooLarge { .. }) => {
+                    return Err(self.stream_failure(error));
+                }
+                Ok(true) => attempts = 0,
+                _ => {}
+            }
+            let Some(from) = last.clone().filter(|_| !self.session.is_modern()) else {
+                return Err(Failure::NoAnswer {
+                    url: Arc::clone(&self.http.url),
+                    resumed: "",
+                });
+            };
+            events = loop {
+                attempts += 1;
+                if attempts > REMOTE_RESUMES {
+                    return Err(Failure::NoAnswer {
+                        url: Arc::clone(&self.http.url),
+                        resumed: " (resuming it failed)",
+                    });
+                }
+                tokio::time::sleep(retry).await;
+                tracing::debug!(request = key, "resuming the server's stream");
+                match self.get(Some(&from)).await {
+                    Ok(Some(events)) => break events,
+                    Ok(None) => {
+                        return Err(Failure::NoAnswer {
+                            url: Arc::clone(&self.http.url),
+                            resumed: " (it cannot be resumed: GET is not allowed)",
+                        });
+                    }
+                    Err(e @ Failure::Expired { .. }) => return Err(e),
+                    Err(e) => tracing::debug!(error = %e, "the stream could not be resumed"),
+                }
+            };
+        }
+    }
+
+    /// Relays a stream's events until it ends, or until `key` is answered. Keeps the last
+    /// event id and the server's `retry:`; says whether any message came.
+    pub(super) async fn follow(
+        &self,
+        events: &mut Events,
+        key: Option<&str>,
+        last: &mut Option<String>,
+        retry: &mut Duration,
+    ) -> Result<bool, StreamError> {
+        let mut got = false;
+        while let Some(event) = events.next().await {
+            let event = event?;
+            if let Some(id) = event.id {
+                *last = Some(id).filter(|i| !i.is_empty());
+            }
+            if let Some(ms) = event.retry {
+                *retry = retry_after(ms);
+            }
+            if event.event.as_deref().is_some_and(|e| e != "message") {
+                continue;
+            }
+            let Some(data) = event.data.filter(|d| !d.trim().is_empty()) else {
+                continue;
+            };
+            got = true;
+            self.deliver(data.as_bytes()).await;
+            if key.is_some_and(|k| !self.lock_pending().contains(k)) {
+                return Ok(got);
+            }
+        }
+        Ok(got)
+    }
+
+    fn stream_failure(&self, error: StreamError) -> Failure {
+        Failure::Stream {
+            url: Arc::clone(&self.http.url),
+            error,
+        }
+    }
+
+    /// A 413. For the broker's answer to a `files/read` (the read's path in `read`) the
+    /// server gets an error naming the size that fits, and its later reads are clamped to
+    /// it; for another answer of the broker's, an error; for the host's message, the host.
+    async fn refused_as_too_large(
+        &self,
+        msg: &Message,
+        read: Option<String>,
+    ) -> Result<(), Failure> {
+        let len = msg.line.len();
+        let Kind::Response { id } = &msg.kind else {
+            return Err(Failure::TooLarge {
+                url: Arc::clone(&self.http.url),
+                len,
+            });
+        };
+        let err = match read {
+            Some(path) => {
+                let clamp = self.lock_reads().refused(read_length(&msg.line), len);
+                tracing::warn!(
+                    bytes = len,
+                    clamp,
+                    "the server refused the answer to its files/read with HTTP 413; its reads are clamped to {clamp} bytes from now on"
+                );
+                Error::new(
+                    ErrorKind::QuotaExceeded,
+                    format!(
+                        "the MCP server refused an answer of {len} bytes with HTTP 413 (Payload Too Large); ask for at most {clamp} bytes"
+                    ),
+                )
+                .with_path(path)
+            }
+            None => Error::new(
+                ErrorKind::QuotaExceeded,
+                format!(
+                    "the MCP server refused an answer of {len} bytes with HTTP 413 (Payload Too Large)"
+                ),
+            ),
+        };
+        let mut frame = jsonrpc::error_frame(Some(id), &err);
+        frame.pop();
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        self.session.headers(&mut headers);
+        let response = self
+            .http
+            .send(Method::POST, headers, Bytes::from(frame))
+            .await?;
+        if !response.status().is_success() {
+            return Err(self.refusal(response).await);
+        }
+        Ok(())
+    }
+
+    /// The failure a status that is not a success stands for.
+    pub(super) async fn refusal(&self, response: Response<Incoming>) -> Failure {
+        let url = Arc::clone(&self.http.url);
+        let status = response.status();
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v: &HeaderValue| v.to_str().ok())
+                .map(shown)
+        };
+        if status == StatusCode::UNAUTHORIZED {
+            let metadata = header(WWW_AUTHENTICATE)
+                .and_then(|h| resource_metadata(&h))
+                .map(|m| format!("; resource metadata: {m}"))
+                .unwrap_or_default();
+            let failure = Failure::Unauthorized { url, metadata };
+            tracing::error!("{failure}");
+            return failure;
+        }
+        if status.is_redirection() {
+            let location = header(LOCATION)
+                .map(|l| format!(" to {l}"))
+                .unwrap_or_default();
+            return Failure::Redirect {
+                url,
+                status: status.as_u16(),
+                location,
+            };
+        }
+        // The server's own words, when its body is a JSON-RPC error (the SDKs say why they
+        // refuse a request that way): a few KiB at most, and shown as text.
+        let detail = read_body(response, 4096)
+            .await
+            .ok()
+            .and_then(|body| {
+                let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+                v.pointer("/error/message")?.as_str().map(shown)
+            })
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default();
+        Failure::Status {
+            url,
+            status: status.as_u16(),
+            detail,
+        }
+    }
+
+    /// The host's request `id` gets `failure` as its answer (and stderr says why).
+    async fn fail(&self, id: &RawValue, failure: &Failure) {
+        if !matches!(failure, Failure::Unauthorized { .. }) {
+            tracing::warn!(error = %failure, "a request to the server failed");
+        }
+        let err = Error::new(failure.kind(), format!("fsbroker: {failure}"));
+        self.deliver(&jsonrpc::error_frame(Some(id), &err)).await;
+        // From now on the server's own answer, should it come, is not passed on.
+        let mut failed = self.lock_failed();
+        if failed.len() >= REMOTE_FAILED_KEPT {
+            failed.pop_front();
+        }
+        failed.push_back(id.get().to_owned());
+    }
+}
+
+/// `Mcp-Name`'s value for `text`: as it is when it is printable ASCII without blanks at its
+/// ends, else `=?base64?…?=` (the UTF-8 in standard base64), the form the 2026-07-28
+/// transport gives names a header cannot carry (and empty ones, and ones that look encoded).
+fn mcp_name(text: &str) -> HeaderValue {
+    use base64::Engine;
+    const PREFIX: &str = "=?base64?";
+    const SUFFIX: &str = "?=";
+    let plain = !text.is_empty()
+        && text.trim() == text
+        && !(text.starts_with(PREFIX) && text.ends_with(SUFFIX))
+        && text.chars().all(|c| c == '\t' || (' '..='~').contains(&c));
+    let encoded;
+    let value = if plain {
+        text
+    } else {
+        encoded = format!(
+            "{PREFIX}{}{SUFFIX}",
+            base64::engine::general_purpose::STANDARD.encode(text)
+        );
+        &encoded
+    };
+    // Printable ASCII either way, so always a valid header value.
+    HeaderValue::from_str(value).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// `result.length` of a `files/read` answer.
+fn read_length(line: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        result: Option<Length>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Length {
+        length: Option<u64>,
+    }
+    serde_json::from_slice::<Answer>(line).ok()?.result?.length
+}
+
+/// `resource_metadata="…"` of a `WWW-Authenticate: Bearer …` header.
+fn resource_metadata(header: &str) -> Option<String> {
+    let at = header.find("resource_metadata=")? + "resource_metadata=".len();
+    let rest = header[at..].trim_start();
+    let value = match rest.strip_prefix('"') {
+        Some(quoted) => &quoted[..quoted.find('"')?],
+        None => rest.split([',', ' ']).next()?,
+    };
+    Some(value.to_owned())
+}
+
+/// A server-made string, as the proxy shows it: no control characters, at most 300 chars.
+fn shown(text: &str) -> String {
+    text.chars().filter(|c| !c.is_control()).take(300).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_resource_metadata() {
+        let h = r#"Bearer error="invalid_token", resource_metadata="https://a.example/.well-known/oauth-protected-resource""#;
+        assert_eq!(
+            resource_metadata(h).as_deref(),
+            Some("https://a.example/.well-known/oauth-protected-resource")
+        );
+        assert_eq!(resource_metadata("Bearer realm=x"), None);
+    }
+
+    #[test]
+    fn names_a_header_cannot_carry_are_base64() {
+        assert_eq!(mcp_name("read_all"), "read_all");
+        assert_eq!(mcp_name("héllo"), "=?base64?aMOpbGxv?=");
+        assert_eq!(mcp_name(" x"), "=?base64?IHg=?=");
+        assert_eq!(mcp_name(""), "=?base64??=");
+        assert_eq!(mcp_name("a\r\nX: y"), "=?base64?YQ0KWDogeQ==?=");
+    }
+
+    #[test]
+    fn names_the_tool_for_a_modern_call() {
+        let line = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"read_all","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+        let msg = Message::read(line.to_vec());
+        assert!(msg.modern.is_some());
+        assert_eq!(msg.name.unwrap(), "read_all");
+        let old = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"x"}}"#;
+        let msg = Message::read(old.to_vec());
+        assert!(msg.modern.is_none() && msg.name.is_none());
+    }
+}

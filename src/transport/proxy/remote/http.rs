@@ -1,0 +1,257 @@
+//! The HTTP client of `proxy --url`: rustls over hyper (HTTP/1.1), the user's headers on every
+//! request, no redirects followed, and every wait and every body bounded.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::RemoteError;
+use crate::limits::{REMOTE_BODY_IDLE, REMOTE_CONNECT, REMOTE_HEAD};
+
+/// Headers the protocol itself sets (or HTTP framing needs): a user's `--header` may not
+/// replace them, or the session, the era and the message's framing would be the user's guess.
+pub(super) const RESERVED: &[&str] = &[
+    "content-type",
+    "accept",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "mcp-method",
+    "mcp-name",
+    "last-event-id",
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+];
+
+/// One remote server's endpoint and the client that reaches it.
+pub(super) struct Http {
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    uri: http::Uri,
+    /// The endpoint as given, for messages (a URL carries no secret the proxy adds).
+    pub(super) url: Arc<str>,
+    /// The user's headers, values marked sensitive so that no debug output shows them.
+    headers: HeaderMap,
+}
+
+/// Why a request got no response to look at.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SendError {
+    /// No connection, a TLS failure, or the connection broke before the headers came.
+    #[error("cannot reach {url}: {reason}")]
+    Unreachable { url: Arc<str>, reason: String },
+    /// The headers did not come in time.
+    #[error("{url} sent no response within {}s", REMOTE_HEAD.as_secs())]
+    NoHead { url: Arc<str> },
+}
+
+/// Why a response body could not be read whole.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum BodyError {
+    /// Longer than the proxy relays.
+    #[error("a response body longer than {max} bytes")]
+    TooLarge { max: usize },
+    /// No byte for [`REMOTE_BODY_IDLE`] in the middle of it.
+    #[error("a response body stalled for {}s", REMOTE_BODY_IDLE.as_secs())]
+    Stalled,
+    /// The connection broke.
+    #[error("a response body broke off: {0}")]
+    Broken(String),
+}
+
+impl Http {
+    /// The client for `url`: TLS trusts the system's roots and the `ca_certs` (PEM files).
+    pub(super) fn new(
+        url: &url::Url,
+        headers: HeaderMap,
+        ca_certs: &[PathBuf],
+    ) -> Result<Http, RemoteError> {
+        let uri: http::Uri = url.as_str().parse().map_err(|e| RemoteError::Url {
+            url: url.to_string(),
+            reason: format!("{e}"),
+        })?;
+        let tls = tls_config(ca_certs)?;
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(REMOTE_CONNECT));
+        tcp.set_nodelay(true);
+        // The scheme is checked by the TLS connector, which takes both.
+        tcp.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
+        // hyper's client follows no redirect: a 3xx is reported as it is, so the user's
+        // headers (a token) never go to another origin.
+        // No connection is kept for the next request: a kept one the server closes (its
+        // idle timeout, a stream it cut) just as it is taken fails the request after it was
+        // sent, and a POST is not safe to send twice (a tool call would run twice). A new
+        // connection per message costs a handshake; the messages that matter are large.
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(connector);
+        Ok(Http {
+            client,
+            uri,
+            url: shown_url(url).into(),
+            headers,
+        })
+    }
+
+    /// Sends one request to the endpoint: the user's headers, then `protocol`'s (which the
+    /// user's may not replace), and `body`. Resolves once the response's headers have come.
+    pub(super) async fn send(
+        &self,
+        method: Method,
+        protocol: HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, SendError> {
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = method;
+        *request.uri_mut() = self.uri.clone();
+        let headers = request.headers_mut();
+        headers.extend(self.headers.clone());
+        headers.extend(protocol);
+        match tokio::time::timeout(REMOTE_HEAD, self.client.request(request)).await {
+            Err(_) => Err(SendError::NoHead {
+                url: Arc::clone(&self.url),
+            }),
+            Ok(Err(e)) => Err(SendError::Unreachable {
+                url: Arc::clone(&self.url),
+                reason: chain(&e),
+            }),
+            Ok(Ok(response)) => Ok(response),
+        }
+    }
+}
+
+/// The URL as messages show it: without its query or fragment, which some services use for
+/// a key (`?api_key=…`); `?…` says one was there.
+pub(super) fn shown_url(url: &url::Url) -> String {
+    let mut shown = url.clone();
+    let hidden = shown.query().is_some() || shown.fragment().is_some();
+    shown.set_query(None);
+    shown.set_fragment(None);
+    let mut text = shown.to_string();
+    if hidden {
+        text.push_str("?…");
+    }
+    text
+}
+
+/// An error and its causes, as one line (hyper's own says only "client error (Connect)").
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+/// A whole JSON body, at most `max` bytes, each piece within [`REMOTE_BODY_IDLE`] of the last.
+pub(super) async fn read_body(
+    response: Response<Incoming>,
+    max: usize,
+) -> Result<Vec<u8>, BodyError> {
+    let declared = response
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > max as u64) {
+        return Err(BodyError::TooLarge { max });
+    }
+    let mut body = response.into_body();
+    let mut out = Vec::new();
+    loop {
+        let frame = match tokio::time::timeout(REMOTE_BODY_IDLE, body.frame()).await {
+            Err(_) => return Err(BodyError::Stalled),
+            Ok(None) => return Ok(out),
+            Ok(Some(Err(e))) => return Err(BodyError::Broken(chain(&e))),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > max {
+                return Err(BodyError::TooLarge { max });
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+}
+
+/// rustls with the ring provider, trusting the system's roots and the given PEM files.
+fn tls_config(ca_certs: &[PathBuf]) -> Result<rustls::ClientConfig, RemoteError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for e in &native.errors {
+        tracing::debug!(error = %e, "a system root certificate could not be loaded");
+    }
+    let (added, _) = roots.add_parsable_certificates(native.certs);
+    tracing::debug!(added, "system root certificates");
+    for path in ca_certs {
+        let bad = |reason: String| RemoteError::CaCert {
+            path: path.clone(),
+            reason,
+        };
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| bad(e.to_string()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| bad(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(bad("no PEM certificate in it".into()));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| bad(e.to_string()))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| RemoteError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// A user's header, checked: a token name, a value without CR, LF or NUL, and not one the
+/// protocol sets. Errors name the header, never its value.
+pub(super) fn user_header(
+    name: &str,
+    value: &str,
+) -> Result<(HeaderName, HeaderValue), RemoteError> {
+    let bad = |reason: &str| RemoteError::Header {
+        name: name.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if name.bytes().any(|b| b == b'\r' || b == b'\n')
+        || value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0)
+    {
+        return Err(bad("a header may not contain a line break"));
+    }
+    let parsed = HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| bad("not a valid header name"))?;
+    if RESERVED.contains(&parsed.as_str()) {
+        return Err(bad(
+            "the proxy sets this header itself (the protocol's own headers, and HTTP framing, cannot be replaced)",
+        ));
+    }
+    let mut value = HeaderValue::from_str(value.trim())
+        .map_err(|_| bad("the value has bytes a header may not carry"))?;
+    value.set_sensitive(true);
+    Ok((parsed, value))
+}

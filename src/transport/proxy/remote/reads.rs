@@ -1,0 +1,143 @@
+//! The `files/read` clamp of `proxy --url`: a remote server whose HTTP endpoint refuses large
+//! bodies (413) cannot take the broker's answer to a large read. The proxy remembers the
+//! server's reads until their answers go, and after a 413 (or from `--max-chunk-size`) rewrites
+//! the `length` of the server's later reads before the broker sees them. A smaller answer is
+//! legal: a read's `length` says how much came, and the next chunk starts after it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::limits::{REMOTE_MIN_CHUNK, REMOTE_READS_KEPT};
+
+/// The reads waiting for their answers, and the clamp.
+#[derive(Default)]
+pub(super) struct Reads {
+    /// The longest `length` the server's reads may ask for now.
+    clamp: Option<u64>,
+    /// Each waiting read's path, by its id as written.
+    waiting: HashMap<String, String>,
+    /// The same ids, oldest first, to forget the oldest past [`REMOTE_READS_KEPT`].
+    order: VecDeque<String>,
+}
+
+impl Reads {
+    pub(super) fn new(clamp: Option<u64>) -> Reads {
+        Reads {
+            clamp,
+            ..Reads::default()
+        }
+    }
+
+    /// A `files/read` request from the server, as the broker is to see it: remembered, and
+    /// with its `length` clamped when it asks for more (or for the default).
+    pub(super) fn arrived(
+        &mut self,
+        id: &RawValue,
+        params: Option<&RawValue>,
+        line: Vec<u8>,
+    ) -> Vec<u8> {
+        #[derive(serde::Deserialize)]
+        struct Params {
+            path: Option<String>,
+            length: Option<Value>,
+        }
+        let read: Option<Params> = params.and_then(|p| serde_json::from_str(p.get()).ok());
+        let key = id.get().to_owned();
+        if self.waiting.len() >= REMOTE_READS_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.waiting.remove(&old);
+            }
+        }
+        let path = read
+            .as_ref()
+            .and_then(|r| r.path.clone())
+            .unwrap_or_default();
+        if self.waiting.insert(key.clone(), path).is_none() {
+            self.order.push_back(key);
+        }
+        let Some(clamp) = self.clamp else { return line };
+        let asked = read.as_ref().and_then(|r| r.length.as_ref());
+        if asked
+            .and_then(Value::as_u64)
+            .is_some_and(|len| len <= clamp)
+        {
+            return line;
+        }
+        // A length that is not a number is left to the broker, which refuses it.
+        if asked.is_some_and(|len| !len.is_u64()) {
+            return line;
+        }
+        with_length(&line, clamp).unwrap_or(line)
+    }
+
+    /// The path of the read `id` answers, when it was one; it is forgotten.
+    pub(super) fn answered(&mut self, id: &str) -> Option<String> {
+        let path = self.waiting.remove(id)?;
+        self.order.retain(|k| k != id);
+        Some(path)
+    }
+
+    /// The server refused an answer carrying `length` bytes of the file (`None`: unknown,
+    /// `body` bytes on the wire): the clamp becomes half of it (whole 4 KiB, at least
+    /// [`REMOTE_MIN_CHUNK`]), and is returned.
+    pub(super) fn refused(&mut self, length: Option<u64>, body: usize) -> u64 {
+        // base64 carries 3 bytes in 4; the JSON around it is small.
+        let carried = length.unwrap_or(body as u64 / 4 * 3);
+        let half = (carried / 2) / REMOTE_MIN_CHUNK * REMOTE_MIN_CHUNK;
+        let clamp = half.max(REMOTE_MIN_CHUNK);
+        let clamp = self.clamp.map_or(clamp, |c| c.min(clamp));
+        self.clamp = Some(clamp);
+        clamp
+    }
+}
+
+/// `line` with `params.length` set to `length` (the other members kept as written).
+fn with_length(line: &[u8], length: u64) -> Option<Vec<u8>> {
+    type Members = BTreeMap<String, Box<RawValue>>;
+    let mut msg: Members = serde_json::from_slice(line).ok()?;
+    let mut params: Members = serde_json::from_str(msg.get("params")?.get()).ok()?;
+    params.insert(
+        "length".into(),
+        serde_json::value::to_raw_value(&length).ok()?,
+    );
+    msg.insert(
+        "params".into(),
+        serde_json::value::to_raw_value(&params).ok()?,
+    );
+    serde_json::to_vec(&msg).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u32) -> Box<RawValue> {
+        RawValue::from_string(n.to_string()).unwrap()
+    }
+
+    #[test]
+    fn clamps_only_longer_reads() {
+        let mut reads = Reads::new(Some(8192));
+        let line = br#"{"jsonrpc":"2.0","id":1,"method":"files/read","params":{"path":"a","length":4096}}"#.to_vec();
+        let p = RawValue::from_string(r#"{"path":"a","length":4096}"#.into()).unwrap();
+        assert_eq!(reads.arrived(&id(1), Some(&p), line.clone()), line);
+        let p = RawValue::from_string(r#"{"path":"a"}"#.into()).unwrap();
+        let line =
+            br#"{"jsonrpc":"2.0","id":2,"method":"files/read","params":{"path":"a"}}"#.to_vec();
+        let out: Value = serde_json::from_slice(&reads.arrived(&id(2), Some(&p), line)).unwrap();
+        assert_eq!(out["params"]["length"], 8192);
+        assert_eq!(out["id"], 2);
+        assert_eq!(reads.answered("2").as_deref(), Some("a"));
+        assert_eq!(reads.answered("2"), None);
+    }
+
+    #[test]
+    fn a_refusal_halves_and_never_grows() {
+        let mut reads = Reads::new(None);
+        assert_eq!(reads.refused(Some(1 << 20), 0), 512 << 10);
+        assert_eq!(reads.refused(Some(4 << 20), 0), 512 << 10);
+        assert_eq!(reads.refused(Some(100), 0), REMOTE_MIN_CHUNK);
+    }
+}

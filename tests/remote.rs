@@ -1,0 +1,541 @@
+//! `fsbroker proxy --url URL`: the proxy's own Streamable HTTP client against real remote
+//! MCP servers on 127.0.0.1 (`tests/peers/remote_*`: the TypeScript SDK 1.x and the Python
+//! SDK 1.x, stateful with SSE, and the TypeScript SDK 2.x handler of the 2026-07-28 era).
+//!
+//! The real binary; the test plays the host over its stdin and stdout: the servers' tools send
+//! `roots/list` and `files/*` to the client on the tool call's POST stream, on the GET stream
+//! and (2026) in `input_required` results; the broker must answer each (the root's name, a
+//! real file's sha256) and the host must see none of them. Then the transport's edges the real
+//! servers can produce: a body limit (413), TLS with a private CA, a token from the
+//! environment (and the 401 without it), dropped streams resumed, an expired session, and the
+//! session's DELETE at the end. Edges no real server produces are in `tests/remote_edges.rs`.
+
+// Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
+// it out of the library's request paths).
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use common::fsb::{Cmd, Fsb, Log};
+use common::kit::Rng;
+use common::peers::{require_npm, require_python_mcp1};
+use common::remote::{RemoteServer, test_ca};
+use common::{Listener, PolicyToml, RootToml, path_str, tempdir, uri_path};
+
+/// Bounds every wait, only so that a hang fails instead of blocking the run; nothing here is
+/// timed. Generous: debug builds, Node.js startup and a 20 MiB file in chunks.
+const WAIT: Duration = Duration::from_secs(180);
+
+/// Enough for three 1 MiB reads, the last one short: the reader must follow `length`/`eof`.
+const FILE_SIZE: usize = (2 << 20) + 12_345;
+
+/// The large file: read in chunks that fit a server's body limit.
+const BIG_SIZE: usize = 20 << 20;
+
+/// A root with `data.bin` and `big.bin` (seeded bytes) in it, and their sha256.
+struct Root {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    sha256: String,
+    big_sha256: String,
+}
+
+fn root() -> Root {
+    let (dir, base) = tempdir();
+    let path = base.join("remote-root");
+    std::fs::create_dir(&path).expect("mkdir root");
+    let bytes = Rng::new(30).bytes(FILE_SIZE);
+    std::fs::write(path.join("data.bin"), &bytes).expect("write data.bin");
+    let big = Rng::new(31).bytes(BIG_SIZE);
+    std::fs::write(path.join("big.bin"), &big).expect("write big.bin");
+    std::fs::write(path.join("note.txt"), "hello from the broker's root\n").expect("write note");
+    Root {
+        _dir: dir,
+        path,
+        sha256: hex(&Sha256::digest(&bytes)),
+        big_sha256: hex(&Sha256::digest(&big)),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The host's side: `fsbroker proxy --root ROOT --url URL ARGS`, every line it reads
+/// recorded.
+struct Host {
+    fsb: Fsb,
+    ids: Vec<u64>,
+    /// `params._meta` of every tools/call: set for a 2026-07-28 host, which has no handshake.
+    meta: Option<Value>,
+}
+
+impl Host {
+    fn start(root: &Path, url: &str, args: &[&str]) -> Host {
+        Host::start_with(root, url, args, &[])
+    }
+
+    fn start_with(root: &Path, url: &str, args: &[&str], env: &[(&str, &str)]) -> Host {
+        let mut all = vec![
+            "proxy".to_owned(),
+            "--root".to_owned(),
+            path_str(root),
+            "--url".to_owned(),
+            url.to_owned(),
+        ];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        let mut cmd = Cmd::new(&all);
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
+        let fsb = cmd.log(Log::Keep).record().deadline(WAIT).spawn();
+        Host {
+            fsb,
+            ids: Vec::new(),
+            meta: None,
+        }
+    }
+
+    /// The raw response to a request of the host's.
+    fn raw(&mut self, method: &str, params: Value) -> Value {
+        let id = self.fsb.send(method, params);
+        self.ids.push(id);
+        self.fsb.response(id)
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let r = self.raw(method, params.clone());
+        assert!(
+            r.get("error").is_none(),
+            "{method} {params} failed: {r}\nproxy log:\n{}",
+            self.fsb.log_text()
+        );
+        r["result"].clone()
+    }
+
+    fn init_params() -> Value {
+        json!({
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "remote-test", "version": "0"}
+        })
+    }
+
+    /// The 2025 handshake; the host declares no roots of its own.
+    fn initialize(&mut self) -> Value {
+        let r = self.request("initialize", Host::init_params());
+        self.fsb
+            .send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        r
+    }
+
+    /// From now on a host of MCP 2026-07-28: each request declares its revision.
+    fn modern(&mut self) {
+        self.meta = Some(json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "remote-test", "version": "0"}
+        }));
+    }
+
+    /// The tool call's raw response.
+    fn call(&mut self, name: &str, arguments: Value) -> Value {
+        let mut params = json!({"name": name, "arguments": arguments});
+        if let Some(meta) = &self.meta {
+            params["_meta"] = meta.clone();
+        }
+        self.raw("tools/call", params)
+    }
+
+    /// A tool call whose one text block is JSON: that JSON.
+    fn tool(&mut self, name: &str, arguments: Value) -> Value {
+        let r = self.call(name, arguments);
+        assert!(
+            r.get("error").is_none(),
+            "tools/call {name} failed: {r}\nproxy log:\n{}",
+            self.fsb.log_text()
+        );
+        let r = r["result"].clone();
+        assert_ne!(r["isError"], true, "tool {name} failed: {r}");
+        let text = r["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("tool {name}: no text: {r}"));
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("tool {name}: {text}: {e}"))
+    }
+
+    /// The server's request to the client, answered: its `result`.
+    fn ask(&mut self, method: &str, params: Value, stream: &str) -> Value {
+        let r = self.tool(
+            "request",
+            json!({"method": method, "params": params, "stream": stream}),
+        );
+        assert!(
+            r.get("error").is_none(),
+            "the server's {method} on its {stream} stream got an error: {r}\nproxy log:\n{}",
+            self.fsb.log_text()
+        );
+        r["result"].clone()
+    }
+
+    /// Closes the host's side; the proxy must end by itself (exit 0), and every line the
+    /// host read must be an answer to one of its own requests or a notification that is not
+    /// the broker's.
+    fn finish(mut self) -> String {
+        let (status, _) = self.fsb.end();
+        let log = self.fsb.log_text();
+        assert!(status.success(), "the proxy exited with {status}:\n{log}");
+        for raw in self.fsb.received() {
+            let m: Value = serde_json::from_slice(raw)
+                .unwrap_or_else(|e| panic!("the host read a line that is not JSON ({e}): {raw:?}"));
+            match (m.get("method").and_then(Value::as_str), m.get("id")) {
+                (Some(method), None) => assert!(
+                    !method.starts_with("notifications/files/")
+                        && !method.starts_with("notifications/roots/")
+                        && !method.starts_with("notifications/fsbroker/"),
+                    "a broker notification reached the host: {m}"
+                ),
+                (Some(_), Some(_)) => panic!("a request reached the host: {m}\n{log}"),
+                (None, Some(id)) => assert!(
+                    id.as_u64().is_some_and(|id| self.ids.contains(&id)),
+                    "an answer to a request the host never sent: {m}"
+                ),
+                (None, None) => panic!("neither request nor answer: {m}"),
+            }
+        }
+        log
+    }
+}
+
+/// Roots, consent, a listing and the whole file read in 1 MiB chunks, each asked by the
+/// server on `stream` ("post" or "get") and answered by the broker.
+fn brokered_round(host: &mut Host, root: &Root, stream: &str) {
+    let roots = host.ask("roots/list", json!({}), stream);
+    assert_eq!(
+        roots["roots"],
+        json!([{"uri": format!("file://{}", uri_path(&root.path)), "name": "remote-root"}]),
+        "roots/list was not answered with the broker's root"
+    );
+    let consent = host.ask(
+        "files/consent",
+        json!({"requestedPaths": [path_str(&root.path)], "message": "remote test"}),
+        stream,
+    );
+    assert_eq!(consent["granted"], true, "{consent}");
+    let list = host.ask("files/list", json!({"path": path_str(&root.path)}), stream);
+    let names: Vec<&str> = list["entries"]
+        .as_array()
+        .unwrap_or_else(|| panic!("files/list: {list}"))
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(names, ["big.bin", "data.bin", "note.txt"], "{list}");
+    let read = host.tool(
+        "read_all",
+        json!({"path": path_str(&root.path.join("data.bin")), "chunk": 1 << 20, "stream": stream}),
+    );
+    assert_eq!(read["errors"], json!([]), "{read}");
+    assert_eq!(read["bytes"], FILE_SIZE, "{read}");
+    assert_eq!(read["sha256"], root.sha256, "{read}");
+    assert_eq!(read["reads"], 3, "{read}");
+}
+
+/// The `roots/list` the server sent the moment the session was initialized (on the GET
+/// stream): answered by the broker, so the GET stream was open in time.
+fn early_roots_answered(host: &mut Host) {
+    let early = host.tool("early_roots", json!({}));
+    assert_eq!(
+        early["result"]["roots"][0]["name"],
+        "remote-root",
+        "the roots/list sent at initialization was not answered: {early}\n{}",
+        host.fsb.log_text()
+    );
+}
+
+/// The session the server's `/debug` shows, and that the proxy DELETEd it at the end.
+fn deleted_at_exit(server: &RemoteServer, before: &Value) {
+    let sessions = before["sessions"].as_array().expect("sessions").clone();
+    assert_eq!(sessions.len(), 1, "{before}");
+    let after = server.debug();
+    assert!(
+        after["deleted_sessions"]
+            .as_array()
+            .is_some_and(|d| d.contains(&sessions[0])),
+        "the session was not DELETEd at the host's EOF: {after}\n{}",
+        server.log()
+    );
+}
+
+/// TypeScript SDK 1.x (stateful, SSE): the server's requests on the tool call's POST stream
+/// and on the GET stream (also the one it sends at `oninitialized`) are answered by the
+/// broker; none reaches the host; the session is DELETEd at the host's EOF.
+#[test]
+fn typescript_v1_server() {
+    require_npm();
+    let root = root();
+    let server = RemoteServer::node("remote_ts1.mjs", &[]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    let init = host.initialize();
+    assert_eq!(init["serverInfo"]["name"], "fsbroker-remote-ts1", "{init}");
+    early_roots_answered(&mut host);
+    brokered_round(&mut host, &root, "post");
+    brokered_round(&mut host, &root, "get");
+    let before = server.debug();
+    host.finish();
+    deleted_at_exit(&server, &before);
+}
+
+/// Python SDK 1.x (FastMCP, stateful, SSE): the same, and a 20 MiB file read in 1 MiB
+/// chunks under a 2 MiB body limit.
+#[test]
+fn python_v1_server() {
+    require_npm();
+    let python = require_python_mcp1();
+    let root = root();
+    let limit = (2 << 20).to_string();
+    let server = RemoteServer::start(&python, &["remote_py1.py", "--body-limit", &limit]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    let init = host.initialize();
+    assert_eq!(init["serverInfo"]["name"], "fsbroker-remote-py1", "{init}");
+    early_roots_answered(&mut host);
+    brokered_round(&mut host, &root, "post");
+    brokered_round(&mut host, &root, "get");
+    let read = host.tool(
+        "read_all",
+        json!({"path": path_str(&root.path.join("big.bin")), "chunk": 1 << 20}),
+    );
+    assert_eq!(read["errors"], json!([]), "{read}");
+    assert_eq!(read["bytes"], BIG_SIZE, "{read}");
+    assert_eq!(read["sha256"], root.big_sha256, "{read}");
+    let before = server.debug();
+    host.finish();
+    deleted_at_exit(&server, &before);
+}
+
+/// A body limit the broker's answers do not fit: the first over-large answer is refused
+/// with HTTP 413, and the server gets a clear error for that read (the size that fits)
+/// instead of a time-out; its later reads are clamped, and a 20 MiB file then arrives whole.
+/// With `--max-chunk-size` the reads fit from the first.
+#[test]
+fn a_body_limit_clamps_reads() {
+    require_npm();
+    let root = root();
+    let limit = (1 << 20).to_string();
+    let server = RemoteServer::node("remote_ts1.mjs", &["--body-limit", &limit]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    host.initialize();
+    let big = path_str(&root.path.join("big.bin"));
+    let first = host.tool("read_all", json!({"path": big, "chunk": 4 << 20}));
+    let error = &first["errors"][0];
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("HTTP 413") && message.contains("ask for at most"),
+        "the refused answer did not become a clear error: {first}"
+    );
+    assert_eq!(error["data"]["code"], "QUOTA_EXCEEDED", "{first}");
+    // The proxy does not know the limit, only a size over it: each refusal halves the clamp
+    // (and says so), until the answers fit.
+    let mut read = Value::Null;
+    for _ in 0..6 {
+        read = host.tool("read_all", json!({"path": big, "chunk": 4 << 20}));
+        let Some(error) = read["errors"].get(0) else {
+            break;
+        };
+        assert!(
+            error["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("HTTP 413")),
+            "{read}"
+        );
+    }
+    assert_eq!(read["errors"], json!([]), "{read}");
+    assert_eq!(read["bytes"], BIG_SIZE, "{read}");
+    assert_eq!(read["sha256"], root.big_sha256, "{read}");
+    assert!(read["clamped"].as_u64().is_some_and(|n| n > 0), "{read}");
+    host.finish();
+
+    let mut host = Host::start(&root.path, &server.url, &["--max-chunk-size", "512KiB"]);
+    host.initialize();
+    let read = host.tool("read_all", json!({"path": big, "chunk": 4 << 20}));
+    assert_eq!(read["errors"], json!([]), "{read}");
+    assert_eq!(read["sha256"], root.big_sha256, "{read}");
+    assert_eq!(read["reads"], 40, "{read}");
+    host.finish();
+}
+
+/// TypeScript SDK 2.x handler of the 2026-07-28 era (stateless): `Mcp-Method` and `Mcp-Name`
+/// on every POST (the handler refuses a call without them), the server's `roots/list` and
+/// `files/*` input requests answered by the broker and the call retried by the proxy; the
+/// host sees only the final results.
+#[test]
+fn typescript_v2_server_with_a_2026_host() {
+    require_npm();
+    let root = root();
+    let server = RemoteServer::node("remote_ts2.mjs", &[]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    host.modern();
+    brokered_round(&mut host, &root, "post");
+    host.finish();
+}
+
+/// Streams cut after two events: the proxy resumes them with `Last-Event-ID` (the server's
+/// record shows it), and the file still arrives whole.
+#[test]
+fn dropped_sse_streams_are_resumed() {
+    require_npm();
+    let root = root();
+    let server = RemoteServer::node("remote_ts1.mjs", &["--drop-sse-after", "2"]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    host.initialize();
+    brokered_round(&mut host, &root, "post");
+    let debug = server.debug();
+    assert!(
+        debug["drops"].as_u64().is_some_and(|n| n > 0),
+        "no stream was dropped: {debug}"
+    );
+    let resumed = debug["get_streams"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|s| s["lastEventId"].is_string()));
+    assert!(resumed, "no GET carried a Last-Event-ID: {debug}");
+    host.finish();
+}
+
+/// The Python server cutting its streams after two events: resumed, the file whole.
+#[test]
+fn dropped_python_sse_streams_are_resumed() {
+    require_npm();
+    let python = require_python_mcp1();
+    let root = root();
+    let server = RemoteServer::start(&python, &["remote_py1.py", "--drop-sse-after", "2"]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    host.initialize();
+    brokered_round(&mut host, &root, "post");
+    let debug = server.debug();
+    assert!(
+        debug["drops"].as_u64().is_some_and(|n| n > 0),
+        "no stream was dropped: {debug}"
+    );
+    let resumed = debug["get_streams"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|s| s["lastEventId"].is_string()));
+    assert!(
+        resumed,
+        "no GET carried a Last-Event-ID: {debug}\n{}",
+        server.log()
+    );
+    host.finish();
+}
+
+/// The server forgets the session: the host's next request gets a JSON-RPC error naming the
+/// URL and the expiry (never silence), and so does every later one.
+#[test]
+fn an_expired_session_is_reported_to_the_host() {
+    require_npm();
+    let root = root();
+    let server = RemoteServer::node("remote_ts1.mjs", &[]);
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    host.initialize();
+    host.tool("expire_session", json!({}));
+    for _ in 0..2 {
+        let r = host.call("sse_count", json!({}));
+        let message = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&server.url) && message.contains("ended the session"),
+            "an expired session was not reported: {r}"
+        );
+        assert_eq!(r["error"]["code"], -32603, "{r}");
+    }
+    host.finish();
+}
+
+/// HTTPS with a private CA: trusted with `--ca-cert`; without it the host's request gets an
+/// error naming the URL and the certificate.
+#[test]
+fn tls_with_a_private_ca() {
+    require_npm();
+    let root = root();
+    let (_ca_dir, ca_path) = tempdir();
+    let ca = test_ca(&ca_path);
+    let server = RemoteServer::node(
+        "remote_ts1.mjs",
+        &["--tls", &path_str(&ca.cert), &path_str(&ca.key)],
+    );
+    assert!(server.url.starts_with("https://"), "{}", server.url);
+    let mut host = Host::start(
+        &root.path,
+        &server.url,
+        &["--ca-cert", &path_str(&ca.ca_cert)],
+    );
+    host.initialize();
+    brokered_round(&mut host, &root, "post");
+    host.finish();
+
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    let r = host.raw("initialize", Host::init_params());
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cannot reach") && message.contains("certificate"),
+        "an untrusted certificate was not reported: {r}"
+    );
+    host.finish();
+}
+
+/// A server that wants a bearer token: without one, the host's request gets an error saying
+/// how to supply it (`--header-env Authorization=VAR`) and naming the resource metadata, and
+/// stderr says the same; with the token from the environment everything works, and the
+/// token appears nowhere in the proxy's output.
+#[test]
+fn a_token_from_the_environment() {
+    require_npm();
+    let root = root();
+    let token = "Bearer s3cret-remote-token";
+    let server = RemoteServer::node(
+        "remote_ts1.mjs",
+        &["--require-header", &format!("Authorization:{token}")],
+    );
+    let mut host = Host::start(&root.path, &server.url, &[]);
+    let r = host.raw("initialize", Host::init_params());
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("HTTP 401")
+            && message.contains("--header-env Authorization=")
+            && message.contains("/.well-known/oauth-protected-resource"),
+        "the 401 was not explained: {r}"
+    );
+    let log = host.finish();
+    assert!(log.contains("HTTP 401"), "stderr did not say: {log}");
+
+    let mut host = Host::start_with(
+        &root.path,
+        &server.url,
+        &["--header-env", "Authorization=REMOTE_TEST_TOKEN"],
+        &[("REMOTE_TEST_TOKEN", token), ("RUST_LOG", "fsbroker=trace")],
+    );
+    host.initialize();
+    brokered_round(&mut host, &root, "post");
+    let log = host.finish();
+    assert!(!log.contains("s3cret"), "the token was logged:\n{log}");
+}
+
+/// `--connect` and `--url` together: a shared broker answers the remote server's requests.
+#[test]
+fn a_shared_broker_answers_a_remote_server() {
+    require_npm();
+    let root = root();
+    let (_tmp, dir) = tempdir();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&root.path))
+        .write_to(&dir.join("shared.toml"));
+    let broker = Listener::start(&policy, &dir.join("broker.sock"), &[], &Default::default());
+    let server = RemoteServer::node("remote_ts1.mjs", &[]);
+    let sock = path_str(&broker.sock);
+    let mut host = Host::start(&root.path, &server.url, &["--connect", &sock]);
+    host.initialize();
+    brokered_round(&mut host, &root, "post");
+    host.finish();
+}
