@@ -580,6 +580,46 @@ fn server_messages_reach_the_host_byte_for_byte() {
 }
 
 #[test]
+fn the_servers_cancellation_of_a_request_the_broker_took_stays_away_from_the_host() {
+    // A server whose request to the client timed out on its side cancels it. When the broker
+    // took that request, the host never saw it: the cancellation is not the host's either.
+    // A cancellation of a request the host did get still reaches it.
+    let fx = Fixture::new();
+    let mut p = fx.proxy(json!({}));
+    p.initialize();
+    p.initialized();
+    let results = p.ask(
+        json!("ask-1"),
+        json!([{"method": "files/read", "params": {"path": "proj/hello.txt"}}]),
+    );
+    assert!(results[0]["result"].is_object(), "{results:?}");
+    let lines = [
+        // The server's `ask` numbered that request srv-1; here it is spelled with an escape.
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"srv\u002d1","reason":"timed out"}}"#,
+        r#"{"jsonrpc":"2.0","id":"host-q","method":"elicitation/create","params":{"message":"m","requestedSchema":{"type":"object"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"host-q"}}"#,
+    ];
+    let result = p.tool(json!("raw-1"), "raw", json!({"lines": lines}));
+    assert_eq!(result["written"], json!(lines.len()));
+    let cancels: Vec<Value> = p
+        .received()
+        .iter()
+        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+        .filter(|m| m["method"] == "notifications/cancelled")
+        .collect();
+    assert_eq!(
+        cancels,
+        vec![
+            json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"host-q"}})
+        ],
+        "only the host's request's cancellation reaches it"
+    );
+    p.assert_host_saw_no_broker_traffic();
+    p.close_stdin();
+    assert_eq!(p.exit().code(), Some(0));
+}
+
+#[test]
 fn server_writing_non_json_is_relayed_verbatim() {
     let fx = Fixture::new();
     let raw: Vec<&[u8]> = vec![

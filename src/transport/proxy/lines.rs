@@ -123,6 +123,7 @@ pub(super) async fn relay_server<R: AsyncRead + Unpin>(
 ) {
     let to_host = &relay.out.to_host;
     let budget = Budget::new();
+    let mut taken = TakenIds::default();
     let mut reader = LineReader::new(output, max);
     while let Ok(Some(frame)) = reader.next_frame().await {
         let line = match frame {
@@ -137,6 +138,7 @@ pub(super) async fn relay_server<R: AsyncRead + Unpin>(
         let mut line = match route(line) {
             Route::Relay(line) => line,
             Route::Broker(line) => {
+                taken.note(&line);
                 broker.request(line).await;
                 continue;
             }
@@ -154,8 +156,18 @@ pub(super) async fn relay_server<R: AsyncRead + Unpin>(
                 continue;
             }
         };
-        if let Incoming::Response = jsonrpc::parse(&line) {
-            learn_server_name(&line, init_id, broker);
+        match jsonrpc::parse(&line) {
+            Incoming::Response => learn_server_name(&line, init_id, broker),
+            Incoming::Notification { method, params } if method == "notifications/cancelled" => {
+                if taken.cancels(params) {
+                    // The server gives up on a request the broker took (it timed out on
+                    // its side): the host never saw that request, and its cancellation is
+                    // not the host's either.
+                    tracing::debug!("the server cancelled a request the broker took; not relayed");
+                    continue;
+                }
+            }
+            _ => {}
         }
         match relay.eras.server_message(line, &relay.out).await {
             Some(passed) => line = passed,
@@ -169,6 +181,58 @@ pub(super) async fn relay_server<R: AsyncRead + Unpin>(
             break;
         }
     }
+}
+
+/// The ids of the server's latest requests the broker took, in one spelling
+/// ([`canonical_id`]), so that the server's `notifications/cancelled` for them stays away
+/// from the host.
+#[derive(Default)]
+struct TakenIds {
+    set: std::collections::HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+/// How many of the server's requests [`TakenIds`] remembers: a cancellation comes within the
+/// server's request timeout, long before this many more requests.
+const TAKEN_IDS: usize = 4096;
+
+impl TakenIds {
+    fn note(&mut self, line: &[u8]) {
+        let Incoming::Request { id, .. } = jsonrpc::parse(line) else {
+            return;
+        };
+        let Some(id) = canonical_id(id.get()) else {
+            return;
+        };
+        if self.set.insert(id.clone()) {
+            self.order.push_back(id);
+            if self.order.len() > TAKEN_IDS {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Whether a `notifications/cancelled` with `params` names one of these requests.
+    fn cancels(&self, params: Option<&RawValue>) -> bool {
+        #[derive(serde::Deserialize)]
+        struct Cancelled<'a> {
+            #[serde(rename = "requestId", borrow)]
+            request_id: &'a RawValue,
+        }
+        params
+            .and_then(|p| serde_json::from_str::<Cancelled>(p.get()).ok())
+            .and_then(|c| canonical_id(c.request_id.get()))
+            .is_some_and(|id| self.set.contains(&id))
+    }
+}
+
+/// An id's one spelling: `"a"` and `"\u0061"` are the same id to the server.
+fn canonical_id(raw: &str) -> Option<String> {
+    serde_json::from_str::<Value>(raw)
+        .ok()
+        .map(|v| v.to_string())
 }
 
 /// Where a line from the server goes.
