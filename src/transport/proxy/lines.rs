@@ -158,14 +158,14 @@ pub(super) async fn relay_server<R: AsyncRead + Unpin>(
         };
         match jsonrpc::parse(&line) {
             Incoming::Response => learn_server_name(&line, init_id, broker),
-            Incoming::Notification { method, params } if method == "notifications/cancelled" => {
-                if taken.cancels(params) {
-                    // The server gives up on a request the broker took (it timed out on
-                    // its side): the host never saw that request, and its cancellation is
-                    // not the host's either.
-                    tracing::debug!("the server cancelled a request the broker took; not relayed");
-                    continue;
-                }
+            Incoming::Notification { method, params }
+                if method == "notifications/cancelled" && taken.cancels(params) =>
+            {
+                // The server gives up on a request the broker took (it timed out on its
+                // side): the host never saw that request, and its cancellation is not the
+                // host's either.
+                tracing::debug!("the server cancelled a request the broker took; not relayed");
+                continue;
             }
             _ => {}
         }
