@@ -1462,3 +1462,144 @@ fn a_401_for_everything_is_an_error_each_time_and_no_loop() {
     let gets = server.seen().iter().filter(|s| s.method == "GET").count();
     assert!(gets <= 6, "{gets} GETs");
 }
+
+/// A server that holds everything (the GET stream's head never comes, every request's
+/// stream stays open without an answer, the `DELETE` is never answered): the host's EOF
+/// still ends the proxy (answers still coming are given 10 s, the `DELETE` 2 s), exit 0:
+/// the proxy does not outlive its host.
+#[test]
+fn the_hosts_eof_ends_the_proxy_whatever_the_server_holds() {
+    let server = Server::start(|req, stream| match req.method.as_str() {
+        "GET" | "DELETE" => hold(stream),
+        _ => {
+            if req.rpc_method().as_deref() == Some("initialize") {
+                answer_json(req, init_result(), stream, &["Mcp-Session-Id: sess-hold"]);
+                return;
+            }
+            if sse_head(stream).is_ok() {
+                hold(stream);
+            }
+        }
+    });
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
+    initialize(&mut fsb);
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    for i in 0..8 {
+        fsb.send_msg(&json!({"jsonrpc": "2.0", "id": format!("h{i}"), "method": "tools/call", "params": {"name": "x", "arguments": {}}}));
+    }
+    fsb.close_stdin();
+    let status = fsb
+        .wait_exit(WAIT)
+        .expect("the proxy outlived its host by a minute");
+    assert!(status.success(), "{status}");
+}
+
+/// The proxy's error for a request and the server's own late answer to it, while the host is
+/// slow to read (the queues to it full): the error is queued, and the late answer, coming
+/// on another stream before the host has taken the error, must still be dropped (the host
+/// gets one answer per request, as documented, whatever the host's pace).
+#[test]
+fn a_late_answer_while_the_host_is_slow_is_dropped() {
+    const NOTE: usize = 1 << 20;
+    let written = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&written);
+    let (close_tx, close_rx) = std::sync::mpsc::channel::<()>();
+    let close_rx = Mutex::new(close_rx);
+    let (late_tx, late_rx) = std::sync::mpsc::channel::<Value>();
+    let late_rx = Mutex::new(late_rx);
+    let server = Server::start(move |req, stream| match req.method.as_str() {
+        "GET" => {
+            if sse_head(stream).is_err() {
+                return;
+            }
+            // 128 notifications of 1 MiB: more than every queue to the host holds.
+            let note = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "n".repeat(NOTE)}});
+            let event = format!("data: {note}\n\n");
+            for _ in 0..128 {
+                if stream.write_all(event.as_bytes()).is_err() {
+                    return;
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+            hold(stream);
+        }
+        _ => {
+            if ordinary(req, stream).is_some() {
+                return;
+            }
+            let id = req.json()["id"].clone();
+            if id == "x" {
+                // No answer; the stream ends when the test says.
+                if sse_head(stream).is_ok() && stream.write_all(b": wait\n\n").is_ok() {
+                    let _ = close_rx.lock().unwrap().recv_timeout(2 * WAIT);
+                }
+                return;
+            }
+            let Ok(late) = late_rx.lock().unwrap().recv_timeout(WAIT) else {
+                return;
+            };
+            let late = json!({"jsonrpc": "2.0", "id": late, "result": {"late": true}});
+            let answer = json!({"jsonrpc": "2.0", "id": id, "result": {"tools": []}});
+            if sse_head(stream).is_ok() {
+                let _ = stream.write_all(format!("data: {late}\n\ndata: {answer}\n\n").as_bytes());
+            }
+        }
+    });
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
+    initialize(&mut fsb);
+    fsb.pause_reading();
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "id": "x", "method": "tools/call", "params": {"name": "x", "arguments": {}}}));
+    // Until the notifications stop going in: every queue to the host is full.
+    let mut last = usize::MAX;
+    let end = Instant::now() + WAIT;
+    loop {
+        std::thread::sleep(Duration::from_secs(3));
+        let now = written.load(Ordering::SeqCst);
+        if now == last && now > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the notifications never stopped going in"
+        );
+        last = now;
+    }
+    println!("{last} notifications went in before the queues were full");
+    assert!(
+        last < 128,
+        "the proxy took every notification with the host not reading"
+    );
+    // `x`'s stream ends without its answer: the proxy's error for it waits for the host.
+    close_tx.send(()).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    // The server's own answer to `x`, late, on the stream of another request.
+    late_tx.send(json!("x")).unwrap();
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "id": "y", "method": "tools/list"}));
+    std::thread::sleep(Duration::from_secs(2));
+    fsb.resume_reading();
+    let mut answers = Vec::new();
+    loop {
+        match fsb.next_line(WAIT) {
+            common::fsb::Raw::Line(l) => {
+                let Some(m) = l.json.clone() else { continue };
+                if m["id"] == "x" {
+                    answers.push(l.text());
+                }
+                if m["id"] == "y" {
+                    break;
+                }
+            }
+            other => panic!("no answer to y: {other:?}"),
+        }
+    }
+    // Whatever else the host still gets before the proxy ends.
+    let (_, rest) = fsb.end();
+    for line in rest.lines() {
+        if serde_json::from_str::<Value>(line).is_ok_and(|m| m["id"] == "x") {
+            answers.push(line.to_owned());
+        }
+    }
+    println!("answers to x: {answers:?}");
+    assert_eq!(answers.len(), 1, "x got two answers: {answers:?}");
+}
