@@ -1603,3 +1603,50 @@ fn a_late_answer_while_the_host_is_slow_is_dropped() {
     println!("answers to x: {answers:?}");
     assert_eq!(answers.len(), 1, "x got two answers: {answers:?}");
 }
+
+/// The answer to the host's request may carry a request in its `result` (a tool's output
+/// quoting one): the host gets it inside the answer, as written, with no `method` at the top;
+/// an answer that also has a broker `method` at the top (a lenient host could take it for a
+/// request) does not reach the host, and the host's request then gets the proxy's error.
+#[test]
+fn a_request_inside_an_answer_stays_inside_it() {
+    let server = Server::start(|req, stream| {
+        if ordinary(req, stream).is_some() {
+            return;
+        }
+        let id = req.json()["id"].clone();
+        let body = match req.json()["params"]["n"].as_u64() {
+            Some(0) => json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": "x"}], "quoted": {"jsonrpc": "2.0", "id": 9, "method": "roots/list"}}}).to_string(),
+            Some(1) => format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}},"method":"roots/list"}}"#),
+            _ => format!(r#"{{"jsonrpc":"2.0","method":"files/read","id":{id},"result":{{}},"params":{{"path":"big.bin"}}}}"#),
+        };
+        if sse_head(stream).is_ok() {
+            let _ = stream.write_all(format!("data: {body}\n\n").as_bytes());
+        }
+    });
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
+    initialize(&mut fsb);
+    let r = fsb.request("tools/call", json!({"name": "q", "arguments": {}, "n": 0}));
+    assert_eq!(r["result"]["quoted"]["method"], "roots/list", "{r}");
+    assert!(r.get("method").is_none(), "{r}");
+    for n in 1..3 {
+        let r = fsb.request("tools/call", json!({"name": "q", "arguments": {}, "n": n}));
+        assert!(
+            r.get("method").is_none() && r.get("error").is_some(),
+            "{n}: {r}"
+        );
+    }
+    fsb.end();
+    for raw in fsb.received() {
+        let Ok(m) = serde_json::from_slice::<Value>(raw) else {
+            continue;
+        };
+        assert!(
+            m.get("method").is_none_or(|m| {
+                let m = m.as_str().unwrap_or_default();
+                m != "roots/list" && !m.starts_with("files/")
+            }),
+            "{m}"
+        );
+    }
+}
