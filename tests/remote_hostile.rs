@@ -1,8 +1,17 @@
 //! `fsbroker proxy --url` against a hostile remote server: a tiny HTTP server in the test
 //! (plain `std::net` on 127.0.0.1, one thread per connection, every byte of every answer
 //! written by the test), the real binary as the proxy, and the test as the host on its
-//! stdin and stdout. Each test names what must hold; those that fail name a bug (the
-//! report of the review that wrote them says which, and the fix proposed).
+//! stdin and stdout. Each test names what must hold. Failing when written (the review's
+//! findings; its report gives the fix proposed for each):
+//! `streams_opened_for_broker_answers_are_bounded_in_memory`,
+//! `partial_json_bodies_in_flight_are_bounded_in_memory`,
+//! `cancelled_requests_whose_streams_never_end_free_their_slots`,
+//! `a_request_answered_on_another_stream_frees_its_slot`,
+//! `a_get_stream_without_a_head_holds_up_nothing`,
+//! `the_servers_cancel_of_a_broker_request_does_not_reach_the_host` (known of the stdio
+//! proxy too), `a_late_answer_with_the_id_respelled_is_dropped`,
+//! `a_late_answer_while_the_host_is_slow_is_dropped`, `the_token_is_in_no_error_and_no_log`.
+//! The others held, and stay as regression tests.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).
@@ -1649,4 +1658,36 @@ fn a_request_inside_an_answer_stays_inside_it() {
             "{m}"
         );
     }
+}
+
+/// A GET stream whose response head never comes (the server accepts the connection and says
+/// nothing) must not hold up the session: the host's messages after `initialize` are sent,
+/// and its request answered, while the proxy waits for that head.
+#[test]
+fn a_get_stream_without_a_head_holds_up_nothing() {
+    let server = Server::start(|req, stream| {
+        if req.method == "GET" {
+            hold(stream);
+            return;
+        }
+        if ordinary(req, stream).is_none() {
+            answer_json(req, json!({"tools": []}), stream, &[]);
+        }
+    });
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
+    initialize(&mut fsb);
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let id = json!("first");
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}));
+    let r = fsb.answer_within(&id, WAIT);
+    assert!(
+        r.is_some(),
+        "the host's first request was not answered within {WAIT:?} (the server saw {:?})",
+        server
+            .seen()
+            .iter()
+            .map(|s| s.method.clone())
+            .collect::<Vec<_>>()
+    );
+    fsb.kill_now();
 }
