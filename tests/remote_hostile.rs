@@ -770,13 +770,25 @@ fn no_form_of_a_broker_request_reaches_the_host() {
 /// host's request gets an answer.
 #[test]
 fn a_json_body_holding_a_broker_request_reaches_only_the_broker() {
-    let bodies: Vec<&'static str> = vec![
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#;
+    let ask = r#"{"jsonrpc":"2.0","id":"bz","method":"roots/list"}"#;
+    // Separators some line readers split on (Python's `str.splitlines`, Unicode's line and
+    // paragraph separators, NEL, NUL).
+    let split: Vec<String> = [
+        "\u{b}", "\u{c}", "\u{1c}", "\u{1d}", "\u{1e}", "\u{85}", "\u{2028}", "\u{2029}", "\0",
+    ]
+    .iter()
+    .map(|sep| format!("{note}{sep}{ask}"))
+    .collect();
+    let mut bodies: Vec<&'static str> = vec![
         r#"{"jsonrpc":"2.0","id":"b1","method":"roots/list"}"#,
         r#"[{"jsonrpc":"2.0","id":"b2","method":"roots/list"}]"#,
         "{\"jsonrpc\":\"2.0\",\"id\":\"b3\",\r\"method\":\"roots/list\"}",
         "\u{feff}{\"jsonrpc\":\"2.0\",\"id\":\"b4\",\"method\":\"roots/list\"}",
         "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{}}\n{\"jsonrpc\":\"2.0\",\"id\":\"b5\",\"method\":\"roots/list\"}",
     ];
+    bodies.extend(split.into_iter().map(|b| &*Box::leak(b.into_boxed_str())));
+    let count = bodies.len();
     let bodies = Arc::new(bodies);
     let server = Server::start(move |req, stream| {
         if ordinary(req, stream).is_some() {
@@ -792,7 +804,7 @@ fn a_json_body_holding_a_broker_request_reaches_only_the_broker() {
     });
     let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
     initialize(&mut fsb);
-    for n in 0..5 {
+    for n in 0..count {
         let r = fsb.request("tools/list", json!({"n": n}));
         assert!(r.get("error").is_some(), "{n}: {r}");
     }
