@@ -14,6 +14,7 @@ use ::http::{Method, Response, StatusCode};
 use bytes::Bytes;
 use hyper::body::Incoming;
 use serde_json::value::RawValue;
+use tokio::sync::Notify;
 
 use super::http::{BodyError, SendError, read_body};
 use super::session::{SESSION_ID, is_event_stream, retry_after};
@@ -21,7 +22,7 @@ use super::sse::{Events, StreamError};
 use super::{Remote, header_value};
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
-use crate::limits::{REMOTE_FAILED_KEPT, REMOTE_RESUMES, REMOTE_RETRY};
+use crate::limits::{REMOTE_RESUMES, REMOTE_RETRY};
 use crate::transport::modern;
 
 const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
@@ -47,6 +48,8 @@ pub(super) struct Message {
     modern: Option<HeaderValue>,
     /// `Mcp-Name`'s value (2026-07-28: a tool's or prompt's name, a resource's URI).
     name: Option<HeaderValue>,
+    /// The request a `notifications/cancelled` cancels.
+    cancels: Option<Box<RawValue>>,
 }
 
 impl Message {
@@ -74,14 +77,27 @@ impl Message {
             Ok(Envelope {
                 id: None,
                 method: Some(method),
-                ..
-            }) => (Kind::Notification { method }, None),
+                params,
+            }) => (Kind::Notification { method }, params),
             Ok(Envelope {
                 id: Some(id),
                 method: None,
                 ..
             }) => (Kind::Response { id: id.to_owned() }, None),
             _ => (Kind::Other, None),
+        };
+        let cancels = match &kind {
+            Kind::Notification { method } if method == "notifications/cancelled" => {
+                #[derive(serde::Deserialize)]
+                struct Cancel {
+                    #[serde(rename = "requestId")]
+                    request: Option<Box<RawValue>>,
+                }
+                params
+                    .and_then(|p| serde_json::from_str::<Cancel>(p.get()).ok())
+                    .and_then(|c| c.request)
+            }
+            _ => None,
         };
         let modern = match &kind {
             Kind::Request { .. } => modern::declared_version(&line)
@@ -111,7 +127,13 @@ impl Message {
             kind,
             modern,
             name,
+            cancels,
         }
+    }
+
+    /// The key of the host's request this message cancels.
+    pub(super) fn cancels(&self) -> Option<String> {
+        self.cancels.as_deref().map(id_key)
     }
 
     fn method(&self) -> Option<&str> {
@@ -188,12 +210,9 @@ impl Failure {
 impl Remote {
     /// Sends `msg`; a request of the host's gets its answer, or an error, on the relay.
     pub(super) async fn exchange(self: Arc<Self>, msg: Message) {
+        // The pump made the request pending (before its task, so that a cancel finds it).
         let key = match &msg.kind {
-            Kind::Request { id, .. } => {
-                let key = id.get().to_owned();
-                self.lock_pending().insert(key.clone());
-                Some(key)
-            }
+            Kind::Request { id, .. } => Some(id_key(id)),
             _ => None,
         };
         let outcome = self.send(&msg, key.as_deref()).await;
@@ -201,8 +220,14 @@ impl Remote {
             (Kind::Request { id, .. }, outcome) => {
                 let key = key.as_deref().unwrap_or_default();
                 // The one place an unanswered request is settled: once, whichever came first.
-                if !self.lock_pending().remove(key) {
-                    return;
+                // It is failed before its error is queued (which may wait for the host), so
+                // that the server's answer, coming meanwhile, is dropped.
+                {
+                    let mut ids = self.lock_ids();
+                    if ids.pending.remove(key).is_none() {
+                        return;
+                    }
+                    ids.fail(key.to_owned());
                 }
                 let mut failure = outcome.err().unwrap_or(Failure::NoAnswer {
                     url: Arc::clone(&self.http.url),
@@ -326,9 +351,12 @@ impl Remote {
         let mut last = None;
         let mut retry = REMOTE_RETRY;
         let mut attempts = 0;
+        let settled = key.and_then(|k| self.settled(k));
         loop {
-            let outcome = self.follow(&mut events, key, &mut last, &mut retry).await;
-            let Some(key) = key.filter(|k| self.lock_pending().contains(*k)) else {
+            let outcome = self
+                .follow(&mut events, key, settled.as_deref(), &mut last, &mut retry)
+                .await;
+            let Some(key) = key.filter(|k| self.is_pending(k)) else {
                 return outcome
                     .map(|_| ())
                     .map_err(|error| self.stream_failure(error));
@@ -371,17 +399,36 @@ impl Remote {
         }
     }
 
-    /// Relays a stream's events until it ends, or until `key` is answered. Keeps the last
-    /// event id and the server's `retry:`; says whether any message came.
+    /// Relays a stream's events until it ends, or until `key` is answered (on this stream, or
+    /// on another: `settled` wakes it then). Keeps the last event id and the server's
+    /// `retry:`; says whether any message came.
     pub(super) async fn follow(
         &self,
         events: &mut Events,
         key: Option<&str>,
+        settled: Option<&Notify>,
         last: &mut Option<String>,
         retry: &mut Duration,
     ) -> Result<bool, StreamError> {
         let mut got = false;
-        while let Some(event) = events.next().await {
+        loop {
+            let next = match settled {
+                // Only the wait for the next event is given up, never a message half
+                // delivered.
+                Some(settled) => tokio::select! {
+                    next = events.next() => next,
+                    () = settled.notified() => {
+                        if key.is_some_and(|k| !self.is_pending(k)) {
+                            return Ok(got);
+                        }
+                        continue;
+                    }
+                },
+                None => events.next().await,
+            };
+            let Some(event) = next else {
+                return Ok(got);
+            };
             let event = event?;
             if let Some(id) = event.id {
                 *last = Some(id).filter(|i| !i.is_empty());
@@ -397,11 +444,10 @@ impl Remote {
             };
             got = true;
             self.deliver(data.as_bytes()).await;
-            if key.is_some_and(|k| !self.lock_pending().contains(k)) {
+            if key.is_some_and(|k| !self.is_pending(k)) {
                 return Ok(got);
             }
         }
-        Ok(got)
     }
 
     fn stream_failure(&self, error: StreamError) -> Failure {
@@ -516,20 +562,46 @@ impl Remote {
         }
     }
 
-    /// The host's request `id` gets `failure` as its answer (and stderr says why).
+    /// The host's request `id` (already moved to the failed ones) gets `failure` as its
+    /// answer (and stderr says why). Queued as it is: it is no answer of the server's, which
+    /// the failed ones' would be dropped as.
     async fn fail(&self, id: &RawValue, failure: &Failure) {
         if !matches!(failure, Failure::Unauthorized { .. }) {
             tracing::warn!(error = %failure, "a request to the server failed");
         }
         let err = Error::new(failure.kind(), format!("fsbroker: {failure}"));
-        self.deliver(&jsonrpc::error_frame(Some(id), &err)).await;
-        // From now on the server's own answer, should it come, is not passed on.
-        let mut failed = self.lock_failed();
-        if failed.len() >= REMOTE_FAILED_KEPT {
-            failed.pop_front();
+        let mut line = jsonrpc::error_frame(Some(id), &err);
+        if line.last() != Some(&b'\n') {
+            line.push(b'\n');
         }
-        failed.push_back(id.get().to_owned());
+        if let Some(frame) = self.budget.frame(line).await {
+            let _ = self.inbound.send(frame).await;
+        }
     }
+}
+
+/// A request id as the proxy keys it: a number that is whole and within ±2^53 as the
+/// integer (`2`, `2.0`, `2e0` and `20e-1` are one id to a host reading JSON numbers as
+/// doubles), a string as its decoded text, JSON-quoted (`"\u0061"` is `"a"`, and never the
+/// number); anything else as written.
+pub(super) fn id_key(id: &RawValue) -> String {
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    let text = id.get().trim();
+    if text.starts_with('"') {
+        if let Ok(s) = serde_json::from_str::<String>(text) {
+            return serde_json::Value::String(s).to_string();
+        }
+    } else if let Ok(n) = serde_json::from_str::<serde_json::Number>(text) {
+        if let Some(i) = n.as_i64().filter(|i| i.unsigned_abs() <= 1 << 53) {
+            return i.to_string();
+        }
+        if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() <= EXACT) {
+            // Whole and within ±2^53: the cast is exact.
+            #[allow(clippy::cast_possible_truncation)]
+            return (f as i64).to_string();
+        }
+    }
+    text.to_owned()
 }
 
 /// `Mcp-Name`'s value for `text`: as it is when it is printable ASCII without blanks at its
@@ -598,6 +670,19 @@ mod tests {
             Some("https://a.example/.well-known/oauth-protected-resource")
         );
         assert_eq!(resource_metadata("Bearer realm=x"), None);
+    }
+
+    #[test]
+    fn ids_spelled_differently_are_one_key() {
+        let key = |t: &str| id_key(&RawValue::from_string(t.to_owned()).unwrap());
+        for spelling in ["2", "2.0", "2e0", "20e-1", " 2 "] {
+            assert_eq!(key(spelling), "2", "{spelling}");
+        }
+        assert_eq!(key(r#""\u0061""#), r#""a""#);
+        assert_ne!(key(r#""2""#), key("2"));
+        assert_eq!(key("2.5"), "2.5");
+        assert_eq!(key("1e300"), "1e300");
+        assert_eq!(key("-3.0"), "-3");
     }
 
     #[test]

@@ -22,16 +22,18 @@ mod reads;
 mod session;
 mod sse;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use ::http::header::{HeaderMap, HeaderValue};
 use tokio::io::{AsyncWriteExt, DuplexStream};
-use tokio::sync::{Semaphore, mpsc};
-use tokio::task::JoinSet;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::task::{AbortHandle, JoinSet};
 
-use crate::limits::{HOST_GONE_GRACE, OUTPUT_QUEUE, REMOTE_GOODBYE, REMOTE_POSTS_AT_ONCE};
+use crate::limits::{
+    HOST_GONE_GRACE, OUTPUT_QUEUE, REMOTE_FAILED_KEPT, REMOTE_GOODBYE, REMOTE_POSTS_AT_ONCE,
+};
 use crate::outgoing::Outgoing;
 use crate::transport::relay::{Budget, ToServer};
 use exchange::{Kind, Message};
@@ -228,12 +230,11 @@ pub(super) fn connect(
         http,
         session: Session::default(),
         reads: Mutex::new(Reads::new(opts.max_chunk)),
-        pending: Mutex::default(),
+        ids: Mutex::default(),
         inbound,
         budget: Budget::new(),
         max_line,
         streams: Mutex::default(),
-        failed: Mutex::default(),
     });
     let done = tokio::spawn(remote.pump(from_relay, ends));
     Ok(Connected { output, done })
@@ -244,18 +245,44 @@ struct Remote {
     http: Http,
     session: Session,
     reads: Mutex<Reads>,
-    /// The host requests (ids as written) sent and not yet answered.
-    pending: Mutex<HashSet<String>>,
+    /// The host requests sent and not yet answered, and the last ones failed.
+    ids: Mutex<Ids>,
     /// The server's messages, as lines for the relay.
     inbound: mpsc::Sender<Outgoing>,
     budget: Budget,
     max_line: usize,
-    /// The last host requests (ids as written) answered with the proxy's error, at most
-    /// `limits::REMOTE_FAILED_KEPT`, whose late answers from the server are dropped.
-    failed: Mutex<VecDeque<String>>,
     /// Event streams that answer no request of the host's (a notification's, an answer's),
     /// followed beside the pump; ended with the session.
     streams: Mutex<JoinSet<()>>,
+}
+
+/// The host's requests by [`exchange::id_key`]: one lock for both sets, so that a request
+/// leaves `pending` and enters `failed` at once (a late answer cannot pass in between).
+#[derive(Default)]
+struct Ids {
+    /// Sent (or waiting for a slot) and not yet answered.
+    pending: HashMap<String, Waiting>,
+    /// The last answered with the proxy's error (or cancelled by the host), at most
+    /// `limits::REMOTE_FAILED_KEPT`, whose late answers from the server are dropped.
+    failed: VecDeque<String>,
+}
+
+impl Ids {
+    fn fail(&mut self, key: String) {
+        if self.failed.len() >= REMOTE_FAILED_KEPT {
+            self.failed.pop_front();
+        }
+        self.failed.push_back(key);
+    }
+}
+
+/// A host request waiting for its answer.
+struct Waiting {
+    /// Woken once the request is settled elsewhere (its answer came on another stream), so
+    /// that its own stream, which may stay open and silent, is let go.
+    settled: Arc<Notify>,
+    /// Its task, ended when the host cancels the request (its stream may never end).
+    task: Option<AbortHandle>,
 }
 
 /// How the proxy's end reaches the pump: `gone` once the host has gone (its EOF, or a stop),
@@ -310,6 +337,12 @@ impl Remote {
                 continue;
             }
             let msg = Message::read(line);
+            if let Some(key) = msg.cancels() {
+                self.cancelled(&key);
+            }
+            if let Kind::Request { id, .. } = &msg.kind {
+                self.expect(exchange::id_key(id));
+            }
             let sent = match &msg.kind {
                 // The session is made here: nothing else goes before it is, and its GET
                 // stream is open before the next message (`notifications/initialized`, on
@@ -330,10 +363,11 @@ impl Remote {
                 // The pump never waits for room itself: the broker's answers behind a request
                 // must not wait for the requests ahead of them (a tool call may be waiting
                 // for exactly such an answer).
-                Kind::Request { .. } => {
+                Kind::Request { id, .. } => {
+                    let key = exchange::id_key(id);
                     let me = Arc::clone(&self);
                     let posts = Arc::clone(&posts);
-                    requests.spawn(async move {
+                    let task = requests.spawn(async move {
                         let Ok(permit) = posts.acquire_owned().await else {
                             return;
                         };
@@ -341,6 +375,7 @@ impl Remote {
                         me.exchange(msg).await;
                         drop(permit);
                     });
+                    self.track(&key, task);
                     true
                 }
                 // Notifications and answers are taken at once (202): sent in order, so that
@@ -422,36 +457,84 @@ impl Remote {
                 Some(self.lock_reads().arrived(&id, params.as_deref(), line))
             }
             (Some(id), None) => {
-                let key = id.get().to_owned();
-                // A request already answered with the proxy's error (its stream broke, say)
-                // gets no second answer: the host may have reused the id.
-                if self.lock_failed().contains(&key) {
+                let key = exchange::id_key(id);
+                let version = env.result.and_then(negotiated_version);
+                if !self.answered(&key, version.as_deref()) {
                     tracing::debug!(id = %key, "a late answer to a request already failed was dropped");
                     return None;
                 }
-                let version = env.result.and_then(negotiated_version);
-                self.answered(&key, version.as_deref());
                 Some(line)
             }
             _ => Some(line),
         }
     }
 
-    /// A response to `key` came: it is no longer waited for; when it answers the session's
-    /// `initialize`, its `protocolVersion` is the session's from now on.
-    fn answered(&self, key: &str, version: Option<&str>) {
-        self.lock_pending().remove(key);
+    /// A response to `key` came: it is no longer waited for (its own stream, if it is still
+    /// being followed, is let go); when it answers the session's `initialize`, its
+    /// `protocolVersion` is the session's from now on.
+    ///
+    /// `false` for a request already answered with the proxy's error (its stream broke, say):
+    /// it gets no second answer (the host may have reused the id). Checked and settled under
+    /// one lock, so that the proxy's error and this answer cannot both go.
+    fn answered(&self, key: &str, version: Option<&str>) -> bool {
+        {
+            let mut ids = self.lock_ids();
+            if ids.failed.iter().any(|k| k == key) {
+                return false;
+            }
+            if let Some(waiting) = ids.pending.remove(key) {
+                waiting.settled.notify_one();
+            }
+        }
         if let Some(version) = version {
             self.session.negotiated(key, version);
         }
+        true
     }
 
-    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    /// The host's request `key` is about to be sent: its answer is waited for.
+    fn expect(&self, key: String) {
+        let waiting = Waiting {
+            settled: Arc::new(Notify::new()),
+            task: None,
+        };
+        self.lock_ids().pending.insert(key, waiting);
     }
 
-    fn lock_failed(&self) -> std::sync::MutexGuard<'_, VecDeque<String>> {
-        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    /// The task sending the host's request `key`, to end should the host cancel it.
+    fn track(&self, key: &str, task: AbortHandle) {
+        if let Some(waiting) = self.lock_ids().pending.get_mut(key) {
+            waiting.task = Some(task);
+        }
+    }
+
+    /// The host cancelled its request `key`: its task ends (a stream the server never ends
+    /// would hold its slot for good), and the server's answer, should it come, is dropped.
+    /// The host expects no answer, so none is made.
+    fn cancelled(&self, key: &str) {
+        let mut ids = self.lock_ids();
+        let Some(waiting) = ids.pending.remove(key) else {
+            return;
+        };
+        if let Some(task) = waiting.task {
+            task.abort();
+        }
+        ids.fail(key.to_owned());
+    }
+
+    /// Whether the host's request `key` still waits for its answer.
+    fn is_pending(&self, key: &str) -> bool {
+        self.lock_ids().pending.contains_key(key)
+    }
+
+    /// What wakes the follower of `key`'s stream once `key` is answered elsewhere.
+    fn settled(&self, key: &str) -> Option<Arc<Notify>> {
+        let ids = self.lock_ids();
+        ids.pending.get(key).map(|w| Arc::clone(&w.settled))
+    }
+
+    fn lock_ids(&self) -> std::sync::MutexGuard<'_, Ids> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_reads(&self) -> std::sync::MutexGuard<'_, Reads> {

@@ -11,7 +11,9 @@ use ::http::{Method, StatusCode};
 use super::exchange::Failure;
 use super::sse::Events;
 use super::{Remote, header_value};
-use crate::limits::{REMOTE_GOODBYE, REMOTE_MAX_RETRY, REMOTE_RESUMES, REMOTE_RETRY};
+use crate::limits::{
+    REMOTE_CONNECT, REMOTE_GOODBYE, REMOTE_MAX_RETRY, REMOTE_RESUMES, REMOTE_RETRY,
+};
 
 pub(super) const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub(super) const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
@@ -117,35 +119,43 @@ impl Session {
 
 impl Remote {
     /// Opens the session's GET stream (the server's requests and notifications outside any
-    /// POST), and follows it on a task; waits only for its headers. `None` when the server
-    /// offers none (405), or in the 2026-07-28 era, which has no GET stream.
+    /// POST), and follows it on a task. Waits for its headers, so that the server's requests
+    /// on the next message (roots, on `notifications/initialized`) have a stream to come on,
+    /// but at most [`REMOTE_CONNECT`]: a server that never sends them must not hold up the
+    /// session (the task goes on waiting). `None` in the 2026-07-28 era, which has no GET
+    /// stream.
     pub(super) async fn open_get_stream(self: Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
         if self.session.is_modern() || self.session.expired() || !self.session.is_initialized() {
             return None;
         }
-        let first = match self.get(None).await {
+        let (opened, head) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(self.follow_get(opened));
+        let _ = tokio::time::timeout(REMOTE_CONNECT, head).await;
+        Some(task)
+    }
+
+    /// Opens and follows the GET stream (`opened` once its first GET is answered, however),
+    /// resuming it when it drops (with `Last-Event-ID` when its events had ids), at most
+    /// [`REMOTE_RESUMES`] times in a row without an event between.
+    async fn follow_get(self: Arc<Self>, opened: tokio::sync::oneshot::Sender<()>) {
+        let mut events = match self.get(None).await {
             Ok(Some(events)) => Some(events),
             Ok(None) => {
                 tracing::info!(url = %self.http.url, "the server offers no GET stream (405); its requests come on the POST streams");
-                return None;
+                return;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "the GET stream could not be opened; trying again");
                 None
             }
         };
-        Some(tokio::spawn(self.follow_get(first)))
-    }
-
-    /// Follows the GET stream, resuming it when it drops (with `Last-Event-ID` when its
-    /// events had ids), at most [`REMOTE_RESUMES`] times in a row without an event between.
-    async fn follow_get(self: Arc<Self>, mut events: Option<Events>) {
+        let _ = opened.send(());
         let mut last: Option<String> = None;
         let mut retry = REMOTE_RETRY;
         let mut attempts = 0;
         loop {
             if let Some(stream) = events.as_mut() {
-                match self.follow(stream, None, &mut last, &mut retry).await {
+                match self.follow(stream, None, None, &mut last, &mut retry).await {
                     Ok(got) if got => attempts = 0,
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "the GET stream broke off"),
