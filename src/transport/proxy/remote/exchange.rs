@@ -450,7 +450,12 @@ impl Remote {
         }
     }
 
-    fn stream_failure(&self, error: StreamError) -> Failure {
+    pub(super) fn stream_failure(&self, error: StreamError) -> Failure {
+        // The parser's words may quote the bytes it choked on.
+        let error = match error {
+            StreamError::Broken(why) => StreamError::Broken(shown(&self.http.redact(&why))),
+            other => other,
+        };
         Failure::Stream {
             url: Arc::clone(&self.http.url),
             error,
@@ -523,12 +528,12 @@ impl Remote {
                 .headers()
                 .get(name)
                 .and_then(|v: &HeaderValue| v.to_str().ok())
-                .map(shown)
+                .map(|v| self.http.redact(v))
         };
         if status == StatusCode::UNAUTHORIZED {
             let metadata = header(WWW_AUTHENTICATE)
                 .and_then(|h| resource_metadata(&h))
-                .map(|m| format!("; resource metadata: {m}"))
+                .map(|m| format!("; resource metadata: {}", shown(&m)))
                 .unwrap_or_default();
             let failure = Failure::Unauthorized { url, metadata };
             tracing::error!("{failure}");
@@ -536,7 +541,7 @@ impl Remote {
         }
         if status.is_redirection() {
             let location = header(LOCATION)
-                .map(|l| format!(" to {l}"))
+                .map(|l| format!(" to {}", shown(&l)))
                 .unwrap_or_default();
             return Failure::Redirect {
                 url,
@@ -551,7 +556,8 @@ impl Remote {
             .ok()
             .and_then(|body| {
                 let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
-                v.pointer("/error/message")?.as_str().map(shown)
+                let message = v.pointer("/error/message")?.as_str()?;
+                Some(shown(&self.http.redact(message)))
             })
             .map(|m| format!(": {m}"))
             .unwrap_or_default();
@@ -653,9 +659,19 @@ fn resource_metadata(header: &str) -> Option<String> {
     Some(value.to_owned())
 }
 
-/// A server-made string, as the proxy shows it: no control characters, at most 300 chars.
+/// A server-made string, as the proxy shows it: no control characters, nor the invisible
+/// ones that reorder or hide text on a terminal (bidi controls, zero-width characters), at
+/// most 300 chars.
 fn shown(text: &str) -> String {
-    text.chars().filter(|c| !c.is_control()).take(300).collect()
+    text.chars()
+        .filter(|&c| !c.is_control() && !invisible(c))
+        .take(300)
+        .collect()
+}
+
+/// Bidi embeddings, overrides and isolates, and zero-width characters.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
 }
 
 #[cfg(test)]

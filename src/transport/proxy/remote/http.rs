@@ -40,6 +40,8 @@ pub(super) struct Http {
     pub(super) url: Arc<str>,
     /// The user's headers, values marked sensitive so that no debug output shows them.
     headers: HeaderMap,
+    /// What of those values [`Http::redact`] hides, longest first.
+    secrets: Vec<String>,
 }
 
 /// Why a request got no response to look at.
@@ -102,8 +104,22 @@ impl Http {
             client,
             uri,
             url: shown_url(url).into(),
+            secrets: secrets(&headers),
             headers,
         })
+    }
+
+    /// `text` (a server's words: a header, an error message) with every value of the user's
+    /// headers in it replaced by `[redacted]`: a server may echo the token it was sent, and
+    /// what the proxy shows goes to stderr and to the host.
+    pub(super) fn redact(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for secret in &self.secrets {
+            if out.contains(secret.as_str()) {
+                out = out.replace(secret.as_str(), "[redacted]");
+            }
+        }
+        out
     }
 
     /// Sends one request to the endpoint: the user's headers, then `protocol`'s (which the
@@ -131,6 +147,47 @@ impl Http {
             Ok(Ok(response)) => Ok(response),
         }
     }
+}
+
+/// Values shorter than this are not redacted: they would not be secrets, and replacing them
+/// would garble the text around them (a header `X-Team: blue`).
+const SECRET_MIN: usize = 8;
+
+/// The strings [`Http::redact`] hides: each header value, the credential after its
+/// `Bearer `/`Basic ` scheme, and their percent-encoded forms (a URL quoting them), longest
+/// first so that a value goes whole before a part of it.
+fn secrets(headers: &HeaderMap) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for value in headers.values() {
+        let value = String::from_utf8_lossy(value.as_bytes()).trim().to_owned();
+        let mut parts = vec![value.clone()];
+        if let Some((scheme, credential)) = value.split_once(' ') {
+            if ["bearer", "basic"].contains(&scheme.to_ascii_lowercase().as_str()) {
+                parts.push(credential.trim().to_owned());
+            }
+        }
+        for part in parts.into_iter().filter(|p| p.len() >= SECRET_MIN) {
+            let form: String = url::form_urlencoded::byte_serialize(part.as_bytes()).collect();
+            out.extend([percent_encoded(&part), form, part]);
+        }
+    }
+    out.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    out.dedup();
+    out
+}
+
+/// `text` with every byte but the unreserved ones as `%XX`.
+fn percent_encoded(text: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
 }
 
 /// The URL as messages show it: without its query or fragment, which some services use for
@@ -254,4 +311,35 @@ pub(super) fn user_header(
         .map_err(|_| bad("the value has bytes a header may not carry"))?;
     value.set_sensitive(true);
     Ok((parsed, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_is_redacted_in_every_form() {
+        let (name, value) = user_header("Authorization", "Bearer tok/8c1f0e SECRET").unwrap();
+        let (team, blue) = user_header("X-Team", "blue").unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(name, value);
+        headers.insert(team, blue);
+        let http = Http::new(
+            &url::Url::parse("http://127.0.0.1/mcp").unwrap(),
+            headers,
+            &[],
+        )
+        .unwrap();
+        for echo in [
+            "you sent Bearer tok/8c1f0e SECRET!",
+            "token tok/8c1f0e SECRET",
+            "https://x/?t=Bearer%20tok%2F8c1f0e%20SECRET",
+            "https://x/?t=tok%2F8c1f0e+SECRET",
+        ] {
+            let shown = http.redact(echo);
+            assert!(!shown.contains("SECRET"), "{shown}");
+            assert!(shown.contains("[redacted]"), "{shown}");
+        }
+        assert_eq!(http.redact("team blue"), "team blue");
+    }
 }

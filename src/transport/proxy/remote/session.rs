@@ -158,7 +158,9 @@ impl Remote {
                 match self.follow(stream, None, None, &mut last, &mut retry).await {
                     Ok(got) if got => attempts = 0,
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "the GET stream broke off"),
+                    Err(e) => {
+                        tracing::warn!(error = %self.stream_failure(e), "the GET stream broke off");
+                    }
                 }
             }
             attempts += 1;
