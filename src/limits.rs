@@ -348,5 +348,16 @@ pub(crate) const REMOTE_READS_KEPT: usize = 1024;
 /// server's late answer to one is not passed on as a second answer.
 pub(crate) const REMOTE_FAILED_KEPT: usize = 256;
 
+/// Event streams the proxy follows at once that answer no host request (a stream opened for
+/// a notification or for the broker's answer, which nothing ends); past this a new one is
+/// closed unread (servers answer those POSTs with 202).
+pub(crate) const REMOTE_SIDE_STREAMS: usize = 4;
+
+/// The least of the one byte budget that everything being read from the server shares (the
+/// events not yet whole, the JSON bodies not yet ended); it is at least twice `max_line`. A
+/// stream or body that finds it spent fails at once (waiting could deadlock partial events
+/// on each other).
+pub(crate) const REMOTE_IN_FLIGHT_MIN: usize = 64 << 20;
+
 /// The smallest `files/read` length the proxy clamps to after HTTP 413s.
 pub(crate) const REMOTE_MIN_CHUNK: u64 = 4096;

@@ -22,7 +22,7 @@ use super::sse::{Events, StreamError};
 use super::{Remote, header_value};
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
-use crate::limits::{REMOTE_RESUMES, REMOTE_RETRY};
+use crate::limits::{REMOTE_RESUMES, REMOTE_RETRY, REMOTE_SIDE_STREAMS};
 use crate::transport::modern;
 
 const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
@@ -312,12 +312,21 @@ impl Remote {
         }
         let is_request = matches!(msg.kind, Kind::Request { .. });
         if is_event_stream(response.headers()) {
-            let events = Events::new(response.into_body(), self.max_line);
+            let events = self.events(response.into_body());
             if !is_request {
                 // A stream for a notification or an answer owes the host nothing, and may
-                // stay open: followed beside the pump, which goes on with the next message.
+                // stay open: followed beside the pump, which goes on with the next message;
+                // a few at once, or a server could have the proxy hold any number.
                 let me = Arc::clone(self);
-                self.lock_streams().spawn(async move {
+                let mut streams = self.lock_streams();
+                while streams.try_join_next().is_some() {}
+                if streams.len() >= REMOTE_SIDE_STREAMS {
+                    tracing::warn!(
+                        "the server answered a notification or an answer with an event stream while {REMOTE_SIDE_STREAMS} such streams are open; it is closed unread"
+                    );
+                    return Ok(());
+                }
+                streams.spawn(async move {
                     if let Err(e) = me.follow_post(events, None).await {
                         tracing::debug!(error = %e, "a stream that answers no request ended");
                     }
@@ -326,7 +335,7 @@ impl Remote {
             }
             return self.follow_post(events, key).await;
         }
-        let body = read_body(response, self.max_line)
+        let body = read_body(response, self.max_line, &self.in_flight)
             .await
             .map_err(|error| Failure::Body {
                 url: Arc::clone(&self.http.url),
@@ -343,6 +352,16 @@ impl Remote {
         }
         self.deliver(&body).await;
         Ok(())
+    }
+
+    /// The events of a response body, bounded by `max_line` and the bytes in flight.
+    pub(super) fn events(&self, body: Incoming) -> Events {
+        Events::new(
+            body,
+            self.max_line,
+            Arc::clone(&self.in_flight.bytes),
+            self.in_flight.size,
+        )
     }
 
     /// Follows a POST's event stream until the answer to `key` has come, resuming it (a GET
@@ -362,7 +381,7 @@ impl Remote {
                     .map_err(|error| self.stream_failure(error));
             };
             match outcome {
-                Err(error @ StreamError::TooLarge { .. }) => {
+                Err(error @ (StreamError::TooLarge { .. } | StreamError::Busy { .. })) => {
                     return Err(self.stream_failure(error));
                 }
                 Ok(true) => attempts = 0,
@@ -551,7 +570,7 @@ impl Remote {
         }
         // The server's own words, when its body is a JSON-RPC error (the SDKs say why they
         // refuse a request that way): a few KiB at most, and shown as text.
-        let detail = read_body(response, 4096)
+        let detail = read_body(response, 4096, &self.in_flight)
             .await
             .ok()
             .and_then(|body| {

@@ -61,6 +61,9 @@ pub(super) enum BodyError {
     /// Longer than the proxy relays.
     #[error("a response body longer than {max} bytes")]
     TooLarge { max: usize },
+    /// The bytes being read from the server (all streams and bodies) filled their budget.
+    #[error("a response body while its responses in flight already held {budget} bytes")]
+    Busy { budget: usize },
     /// No byte for [`REMOTE_BODY_IDLE`] in the middle of it.
     #[error("a response body stalled for {}s", REMOTE_BODY_IDLE.as_secs())]
     Stalled,
@@ -219,10 +222,28 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// A whole JSON body, at most `max` bytes, each piece within [`REMOTE_BODY_IDLE`] of the last.
+/// The byte budget everything being read from the server shares, and its size.
+pub(super) struct InFlight {
+    pub(super) bytes: Arc<tokio::sync::Semaphore>,
+    pub(super) size: usize,
+}
+
+impl InFlight {
+    pub(super) fn new(size: usize) -> InFlight {
+        let size = size.min(tokio::sync::Semaphore::MAX_PERMITS);
+        InFlight {
+            bytes: Arc::new(tokio::sync::Semaphore::new(size)),
+            size,
+        }
+    }
+}
+
+/// A whole JSON body, at most `max` bytes, each piece within [`REMOTE_BODY_IDLE`] of the last,
+/// its bytes taken from `budget` until it ends.
 pub(super) async fn read_body(
     response: Response<Incoming>,
     max: usize,
+    budget: &InFlight,
 ) -> Result<Vec<u8>, BodyError> {
     let declared = response
         .headers()
@@ -234,6 +255,7 @@ pub(super) async fn read_body(
     }
     let mut body = response.into_body();
     let mut out = Vec::new();
+    let mut held: Option<tokio::sync::SemaphorePermit<'_>> = None;
     loop {
         let frame = match tokio::time::timeout(REMOTE_BODY_IDLE, body.frame()).await {
             Err(_) => return Err(BodyError::Stalled),
@@ -244,6 +266,17 @@ pub(super) async fn read_body(
         if let Ok(data) = frame.into_data() {
             if out.len() + data.len() > max {
                 return Err(BodyError::TooLarge { max });
+            }
+            let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+            // Fails rather than waits: bodies waiting for each other's room would never end.
+            let Ok(permit) = budget.bytes.try_acquire_many(n) else {
+                return Err(BodyError::Busy {
+                    budget: budget.size,
+                });
+            };
+            match held.as_mut() {
+                Some(held) => held.merge(permit),
+                None => held = Some(permit),
             }
             out.extend_from_slice(&data);
         }

@@ -32,7 +32,8 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::limits::{
-    HOST_GONE_GRACE, OUTPUT_QUEUE, REMOTE_FAILED_KEPT, REMOTE_GOODBYE, REMOTE_POSTS_AT_ONCE,
+    HOST_GONE_GRACE, OUTPUT_QUEUE, REMOTE_FAILED_KEPT, REMOTE_GOODBYE, REMOTE_IN_FLIGHT_MIN,
+    REMOTE_POSTS_AT_ONCE,
 };
 use crate::outgoing::Outgoing;
 use crate::transport::relay::{Budget, ToServer};
@@ -235,6 +236,7 @@ pub(super) fn connect(
         budget: Budget::new(),
         max_line,
         streams: Mutex::default(),
+        in_flight: http::InFlight::new((2 * max_line).max(REMOTE_IN_FLIGHT_MIN)),
     });
     let done = tokio::spawn(remote.pump(from_relay, ends));
     Ok(Connected { output, done })
@@ -254,6 +256,8 @@ struct Remote {
     /// Event streams that answer no request of the host's (a notification's, an answer's),
     /// followed beside the pump; ended with the session.
     streams: Mutex<JoinSet<()>>,
+    /// The bytes being read from the server: events not yet whole, bodies not yet ended.
+    in_flight: http::InFlight,
 }
 
 /// The host's requests by [`exchange::id_key`]: one lock for both sets, so that a request

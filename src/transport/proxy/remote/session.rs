@@ -203,7 +203,7 @@ impl Remote {
                 })
             }
             s if s.is_success() && is_event_stream(response.headers()) => {
-                Ok(Some(Events::new(response.into_body(), self.max_line)))
+                Ok(Some(self.events(response.into_body())))
             }
             _ => Err(self.refusal(response).await),
         }
