@@ -331,6 +331,13 @@ pub(crate) const REMOTE_RESUMES: u32 = 5;
 pub(crate) const REMOTE_RETRY: Duration = Duration::from_secs(1);
 /// See [`REMOTE_RETRY`].
 pub(crate) const REMOTE_MAX_RETRY: Duration = Duration::from_secs(30);
+/// The least wait before resuming a stream, whatever the server's `retry:` (`retry: 0` and a
+/// stream that drops after each event would have the proxy reconnect in a tight loop).
+pub(crate) const REMOTE_MIN_RETRY: Duration = Duration::from_millis(100);
+
+/// How long a whole JSON response body may take once its headers came: a server that sends
+/// a byte just inside [`REMOTE_BODY_IDLE`] each time would hold the request forever.
+pub(crate) const REMOTE_BODY_TOTAL: Duration = Duration::from_secs(300);
 
 /// Host requests sent to the remote server at once (each holds a connection and its stream);
 /// the next wait, holding their share of the relay's budget, which stops the host when full.

@@ -14,7 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use super::RemoteError;
-use crate::limits::{REMOTE_BODY_IDLE, REMOTE_CONNECT, REMOTE_HEAD};
+use crate::limits::{REMOTE_BODY_IDLE, REMOTE_BODY_TOTAL, REMOTE_CONNECT, REMOTE_HEAD};
 
 /// Headers the protocol itself sets (or HTTP framing needs): a user's `--header` may not
 /// replace them, or the session, the era and the message's framing would be the user's guess.
@@ -67,6 +67,9 @@ pub(super) enum BodyError {
     /// No byte for [`REMOTE_BODY_IDLE`] in the middle of it.
     #[error("a response body stalled for {}s", REMOTE_BODY_IDLE.as_secs())]
     Stalled,
+    /// Not whole within [`REMOTE_BODY_TOTAL`].
+    #[error("a response body not whole within {}s", REMOTE_BODY_TOTAL.as_secs())]
+    TooSlow,
     /// The connection broke.
     #[error("a response body broke off: {0}")]
     Broken(String),
@@ -256,8 +259,11 @@ pub(super) async fn read_body(
     let mut body = response.into_body();
     let mut out = Vec::new();
     let mut held: Option<tokio::sync::SemaphorePermit<'_>> = None;
+    let end = tokio::time::Instant::now() + REMOTE_BODY_TOTAL;
     loop {
-        let frame = match tokio::time::timeout(REMOTE_BODY_IDLE, body.frame()).await {
+        let wait = REMOTE_BODY_IDLE.min(end.saturating_duration_since(tokio::time::Instant::now()));
+        let frame = match tokio::time::timeout(wait, body.frame()).await {
+            Err(_) if tokio::time::Instant::now() >= end => return Err(BodyError::TooSlow),
             Err(_) => return Err(BodyError::Stalled),
             Ok(None) => return Ok(out),
             Ok(Some(Err(e))) => return Err(BodyError::Broken(chain(&e))),

@@ -12,7 +12,8 @@ use super::exchange::Failure;
 use super::sse::Events;
 use super::{Remote, header_value};
 use crate::limits::{
-    REMOTE_CONNECT, REMOTE_GOODBYE, REMOTE_MAX_RETRY, REMOTE_RESUMES, REMOTE_RETRY,
+    REMOTE_CONNECT, REMOTE_GOODBYE, REMOTE_MAX_RETRY, REMOTE_MIN_RETRY, REMOTE_RESUMES,
+    REMOTE_RETRY,
 };
 
 pub(super) const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
@@ -252,5 +253,5 @@ pub(super) fn is_event_stream(headers: &HeaderMap) -> bool {
 
 /// The wait a server's `retry:` asks for, within bounds.
 pub(super) fn retry_after(ms: u64) -> Duration {
-    Duration::from_millis(ms).min(REMOTE_MAX_RETRY)
+    Duration::from_millis(ms).clamp(REMOTE_MIN_RETRY, REMOTE_MAX_RETRY)
 }
