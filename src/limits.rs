@@ -364,7 +364,7 @@ pub(crate) const REMOTE_SIDE_STREAMS: usize = 4;
 /// events not yet whole, the JSON bodies not yet ended); it is at least twice `max_line`. A
 /// stream or body that finds it spent fails at once (waiting could deadlock partial events
 /// on each other).
-pub(crate) const REMOTE_IN_FLIGHT_MIN: usize = 64 << 20;
+pub(crate) const REMOTE_IN_FLIGHT_MIN: usize = 32 << 20;
 
 /// The smallest `files/read` length the proxy clamps to after HTTP 413s.
 pub(crate) const REMOTE_MIN_CHUNK: u64 = 4096;
