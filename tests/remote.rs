@@ -67,6 +67,54 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The three real servers, for what every one of them must do alike.
+#[derive(Clone, Copy, Debug)]
+enum Peer {
+    /// TypeScript SDK 1.x, stateful, SSE.
+    Ts1,
+    /// Python SDK 1.x, stateful, SSE.
+    Py1,
+    /// TypeScript SDK 2.x, MCP 2026-07-28, stateless.
+    Ts2,
+}
+
+const PEERS: [Peer; 3] = [Peer::Ts1, Peer::Py1, Peer::Ts2];
+
+impl Peer {
+    /// The server, started with `args`.
+    fn start(self, args: &[&str]) -> RemoteServer {
+        match self {
+            Peer::Ts1 => RemoteServer::node("remote_ts1.mjs", args),
+            Peer::Ts2 => RemoteServer::node("remote_ts2.mjs", args),
+            Peer::Py1 => {
+                let python = require_python_mcp1();
+                let mut all = vec!["remote_py1.py"];
+                all.extend(args);
+                RemoteServer::start(&python, &all)
+            }
+        }
+    }
+
+    /// The host's opening: the 2025 handshake, or (2026-07-28) none, each request saying its
+    /// revision.
+    fn open(self, host: &mut Host) {
+        match self {
+            Peer::Ts2 => host.modern(),
+            Peer::Ts1 | Peer::Py1 => {
+                host.initialize();
+            }
+        }
+    }
+
+    /// The host's first request, raw: what a refused connection answers.
+    fn first_request(self, host: &mut Host) -> Value {
+        match self {
+            Peer::Ts2 => host.call("read_all", json!({"path": "x", "chunk": 1})),
+            Peer::Ts1 | Peer::Py1 => host.raw("initialize", Host::init_params()),
+        }
+    }
+}
+
 /// The host's side: `fsbroker proxy --root ROOT --url URL ARGS`, every line it reads
 /// recorded.
 struct Host {
@@ -453,73 +501,155 @@ fn an_expired_session_is_reported_to_the_host() {
     host.finish();
 }
 
-/// HTTPS with a private CA: trusted with `--ca-cert`; without it the host's request gets an
-/// error naming the URL and the certificate.
+/// HTTPS with a private CA, for every server: trusted with `--ca-cert`; without it the
+/// host's request gets an error naming the URL and the certificate.
 #[test]
 fn tls_with_a_private_ca() {
     require_npm();
     let root = root();
     let (_ca_dir, ca_path) = tempdir();
     let ca = test_ca(&ca_path);
-    let server = RemoteServer::node(
-        "remote_ts1.mjs",
-        &["--tls", &path_str(&ca.cert), &path_str(&ca.key)],
-    );
-    assert!(server.url.starts_with("https://"), "{}", server.url);
-    let mut host = Host::start(
-        &root.path,
-        &server.url,
-        &["--ca-cert", &path_str(&ca.ca_cert)],
-    );
-    host.initialize();
-    brokered_round(&mut host, &root, "post");
-    host.finish();
+    for peer in PEERS {
+        let server = peer.start(&["--tls", &path_str(&ca.cert), &path_str(&ca.key)]);
+        assert!(
+            server.url.starts_with("https://"),
+            "{peer:?}: {}",
+            server.url
+        );
+        let mut host = Host::start(
+            &root.path,
+            &server.url,
+            &["--ca-cert", &path_str(&ca.ca_cert)],
+        );
+        peer.open(&mut host);
+        brokered_round(&mut host, &root, "post");
+        host.finish();
 
-    let mut host = Host::start(&root.path, &server.url, &[]);
-    let r = host.raw("initialize", Host::init_params());
-    let message = r["error"]["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains("cannot reach") && message.contains("certificate"),
-        "an untrusted certificate was not reported: {r}"
-    );
-    host.finish();
+        let mut host = Host::start(&root.path, &server.url, &[]);
+        let r = peer.first_request(&mut host);
+        let message = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("cannot reach") && message.contains("certificate"),
+            "{peer:?}: an untrusted certificate was not reported: {r}"
+        );
+        host.finish();
+    }
 }
 
-/// A server that wants a bearer token: without one, the host's request gets an error saying
-/// how to supply it (`--header-env Authorization=VAR`) and naming the resource metadata, and
-/// stderr says the same; with the token from the environment everything works, and the
-/// token appears nowhere in the proxy's output.
+/// A server that wants a bearer token, for every server: without one, the host's request gets
+/// an error saying how to supply it (`--header-env Authorization=VAR`) and naming the resource
+/// metadata, and stderr says the same; with the token from the environment everything works,
+/// and the token appears nowhere in the proxy's output.
 #[test]
 fn a_token_from_the_environment() {
     require_npm();
     let root = root();
     let token = "Bearer s3cret-remote-token";
-    let server = RemoteServer::node(
-        "remote_ts1.mjs",
-        &["--require-header", &format!("Authorization:{token}")],
-    );
-    let mut host = Host::start(&root.path, &server.url, &[]);
-    let r = host.raw("initialize", Host::init_params());
-    let message = r["error"]["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains("HTTP 401")
-            && message.contains("--header-env Authorization=")
-            && message.contains("/.well-known/oauth-protected-resource"),
-        "the 401 was not explained: {r}"
-    );
-    let log = host.finish();
-    assert!(log.contains("HTTP 401"), "stderr did not say: {log}");
+    for peer in PEERS {
+        let server = peer.start(&["--require-header", &format!("Authorization:{token}")]);
+        let mut host = Host::start(&root.path, &server.url, &[]);
+        let r = peer.first_request(&mut host);
+        let message = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("HTTP 401")
+                && message.contains("--header-env Authorization=")
+                && message.contains("/.well-known/oauth-protected-resource"),
+            "{peer:?}: the 401 was not explained: {r}"
+        );
+        let log = host.finish();
+        assert!(
+            log.contains("HTTP 401"),
+            "{peer:?}: stderr did not say: {log}"
+        );
 
-    let mut host = Host::start_with(
-        &root.path,
-        &server.url,
-        &["--header-env", "Authorization=REMOTE_TEST_TOKEN"],
-        &[("REMOTE_TEST_TOKEN", token), ("RUST_LOG", "fsbroker=trace")],
-    );
-    host.initialize();
-    brokered_round(&mut host, &root, "post");
-    let log = host.finish();
-    assert!(!log.contains("s3cret"), "the token was logged:\n{log}");
+        let mut host = Host::start_with(
+            &root.path,
+            &server.url,
+            &["--header-env", "Authorization=REMOTE_TEST_TOKEN"],
+            &[("REMOTE_TEST_TOKEN", token), ("RUST_LOG", "fsbroker=trace")],
+        );
+        peer.open(&mut host);
+        brokered_round(&mut host, &root, "post");
+        let log = host.finish();
+        assert!(
+            !log.contains("s3cret"),
+            "{peer:?}: the token was logged:\n{log}"
+        );
+    }
+}
+
+/// A body limit the broker's answers do not fit, for every server: the 413 never ends in a
+/// time-out, and the file arrives whole (20 MiB in the 2025 era). In the 2025 era the broker's answers go in
+/// POSTs of their own: each refusal becomes an error for the server's read naming the size
+/// that fits, and halves the proxy's clamp until the answers fit. In the 2026-07-28 era they go
+/// in the proxy's retry of the host's call: a refusal fails the host's call with a clear error
+/// and halves the clamp of the server's later reads, and `--max-chunk-size` makes them fit
+/// from the first.
+#[test]
+fn every_server_gets_a_20_mib_file_under_a_body_limit() {
+    require_npm();
+    let root = root();
+    let limit = (1 << 20).to_string();
+    let big = path_str(&root.path.join("big.bin"));
+    for peer in PEERS {
+        let server = peer.start(&["--body-limit", &limit]);
+        let mut host = Host::start(&root.path, &server.url, &[]);
+        peer.open(&mut host);
+        if let Peer::Ts2 = peer {
+            // Each refused retry fails the host's call clearly and halves the clamp of the
+            // server's later reads; the host's next call then gets the file. (This server reads
+            // with one round of input requests per chunk, and the proxy allows a request 10
+            // rounds: the 2 MiB file, not the 20 MiB one.)
+            let data = path_str(&root.path.join("data.bin"));
+            let mut outcome = Value::Null;
+            for _ in 0..8 {
+                let r = host.call("read_all", json!({"path": data, "chunk": 2 << 20}));
+                if r.get("error").is_none() {
+                    outcome = r;
+                    break;
+                }
+                let message = r["error"]["message"].as_str().unwrap_or_default();
+                assert!(
+                    message.contains("HTTP 413") && r["error"]["code"] == -31007,
+                    "{peer:?}: the refused retry was not a clear error: {r}"
+                );
+            }
+            let text = outcome["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or_default();
+            let read: Value = serde_json::from_str(text)
+                .unwrap_or_else(|e| panic!("{peer:?}: no read after the clamps ({e}): {outcome}"));
+            assert_eq!(read["errors"], json!([]), "{peer:?}: {read}");
+            assert_eq!(read["sha256"], root.sha256, "{peer:?}: {read}");
+            host.finish();
+            // With the clamp given up front, the first call gets it.
+            let mut host = Host::start(&root.path, &server.url, &["--max-chunk-size", "512KiB"]);
+            peer.open(&mut host);
+            let read = host.tool("read_all", json!({"path": data, "chunk": 2 << 20}));
+            assert_eq!(read["errors"], json!([]), "{peer:?}: {read}");
+            assert_eq!(read["bytes"], FILE_SIZE, "{peer:?}: {read}");
+            assert_eq!(read["sha256"], root.sha256, "{peer:?}: {read}");
+            host.finish();
+            continue;
+        }
+        let mut read = Value::Null;
+        for _ in 0..8 {
+            read = host.tool("read_all", json!({"path": big, "chunk": 2 << 20}));
+            let Some(error) = read["errors"].get(0) else {
+                break;
+            };
+            assert!(
+                error["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("HTTP 413") && m.contains("ask for at most")),
+                "{peer:?}: {read}"
+            );
+        }
+        assert_eq!(read["errors"], json!([]), "{peer:?}: {read}");
+        assert_eq!(read["bytes"], BIG_SIZE, "{peer:?}: {read}");
+        assert_eq!(read["sha256"], root.big_sha256, "{peer:?}: {read}");
+        host.finish();
+    }
 }
 
 /// `--connect` and `--url` together: a shared broker answers the remote server's requests.

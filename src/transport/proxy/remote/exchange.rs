@@ -491,6 +491,17 @@ impl Remote {
     ) -> Result<(), Failure> {
         let len = msg.line.len();
         let Kind::Response { id } = &msg.kind else {
+            if carries_input_responses(&msg.line) {
+                // MCP 2026-07-28: the broker's answers to the server's input requests ride in
+                // the proxy's retry of the host's request. The host's request fails, and the
+                // server's later `files/read` input requests are clamped so that it fits.
+                let clamp = self.lock_reads().refused(None, len);
+                tracing::warn!(
+                    bytes = len,
+                    clamp,
+                    "the server refused a retry carrying the broker's answers with HTTP 413; its reads are clamped to {clamp} bytes from now on"
+                );
+            }
             return Err(Failure::TooLarge {
                 url: Arc::clone(&self.http.url),
                 len,
@@ -691,6 +702,12 @@ fn shown(text: &str) -> String {
 /// Bidi embeddings, overrides and isolates, and zero-width characters.
 fn invisible(c: char) -> bool {
     matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
+}
+
+/// Whether a host's message is a 2026-07-28 retry carrying answers to input requests (the
+/// broker's among them).
+fn carries_input_responses(line: &[u8]) -> bool {
+    memchr::memmem::find(line, b"\"inputResponses\"").is_some()
 }
 
 #[cfg(test)]

@@ -467,7 +467,7 @@ impl Remote {
                     tracing::debug!(id = %key, "a late answer to a request already failed was dropped");
                     return None;
                 }
-                Some(line)
+                Some(self.lock_reads().input_requests(line))
             }
             _ => Some(line),
         }

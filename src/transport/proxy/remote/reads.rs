@@ -72,6 +72,47 @@ impl Reads {
         with_length(&line, clamp).unwrap_or(line)
     }
 
+    /// A response of the server's, as the relay is to see it: an `input_required` result
+    /// (MCP 2026-07-28) has the `length` of its `files/read` input requests clamped, as a
+    /// request of the 2025 era would.
+    pub(super) fn input_requests(&self, line: Vec<u8>) -> Vec<u8> {
+        let Some(clamp) = self.clamp else { return line };
+        if memchr::memmem::find(&line, b"input_required").is_none() {
+            return line;
+        }
+        let Ok(mut msg) = serde_json::from_slice::<Value>(&line) else {
+            return line;
+        };
+        let Some(requests) = msg
+            .pointer_mut("/result/inputRequests")
+            .and_then(Value::as_object_mut)
+        else {
+            return line;
+        };
+        let mut changed = false;
+        for request in requests.values_mut() {
+            if request.get("method").and_then(Value::as_str) != Some("files/read") {
+                continue;
+            }
+            let Some(params) = request.get_mut("params").and_then(Value::as_object_mut) else {
+                continue;
+            };
+            match params.get("length") {
+                Some(len) if len.as_u64().is_some_and(|n| n <= clamp) => {}
+                // A length that is not a number is left to the broker, which refuses it.
+                Some(len) if !len.is_u64() => {}
+                _ => {
+                    params.insert("length".into(), Value::from(clamp));
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return line;
+        }
+        serde_json::to_vec(&msg).unwrap_or(line)
+    }
+
     /// The path of the read `id` answers, when it was one; it is forgotten.
     pub(super) fn answered(&mut self, id: &str) -> Option<String> {
         let path = self.waiting.remove(id)?;
@@ -131,6 +172,20 @@ mod tests {
         assert_eq!(out["id"], 2);
         assert_eq!(reads.answered("2").as_deref(), Some("a"));
         assert_eq!(reads.answered("2"), None);
+    }
+
+    #[test]
+    fn input_requests_of_2026_are_clamped_too() {
+        let line = br#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"input_required","inputRequests":{"a":{"method":"files/read","params":{"path":"p","length":99999}},"b":{"method":"files/read","params":{"path":"p","length":10}},"c":{"method":"roots/list"}},"requestState":"s"}}"#.to_vec();
+        assert_eq!(Reads::new(None).input_requests(line.clone()), line);
+        let out: Value =
+            serde_json::from_slice(&Reads::new(Some(4096)).input_requests(line)).unwrap();
+        let reqs = &out["result"]["inputRequests"];
+        assert_eq!(reqs["a"]["params"]["length"], 4096);
+        assert_eq!(reqs["b"]["params"]["length"], 10);
+        assert_eq!(reqs["c"], serde_json::json!({"method": "roots/list"}));
+        assert_eq!(out["result"]["requestState"], "s");
+        assert_eq!(out["id"], 7);
     }
 
     #[test]
