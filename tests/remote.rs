@@ -652,6 +652,70 @@ fn every_server_gets_a_20_mib_file_under_a_body_limit() {
     }
 }
 
+/// Every `files/*` method, asked by each server (on the tool call's POST stream, or in
+/// `input_required` results in the 2026-07-28 era) and answered by the broker in a
+/// read-write root: the disk changes as asked, and the host sees none of it.
+#[test]
+fn every_files_method_through_every_server() {
+    require_npm();
+    let root = root();
+    for peer in PEERS {
+        let server = peer.start(&[]);
+        let mut host = Host::start(&root.path, &server.url, &["--read-write"]);
+        peer.open(&mut host);
+        let dir = root.path.join(format!("w-{peer:?}"));
+        let d = path_str(&dir);
+        let created = host.ask(
+            "files/create",
+            json!({"path": d, "type": "directory"}),
+            "post",
+        );
+        assert_eq!(created["created"], true, "{peer:?}: {created}");
+        let file = format!("{d}/t.txt");
+        let written = host.ask(
+            "files/write",
+            json!({"path": file, "content": "remote write\n"}),
+            "post",
+        );
+        assert_eq!(written["bytesWritten"], 13, "{peer:?}: {written}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("t.txt")).unwrap(),
+            "remote write\n"
+        );
+        let read = host.ask("files/read", json!({"path": file}), "post");
+        assert_eq!(read["content"], "remote write\n", "{peer:?}: {read}");
+        let locked = host.ask(
+            "files/read",
+            json!({"path": file, "keepLocked": true}),
+            "post",
+        );
+        let lock = locked["lockId"].clone();
+        assert!(lock.is_string(), "{peer:?}: {locked}");
+        host.ask("files/unlock", json!({"lockId": lock}), "post");
+        let moved = format!("{d}/u.txt");
+        host.ask(
+            "files/rename",
+            json!({"oldPath": file, "newPath": moved}),
+            "post",
+        );
+        assert!(
+            dir.join("u.txt").exists() && !dir.join("t.txt").exists(),
+            "{peer:?}"
+        );
+        let watch = host.ask("files/watch", json!({"path": d}), "post");
+        let watch_id = watch["watchId"].clone();
+        assert!(watch_id.is_string(), "{peer:?}: {watch}");
+        host.ask("files/unwatch", json!({"watchId": watch_id}), "post");
+        host.ask(
+            "files/delete",
+            json!({"path": d, "recursive": true}),
+            "post",
+        );
+        assert!(!dir.exists(), "{peer:?}: {d} is still there");
+        host.finish();
+    }
+}
+
 /// `--connect` and `--url` together: a shared broker answers the remote server's requests.
 #[test]
 fn a_shared_broker_answers_a_remote_server() {
