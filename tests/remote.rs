@@ -428,6 +428,15 @@ fn typescript_v2_server_with_a_2026_host() {
     let mut host = Host::start(&root.path, &server.url, &[]);
     host.modern();
     brokered_round(&mut host, &root, "post");
+    // 20 MiB in 2 MiB input requests: each retry fits the handler's 4 MiB body limit, and
+    // the ten rounds fit the proxy's bound on rounds per request.
+    let read = host.tool(
+        "read_all",
+        json!({"path": path_str(&root.path.join("big.bin")), "chunk": 2 << 20}),
+    );
+    assert_eq!(read["errors"], json!([]), "{read}");
+    assert_eq!(read["bytes"], BIG_SIZE, "{read}");
+    assert_eq!(read["sha256"], root.big_sha256, "{read}");
     host.finish();
 }
 
@@ -479,26 +488,28 @@ fn dropped_python_sse_streams_are_resumed() {
     host.finish();
 }
 
-/// The server forgets the session: the host's next request gets a JSON-RPC error naming the
-/// URL and the expiry (never silence), and so does every later one.
+/// The server forgets the session (each stateful server): the host's next request gets a
+/// JSON-RPC error naming the URL and the expiry (never silence), and so does every later one.
 #[test]
 fn an_expired_session_is_reported_to_the_host() {
     require_npm();
     let root = root();
-    let server = RemoteServer::node("remote_ts1.mjs", &[]);
-    let mut host = Host::start(&root.path, &server.url, &[]);
-    host.initialize();
-    host.tool("expire_session", json!({}));
-    for _ in 0..2 {
-        let r = host.call("sse_count", json!({}));
-        let message = r["error"]["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains(&server.url) && message.contains("ended the session"),
-            "an expired session was not reported: {r}"
-        );
-        assert_eq!(r["error"]["code"], -32603, "{r}");
+    for peer in [Peer::Ts1, Peer::Py1] {
+        let server = peer.start(&[]);
+        let mut host = Host::start(&root.path, &server.url, &[]);
+        peer.open(&mut host);
+        host.tool("expire_session", json!({}));
+        for _ in 0..2 {
+            let r = host.call("sse_count", json!({}));
+            let message = r["error"]["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains(&server.url) && message.contains("ended the session"),
+                "{peer:?}: an expired session was not reported: {r}"
+            );
+            assert_eq!(r["error"]["code"], -32603, "{peer:?}: {r}");
+        }
+        host.finish();
     }
-    host.finish();
 }
 
 /// HTTPS with a private CA, for every server: trusted with `--ca-cert`; without it the
