@@ -174,25 +174,7 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     // The server is ended at once when a reload revokes access a confined server holds, or
     // when the person ends its session (the console): a local session says so itself, a
     // shared broker by a last note on the link ([`crate::host::ENDED_NOTIFICATION`]).
-    let (person_ended, ended_note) = tokio::sync::watch::channel(false);
-    let ended: EndServer = match &link {
-        Link::Local(session) => {
-            let ended = session.ended();
-            Box::pin(async move {
-                ended.await;
-                "the person ended the session".to_owned()
-            })
-        }
-        Link::Remote(_) => {
-            let mut note = ended_note;
-            Box::pin(async move {
-                if note.wait_for(|e| *e).await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-                "the person ended the session on the shared broker".to_owned()
-            })
-        }
-    };
+    let (person_ended, ended) = person_ends(&link);
     let revocations = opts.end_server.take().filter(|_| opts.confine.is_some());
     let revoked: Option<EndServer> = Some(Box::pin(async move {
         match revocations {
@@ -337,25 +319,7 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // The person ending the session (the console) ends the remote session, as the host's EOF
     // does: a local session says so itself, a shared broker by a last note on the link.
-    let (person_ended, ended_note) = tokio::sync::watch::channel(false);
-    let ended: EndServer = match &link {
-        Link::Local(session) => {
-            let ended = session.ended();
-            Box::pin(async move {
-                ended.await;
-                "the person ended the session".to_owned()
-            })
-        }
-        Link::Remote(_) => {
-            let mut note = ended_note;
-            Box::pin(async move {
-                if note.wait_for(|e| *e).await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-                "the person ended the session on the shared broker".to_owned()
-            })
-        }
-    };
+    let (person_ended, ended) = person_ends(&link);
     let Sides {
         mut broker,
         relay,
@@ -497,4 +461,27 @@ async fn start_sides(
         host_writer,
         to_host,
     })
+}
+
+/// Resolves, with the reason, when the person ends the session (the console): a local
+/// session says so itself; a shared broker by a last note on the link, which the broker side
+/// reports through the returned sender.
+fn person_ends(link: &Link) -> (tokio::sync::watch::Sender<bool>, EndServer) {
+    let (person_ended, mut note) = tokio::sync::watch::channel(false);
+    let ended: EndServer = match link {
+        Link::Local(session) => {
+            let ended = session.ended();
+            Box::pin(async move {
+                ended.await;
+                "the person ended the session".to_owned()
+            })
+        }
+        Link::Remote(_) => Box::pin(async move {
+            if note.wait_for(|e| *e).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            "the person ended the session on the shared broker".to_owned()
+        }),
+    };
+    (person_ended, ended)
 }
