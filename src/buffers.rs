@@ -15,7 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Lines at least this long are worth keeping for reuse (and are handed over by the reader in
 /// the buffer they were read into).
-pub(crate) const LARGE_LINE: usize = 1 << 20;
+pub(crate) const LARGE_LINE: usize = 256 << 10;
 
 /// How many large line buffers a connection keeps for reuse: one being read into while one is
 /// worked on, and one more for the line between them.

@@ -44,7 +44,9 @@ pub(crate) struct Upload {
     pub lock: LockGuard,
     /// The SHA-256 of what is staged so far, kept when the first chunk announced a `sha256`
     /// (*ext*): the final chunk's is then checked without reading the staged bytes again.
-    pub hasher: Option<sha2::Sha256>,
+    /// Apart from the upload's own lock, so that a chunk is hashed while the next is written
+    /// (see [`Hasher`]).
+    pub hasher: Option<Hasher>,
 }
 
 /// A slot for an upload; `None` once it committed or was aborted, so a chunk that raced with
@@ -278,4 +280,21 @@ impl Uploads {
 /// Locks a slot for one chunk.
 pub(crate) fn lock(slot: &Slot) -> MutexGuard<'_, Option<Upload>> {
     slot.upload.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An upload's running SHA-256.
+///
+/// A chunk takes it before it lets the upload go, and hashes its bytes after: the next chunk
+/// cannot write before the upload is let go, so it finds the hash taken and waits for it only
+/// once it has written. The hash follows the chunks' order, and the hashing of one chunk runs
+/// beside the writing of the next instead of on the one path chunks take in turn.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Hasher(Arc<Mutex<sha2::Sha256>>);
+
+impl Hasher {
+    /// Takes the hash (waiting for the chunk before to finish hashing).
+    pub(crate) fn take(&self) -> MutexGuard<'_, sha2::Sha256> {
+        // An update cannot panic half-way.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }

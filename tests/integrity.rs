@@ -12,6 +12,8 @@
 //!   or not); one where a chunk was corrupted on its way is `CHECKSUM_MISMATCH`, commits
 //!   nothing (the old file stays, no staging file is left), and the session goes on. The same
 //!   for a one-shot replace.
+//! - An announced upload's hash follows the file's order when its chunks are all in flight
+//!   (the broker hashes one chunk while it writes the next).
 //! - A `sha256` where it cannot mean anything is a clear `-32602`.
 
 // Tests work on their own files with `std::fs` (clippy.toml keeps it out of the library's
@@ -302,6 +304,66 @@ fn an_upload_commits_only_with_the_hash_of_what_arrived() {
     let r = upload(&mut b, "keep.bin", &chunks, Some(json!(true)), Some(&right));
     assert_eq!(r["result"]["size"], whole.len(), "{r}");
     assert_eq!(std::fs::read(root.join("keep.bin")).unwrap(), whole);
+}
+
+/// Rule: the hash of an announced upload follows the file's order when its chunks are sent
+/// without waiting for their answers, as the broker hashes one chunk while it writes the next.
+/// Chunks of very unequal sizes (a large one, whose hashing takes longest, before small ones
+/// that could overtake it) all in flight: the final answer repeats `sha256sum` of the file,
+/// and the file is the bytes sent.
+#[test]
+fn a_pipelined_uploads_hash_follows_the_files_order() {
+    let (_t, root, mut b, _p) = served("requests_per_second = 0\nmax_chunk_size = 4194304");
+    let sizes: Vec<usize> = (0..40)
+        .map(|i| match i % 4 {
+            0 => 3 << 20,
+            1 => 1,
+            2 => 70_000,
+            _ => 4096 + i,
+        })
+        .collect();
+    let whole = pattern(sizes.iter().sum());
+    let right = sha256sum(&whole);
+    for round in 0..3 {
+        let name = format!("piped-{round}.bin");
+        let mut offset = 0usize;
+        let mut ids = Vec::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            let last = i + 1 == sizes.len();
+            let mut params = json!({"path": name, "content": b64(&whole[offset..offset + len]),
+                                    "encoding": "base64", "offset": offset, "final": last});
+            if i == 0 {
+                params["sha256"] = json!(true);
+                b.ok("files/write", params);
+            } else {
+                if last {
+                    params["sha256"] = json!(right);
+                }
+                ids.push(b.send("files/write", params));
+            }
+            offset += len;
+        }
+        let answers: Vec<Value> = ids.iter().map(|&id| b.response(id)).collect();
+        for (i, a) in answers.iter().enumerate() {
+            assert!(
+                a.get("result").is_some(),
+                "round {round}, chunk {}: {a}",
+                i + 1
+            );
+        }
+        let last = &answers[answers.len() - 1]["result"];
+        assert_eq!(
+            last["sha256"].as_str(),
+            Some(right.as_str()),
+            "round {round}: {last}"
+        );
+        assert_eq!(last["size"], whole.len(), "round {round}");
+        assert!(
+            std::fs::read(root.join(&name)).unwrap() == whole,
+            "round {round}: the file differs"
+        );
+    }
+    assert_eq!(staging_files(&root), Vec::<String>::new());
 }
 
 /// Rule: a one-shot write (no `offset`) with the right `sha256` commits and repeats it; with

@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use sha2::Digest;
 
 use super::{Ctx, Op};
 use crate::buffers::{Content, Line};
@@ -151,20 +151,24 @@ fn mismatch(bytes: u64, actual: &str, expected: &str, raw: &str) -> Error {
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params<'_>) -> Result<Json<Reply>> {
     let p = params;
     let check = Check::parse(p.sha256, p.offset, p.last)?;
-    if let Some(offset) = p.offset.filter(|&o| o > 0) {
-        await_turn(ctx, &p.path, offset).await?;
-    }
     let content = content_of(ctx, &p.content, p.encoding)?;
     let payload = decoded_estimate(&content, p.encoding);
-    super::op::admit_bytes(ctx, payload as u64).await?;
     // Decoded here, on the async thread (a few milliseconds of SIMD for the largest chunk):
-    // a lifted chunk in place, in its own line; other content into a buffer of its own.
+    // a lifted chunk in place, in its own line; other content into a buffer of its own. And
+    // before the chunk's turn: chunks land one at a time, and a chunk decoded while its
+    // predecessor is written is one decode less on that path (it was a fifth of an 8 MiB
+    // chunk's time there). It costs no memory: a long chunk decodes within its own line.
     let data = decode(
         content,
         p.encoding,
         ctx.policy.limits().max_chunk_size,
         &p.path,
     )?;
+    if let Some(offset) = p.offset.filter(|&o| o > 0) {
+        await_turn(ctx, &p.path, offset).await?;
+    }
+    // After the turn, so that chunks take the byte rate in their order.
+    super::op::admit_bytes(ctx, payload as u64).await?;
     let request = Request {
         path: p.path,
         data,
@@ -226,6 +230,10 @@ async fn await_turn(ctx: &Ctx<'_>, raw: &str, offset: u64) -> Result<()> {
         }
     }
 }
+
+/// Bytes staged between two starts of writeback (`Staged::start_writeback`): the final
+/// chunk's `fsync` then waits for at most this much besides what the kernel has not written yet.
+const WRITEBACK_STEP: u64 = 8 << 20;
 
 fn offset_mismatch(offset: u64, written: u64) -> String {
     format!("offset {offset} does not match the {written} bytes staged so far")
@@ -545,7 +553,7 @@ fn chunk(
             mode,
             if_match: p.if_match.clone(),
             lock,
-            hasher: (p.check != Check::None).then(Sha256::new),
+            hasher: (p.check != Check::None).then(upload::Hasher::default),
         };
         uploads.start(key.clone(), &p.path, upload, limits.max_uploads, raw)?;
     }
@@ -581,13 +589,20 @@ fn chunk(
         drop(guard);
         return failed(e);
     }
-    if let Some(h) = up.hasher.as_mut() {
-        h.update(data);
+    let hasher = up.hasher.clone();
+    let mut hash = hasher.as_ref().map(upload::Hasher::take);
+    // Writeback is started per 8 MiB staged rather than per chunk: each call walks the file's
+    // dirty pages and queues I/O, and at 256 KiB chunks that was thousands of calls a second.
+    if size / WRITEBACK_STEP != up.written / WRITEBACK_STEP {
+        up.staged.start_writeback();
     }
     up.written = size;
-    up.staged.start_writeback();
     slot.landed(size);
     if !p.last {
+        drop(guard);
+        if let Some(h) = hash.as_mut() {
+            h.update(data);
+        }
         return Ok(Reply {
             bytes_written: data.len() as u64,
             size,
@@ -601,11 +616,15 @@ fn chunk(
     };
     drop(guard);
     uploads.end_slot(&key, &slot);
+    let announced = hash.map(|mut h| {
+        h.update(data);
+        digest::hex(&std::mem::take(&mut *h).finalize())
+    });
     // Past here a failure drops `up`, and with it the staging file: nothing is committed.
     let checked = match &p.check {
         Check::Expect(expected) => {
-            let actual = match up.hasher.take() {
-                Some(h) => digest::hex(&h.finalize()),
+            let actual = match announced {
+                Some(hex) => hex,
                 // Not announced: hash what was staged, read back (from the page cache).
                 None => {
                     let deadline = &op.deadline;
