@@ -63,14 +63,18 @@ pub(crate) struct Late {
     audit: Mutex<Option<LateAudit>>,
     /// The watchdog wrote the audit line; the task must not write another.
     audited: AtomicBool,
-    /// Called once by the watchdog when the request is still running inline at its deadline:
-    /// whatever waits behind it on its thread must go on elsewhere (a batch's other
-    /// requests).
-    overdue: Mutex<Option<Overdue>>,
+    /// Called once by the watchdog when the request has run inline for [`STALL`] (or reached
+    /// its deadline, if that comes first): whatever waits behind it on its thread must go on
+    /// elsewhere (a batch's other requests, and the answers gathered before it).
+    stalled: Mutex<Option<Stalled>>,
 }
 
-/// What [`Late::on_overdue`] runs.
-pub(crate) type Overdue = Box<dyn FnOnce() + Send>;
+/// What [`Late::on_stalled`] runs.
+pub(crate) type Stalled = Box<dyn FnOnce() + Send>;
+
+/// How long a request may hold its thread inline before what waits behind it goes on
+/// elsewhere: inline work takes microseconds, so this one waits on its file system.
+const STALL: Duration = Duration::from_millis(20);
 
 /// The audit line of a request the watchdog may answer, and the log it goes to.
 pub(crate) struct LateAudit {
@@ -99,14 +103,15 @@ impl Late {
             received: Mutex::new(None),
             audit: Mutex::new(None),
             audited: AtomicBool::new(false),
-            overdue: Mutex::new(None),
+            stalled: Mutex::new(None),
         })
     }
 
-    /// Runs `f` (on the watchdog's thread) if the request is still running inline at its
-    /// deadline; replaces what an earlier call set.
-    pub(crate) fn on_overdue(&self, f: Overdue) {
-        *self.overdue.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+    /// Runs `f` (on the watchdog's thread) if the request is still running inline [`STALL`]
+    /// after it started, or at its deadline if that is sooner; replaces what an earlier call
+    /// set.
+    pub(crate) fn on_stalled(&self, f: Stalled) {
+        *self.stalled.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
     }
 
     /// Hands the watchdog the request's audit line, in case it answers the request.
@@ -158,6 +163,8 @@ struct Shared {
 #[derive(Debug)]
 struct Running {
     until: Instant,
+    /// When [`Late::on_stalled`]'s hook runs if the work is still running.
+    stall_at: Instant,
     limit: Duration,
     deadline: Arc<Deadline>,
     late: Arc<Late>,
@@ -204,6 +211,7 @@ impl FastPath {
                 return Err(f);
             }
             *slot = Some(Running {
+                stall_at: ticket.until.min(Instant::now() + STALL),
                 until: ticket.until,
                 limit: ticket.limit,
                 deadline: ticket.deadline,
@@ -319,18 +327,21 @@ fn watch(shared: &Arc<Shared>) {
 
 /// Acts on a running request whose deadline has passed.
 fn settle(running: &mut Running) {
-    if running.settled || Instant::now() < running.until {
-        return;
+    let now = Instant::now();
+    if now >= running.stall_at {
+        // The work holds its thread: what waits behind it there goes on elsewhere.
+        let stalled = running
+            .late
+            .stalled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(f) = stalled {
+            f();
+        }
     }
-    // Whatever the answer, the work holds its thread past its deadline.
-    let overdue = running
-        .late
-        .overdue
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
-    if let Some(f) = overdue {
-        f();
+    if running.settled || now < running.until {
+        return;
     }
     if !running.deadline.expire() {
         // Committing: its own result stands and will be sent when it returns.

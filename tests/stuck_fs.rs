@@ -303,6 +303,34 @@ fn a_batch_goes_on_past_a_request_stuck_inline() {
 }
 
 #[test]
+fn answers_around_a_request_stalled_inline_do_not_wait_for_its_deadline() {
+    // In one burst: small reads, then one that runs inline and never returns, then more small
+    // reads. The answers of a batch's inline requests go out together, and a request that
+    // stalls inline holds its runner: the watchdog must send the answers gathered before it
+    // and hand the rest on once it stalls, not at its deadline. Every small read is therefore
+    // answered before the stuck one's TIMEOUT, which comes last.
+    let Some((_t, policy, fs)) = setup(3000) else {
+        return;
+    };
+    let mut run = Run::start(fs, &policy);
+    let fast = json!({"path": "r/fast.txt"});
+    let mut lines: Vec<(u64, serde_json::Value)> =
+        (3001..3004).map(|id| (id, fast.clone())).collect();
+    lines.push((3004, stuck_read(1024)));
+    lines.extend((3005..3008).map(|id| (id, fast.clone())));
+    let answers = answer_order(&mut run.b, &lines);
+    let ids: Vec<u64> = answers.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids.last(), Some(&3004), "answer order: {ids:?}");
+    for (id, m) in &answers {
+        if *id == 3004 {
+            assert_eq!(m["error"]["code"], TIMEOUT, "{m}");
+        } else {
+            assert_eq!(m["result"]["content"], "still here\n", "{m}");
+        }
+    }
+}
+
+#[test]
 fn requests_behind_one_waiting_for_the_pool_in_a_batch_do_not_wait_for_it() {
     // A large read goes to the pool and hangs there until its deadline. The small reads that
     // came in the same burst must not queue behind it: they are answered before its TIMEOUT.

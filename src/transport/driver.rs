@@ -15,9 +15,14 @@
 //! the output). Small reads and lists then run on the fast path one after another, without
 //! a task or a thread hand-off each, which was most of a pipelined small read's cost
 //! (docs/benchmarks.md). A request stuck inline holds up the rest of its batch only until
-//! the fast path's watchdog answers it: it then starts another runner for the rest
-//! ([`Late::on_overdue`]).
+//! the fast path's watchdog sees it stall (20 ms): it then starts another runner for the rest
+//! ([`Late::on_stalled`]).
+//!
+//! The answers of requests a runner finished inline go out together, at most [`SEND_EVERY`]
+//! at a time ([`Gathered`]): one wake-up of the writer and one write for several answers
+//! instead of one each, which was the rest of a pipelined small read's cost.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -56,10 +61,9 @@ pub(crate) const BATCH: usize = 32;
 /// work is not a few microseconds.
 pub(crate) const BATCH_LINE: usize = 16 << 10;
 
-/// Requests a batch runner takes before it lets the other tasks of its thread run (other
-/// sessions' among them); it also renews tokio's budget, which would otherwise make the
-/// runner's sends look like waits.
-const YIELD_EVERY: usize = 8;
+/// Requests a batch runner answers at once: it sends the answers it gathered after this many
+/// (and at its end).
+const SEND_EVERY: usize = 8;
 
 /// One request's whole way through the session (answer sent, bounds given back), owning what
 /// it needs, so that it can run in a batch or as a task of its own.
@@ -67,6 +71,21 @@ type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Requests of one batch not yet started, taken in turn by a runner ([`run_batch`]).
 type Queue = Arc<Mutex<VecDeque<(Job, Arc<Late>)>>>;
+
+/// Answers a runner finished inline and has not sent yet, each with the slot and input room
+/// its request held: a request counts as running until its answer is queued for the writer,
+/// so that `max_in_flight` and [`Driver::finish`] see it.
+type Gathered = Arc<Mutex<Vec<(Outgoing, Permits)>>>;
+
+/// A request's slot and its line's share of the input budget.
+type Permits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+
+thread_local! {
+    /// Where a request finished inline by a batch runner leaves its answer: set by the runner
+    /// only while it polls one of its requests on this thread. A request that had to wait
+    /// runs in a task of its own, polled with this unset, and sends its answer itself.
+    static GATHER: RefCell<Option<Gathered>> = const { RefCell::new(None) };
+}
 
 /// Runs one session's requests within its bounds; answers go to `out`.
 pub(crate) struct Driver<T> {
@@ -165,7 +184,8 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
             {
                 // The batch so far starts now: its requests hold slots and room that this
                 // line may have to wait for (with `max_in_flight` 1, it always would).
-                tokio::spawn(run_batch(Arc::new(Mutex::new(std::mem::take(&mut jobs)))));
+                let jobs = std::mem::take(&mut jobs);
+                tokio::spawn(run_batch(Arc::new(Mutex::new(jobs)), self.out.downgrade()));
             }
             match self.job(line).await {
                 Some(job) => jobs.push_back(job),
@@ -173,7 +193,7 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
             }
         }
         if !jobs.is_empty() {
-            tokio::spawn(run_batch(Arc::new(Mutex::new(jobs))));
+            tokio::spawn(run_batch(Arc::new(Mutex::new(jobs)), self.out.downgrade()));
         }
         true
     }
@@ -234,7 +254,7 @@ struct Bounds<T> {
     stuck: Arc<AtomicUsize>,
     spares: Option<Spares>,
     /// Its request slot and its line's share of the input budget.
-    permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    permits: Permits,
 }
 
 /// Answers one line: the body of every [`Job`].
@@ -248,48 +268,103 @@ async fn answer<T: From<Outgoing> + Send + 'static>(
     // Uncounted when the request ends, however it ends (a panic included).
     let _counted = Unstuck(Arc::clone(&late), bounds.stuck);
     let frame = session.respond_line(line, received, Some(&late)).await;
-    if let (Some(frame), Some(out)) = (frame, bounds.out.upgrade()) {
-        let _ = out.send(T::from(frame)).await;
-    }
     if let Some(spares) = bounds.spares.filter(|_| session.state().uploads.len() == 0) {
         // Kept only while an upload is open, whose next chunk's line is as long.
         spares.clear();
     }
-    drop(bounds.permits);
+    let Some(frame) = frame else {
+        return;
+    };
+    let gathering = GATHER.with(|g| g.borrow().clone());
+    match gathering {
+        Some(gathered) => lock(&gathered).push((frame, bounds.permits)),
+        None => {
+            if let Some(out) = bounds.out.upgrade() {
+                let _ = out.send(T::from(frame)).await;
+            }
+        }
+    }
+}
+
+fn lock<V>(m: &Mutex<V>) -> std::sync::MutexGuard<'_, V> {
+    // A push, a pop or a take cannot panic half-way.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Polls `job` once with its answer, if it gives one now, left in `gathered`.
+fn poll_gathering(job: &mut Job, gathered: &Gathered, cx: &mut std::task::Context<'_>) -> Poll<()> {
+    struct Unset;
+    impl Drop for Unset {
+        fn drop(&mut self) {
+            GATHER.with(|g| *g.borrow_mut() = None);
+        }
+    }
+    GATHER.with(|g| *g.borrow_mut() = Some(Arc::clone(gathered)));
+    let _unset = Unset;
+    job.as_mut().poll(cx)
+}
+
+/// Queues the gathered answers for the writer, giving back each one's slot once it is queued.
+async fn send_gathered<T: From<Outgoing>>(gathered: &Gathered, out: &mpsc::WeakSender<T>) {
+    let answers = std::mem::take(&mut *lock(gathered));
+    if answers.is_empty() {
+        return;
+    }
+    let out = out.upgrade();
+    for (frame, permits) in answers {
+        if let Some(out) = &out {
+            let _ = out.send(T::from(frame)).await;
+        }
+        drop(permits);
+    }
 }
 
 /// Takes a batch's requests in turn: each is polled once here, and finished here when it
 /// needs no wait (small work inline on the fast path), or spawned as a task of its own when
 /// it does, so that no request waits for another's wait.
-fn run_batch(queue: Queue) -> Job {
+fn run_batch<T: From<Outgoing> + Send + 'static>(queue: Queue, out: mpsc::WeakSender<T>) -> Job {
     // Boxed (as a `Job`): it spawns itself, and a recursive future needs a named type.
-    Box::pin(take_batch(queue))
+    Box::pin(take_batch(queue, out))
 }
 
 /// [`run_batch`]'s loop.
-async fn take_batch(queue: Queue) {
+async fn take_batch<T: From<Outgoing> + Send + 'static>(queue: Queue, out: mpsc::WeakSender<T>) {
     let runtime = tokio::runtime::Handle::current();
+    let gathered = Gathered::default();
     let mut taken = 0;
     loop {
-        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        if taken > 0 {
+            if taken % SEND_EVERY == 0 {
+                send_gathered(&gathered, &out).await;
+            }
+            // Before every request but the first, the runner lets its thread run what was
+            // scheduled on it meanwhile (a request it spawned, the reader a request woke).
+            // tokio polls such a task next on this thread, and no other thread may take it:
+            // were the next request to stall inline, that task would wait for it.
+            tokio::task::yield_now().await;
+        }
+        let next = lock(&queue).pop_front();
         let Some((mut job, late)) = next else {
+            send_gathered(&gathered, &out).await;
             return;
         };
-        // Stuck inline past its deadline, this request holds this runner: the watchdog then
-        // starts another for the rest (a runner that finds nothing left just ends).
+        // Stalled inline, this request holds this runner: the watchdog then sends the
+        // answers gathered before it and starts another runner for the rest (a runner that
+        // finds nothing left just ends).
         let rest = Arc::clone(&queue);
         let spawner = runtime.clone();
-        late.on_overdue(Box::new(move || {
-            spawner.spawn(run_batch(rest));
+        let (held, to) = (Arc::clone(&gathered), out.clone());
+        late.on_stalled(Box::new(move || {
+            let first = to.clone();
+            spawner.spawn(async move { send_gathered(&held, &first).await });
+            spawner.spawn(run_batch(rest, to));
         }));
-        let polled = std::future::poll_fn(|cx| Poll::Ready(job.as_mut().poll(cx))).await;
+        let polled =
+            std::future::poll_fn(|cx| Poll::Ready(poll_gathering(&mut job, &gathered, cx))).await;
         if polled.is_pending() {
             // Its next poll, in its own task, registers that task to be woken.
             tokio::spawn(job);
         }
         taken += 1;
-        if taken % YIELD_EVERY == 0 {
-            tokio::task::yield_now().await;
-        }
     }
 }

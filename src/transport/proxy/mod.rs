@@ -75,7 +75,7 @@ pub enum Link {
 }
 
 /// A future that resolves, with the reason, when the server must be ended.
-pub type EndServer = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
+pub type EndServer = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send + Sync>>;
 
 /// What to run and how.
 pub struct ProxyOptions {
@@ -314,7 +314,11 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
             stopping_tx.send_replace(true);
         });
     }
-    let ends = remote::Ends { gone, stopping };
+    let ends = remote::Ends {
+        gone,
+        stopping,
+        gone_at: std::sync::OnceLock::new(),
+    };
     let connected = remote::connect(remote, opts.max_line, server_rx, ends)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // The person ending the session (the console) ends the remote session, as the host's EOF

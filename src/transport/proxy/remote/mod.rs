@@ -294,6 +294,9 @@ struct Waiting {
 pub(super) struct Ends {
     pub(super) gone: tokio::sync::watch::Receiver<bool>,
     pub(super) stopping: tokio::sync::watch::Receiver<bool>,
+    /// When a send waiting in [`Ends::unless_gone`] saw the host go: the grace after it is
+    /// one grace, not one for that send and another for the answers still coming.
+    pub(super) gone_at: std::sync::OnceLock<tokio::time::Instant>,
 }
 
 impl Ends {
@@ -306,7 +309,8 @@ impl Ends {
             if gone.wait_for(|g| *g).await.is_err() {
                 std::future::pending::<()>().await;
             }
-            tokio::time::sleep(HOST_GONE_GRACE).await;
+            let at = *self.gone_at.get_or_init(tokio::time::Instant::now);
+            tokio::time::sleep_until(at + HOST_GONE_GRACE).await;
         };
         tokio::select! {
             () = work => true,
@@ -398,7 +402,12 @@ impl Remote {
         let grace = if ends.stopping() {
             REMOTE_GOODBYE
         } else {
-            HOST_GONE_GRACE
+            // What is left of the grace a send waiting for the server already began.
+            let since = ends
+                .gone_at
+                .get()
+                .map_or(std::time::Duration::ZERO, |at| at.elapsed());
+            HOST_GONE_GRACE.saturating_sub(since)
         };
         let _ = tokio::time::timeout(grace, async {
             while requests.join_next().await.is_some() {}
