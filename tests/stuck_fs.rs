@@ -12,59 +12,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::policy::{PolicyToml, RootToml};
-use common::{Fsb, code, python, tempdir};
+use common::stuck::StuckFs;
+use common::{Fsb, code, tempdir};
 use serde_json::json;
 
 const TIMEOUT: i64 = -31005;
-
-/// The mounted file system; unmounted and ended when dropped.
-struct StuckFs {
-    child: Child,
-    stdin: Option<ChildStdin>,
-}
-
-impl StuckFs {
-    /// Mounts the stuck file system at `mnt`, or says why it cannot here.
-    fn mount(mnt: &Path) -> Result<StuckFs, String> {
-        if !Path::new("/dev/fuse").exists() {
-            return Err("no /dev/fuse".into());
-        }
-        if rustix::process::geteuid().as_raw() != 0 {
-            return Err("not root (mounting needs it)".into());
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/stuck_fuse.py");
-        let mut child = Command::new(python())
-            .arg(script)
-            .arg(mnt)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("cannot start python: {e}"))?;
-        let stdin = child.stdin.take();
-        let mut line = String::new();
-        let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
-        let fs = StuckFs { child, stdin };
-        if line.trim() != "ready" {
-            return Err(format!("the file system did not mount ({line:?})"));
-        }
-        Ok(fs)
-    }
-}
-
-impl Drop for StuckFs {
-    fn drop(&mut self) {
-        // Its stdin closing makes it unmount and exit; the blocked readers then fail.
-        drop(self.stdin.take());
-        let _ = self.child.wait();
-    }
-}
 
 /// A root holding `fast.txt` and the stuck file system at `mnt`, and a policy with
 /// `timeout_ms` = `timeout_ms`; `None` (with a note) where the file system cannot be mounted.

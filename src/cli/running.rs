@@ -113,18 +113,8 @@ impl<W> Running<W> {
     /// still running [`STOP_GRACE`] after the signal is not waited for: the result is then
     /// `Err(signal number)` and the log is left unsealed, which is what it is (`audit verify`
     /// reports the run, exit 3).
-    ///
-    /// `main` runs as a task on the runtime's workers, not on the thread that waits for it:
-    /// there, every read of the input woke that thread from a worker, and every request it
-    /// started had to wake a worker in turn (about a third of a pipelined small read's cost).
-    pub(super) fn run<T: Send + 'static>(
-        &self,
-        main: impl std::future::Future<Output = T> + Send + 'static,
-    ) -> Result<T, i32> {
+    pub(super) fn run<T>(&self, main: impl std::future::Future<Output = T>) -> Result<T, i32> {
         let result = self.runtime.block_on(async {
-            let main = tokio::spawn(main);
-            // Stopped before it ends (a stop past its grace), it is not left running.
-            let main = AbortOnDrop(main);
             // The stop signals are caught from before `main` is first polled: a request it
             // answers at once must not leave a window in which SIGTERM still kills the broker
             // unsealed (the handlers are installed when the streams are made, not when polled).
@@ -141,7 +131,7 @@ impl<W> Running<W> {
                     let _ = tokio::task::spawn_blocking(move || b.reload_and_log()).await;
                 }
             });
-            let mut main = main;
+            tokio::pin!(main);
             let result = tokio::select! {
                 result = &mut main => Ok(result),
                 signal = stop => {
@@ -171,34 +161,6 @@ impl<W> Running<W> {
     /// The transport's options: the policy's limits, and the longest line the flags allow.
     pub(super) fn options(&self, args: &ServeArgs) -> ServeOptions {
         ServeOptions::for_policy(&self.broker.policy(), args.max_line_bytes)
-    }
-}
-
-/// A task aborted when its handle is dropped; awaited, its result (a panic in it is resumed
-/// here, as if it had run on this thread).
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl<T> std::future::Future for AbortOnDrop<T> {
-    type Output = T;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<T> {
-        std::pin::Pin::new(&mut self.0)
-            .poll(cx)
-            .map(|joined| match joined {
-                Ok(value) => value,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // Only this handle aborts it, and not while it is awaited.
-                Err(e) => panic!("the main task was cancelled: {e}"),
-            })
     }
 }
 

@@ -184,8 +184,13 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
             {
                 // The batch so far starts now: its requests hold slots and room that this
                 // line may have to wait for (with `max_in_flight` 1, it always would).
-                let jobs = std::mem::take(&mut jobs);
-                tokio::spawn(run_batch(Arc::new(Mutex::new(jobs)), self.out.downgrade()));
+                let jobs = Arc::new(Mutex::new(std::mem::take(&mut jobs)));
+                tokio::spawn(run_batch(
+                    jobs,
+                    self.out.downgrade(),
+                    Gathered::default(),
+                    0,
+                ));
             }
             match self.job(line).await {
                 Some(job) => jobs.push_back(job),
@@ -193,7 +198,13 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
             }
         }
         if !jobs.is_empty() {
-            tokio::spawn(run_batch(Arc::new(Mutex::new(jobs)), self.out.downgrade()));
+            let jobs = Arc::new(Mutex::new(jobs));
+            tokio::spawn(run_batch(
+                jobs,
+                self.out.downgrade(),
+                Gathered::default(),
+                0,
+            ));
         }
         true
     }
@@ -322,49 +333,62 @@ async fn send_gathered<T: From<Outgoing>>(gathered: &Gathered, out: &mpsc::WeakS
 /// Takes a batch's requests in turn: each is polled once here, and finished here when it
 /// needs no wait (small work inline on the fast path), or spawned as a task of its own when
 /// it does, so that no request waits for another's wait.
-fn run_batch<T: From<Outgoing> + Send + 'static>(queue: Queue, out: mpsc::WeakSender<T>) -> Job {
+fn run_batch<T: From<Outgoing> + Send + 'static>(
+    queue: Queue,
+    out: mpsc::WeakSender<T>,
+    gathered: Gathered,
+    taken: usize,
+) -> Job {
     // Boxed (as a `Job`): it spawns itself, and a recursive future needs a named type.
-    Box::pin(take_batch(queue, out))
+    Box::pin(take_one(queue, out, gathered, taken))
 }
 
-/// [`run_batch`]'s loop.
-async fn take_batch<T: From<Outgoing> + Send + 'static>(queue: Queue, out: mpsc::WeakSender<T>) {
+/// [`run_batch`]'s step: one request, then a new task for the rest.
+///
+/// The rest goes on in a new task, not in a loop here, because of where tokio puts what a
+/// worker schedules: the task spawned or woken last waits in a slot of that worker's own,
+/// which no other worker may take. Were this task to go on to the next request and stall
+/// inline, whatever waited in that slot (a request this runner spawned, the reader a request
+/// woke) would wait for the stalled request, and so would a task that merely yielded (tokio
+/// keeps those on the worker too). Spawning the next step puts it in that slot instead: it
+/// runs next, on this thread, and what the slot held moves to the worker's queue, which the
+/// other workers take from. So nothing this step did may be followed by a stall but the
+/// spawn: answers are sent after the request, not before the next.
+async fn take_one<T: From<Outgoing> + Send + 'static>(
+    queue: Queue,
+    out: mpsc::WeakSender<T>,
+    gathered: Gathered,
+    taken: usize,
+) {
+    let next = lock(&queue).pop_front();
+    let Some((mut job, late)) = next else {
+        send_gathered(&gathered, &out).await;
+        return;
+    };
+    // Stalled inline, this request holds this runner: the watchdog then sends the answers
+    // gathered before it and starts another runner for the rest (a runner that finds nothing
+    // left just ends).
     let runtime = tokio::runtime::Handle::current();
-    let gathered = Gathered::default();
-    let mut taken = 0;
-    loop {
-        if taken > 0 {
-            if taken % SEND_EVERY == 0 {
-                send_gathered(&gathered, &out).await;
-            }
-            // Before every request but the first, the runner lets its thread run what was
-            // scheduled on it meanwhile (a request it spawned, the reader a request woke).
-            // tokio polls such a task next on this thread, and no other thread may take it:
-            // were the next request to stall inline, that task would wait for it.
-            tokio::task::yield_now().await;
-        }
-        let next = lock(&queue).pop_front();
-        let Some((mut job, late)) = next else {
-            send_gathered(&gathered, &out).await;
-            return;
-        };
-        // Stalled inline, this request holds this runner: the watchdog then sends the
-        // answers gathered before it and starts another runner for the rest (a runner that
-        // finds nothing left just ends).
-        let rest = Arc::clone(&queue);
-        let spawner = runtime.clone();
-        let (held, to) = (Arc::clone(&gathered), out.clone());
-        late.on_stalled(Box::new(move || {
-            let first = to.clone();
-            spawner.spawn(async move { send_gathered(&held, &first).await });
-            spawner.spawn(run_batch(rest, to));
-        }));
-        let polled =
-            std::future::poll_fn(|cx| Poll::Ready(poll_gathering(&mut job, &gathered, cx))).await;
-        if polled.is_pending() {
-            // Its next poll, in its own task, registers that task to be woken.
-            tokio::spawn(job);
-        }
-        taken += 1;
+    let (rest, held, to) = (Arc::clone(&queue), Arc::clone(&gathered), out.clone());
+    late.on_stalled(Box::new(move || {
+        let first = to.clone();
+        runtime.spawn(async move { send_gathered(&held, &first).await });
+        runtime.spawn(run_batch(rest, to, Gathered::default(), 0));
+    }));
+    let polled =
+        std::future::poll_fn(|cx| Poll::Ready(poll_gathering(&mut job, &gathered, cx))).await;
+    if polled.is_pending() {
+        // Its next poll, in its own task, registers that task to be woken.
+        tokio::spawn(job);
+    }
+    let taken = taken + 1;
+    let more = !lock(&queue).is_empty();
+    if !more || taken % SEND_EVERY == 0 {
+        // Sending gives back the requests' slots, which may wake the reader (into the slot
+        // described above): the next step, spawned after, moves it out of the way.
+        send_gathered(&gathered, &out).await;
+    }
+    if more {
+        tokio::spawn(run_batch(queue, out, gathered, taken));
     }
 }

@@ -129,7 +129,12 @@ pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io:
                 };
                 let writer = super::pipe::BlockingWriter(OwnedFd::from(dup));
                 let reader = tokio::net::UnixStream::from_std(std_stream)?;
-                serve_connection(session, reader, writer, opts).await
+                // Never made to yield by tokio's budget: a task that yields so waits on its
+                // worker until that worker is free, and a worker running a request inline that
+                // stalls in its file system is not free; the connection would stop being read
+                // (docs/security.md, "Slow or stuck file systems"). Its reads and waits are
+                // bounded by the session's budgets, which make it wait in any case.
+                tokio::task::unconstrained(serve_connection(session, reader, writer, opts)).await
             }
             .await;
             match result {

@@ -21,6 +21,7 @@ pub mod peers;
 pub mod policy;
 pub mod procs;
 pub mod remote;
+pub mod stuck;
 
 #[allow(unused_imports)] // each test file uses its own part
 pub use fsb::{Fsb, Listener};

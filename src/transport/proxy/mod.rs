@@ -75,7 +75,7 @@ pub enum Link {
 }
 
 /// A future that resolves, with the reason, when the server must be ended.
-pub type EndServer = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send + Sync>>;
+pub type EndServer = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
 
 /// What to run and how.
 pub struct ProxyOptions {
