@@ -265,14 +265,10 @@ fn a_peer_that_closes_its_input_mid_burst_still_gets_every_answer() {
     assert!(status.is_some_and(|s| s.success()), "exit: {status:?}");
 }
 
-#[test]
-fn a_peer_that_stops_reading_its_output_mid_bursts_gets_each_answer_once() {
-    let Some((_t, policy, _root, fs)) = setup("timeout_ms = 1500\nrequests_per_second = 0") else {
-        return;
-    };
-    let mut run = start(fs, &policy);
-    run.b.pause_reading();
-    // Bursts of 256 KiB answers fill the pipe and the answer budget; stuck reads among them.
+/// 120 reads in one write (ids 100–219): 48 KiB and 256 KiB answers, which fill the pipe and
+/// the answer budget of a peer that does not read them, with every 20th read stuck in the
+/// mount. Its lines and their ids.
+fn paused_burst() -> (Vec<u8>, Vec<u64>) {
     let mut ids = Vec::new();
     let mut bytes = Vec::new();
     for i in 0..120u64 {
@@ -284,6 +280,17 @@ fn a_peer_that_stops_reading_its_output_mid_bursts_gets_each_answer_once() {
         bytes.extend(request_line(100 + i, "files/read", p));
         ids.push(100 + i);
     }
+    (bytes, ids)
+}
+
+#[test]
+fn a_peer_that_stops_reading_its_output_mid_bursts_gets_each_answer_once() {
+    let Some((_t, policy, _root, fs)) = setup("timeout_ms = 1500\nrequests_per_second = 0") else {
+        return;
+    };
+    let mut run = start(fs, &policy);
+    run.b.pause_reading();
+    let (bytes, ids) = paused_burst();
     let mut w = run.b.take_stdin();
     let writer = std::thread::spawn(move || {
         use std::io::Write;
@@ -873,17 +880,7 @@ fn a_paused_attacker_with_stuck_reads_does_not_freeze_another_session() {
         return;
     };
     a.pause_reading();
-    let mut ids = Vec::new();
-    let mut bytes = Vec::new();
-    for i in 0..120u64 {
-        let p = match i % 20 {
-            5 => stuck(),
-            0 | 10 => json!({"path": "r/big.bin", "length": 256 << 10, "encoding": "base64"}),
-            _ => json!({"path": "r/big.bin", "length": 48 << 10, "encoding": "base64"}),
-        };
-        bytes.extend(request_line(100 + i, "files/read", p));
-        ids.push(100 + i);
-    }
+    let (bytes, ids) = paused_burst();
     let done = a.write_in_background(bytes);
     let started = Instant::now();
     let mut worst = Duration::ZERO;
