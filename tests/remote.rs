@@ -16,55 +16,26 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
-use common::fsb::{Cmd, Fsb, Log};
-use common::kit::Rng;
+use common::fsb::{Cmd, Log};
 use common::peers::{require_npm, require_python_mcp1};
-use common::remote::{RemoteServer, test_ca};
-use common::{Listener, PolicyToml, RootToml, path_str, tempdir, uri_path};
+use common::remote::{FILE_SIZE, Host, RemoteServer, Root, brokered_round, test_ca};
+use common::{Listener, PolicyToml, RootToml, path_str, tempdir};
 
 /// Bounds every wait, only so that a hang fails instead of blocking the run; nothing here is
 /// timed. Generous: debug builds, Node.js startup and a 20 MiB file in chunks.
 const WAIT: Duration = Duration::from_secs(180);
 
-/// Enough for three 1 MiB reads, the last one short: the reader must follow `length`/`eof`.
-const FILE_SIZE: usize = (2 << 20) + 12_345;
-
 /// The large file: read in chunks that fit a server's body limit.
 const BIG_SIZE: usize = 20 << 20;
 
-/// A root with `data.bin` and `big.bin` (seeded bytes) in it, and their sha256.
-struct Root {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-    sha256: String,
-    big_sha256: String,
-}
-
+/// A root with `data.bin`, `note.txt` and the 20 MiB `big.bin`.
 fn root() -> Root {
-    let (dir, base) = tempdir();
-    let path = base.join("remote-root");
-    std::fs::create_dir(&path).expect("mkdir root");
-    let bytes = Rng::new(30).bytes(FILE_SIZE);
-    std::fs::write(path.join("data.bin"), &bytes).expect("write data.bin");
-    let big = Rng::new(31).bytes(BIG_SIZE);
-    std::fs::write(path.join("big.bin"), &big).expect("write big.bin");
-    std::fs::write(path.join("note.txt"), "hello from the broker's root\n").expect("write note");
-    Root {
-        _dir: dir,
-        path,
-        sha256: hex(&Sha256::digest(&bytes)),
-        big_sha256: hex(&Sha256::digest(&big)),
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Root::with_big(BIG_SIZE)
 }
 
 /// The three real servers, for what every one of them must do alike.
@@ -115,15 +86,7 @@ impl Peer {
     }
 }
 
-/// The host's side: `fsbroker proxy --root ROOT --url URL ARGS`, every line it reads
-/// recorded.
-struct Host {
-    fsb: Fsb,
-    ids: Vec<u64>,
-    /// `params._meta` of every tools/call: set for a 2026-07-28 host, which has no handshake.
-    meta: Option<Value>,
-}
-
+/// The host of `fsbroker proxy --root ROOT --url URL ARGS`.
 impl Host {
     fn start(root: &Path, url: &str, args: &[&str]) -> Host {
         Host::start_with(root, url, args, &[])
@@ -142,155 +105,8 @@ impl Host {
         for (k, v) in env {
             cmd = cmd.env(k, v);
         }
-        let fsb = cmd.log(Log::Keep).record().deadline(WAIT).spawn();
-        Host {
-            fsb,
-            ids: Vec::new(),
-            meta: None,
-        }
+        Host::new(cmd.log(Log::Keep).record().deadline(WAIT).spawn(), None)
     }
-
-    /// The raw response to a request of the host's.
-    fn raw(&mut self, method: &str, params: Value) -> Value {
-        let id = self.fsb.send(method, params);
-        self.ids.push(id);
-        self.fsb.response(id)
-    }
-
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        let r = self.raw(method, params.clone());
-        assert!(
-            r.get("error").is_none(),
-            "{method} {params} failed: {r}\nproxy log:\n{}",
-            self.fsb.log_text()
-        );
-        r["result"].clone()
-    }
-
-    fn init_params() -> Value {
-        json!({
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "remote-test", "version": "0"}
-        })
-    }
-
-    /// The 2025 handshake; the host declares no roots of its own.
-    fn initialize(&mut self) -> Value {
-        let r = self.request("initialize", Host::init_params());
-        self.fsb
-            .send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        r
-    }
-
-    /// From now on a host of MCP 2026-07-28: each request declares its revision.
-    fn modern(&mut self) {
-        self.meta = Some(json!({
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {},
-            "io.modelcontextprotocol/clientInfo": {"name": "remote-test", "version": "0"}
-        }));
-    }
-
-    /// The tool call's raw response.
-    fn call(&mut self, name: &str, arguments: Value) -> Value {
-        let mut params = json!({"name": name, "arguments": arguments});
-        if let Some(meta) = &self.meta {
-            params["_meta"] = meta.clone();
-        }
-        self.raw("tools/call", params)
-    }
-
-    /// A tool call whose one text block is JSON: that JSON.
-    fn tool(&mut self, name: &str, arguments: Value) -> Value {
-        let r = self.call(name, arguments);
-        assert!(
-            r.get("error").is_none(),
-            "tools/call {name} failed: {r}\nproxy log:\n{}",
-            self.fsb.log_text()
-        );
-        let r = r["result"].clone();
-        assert_ne!(r["isError"], true, "tool {name} failed: {r}");
-        let text = r["content"][0]["text"]
-            .as_str()
-            .unwrap_or_else(|| panic!("tool {name}: no text: {r}"));
-        serde_json::from_str(text).unwrap_or_else(|e| panic!("tool {name}: {text}: {e}"))
-    }
-
-    /// The server's request to the client, answered: its `result`.
-    fn ask(&mut self, method: &str, params: Value, stream: &str) -> Value {
-        let r = self.tool(
-            "request",
-            json!({"method": method, "params": params, "stream": stream}),
-        );
-        assert!(
-            r.get("error").is_none(),
-            "the server's {method} on its {stream} stream got an error: {r}\nproxy log:\n{}",
-            self.fsb.log_text()
-        );
-        r["result"].clone()
-    }
-
-    /// Closes the host's side; the proxy must end by itself (exit 0), and every line the
-    /// host read must be an answer to one of its own requests or a notification that is not
-    /// the broker's.
-    fn finish(mut self) -> String {
-        let (status, _) = self.fsb.end();
-        let log = self.fsb.log_text();
-        assert!(status.success(), "the proxy exited with {status}:\n{log}");
-        for raw in self.fsb.received() {
-            let m: Value = serde_json::from_slice(raw)
-                .unwrap_or_else(|e| panic!("the host read a line that is not JSON ({e}): {raw:?}"));
-            match (m.get("method").and_then(Value::as_str), m.get("id")) {
-                (Some(method), None) => assert!(
-                    !method.starts_with("notifications/files/")
-                        && !method.starts_with("notifications/roots/")
-                        && !method.starts_with("notifications/fsbroker/"),
-                    "a broker notification reached the host: {m}"
-                ),
-                (Some(_), Some(_)) => panic!("a request reached the host: {m}\n{log}"),
-                (None, Some(id)) => assert!(
-                    id.as_u64().is_some_and(|id| self.ids.contains(&id)),
-                    "an answer to a request the host never sent: {m}"
-                ),
-                (None, None) => panic!("neither request nor answer: {m}"),
-            }
-        }
-        log
-    }
-}
-
-/// Roots, consent, a listing and the whole file read in 1 MiB chunks, each asked by the
-/// server on `stream` ("post" or "get") and answered by the broker.
-fn brokered_round(host: &mut Host, root: &Root, stream: &str) {
-    let roots = host.ask("roots/list", json!({}), stream);
-    assert_eq!(
-        roots["roots"],
-        json!([{"uri": format!("file://{}", uri_path(&root.path)), "name": "remote-root"}]),
-        "roots/list was not answered with the broker's root"
-    );
-    let consent = host.ask(
-        "files/consent",
-        json!({"requestedPaths": [path_str(&root.path)], "message": "remote test"}),
-        stream,
-    );
-    assert_eq!(consent["granted"], true, "{consent}");
-    let list = host.ask("files/list", json!({"path": path_str(&root.path)}), stream);
-    let names: Vec<&str> = list["entries"]
-        .as_array()
-        .unwrap_or_else(|| panic!("files/list: {list}"))
-        .iter()
-        .filter_map(|e| e["name"].as_str())
-        .collect();
-    assert_eq!(names, ["big.bin", "data.bin", "note.txt"], "{list}");
-    let read = host.tool(
-        "read_all",
-        json!({"path": path_str(&root.path.join("data.bin")), "chunk": 1 << 20, "stream": stream}),
-    );
-    assert_eq!(read["errors"], json!([]), "{read}");
-    assert_eq!(read["bytes"], FILE_SIZE, "{read}");
-    assert_eq!(read["sha256"], root.sha256, "{read}");
-    assert_eq!(read["reads"], 3, "{read}");
 }
 
 /// The `roots/list` the server sent the moment the session was initialized (on the GET
@@ -359,7 +175,7 @@ fn python_v1_server() {
     );
     assert_eq!(read["errors"], json!([]), "{read}");
     assert_eq!(read["bytes"], BIG_SIZE, "{read}");
-    assert_eq!(read["sha256"], root.big_sha256, "{read}");
+    assert_eq!(read["sha256"], root.big_sha256(), "{read}");
     let before = server.debug();
     host.finish();
     deleted_at_exit(&server, &before);
@@ -403,7 +219,7 @@ fn a_body_limit_clamps_reads() {
     }
     assert_eq!(read["errors"], json!([]), "{read}");
     assert_eq!(read["bytes"], BIG_SIZE, "{read}");
-    assert_eq!(read["sha256"], root.big_sha256, "{read}");
+    assert_eq!(read["sha256"], root.big_sha256(), "{read}");
     assert!(read["clamped"].as_u64().is_some_and(|n| n > 0), "{read}");
     host.finish();
 
@@ -411,7 +227,7 @@ fn a_body_limit_clamps_reads() {
     host.initialize();
     let read = host.tool("read_all", json!({"path": big, "chunk": 4 << 20}));
     assert_eq!(read["errors"], json!([]), "{read}");
-    assert_eq!(read["sha256"], root.big_sha256, "{read}");
+    assert_eq!(read["sha256"], root.big_sha256(), "{read}");
     assert_eq!(read["reads"], 40, "{read}");
     host.finish();
 }
@@ -436,7 +252,7 @@ fn typescript_v2_server_with_a_2026_host() {
     );
     assert_eq!(read["errors"], json!([]), "{read}");
     assert_eq!(read["bytes"], BIG_SIZE, "{read}");
-    assert_eq!(read["sha256"], root.big_sha256, "{read}");
+    assert_eq!(read["sha256"], root.big_sha256(), "{read}");
     host.finish();
 }
 
@@ -658,7 +474,7 @@ fn every_server_gets_a_20_mib_file_under_a_body_limit() {
         }
         assert_eq!(read["errors"], json!([]), "{peer:?}: {read}");
         assert_eq!(read["bytes"], BIG_SIZE, "{peer:?}: {read}");
-        assert_eq!(read["sha256"], root.big_sha256, "{peer:?}: {read}");
+        assert_eq!(read["sha256"], root.big_sha256(), "{peer:?}: {read}");
         host.finish();
     }
 }

@@ -15,61 +15,23 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
-use common::fsb::{Cmd, Fsb, Log};
-use common::kit::Rng;
+use common::fsb::{Cmd, Log};
+use common::path_str;
 use common::peers::{peers_dir, require_npm, require_python_mcp1};
-use common::remote::{RemoteServer, test_ca};
-use common::{path_str, tempdir, uri_path};
+use common::remote::{Host, RemoteServer, Root, brokered_round, test_ca};
 
 /// Bounds every wait, only so that a hang fails instead of blocking the run; nothing here is
 /// timed. Generous: debug builds, Node.js startup and a 3 MiB file in three requests.
 const WAIT: Duration = Duration::from_secs(120);
 
-/// Enough for three 1 MiB reads, the last one short: the reader must follow `length`/`eof`.
-const FILE_SIZE: usize = (2 << 20) + 12_345;
-
-/// A root with `data.bin` (seeded bytes) in it, and the bytes' sha256.
-struct Root {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-    sha256: String,
-}
-
-fn root() -> Root {
-    let (dir, base) = tempdir();
-    let path = base.join("remote-root");
-    std::fs::create_dir(&path).expect("mkdir root");
-    let bytes = Rng::new(30).bytes(FILE_SIZE);
-    std::fs::write(path.join("data.bin"), &bytes).expect("write data.bin");
-    std::fs::write(path.join("note.txt"), "hello from the broker's root\n").expect("write note");
-    Root {
-        _dir: dir,
-        path,
-        sha256: hex(&Sha256::digest(&bytes)),
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The host's side: `fsbroker proxy --root ROOT -- node mcp-remote URL ARGS`, every line it
-/// reads recorded. mcp-remote keeps OAuth state under `MCP_REMOTE_CONFIG_DIR` (and `HOME`):
-/// a directory of the test's, so no user's tokens are read and none are left behind.
-struct Host {
-    fsb: Fsb,
-    home: tempfile::TempDir,
-    ids: Vec<u64>,
-    /// `params._meta` of every tools/call: set for a 2026-07-28 host, which has no handshake.
-    meta: Option<Value>,
-}
-
+/// The host of `fsbroker proxy --root ROOT -- node mcp-remote URL ARGS`. mcp-remote keeps
+/// OAuth state under `MCP_REMOTE_CONFIG_DIR` (and `HOME`): a directory of the test's, so no
+/// user's tokens are read and none are left behind.
 impl Host {
     fn start(root: &Path, url: &str, bridge_args: &[&str]) -> Host {
         Host::start_with(root, url, bridge_args, &[])
@@ -95,155 +57,11 @@ impl Host {
         for (k, v) in env {
             cmd = cmd.env(k, v);
         }
-        let fsb = cmd.log(Log::Keep).record().deadline(WAIT).spawn();
-        Host {
-            fsb,
-            home,
-            ids: Vec::new(),
-            meta: None,
-        }
+        Host::new(
+            cmd.log(Log::Keep).record().deadline(WAIT).spawn(),
+            Some(home),
+        )
     }
-
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = self.fsb.send(method, params.clone());
-        self.ids.push(id);
-        let r = self.fsb.response(id);
-        assert!(
-            r.get("error").is_none(),
-            "{method} {params} failed: {r}\nproxy and bridge log:\n{}",
-            self.fsb.log_text()
-        );
-        r["result"].clone()
-    }
-
-    /// The 2025 handshake; the host declares no roots of its own.
-    fn initialize(&mut self) -> Value {
-        let r = self.request(
-            "initialize",
-            json!({
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "remote-bridge-test", "version": "0"}
-            }),
-        );
-        self.fsb
-            .send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        r
-    }
-
-    /// From now on a host of MCP 2026-07-28: each request declares its revision (and no
-    /// roots of the host's own) in its envelope.
-    fn modern(&mut self) {
-        self.meta = Some(json!({
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {},
-            "io.modelcontextprotocol/clientInfo": {"name": "remote-bridge-test", "version": "0"}
-        }));
-    }
-
-    /// The tool call's raw response.
-    fn call(&mut self, name: &str, arguments: Value) -> Value {
-        let mut params = json!({"name": name, "arguments": arguments});
-        if let Some(meta) = &self.meta {
-            params["_meta"] = meta.clone();
-        }
-        let id = self.fsb.send("tools/call", params);
-        self.ids.push(id);
-        self.fsb.response(id)
-    }
-
-    /// A tool call whose one text block is JSON: that JSON.
-    fn tool(&mut self, name: &str, arguments: Value) -> Value {
-        let r = self.call(name, arguments);
-        assert!(
-            r.get("error").is_none(),
-            "tools/call {name} failed: {r}\nproxy and bridge log:\n{}",
-            self.fsb.log_text()
-        );
-        let r = r["result"].clone();
-        assert_ne!(r["isError"], true, "tool {name} failed: {r}");
-        let text = r["content"][0]["text"]
-            .as_str()
-            .unwrap_or_else(|| panic!("tool {name}: no text: {r}"));
-        serde_json::from_str(text).unwrap_or_else(|e| panic!("tool {name}: {text}: {e}"))
-    }
-
-    /// The server's request to the client, answered: its `result` (the tool reports a JSON-RPC
-    /// error as `{error}`).
-    fn ask(&mut self, method: &str, params: Value, stream: &str) -> Value {
-        let r = self.tool(
-            "request",
-            json!({"method": method, "params": params, "stream": stream}),
-        );
-        assert!(
-            r.get("error").is_none(),
-            "the server's {method} on its {stream} stream got an error: {r}"
-        );
-        r["result"].clone()
-    }
-
-    /// Closes the host's side; the proxy must end by itself, and every line the host read
-    /// must be an answer to one of its own requests or a notification that is not the
-    /// broker's.
-    fn finish(mut self) {
-        let (status, _) = self.fsb.end();
-        let log = self.fsb.log_text();
-        assert!(status.success(), "the proxy exited with {status}:\n{log}");
-        for raw in self.fsb.received() {
-            let m: Value = serde_json::from_slice(raw)
-                .unwrap_or_else(|e| panic!("the host read a line that is not JSON ({e}): {raw:?}"));
-            match (m.get("method").and_then(Value::as_str), m.get("id")) {
-                (Some(method), None) => assert!(
-                    !method.starts_with("notifications/files/")
-                        && !method.starts_with("notifications/roots/")
-                        && !method.starts_with("notifications/fsbroker/"),
-                    "a broker notification reached the host: {m}"
-                ),
-                (Some(_), Some(_)) => panic!("a request reached the host: {m}\n{log}"),
-                (None, Some(id)) => assert!(
-                    id.as_u64().is_some_and(|id| self.ids.contains(&id)),
-                    "an answer to a request the host never sent: {m}"
-                ),
-                (None, None) => panic!("neither request nor answer: {m}"),
-            }
-        }
-        drop(self.home);
-    }
-}
-
-/// What every remote peer is asked through the bridge, on `stream` ("post": the tool call's
-/// own SSE stream; "get": the session's GET stream): roots, consent, a listing and the whole
-/// file read in 1 MiB chunks, each answered by the broker.
-fn brokered_round(host: &mut Host, root: &Root, stream: &str) {
-    let roots = host.ask("roots/list", json!({}), stream);
-    assert_eq!(
-        roots["roots"],
-        json!([{"uri": format!("file://{}", uri_path(&root.path)), "name": "remote-root"}]),
-        "roots/list was not answered with the broker's root"
-    );
-    let consent = host.ask(
-        "files/consent",
-        json!({"requestedPaths": [path_str(&root.path)], "message": "remote bridge test"}),
-        stream,
-    );
-    assert_eq!(consent["granted"], true, "{consent}");
-    assert_eq!(consent["approvedPaths"], json!([path_str(&root.path)]));
-    let list = host.ask("files/list", json!({"path": path_str(&root.path)}), stream);
-    let names: Vec<&str> = list["entries"]
-        .as_array()
-        .unwrap_or_else(|| panic!("files/list: {list}"))
-        .iter()
-        .filter_map(|e| e["name"].as_str())
-        .collect();
-    assert_eq!(names, ["data.bin", "note.txt"], "{list}");
-    let read = host.tool(
-        "read_all",
-        json!({"path": path_str(&root.path.join("data.bin")), "chunk": 1 << 20, "stream": stream}),
-    );
-    assert_eq!(read["errors"], json!([]), "{read}");
-    assert_eq!(read["bytes"], FILE_SIZE, "{read}");
-    assert_eq!(read["sha256"], root.sha256, "{read}");
-    assert_eq!(read["reads"], 3, "{read}");
 }
 
 /// TypeScript SDK 1.x server (stateful, SSE) through mcp-remote: the server's `roots/list`
@@ -252,7 +70,7 @@ fn brokered_round(host: &mut Host, root: &Root, stream: &str) {
 #[test]
 fn typescript_v1_server_through_mcp_remote() {
     require_npm();
-    let root = root();
+    let root = Root::new();
     let server = RemoteServer::node("remote_ts1.mjs", &[]);
     let mut host = Host::start(&root.path, &server.url, &[]);
     let init = host.initialize();
@@ -267,7 +85,7 @@ fn typescript_v1_server_through_mcp_remote() {
 #[test]
 fn dropped_sse_streams_are_resumed_through_mcp_remote() {
     require_npm();
-    let root = root();
+    let root = Root::new();
     let server = RemoteServer::node("remote_ts1.mjs", &["--drop-sse-after", "2"]);
     let mut host = Host::start(&root.path, &server.url, &[]);
     host.initialize();
@@ -295,7 +113,7 @@ fn dropped_sse_streams_are_resumed_through_mcp_remote() {
 fn python_v1_server_through_mcp_remote() {
     require_npm();
     let python = require_python_mcp1();
-    let root = root();
+    let root = Root::new();
     let server = RemoteServer::start(&python, &["remote_py1.py"]);
     let mut host = Host::start(&root.path, &server.url, &[]);
     let init = host.initialize();
@@ -310,7 +128,7 @@ fn python_v1_server_through_mcp_remote() {
 fn dropped_python_sse_streams_are_resumed_through_mcp_remote() {
     require_npm();
     let python = require_python_mcp1();
-    let root = root();
+    let root = Root::new();
     let server = RemoteServer::start(&python, &["remote_py1.py", "--drop-sse-after", "2"]);
     let mut host = Host::start(&root.path, &server.url, &[]);
     host.initialize();
@@ -338,7 +156,7 @@ fn dropped_python_sse_streams_are_resumed_through_mcp_remote() {
 #[test]
 fn typescript_v2_server_through_mcp_remote_with_a_2026_host() {
     require_npm();
-    let root = root();
+    let root = Root::new();
     let server = RemoteServer::node("remote_ts2.mjs", &[]);
     let mut host = Host::start(&root.path, &server.url, &["--protocol", "auto"]);
     host.modern();
@@ -353,7 +171,7 @@ fn typescript_v2_server_through_mcp_remote_with_a_2026_host() {
 #[test]
 fn typescript_v2_server_through_mcp_remote_with_a_2025_host() {
     require_npm();
-    let root = root();
+    let root = Root::new();
     let server = RemoteServer::node("remote_ts2.mjs", &[]);
     let mut host = Host::start(&root.path, &server.url, &["--protocol", "auto"]);
     host.initialize();
@@ -377,7 +195,7 @@ fn typescript_v2_server_through_mcp_remote_with_a_2025_host() {
 #[test]
 fn typescript_v1_server_over_https_with_a_required_header() {
     require_npm();
-    let root = root();
+    let root = Root::new();
     let certs = tempfile::tempdir().expect("tempdir");
     let ca = test_ca(certs.path());
     let server = RemoteServer::node(
@@ -416,7 +234,7 @@ fn typescript_v1_server_over_https_with_a_required_header() {
 #[test]
 fn an_expired_session_is_reestablished_through_mcp_remote() {
     require_npm();
-    let root = root();
+    let root = Root::new();
     let server = RemoteServer::node("remote_ts1.mjs", &[]);
     let mut host = Host::start(&root.path, &server.url, &[]);
     host.initialize();
