@@ -1,9 +1,10 @@
 //! `fsbroker proxy --url`: the transport's edges that no real MCP server produces on demand,
-//! against a small HTTP server in the test (plain `std::net` on 127.0.0.1, one request per
-//! connection, each answer written by the test): the headers every request carries, a GET
-//! stream refused with 405, redirects (not followed), an event longer than the proxy relays,
-//! a 413 for the host's own message, a stream that ends without the answer, and the command
-//! line's refusals. The real servers are in `tests/remote.rs`.
+//! against a small HTTP server in the test (`tests/common/http.rs`: plain `std::net` on
+//! 127.0.0.1, one request per connection, each answer written by the test): the headers
+//! every request carries, a GET stream refused with 405, redirects (not followed), an event
+//! longer than the proxy relays, a 413 for the host's own message, a stream that ends
+//! without the answer, and the command line's refusals. The real servers are in
+//! `tests/remote.rs`.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).
@@ -11,167 +12,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::io::Write;
 
 use serde_json::{Value, json};
 
-use common::fsb::{Cmd, Fsb, Log};
-use common::{path_str, tempdir};
-
-/// Bounds every wait, only so that a hang fails instead of blocking the run.
-const WAIT: Duration = Duration::from_secs(60);
-
-/// One request as the test server read it.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    /// Header names in lower case, with their values.
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Seen {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
-    }
-}
-
-/// A server on 127.0.0.1 that answers each request with what `answer` writes (the whole
-/// response, head and body), and records every request.
-struct Server {
-    url: String,
-    seen: Arc<Mutex<Vec<Seen>>>,
-}
-
-impl Server {
-    fn start(answer: impl Fn(&Seen, &mut TcpStream) + Send + Sync + 'static) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let url = format!("http://{}/mcp", listener.local_addr().expect("addr"));
-        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let record = Arc::clone(&seen);
-        let answer = Arc::new(answer);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { break };
-                let record = Arc::clone(&record);
-                let answer = Arc::clone(&answer);
-                std::thread::spawn(move || {
-                    let Some(req) = read_request(&mut stream) else {
-                        return;
-                    };
-                    record.lock().unwrap().push(req.clone());
-                    answer(&req, &mut stream);
-                });
-            }
-        });
-        Server { url, seen }
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-fn read_request(stream: &mut TcpStream) -> Option<Seen> {
-    stream.set_read_timeout(Some(WAIT)).ok()?;
-    let mut reader = BufReader::new(stream.try_clone().ok()?);
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let method = line.split(' ').next()?.to_owned();
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        reader.read_line(&mut line).ok()?;
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (n, v) = l.split_once(':')?;
-        headers.push((n.trim().to_ascii_lowercase(), v.trim().to_owned()));
-    }
-    let len: usize = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; len];
-    reader.read_exact(&mut body).ok()?;
-    Some(Seen {
-        method,
-        headers,
-        body,
-    })
-}
-
-/// A whole response: `status` (with its reason), extra header lines, a body.
-fn respond(stream: &mut TcpStream, status: &str, headers: &[&str], body: &[u8]) {
-    let mut head = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for h in headers {
-        head.push_str(h);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    let _ = stream.write_all(head.as_bytes());
-    let _ = stream.write_all(body);
-}
-
-/// The JSON-RPC answer to `req` with `result`.
-fn answer_json(req: &Seen, result: Value, stream: &mut TcpStream, extra: &[&str]) {
-    let body = json!({"jsonrpc": "2.0", "id": req.json()["id"], "result": result}).to_string();
-    let mut headers = vec!["Content-Type: application/json"];
-    headers.extend_from_slice(extra);
-    respond(stream, "200 OK", &headers, body.as_bytes());
-}
-
-fn init_result() -> Value {
-    json!({"protocolVersion": "2025-06-18", "capabilities": {}, "serverInfo": {"name": "edge", "version": "0"}})
-}
-
-fn proxy(url: &str, args: &[&str]) -> (tempfile::TempDir, Fsb) {
-    let (dir, root) = tempdir();
-    let mut all = vec![
-        "proxy".to_owned(),
-        "--root".to_owned(),
-        path_str(&root),
-        "--url".to_owned(),
-        url.to_owned(),
-    ];
-    all.extend(args.iter().map(|a| (*a).to_owned()));
-    let fsb = Cmd::new(&all)
-        .log(Log::Keep)
-        .record()
-        .deadline(WAIT)
-        .spawn();
-    (dir, fsb)
-}
-
-fn initialize(fsb: &mut Fsb) -> Value {
-    fsb.request(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
-    )
-}
-
-/// The error message of a response that must be an error.
-fn error_message(r: &Value) -> String {
-    r["error"]["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("not an error: {r}"))
-        .to_owned()
-}
+use common::http::{
+    Server, WAIT, answer_json, error_message, init_result, initialize, proxy, respond,
+};
 
 /// After `initialize`, every request carries the session's id and the negotiated version,
 /// and the user's headers; a GET stream refused with 405 is fine; the host's EOF DELETEs the
@@ -189,9 +36,9 @@ fn session_headers_on_every_request_and_delete_at_exit() {
             _ => answer_json(req, json!({"tools": []}), stream, &[]),
         },
     });
-    let (_dir, mut fsb) = proxy(&server.url, &["--header", "X-Team: blue"]);
+    let (_dir, mut fsb) = proxy(&server.url, &["--header", "X-Team: blue"], &[]);
     let init = initialize(&mut fsb);
-    assert_eq!(init["result"]["serverInfo"]["name"], "edge", "{init}");
+    assert_eq!(init["result"]["serverInfo"]["name"], "loopback", "{init}");
     fsb.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     let tools = fsb.request("tools/list", json!({}));
     assert_eq!(tools["result"]["tools"], json!([]), "{tools}");
@@ -232,7 +79,7 @@ fn redirects_are_not_followed() {
     let server = Server::start(move |_, stream| {
         respond(stream, "307 Temporary Redirect", &[&location], b"")
     });
-    let (_dir, mut fsb) = proxy(&server.url, &["--header", "Authorization: Bearer x"]);
+    let (_dir, mut fsb) = proxy(&server.url, &["--header", "Authorization: Bearer x"], &[]);
     let r = initialize(&mut fsb);
     let message = error_message(&r);
     assert!(
@@ -260,7 +107,7 @@ fn an_over_long_event_fails_the_request() {
             }
         }
     });
-    let (_dir, mut fsb) = proxy(&server.url, &["--max-line-bytes", "1048576"]);
+    let (_dir, mut fsb) = proxy(&server.url, &["--max-line-bytes", "1048576"], &[]);
     let r = initialize(&mut fsb);
     let message = error_message(&r);
     assert!(message.contains("longer than 1048576 bytes"), "{r}");
@@ -277,7 +124,7 @@ fn a_413_for_the_hosts_message_is_an_error() {
             answer_json(req, init_result(), stream, &[]);
         }
     });
-    let (_dir, mut fsb) = proxy(&server.url, &[]);
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
     initialize(&mut fsb);
     let r = fsb.request(
         "tools/call",
@@ -302,7 +149,7 @@ fn a_stream_without_the_answer_is_an_error() {
             b"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{}}\n\n",
         ),
     });
-    let (_dir, mut fsb) = proxy(&server.url, &[]);
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
     initialize(&mut fsb);
     let r = fsb.request("tools/list", json!({}));
     let message = error_message(&r);
@@ -378,7 +225,7 @@ fn plain_server() -> Server {
 #[test]
 fn a_host_that_writes_and_leaves_gets_its_answers() {
     let server = plain_server();
-    let (_dir, mut fsb) = proxy(&server.url, &[]);
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
     fsb.send_msg(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}));
     fsb.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     fsb.send_msg(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
@@ -412,7 +259,7 @@ fn a_host_that_writes_and_leaves_gets_its_answers() {
 #[test]
 fn a_stop_signal_deletes_the_session() {
     let server = plain_server();
-    let (_dir, mut fsb) = proxy(&server.url, &[]);
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
     initialize(&mut fsb);
     fsb.signal(rustix::process::Signal::TERM);
     let status = fsb

@@ -1,7 +1,7 @@
 //! `fsbroker proxy --url` against a hostile remote server: a tiny HTTP server in the test
-//! (plain `std::net` on 127.0.0.1, one thread per connection, every byte of every answer
-//! written by the test), the real binary as the proxy, and the test as the host on its
-//! stdin and stdout. Each test names what must hold. Failing when written (the review's
+//! (`tests/common/http.rs`: plain `std::net` on 127.0.0.1, one thread per connection, every
+//! byte of every answer written by the test), the real binary as the proxy, and the test as
+//! the host on its stdin and stdout. Each test names what must hold. Failing when written (the review's
 //! findings; its report gives the fix proposed for each):
 //! `streams_opened_for_broker_answers_are_bounded_in_memory`,
 //! `partial_json_bodies_in_flight_are_bounded_in_memory`,
@@ -19,7 +19,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,145 +27,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use common::fsb::{Cmd, Fsb, Log};
+use common::fsb::Fsb;
+use common::http::{
+    Seen, Server, WAIT, answer_json, error_message, init_result, initialize, proxy, respond,
+};
 use common::{path_str, proc_status_kib, tempdir};
-
-/// Bounds every wait, only so that a hang fails instead of blocking the run.
-const WAIT: Duration = Duration::from_secs(60);
 
 /// What the proxy may hold beyond the longest message it relays (`--max-line-bytes`).
 const BASE_MIB: u64 = 100;
-
-/// One request as the test server read it.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    /// Header names in lower case, with their values (lossy UTF-8).
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Seen {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
-    }
-
-    fn rpc_method(&self) -> Option<String> {
-        self.json()["method"].as_str().map(str::to_owned)
-    }
-}
-
-type Answer = dyn Fn(&Seen, &mut TcpStream) + Send + Sync;
-
-/// A server on 127.0.0.1 that answers each request with what `answer` writes, and records
-/// every request (and the raw bytes of every request head).
-struct Server {
-    url: String,
-    port: u16,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    connections: Arc<AtomicUsize>,
-}
-
-impl Server {
-    fn start(answer: impl Fn(&Seen, &mut TcpStream) + Send + Sync + 'static) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let url = format!("http://127.0.0.1:{port}/mcp");
-        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let connections = Arc::new(AtomicUsize::new(0));
-        let record = Arc::clone(&seen);
-        let count = Arc::clone(&connections);
-        let answer: Arc<Answer> = Arc::new(answer);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { break };
-                count.fetch_add(1, Ordering::SeqCst);
-                let record = Arc::clone(&record);
-                let answer = Arc::clone(&answer);
-                std::thread::spawn(move || {
-                    let Some(req) = read_request(&mut stream) else {
-                        return;
-                    };
-                    record.lock().unwrap().push(req.clone());
-                    answer(&req, &mut stream);
-                });
-            }
-        });
-        Server {
-            url,
-            port,
-            seen,
-            connections,
-        }
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    /// Waits (up to [`WAIT`]) until `pred` holds of the requests seen.
-    fn wait_until(&self, what: &str, pred: impl Fn(&[Seen]) -> bool) {
-        let end = Instant::now() + WAIT;
-        while !pred(&self.seen()) {
-            assert!(Instant::now() < end, "{what}: not within {WAIT:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-fn read_request(stream: &mut TcpStream) -> Option<Seen> {
-    stream.set_read_timeout(Some(WAIT)).ok()?;
-    let mut reader = BufReader::new(stream.try_clone().ok()?);
-    let mut line = Vec::new();
-    reader.read_until(b'\n', &mut line).ok()?;
-    let method = String::from_utf8_lossy(&line).split(' ').next()?.to_owned();
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        reader.read_until(b'\n', &mut line).ok()?;
-        let l = String::from_utf8_lossy(&line);
-        let l = l.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (n, v) = l.split_once(':')?;
-        headers.push((n.trim().to_ascii_lowercase(), v.trim().to_owned()));
-    }
-    let len: usize = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; len];
-    reader.read_exact(&mut body).ok()?;
-    Some(Seen {
-        method,
-        headers,
-        body,
-    })
-}
-
-/// A whole response: `status` (with its reason), extra header lines, a body.
-fn respond(stream: &mut TcpStream, status: &str, headers: &[&str], body: &[u8]) {
-    let mut head = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for h in headers {
-        head.push_str(h);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    let _ = stream.write_all(head.as_bytes());
-    let _ = stream.write_all(body);
-}
 
 /// The head of an event stream that ends when the connection closes.
 fn sse_head(stream: &mut TcpStream) -> std::io::Result<()> {
@@ -194,18 +63,6 @@ fn hold(stream: &mut TcpStream) {
     }
 }
 
-/// The JSON-RPC answer to `req` with `result`.
-fn answer_json(req: &Seen, result: Value, stream: &mut TcpStream, extra: &[&str]) {
-    let body = json!({"jsonrpc": "2.0", "id": req.json()["id"], "result": result}).to_string();
-    let mut headers = vec!["Content-Type: application/json"];
-    headers.extend_from_slice(extra);
-    respond(stream, "200 OK", &headers, body.as_bytes());
-}
-
-fn init_result() -> Value {
-    json!({"protocolVersion": "2025-06-18", "capabilities": {}, "serverInfo": {"name": "hostile", "version": "0"}})
-}
-
 /// What an MCP server does with what is not the attack: `initialize` with a session, 202 for
 /// notifications and answers, 405 for GET, 200 for DELETE; `None` for the rest (the caller's).
 fn ordinary(req: &Seen, stream: &mut TcpStream) -> Option<()> {
@@ -227,39 +84,6 @@ fn ordinary(req: &Seen, stream: &mut TcpStream) -> Option<()> {
         }
     }
     Some(())
-}
-
-fn proxy(url: &str, args: &[&str], env: &[(&str, &str)]) -> (tempfile::TempDir, Fsb) {
-    let (dir, root) = tempdir();
-    std::fs::write(root.join("big.bin"), vec![b'z'; 1 << 20]).expect("write big.bin");
-    let mut all = vec![
-        "proxy".to_owned(),
-        "--root".to_owned(),
-        path_str(&root),
-        "--url".to_owned(),
-        url.to_owned(),
-    ];
-    all.extend(args.iter().map(|a| (*a).to_owned()));
-    let mut cmd = Cmd::new(&all).log(Log::Keep).record().deadline(WAIT);
-    for (k, v) in env {
-        cmd = cmd.env(k, v);
-    }
-    (dir, cmd.spawn())
-}
-
-fn initialize(fsb: &mut Fsb) -> Value {
-    fsb.request(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
-    )
-}
-
-/// The error message of a response that must be an error.
-fn error_message(r: &Value) -> String {
-    r["error"]["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("not an error: {r}"))
-        .to_owned()
 }
 
 /// The proxy's peak resident memory, in MiB.

@@ -32,10 +32,7 @@ pub struct Reply {
 impl Reply {
     /// The first header named `name` (lower case).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        super::header(&self.headers, name)
     }
 
     /// The body as JSON.

@@ -14,6 +14,7 @@ pub mod confine;
 pub mod console;
 pub mod fsb;
 pub mod hostile;
+pub mod http;
 #[path = "../../benches/kit/mod.rs"]
 pub mod kit;
 pub mod memory;
@@ -136,6 +137,14 @@ pub fn python() -> &'static str {
         assert!(!exe.is_empty(), "python3 did not name its executable");
         exe
     })
+}
+
+/// The value of the first header named `name` among `headers` (names lower-cased).
+pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
 }
 
 /// A path as text (temp paths are UTF-8).
