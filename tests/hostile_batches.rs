@@ -330,16 +330,17 @@ fn a_peer_that_stops_reading_its_output_mid_bursts_gets_each_answer_once() {
 }
 
 /// A `--listen` broker with `limits` over the stuck file system, and two sessions: the
-/// attacker `a` and the victim `v` (warmed up with a ping). Keep every field to the end of
-/// the test (bind them all): the directories hold the mount, and removing them while it is
-/// mounted would hang in it.
+/// attacker `a` and the victim `v` (warmed up with a ping). Hold it whole to the end of the
+/// test (use its fields in place): the directories hold the mount, and removing them while
+/// it is mounted would hang in it. Fields drop in order, so `fs` (first) is unmounted before
+/// the directories (last) go, even when the test fails.
 struct Sessions {
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
-    _pids: Pids,
     fs: StuckFs,
     l: Listener,
     a: Fsb,
     v: Fsb,
+    _pids: Pids,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
 fn two_sessions(limits: &str) -> Option<Sessions> {
@@ -362,16 +363,7 @@ fn two_sessions(limits: &str) -> Option<Sessions> {
 
 #[test]
 fn bursts_of_stuck_reads_in_one_session_do_not_starve_another() {
-    let Some(Sessions {
-        fs,
-        mut l,
-        mut a,
-        mut v,
-        // Bound, so that they last the test: the temporary directories hold the mount.
-        _dirs,
-        _pids,
-    }) = two_sessions("timeout_ms = 6000\nrequests_per_second = 0")
-    else {
+    let Some(mut s) = two_sessions("timeout_ms = 6000\nrequests_per_second = 0") else {
         return;
     };
     // The attacker: bursts of small reads, each with two reads stuck in the mount.
@@ -386,16 +378,16 @@ fn bursts_of_stuck_reads_in_one_session_do_not_starve_another() {
         bytes.extend(request_line(500 + i, "files/read", p));
         ids.push(500 + i);
     }
-    a.send_raw(&bytes);
+    s.a.send_raw(&bytes);
     // The victim: pings and small reads, one at a time, while the stuck reads wait.
     let started = Instant::now();
     let mut worst = Duration::ZERO;
     let mut worst_read = Duration::ZERO;
     let mut n = 0;
     while started.elapsed() < Duration::from_secs(3) {
-        worst = worst.max(v.ping_within(&format!("p{n}"), Duration::from_secs(20)));
+        worst = worst.max(s.v.ping_within(&format!("p{n}"), Duration::from_secs(20)));
         let t = Instant::now();
-        let r = v.request("files/read", fast());
+        let r = s.v.request("files/read", fast());
         worst_read = worst_read.max(t.elapsed());
         assert_eq!(r["result"]["content"], "still here\n", "victim read: {r}");
         n += 1;
@@ -408,7 +400,7 @@ fn bursts_of_stuck_reads_in_one_session_do_not_starve_another() {
         "victim read took {worst_read:?}"
     );
     let got = collect(
-        &mut a,
+        &mut s.a,
         &ids,
         0,
         Duration::from_secs(30),
@@ -416,8 +408,8 @@ fn bursts_of_stuck_reads_in_one_session_do_not_starve_another() {
     );
     assert_eq!(got.len(), ids.len());
     // The stuck reads end with the file system; a process waiting in one cannot exit before.
-    drop(fs);
-    l.terminate(Duration::from_secs(15));
+    drop(s.fs);
+    s.l.terminate(Duration::from_secs(15));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -867,32 +859,23 @@ fn a_paused_attacker_with_stuck_reads_does_not_freeze_another_session() {
     // Session A stops reading its output, sends bursts of reads with reads stuck in the mount,
     // then reads again; session B pings throughout. B must be answered within a few of the
     // stuck reads' deadlines, and A must get every answer once.
-    let Some(Sessions {
-        fs,
-        mut l,
-        mut a,
-        mut v,
-        // Bound, so that they last the test: the temporary directories hold the mount.
-        _dirs,
-        _pids,
-    }) = two_sessions("timeout_ms = 1500\nrequests_per_second = 0")
-    else {
+    let Some(mut s) = two_sessions("timeout_ms = 1500\nrequests_per_second = 0") else {
         return;
     };
-    a.pause_reading();
+    s.a.pause_reading();
     let (bytes, ids) = paused_burst();
-    let done = a.write_in_background(bytes);
+    let done = s.a.write_in_background(bytes);
     let started = Instant::now();
     let mut worst = Duration::ZERO;
     let mut n = 0;
     let mut resumed = false;
     while started.elapsed() < Duration::from_secs(6) {
         if !resumed && started.elapsed() > Duration::from_secs(3) {
-            a.resume_reading();
+            s.a.resume_reading();
             resumed = true;
         }
         let t = Instant::now();
-        let r = v.request("files/read", fast());
+        let r = s.v.request("files/read", fast());
         worst = worst.max(t.elapsed());
         assert_eq!(
             r["result"]["content"], "still here\n",
@@ -902,11 +885,11 @@ fn a_paused_attacker_with_stuck_reads_does_not_freeze_another_session() {
         std::thread::sleep(Duration::from_millis(50));
     }
     println!("victim: {n} reads, worst {worst:?}");
-    let (got, missing) = try_collect(&mut a, &ids, Duration::from_secs(15));
+    let (got, missing) = try_collect(&mut s.a, &ids, Duration::from_secs(15));
     let _ = done.recv_timeout(Duration::from_secs(5));
-    let threads_now = threads(l.pid());
-    drop(fs);
-    let _ = l.terminate(Duration::from_secs(15));
+    let threads_now = threads(s.l.pid());
+    drop(s.fs);
+    let _ = s.l.terminate(Duration::from_secs(15));
     assert!(worst < Duration::from_secs(5), "victim waited {worst:?}");
     assert!(
         missing.is_empty(),

@@ -235,6 +235,17 @@ fn answer_order(b: &mut Fsb, lines: &[(u64, serde_json::Value)]) -> Vec<(u64, se
     answers
 }
 
+/// The answer to `stuck` is `TIMEOUT`, and every other one the content of `fast.txt`.
+fn assert_stuck_timed_out_and_the_rest_read(answers: &[(u64, serde_json::Value)], stuck: u64) {
+    for (id, m) in answers {
+        if *id == stuck {
+            assert_eq!(m["error"]["code"], TIMEOUT, "{m}");
+        } else {
+            assert_eq!(m["result"]["content"], "still here\n", "{m}");
+        }
+    }
+}
+
 #[test]
 fn a_batch_goes_on_past_a_request_stuck_inline() {
     // The first request of a burst runs inline and never returns. The watchdog answers it at
@@ -248,13 +259,7 @@ fn a_batch_goes_on_past_a_request_stuck_inline() {
     let mut lines = vec![(1001, stuck_read(1024))];
     lines.extend((1002..1008).map(|id| (id, fast.clone())));
     let answers = answer_order(&mut run.b, &lines);
-    for (id, m) in &answers {
-        if *id == 1001 {
-            assert_eq!(m["error"]["code"], TIMEOUT, "{m}");
-        } else {
-            assert_eq!(m["result"]["content"], "still here\n", "{m}");
-        }
-    }
+    assert_stuck_timed_out_and_the_rest_read(&answers, 1001);
     let r = run.b.ok("ping", json!({}));
     assert!(r.is_object(), "{r}");
 }
@@ -278,13 +283,7 @@ fn answers_around_a_request_stalled_inline_do_not_wait_for_its_deadline() {
     let answers = answer_order(&mut run.b, &lines);
     let ids: Vec<u64> = answers.iter().map(|(id, _)| *id).collect();
     assert_eq!(ids.last(), Some(&3004), "answer order: {ids:?}");
-    for (id, m) in &answers {
-        if *id == 3004 {
-            assert_eq!(m["error"]["code"], TIMEOUT, "{m}");
-        } else {
-            assert_eq!(m["result"]["content"], "still here\n", "{m}");
-        }
-    }
+    assert_stuck_timed_out_and_the_rest_read(&answers, 3004);
 }
 
 #[test]
