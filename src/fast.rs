@@ -325,7 +325,8 @@ fn watch(shared: &Arc<Shared>) {
     }
 }
 
-/// Acts on a running request whose deadline has passed.
+/// Acts on a running request that has stalled (its hook) or whose deadline has passed (its
+/// answer).
 fn settle(running: &mut Running) {
     let now = Instant::now();
     if now >= running.stall_at {

@@ -184,13 +184,7 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
             {
                 // The batch so far starts now: its requests hold slots and room that this
                 // line may have to wait for (with `max_in_flight` 1, it always would).
-                let jobs = Arc::new(Mutex::new(std::mem::take(&mut jobs)));
-                tokio::spawn(run_batch(
-                    jobs,
-                    self.out.downgrade(),
-                    Gathered::default(),
-                    0,
-                ));
+                self.start_batch(std::mem::take(&mut jobs));
             }
             match self.job(line).await {
                 Some(job) => jobs.push_back(job),
@@ -198,15 +192,20 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
             }
         }
         if !jobs.is_empty() {
-            let jobs = Arc::new(Mutex::new(jobs));
-            tokio::spawn(run_batch(
-                jobs,
-                self.out.downgrade(),
-                Gathered::default(),
-                0,
-            ));
+            self.start_batch(jobs);
         }
         true
+    }
+
+    /// Starts a runner for `jobs`, with no answers gathered yet.
+    fn start_batch(&self, jobs: VecDeque<(Job, Arc<Late>)>) {
+        let queue = Arc::new(Mutex::new(jobs));
+        tokio::spawn(run_batch(
+            queue,
+            self.out.downgrade(),
+            Gathered::default(),
+            0,
+        ));
     }
 
     /// The job that answers `line`, once a request slot and room for the line are free;
