@@ -149,26 +149,47 @@ pub struct TestCa {
     pub key: PathBuf,
 }
 
+/// The `openssl` command (`OPENSSL`, or `openssl` on the `PATH`).
+fn openssl_command() -> String {
+    std::env::var("OPENSSL").unwrap_or_else(|_| "openssl".to_owned())
+}
+
+/// Runs `openssl ARGS` in `dir`; fails, with its stderr, if it does not succeed.
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let openssl = openssl_command();
+    let out = Command::new(&openssl)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `{openssl}`: {e} (install openssl, or set OPENSSL)")
+        });
+    assert!(
+        out.status.success(),
+        "`openssl {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Makes a fresh CA and a server certificate in `dir` with `openssl` (P-256 keys, valid for
-/// two days, the CA key left in `dir` and never reused). Fails, saying so, without `openssl`.
-pub fn test_ca(dir: &Path) -> TestCa {
-    let openssl = std::env::var("OPENSSL").unwrap_or_else(|_| "openssl".to_owned());
-    let run = |args: &[&str]| {
-        let out = Command::new(&openssl)
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run `{openssl}`: {e} (install openssl, or set OPENSSL)")
-            });
-        assert!(
-            out.status.success(),
-            "`openssl {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
+/// two days, the CA key left in `dir` and never reused). Without `openssl` (which `.ci/run`
+/// installs) it prints `SKIPPED` and returns `None`, and the test ends there, as the tests
+/// of the other tools `.ci/run` installs do.
+pub fn test_ca(dir: &Path) -> Option<TestCa> {
+    let command = openssl_command();
+    if let Err(e) = Command::new(&command)
+        .arg("version")
+        .stdin(Stdio::null())
+        .output()
+    {
+        eprintln!(
+            "SKIPPED: cannot run `{command}`: {e} (apt-get install openssl; .ci/run installs it)"
         );
-    };
+        return None;
+    }
+    let run = |args: &[&str]| openssl(dir, args);
     let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
     let mut ca = vec!["req", "-x509", "-nodes", "-days", "2"];
     ca.extend(ec);
@@ -219,11 +240,11 @@ pub fn test_ca(dir: &Path) -> TestCa {
         "-out",
         "server.pem",
     ]);
-    TestCa {
+    Some(TestCa {
         ca_cert: dir.join("ca.pem"),
         cert: dir.join("server.pem"),
         key: dir.join("server.key"),
-    }
+    })
 }
 
 /// Enough for three 1 MiB reads, the last one short: the reader must follow `length`/`eof`.
