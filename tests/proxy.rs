@@ -1079,6 +1079,56 @@ fn file_watches_notify_the_server_through_the_proxy() {
     assert_eq!(p.exit().code(), Some(0));
 }
 
+/// The integrity extension (docs/protocol.md, 5.13) for a server behind the proxy: its read
+/// with `"sha256": true` and its `files/checksum` give `sha256sum` of the file; its upload
+/// whose final chunk carries the hash of other bytes is `CHECKSUM_MISMATCH` with nothing
+/// written, and the same upload with the hash of what it sent commits.
+#[test]
+fn the_integrity_extension_works_for_a_proxied_server() {
+    let fx = Fixture::new();
+    let mut p = fx.proxy(json!({}));
+    p.initialize();
+    p.initialized();
+    let hello = sha256_hex(b"hello from the broker\n");
+    let r = p.ask(
+        json!(1),
+        json!([
+            {"method": "files/read", "params": {"path": "proj/hello.txt", "sha256": true}},
+            {"method": "files/checksum", "params": {"path": "proj/hello.txt"}},
+        ]),
+    );
+    assert_eq!(result_of(&r[0])["sha256"], hello, "{r:?}");
+    assert_eq!(result_of(&r[1])["sha256"], hello, "{r:?}");
+
+    let (first, second) = ("first chunk, ", "second chunk");
+    let whole = format!("{first}{second}");
+    let upload = |sha: &str| {
+        json!([
+            {"method": "files/write", "params": {"path": "proj/up.txt", "content": first,
+                                                 "offset": 0, "final": false, "sha256": true}},
+            {"method": "files/write", "params": {"path": "proj/up.txt", "content": second,
+                                                 "offset": first.len(), "final": true,
+                                                 "sha256": sha}},
+        ])
+    };
+    let r = p.ask(json!(2), upload(&sha256_hex(b"other bytes")));
+    result_of(&r[0]);
+    assert_eq!(error_code(&r[1]), "CHECKSUM_MISMATCH", "{r:?}");
+    assert!(
+        !fx.proj().join("up.txt").exists(),
+        "a mismatched upload wrote its file"
+    );
+    let right = sha256_hex(whole.as_bytes());
+    let r = p.ask(json!(3), upload(&right));
+    assert_eq!(result_of(&r[1])["sha256"], right.as_str(), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(fx.proj().join("up.txt")).unwrap(),
+        whole
+    );
+    p.close_stdin();
+    assert_eq!(p.exit().code(), Some(0));
+}
+
 // ---------------------------------------------------------------------------------------------
 // A shared broker: serve --listen + proxy --connect
 
