@@ -111,6 +111,12 @@ impl Confinement {
         }
     }
 
+    /// What the launcher of the server's command line was recognised as and what it was
+    /// granted for it, one line each, for the diagnosis of a server that failed to start.
+    pub fn launch_summary(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Whether the kernel enforces anything at all.
     pub fn enforced(&self) -> bool {
         self.prepared.raw_fd().is_some()
