@@ -166,6 +166,37 @@ pub(crate) const DRAIN: Duration = Duration::from_millis(500);
 /// is gone (`BrokerSide::finish`).
 pub(crate) const FINISH_SLACK: Duration = Duration::from_secs(1);
 
+/// How long a confined server has to answer the host's `initialize`, from the moment the
+/// proxy relayed it, before the host gets an error, stderr the diagnosis, and the server is
+/// ended (`proxy --start-timeout SECS`, 0 for no limit). A server installed locally answers
+/// within a second or two, a cold start on a slow machine within several; one that has not
+/// answered after this long is waiting for something the sandbox refuses (npm retries a
+/// refused network for minutes), and a host that gave up first would show the person only
+/// "failed to connect".
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long a proxy that cannot start its server (a strict refusal, a command not found)
+/// reads the host's input for a request to answer with the reason before it exits: a host
+/// writes its `initialize` as soon as it has started the proxy.
+pub const REFUSED_START_WAIT: Duration = Duration::from_secs(5);
+
+/// The most host input read while waiting for that request; an `initialize` is a few KiB.
+pub(crate) const REFUSED_START_INPUT: u64 = 1 << 20;
+
+/// Lines of a confined server's stderr kept (the last ones) for the diagnosis of a start
+/// that failed: the errors that explain it are among the last a server writes.
+pub(crate) const STDERR_TAIL_LINES: usize = 64;
+
+/// Bytes of those lines kept at most.
+pub(crate) const STDERR_TAIL_BYTES: usize = 16 << 10;
+
+/// The longest stderr line kept whole for the diagnosis; the rest of a longer one is cut.
+pub(crate) const STDERR_TAIL_LINE: usize = 1024;
+
+/// How long the diagnosis of a confined server that exited waits for the last of its
+/// stderr to be copied: the tree has been ended, so the pipe closes at once.
+pub(crate) const STDERR_SETTLE: Duration = Duration::from_secs(1);
+
 // ---- The broker ----
 // Waits of the shared broker itself, and what it keeps for a host's live view.
 

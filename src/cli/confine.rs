@@ -5,10 +5,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::running::load_policy;
-use super::{ServeArgs, print};
+use super::{RegistryArg, ServeArgs, print};
 
 /// Runs `fsbroker confine check`.
-pub(super) fn check(args: &ServeArgs, command: &[std::ffi::OsString]) -> ExitCode {
+pub(super) fn check(
+    args: &ServeArgs,
+    fetch: &[RegistryArg],
+    command: &[std::ffi::OsString],
+) -> ExitCode {
+    let mut refused = false;
     use fsbroker::confine::{Access, kernel};
     let policy = match load_policy(args) {
         Ok(p) => p,
@@ -38,6 +43,34 @@ pub(super) fn check(args: &ServeArgs, command: &[std::ffi::OsString]) -> ExitCod
     for f in kernel::Feature::ALL {
         let mark = if abi >= f.abi() { "yes" } else { "no " };
         out.push_str(&format!("  [{mark}] ABI {}: {}\n", f.abi(), f.describe()));
+    }
+    if let Some(launch) = &plan.launch {
+        out.push_str(&format!("\nLauncher: {}\n", launch.launcher));
+        for line in &launch.resolved {
+            out.push_str(&format!("  - {line}\n"));
+        }
+        if let Some(missing) = &launch.missing {
+            let allowed = RegistryArg::all(fetch)
+                .iter()
+                .chain(&policy.confine().fetch)
+                .any(|r| *r == missing.registry);
+            if allowed {
+                out.push_str(&format!(
+                    "  - before the server starts, fsbroker would install {} into {} (the \
+                     {} registry, with the network, running none of its code; the server \
+                     itself gets no network)\n",
+                    missing.package,
+                    missing.cache.display(),
+                    missing.registry.name()
+                ));
+            } else {
+                refused = true;
+                out.push_str(&format!(
+                    "  - the start would be refused: {}\n",
+                    missing.instead
+                ));
+            }
+        }
     }
     out.push_str(&format!(
         "\nThe server would be allowed ({}):\n",
@@ -105,6 +138,9 @@ pub(super) fn check(args: &ServeArgs, command: &[std::ffi::OsString]) -> ExitCod
     };
     out.push_str(&format!("\nThe policy's [confine] mode: {mode}\n"));
     print(&out);
+    if refused {
+        return ExitCode::from(2);
+    }
     if gaps.rules.is_empty() {
         ExitCode::SUCCESS
     } else {

@@ -229,6 +229,16 @@ struct ProxyArgs {
         default_missing_value = "best-effort"
     )]
     confine: Option<ConfineArg>,
+    /// How long a confined server has to answer the host's `initialize`, in seconds (0: no
+    /// limit). Past it, the host gets an error with the diagnosis (paths and network the
+    /// sandbox refused, the server's last stderr lines), stderr gets it too, and the server
+    /// is ended. A server that answered in time is never ended for it.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = fsbroker::transport::proxy::START_TIMEOUT.as_secs()
+    )]
+    start_timeout: u64,
     /// The MCP server to run, after `--` (or --url).
     #[arg(last = true, required_unless_present = "url", value_name = "SERVER")]
     command: Vec<std::ffi::OsString>,

@@ -2,7 +2,6 @@
 //! `--connect`), the server optionally confined (`--confine`), and ended when a reload revokes
 //! what it was confined to.
 
-use std::io;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -16,10 +15,7 @@ use super::running::{load_policy, runtime, start};
 pub(super) fn run(args: ProxyArgs) -> ExitCode {
     let remote = match remote(&args) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("fsbroker: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return refuse(&e),
     };
     // No server process to confine: the policy's `[confine] mode` does not apply either.
     let flag = match remote {
@@ -33,19 +29,22 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
         confine: None,
         end_server: None,
         remote,
+        start_timeout: (args.start_timeout > 0)
+            .then(|| std::time::Duration::from_secs(args.start_timeout)),
     };
     let result = match &args.connect {
         // A shared broker answers; this process only relays. Its confinement comes from the
         // policy and roots given to this proxy, which should be the shared broker's.
         Some(path) => runtime().and_then(|rt| {
             if flag.is_some_and(|f| f != fsbroker::policy::ConfineMode::Off) {
-                let policy = match load_policy(&args.serve) {
-                    Ok(p) => p,
-                    Err(e) => return Err(io::Error::other(e)),
-                };
-                match confine_server(&policy, flag, &opts.command, None) {
+                let confined = load_policy(&args.serve)
+                    .and_then(|policy| confine_server(&policy, flag, &opts.command, None));
+                match confined {
                     Ok(c) => opts.confine = c,
-                    Err(e) => return Err(io::Error::other(e)),
+                    Err(e) => {
+                        refuse(&e);
+                        return Ok(1);
+                    }
                 }
             }
             let code = rt.block_on(transport::proxy::run(
@@ -60,10 +59,7 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
         None => {
             let running = match start(&args.serve) {
                 Ok(r) => r,
-                Err(e) => {
-                    eprintln!("fsbroker: {e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(e) => return refuse(&e),
             };
             let session = Arc::new(running.broker.session());
             opts.max_in_flight = running.broker.policy().limits().max_in_flight;
@@ -84,10 +80,7 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
                     opts.confine = Some(c);
                 }
                 Ok(None) => {}
-                Err(e) => {
-                    eprintln!("fsbroker: {e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(e) => return refuse(&e),
             }
             let code = running
                 .run(transport::proxy::run(
@@ -107,6 +100,14 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Says why the server cannot be started, on stderr and to the host (whose first request,
+/// its `initialize`, gets the reason as an error instead of no answer at all); fails.
+fn refuse(why: &str) -> ExitCode {
+    eprintln!("fsbroker: {why}");
+    transport::proxy::answer_refused_start(why);
+    ExitCode::FAILURE
 }
 
 /// The remote server of `--url`, with its headers, checked before anything starts; `None`

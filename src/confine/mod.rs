@@ -22,6 +22,7 @@
 
 mod guard;
 pub mod kernel;
+pub mod launch;
 mod plan;
 pub(crate) mod reap;
 mod roots;
@@ -61,6 +62,27 @@ pub enum ConfineError {
         .0.iter().map(|g| format!("  - {g}")).collect::<Vec<_>>().join("\n")
     )]
     Strict(Vec<String>),
+    /// A launcher's package is not installed, and fetching it is not allowed.
+    #[error(
+        "confine: {launcher}: {package} is not installed anywhere it would run from, and a \
+         confined server has no network to fetch it with: {instead}"
+    )]
+    NotInstalled {
+        /// The launcher (`npx`).
+        launcher: String,
+        /// The package.
+        package: String,
+        /// What to do.
+        instead: String,
+    },
+    /// fsbroker's install of a launcher's missing package failed.
+    #[error("confine: installing {package} before the server starts failed: {reason}")]
+    Install {
+        /// The package.
+        package: String,
+        /// Why, with the installer's last words.
+        reason: String,
+    },
     /// The private temporary directory cannot be made.
     #[error("confine: cannot make the server's temporary directory: {0}")]
     Temp(std::io::Error),
@@ -119,6 +141,13 @@ pub struct Plan {
     /// What the server's command line would have granted and was not, or was narrowed (too
     /// broad, or reached through a symlink the server could have planted).
     pub narrowed: Vec<String>,
+    /// The launcher recognised on the command line, what it resolved to and what it was
+    /// granted ([`launch`]).
+    pub launch: Option<launch::Launch>,
+    /// The command the server is started with: the one given, or what its launcher would
+    /// have run ([`launch::Launch::command`]).
+    #[serde(skip)]
+    pub command: Vec<std::ffi::OsString>,
     /// Whether a reload that takes access away ends the server (`[confine] on_revoke`):
     /// then the server must not be able to stop the proxy, which only the kernel's signal
     /// scoping (Landlock ABI 6) holds it to.

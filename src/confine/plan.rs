@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::guard::{Guard, planted_note};
 use super::roots::{RootGrants, own_files_at, root_grants, writable_paths};
-use super::{Access, ConfineError, Gaps, Plan, Rule, kernel, runtime, walk};
+use super::{Access, ConfineError, Gaps, Plan, Rule, kernel, launch, runtime, walk};
 use crate::policy::Policy;
 
 /// The confinement of a server with `command` (run in `cwd` with `PATH` `path`) under
@@ -29,9 +29,18 @@ pub fn plan(
     } = root_grants(policy);
     let config = policy.confine();
     let mut narrowed = Vec::new();
+    let launch = (!command.is_empty())
+        .then(|| launch::recognise(command, cwd, path))
+        .flatten();
+    let run = launch
+        .as_ref()
+        .and_then(|l| l.command.clone())
+        .unwrap_or_else(|| command.to_vec());
     if !command.is_empty() {
         let guard = Guard::new(policy);
-        for need in runtime::needs(command, cwd, path, &guard.writable, &mut narrowed)? {
+        let launched = launch.iter().flat_map(|l| l.needs.iter().cloned());
+        let needs = runtime::needs(&run, cwd, path, &guard.writable, &mut narrowed)?;
+        for need in needs.into_iter().chain(launched) {
             let Some(rule) = guard.vet(need, &mut narrowed) else {
                 continue;
             };
@@ -162,6 +171,8 @@ pub fn plan(
         net: config.net,
         inexpressible,
         narrowed,
+        launch,
+        command: run,
         ends_on_revoke: config.on_revoke == crate::policy::OnRevoke::End,
     })
 }

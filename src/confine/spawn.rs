@@ -8,8 +8,10 @@
 
 use std::ffi::OsString;
 
+use super::launch::{Missing, make_private};
 use super::{ConfineError, Gaps, Plan, kernel, plan, seccomp, tmp};
-use crate::policy::{ConfineMode, Policy};
+use crate::limits::INSTALL_TIMEOUT;
+use crate::policy::{ConfineMode, Policy, Registry};
 
 /// A confinement ready for the server's process: the plan, what the kernel will enforce of
 /// it, the ruleset, and the server's temporary directory (removed when this is dropped).
@@ -34,15 +36,46 @@ impl Confinement {
     /// Plans and builds the confinement of `command` (run in this process's working
     /// directory, with its `PATH`) under `policy`. Strict mode refuses here when anything
     /// would not be enforced.
+    ///
+    /// A launcher whose package is not installed (`npx -y PKG` the first time) gets it
+    /// installed here, before the server starts, when `fetch` (the command line's, besides
+    /// the policy's `[confine] fetch`) names its registry; otherwise the start is refused
+    /// with what to do.
     pub fn prepare(
         policy: &Policy,
         mode: ConfineMode,
         command: &[OsString],
+        fetch: &[Registry],
     ) -> Result<Confinement, ConfineError> {
         let tmp = tmp::PrivateTmp::new()?;
         let cwd = std::env::current_dir().map_err(|e| ConfineError::Command(e.to_string()))?;
         let path = std::env::var_os("PATH");
-        let plan = plan(policy, command, &cwd, path.as_deref(), Some(tmp.path()))?;
+        let mut plan = plan(policy, command, &cwd, path.as_deref(), Some(tmp.path()))?;
+        if let Some(missing) = plan.launch.as_ref().and_then(|l| l.missing.clone()) {
+            let launcher = plan.launch.as_ref().map(|l| l.launcher.clone());
+            let allowed = fetch
+                .iter()
+                .chain(&policy.confine().fetch)
+                .any(|r| *r == missing.registry);
+            if !allowed {
+                return Err(ConfineError::NotInstalled {
+                    launcher: launcher.unwrap_or_default(),
+                    package: missing.package,
+                    instead: missing.instead,
+                });
+            }
+            install(&missing, &cwd)?;
+            plan = super::plan(policy, command, &cwd, path.as_deref(), Some(tmp.path()))?;
+            if plan.launch.as_ref().is_some_and(|l| l.missing.is_some()) {
+                return Err(ConfineError::Install {
+                    package: missing.package,
+                    reason: format!(
+                        "the installer succeeded, but the package is not in {}",
+                        missing.cache.display()
+                    ),
+                });
+            }
+        }
         let abi = kernel::abi();
         let gaps = plan.gaps(abi);
         if mode == ConfineMode::Strict && !gaps.rules.is_empty() {
@@ -114,7 +147,22 @@ impl Confinement {
     /// What the launcher of the server's command line was recognised as and what it was
     /// granted for it, one line each, for the diagnosis of a server that failed to start.
     pub fn launch_summary(&self) -> Vec<String> {
-        Vec::new()
+        let Some(launch) = &self.plan.launch else {
+            return vec![
+                "launcher: none recognised (the program, its interpreter and its script are \
+                 granted as found)"
+                    .into(),
+            ];
+        };
+        std::iter::once(format!("launcher: {}", launch.launcher))
+            .chain(launch.resolved.iter().cloned())
+            .collect()
+    }
+
+    /// The command to start the server with: the one given, or the program its launcher
+    /// would have run (`npx -y PKG` runs PKG's program).
+    pub fn command(&self) -> &[OsString] {
+        &self.plan.command
     }
 
     /// Whether the kernel enforces anything at all.
@@ -137,6 +185,8 @@ impl Confinement {
             })).collect::<Vec<_>>(),
             "withheld": self.plan.withheld.iter().map(|w| &w.path).collect::<Vec<_>>(),
             "net": self.plan.net,
+            "launcher": self.plan.launch.as_ref().map(|l| &l.launcher),
+            "command": self.plan.command.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>(),
             "notEnforced": self.gaps.rules,
         })
     }
@@ -150,6 +200,9 @@ impl Confinement {
             self.plan.withheld.len(),
             if self.plan.net { "allowed" } else { "refused" }
         )];
+        if self.plan.launch.is_some() {
+            lines.extend(self.launch_summary());
+        }
         lines.extend(self.plan.narrowed.iter().cloned());
         lines.extend(self.gaps.rules.iter().map(|g| format!("NOT ENFORCED: {g}")));
         lines.extend(
@@ -159,5 +212,73 @@ impl Confinement {
                 .map(|g| format!("not available: {g}")),
         );
         lines
+    }
+}
+
+/// Installs a launcher's missing package into fsbroker's cache, before the server starts:
+/// the installer (npm) runs with the person's rights and the network, in the working
+/// directory, with its output on stderr (stdout carries protocol messages only), and none of
+/// the package's code runs (`--ignore-scripts`). Bounded by [`INSTALL_TIMEOUT`].
+fn install(missing: &Missing, cwd: &std::path::Path) -> Result<(), ConfineError> {
+    use std::os::fd::AsFd;
+    let fail = |reason: String| ConfineError::Install {
+        package: missing.package.clone(),
+        reason,
+    };
+    make_private(&missing.cache).map_err(|e| fail(format!("{}: {e}", missing.cache.display())))?;
+    let (program, args) = missing
+        .install
+        .split_first()
+        .ok_or_else(|| fail("no installer".into()))?;
+    tracing::warn!(
+        package = %missing.package,
+        registry = missing.registry.name(),
+        cache = %missing.cache.display(),
+        "installing the server's package before it starts (the network is the installer's, never the server's; none of the package's code runs)"
+    );
+    let stderr = std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| fail(e.to_string()))?;
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(stderr))
+        .spawn()
+        .map_err(|e| {
+            fail(format!(
+                "cannot run {}: {e}",
+                std::path::Path::new(program).display()
+            ))
+        })?;
+    let started = std::time::Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => {
+                tracing::info!(
+                    package = %missing.package,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "installed"
+                );
+                return Ok(());
+            }
+            Ok(Some(status)) => {
+                return Err(fail(format!(
+                    "{} exited with {status} (its messages are above)",
+                    std::path::Path::new(program).display()
+                )));
+            }
+            Ok(None) if started.elapsed() > INSTALL_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(fail(format!(
+                    "it took longer than {} s; is the registry reachable?",
+                    INSTALL_TIMEOUT.as_secs()
+                )));
+            }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            Err(e) => return Err(fail(e.to_string())),
+        }
     }
 }

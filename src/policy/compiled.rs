@@ -223,6 +223,7 @@ impl Policy {
             read: file.confine.read.iter().map(|p| expand(p, base)).collect(),
             write: file.confine.write.iter().map(|p| expand(p, base)).collect(),
             net: file.confine.net,
+            fetch: file.confine.fetch.clone(),
             on_revoke: file.confine.on_revoke,
         };
         Ok(Policy {

@@ -117,6 +117,8 @@ pub struct ConfineConfig {
     pub write: Vec<PathBuf>,
     /// Whether TCP is allowed.
     pub net: bool,
+    /// Registries a launcher may install a missing package from before the server starts.
+    pub fetch: Vec<super::Registry>,
     /// What a reload that takes access away does to the server.
     pub on_revoke: OnRevoke,
 }

@@ -72,10 +72,38 @@ pub struct ConfineFile {
     /// Let the server open TCP connections and listen on TCP ports (default: refused, where
     /// the kernel can refuse them).
     pub net: bool,
+    /// Registries a launcher may install a missing package from before the server starts
+    /// (`"npm"`, `"pypi"`): `npx -y PKG` or `uvx PKG` with nothing installed. The install runs
+    /// before the server, with the network, into fsbroker's own cache, and runs none of the
+    /// package's code; the server then runs confined with no network. Default: none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fetch: Vec<Registry>,
     /// What happens to a confined server when a policy reload takes away access it was
     /// started with: `end` (default: it is stopped, and the host sees it exit) or `keep`
     /// (it keeps its access until it restarts; a warning says so).
     pub on_revoke: OnRevoke,
+}
+
+/// A package registry a launcher may install from (`[confine] fetch`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize, JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Registry {
+    /// The npm registry, as npm's own configuration names it (`npx -y`, `npm exec`).
+    Npm,
+    /// The Python Package Index, as uv's and pip's configuration name it (`uvx`, `pipx run`).
+    Pypi,
+}
+
+impl Registry {
+    /// Its name in policies and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Registry::Npm => "npm",
+            Registry::Pypi => "pypi",
+        }
+    }
 }
 
 /// `[confine] mode`.

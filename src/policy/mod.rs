@@ -19,7 +19,7 @@ pub use config::{
 };
 pub use file::{
     AuditFile, ConfineFile, ConfineMode, ConsentFile, ConsoleFile, CopyTarget, LimitsFile,
-    OnRevoke, PolicyFile, Provider, RootEntry,
+    OnRevoke, PolicyFile, Provider, Registry, RootEntry,
 };
 pub use limits::Limits;
 

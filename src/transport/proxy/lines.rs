@@ -29,7 +29,7 @@ pub(super) async fn relay_host<R: AsyncRead + Unpin>(
     input: R,
     to_server: mpsc::Sender<ToServer>,
     to_host: mpsc::Sender<Outgoing>,
-    init_id: Arc<Mutex<Option<Box<RawValue>>>>,
+    init: Arc<Init>,
     eras: Arc<Eras>,
     budget: Budget,
     max: usize,
@@ -47,9 +47,11 @@ pub(super) async fn relay_host<R: AsyncRead + Unpin>(
                 continue;
             }
         };
+        let mut initialize = false;
         let line = match jsonrpc::parse(&line) {
             Incoming::Request { id, method, .. } if method == "initialize" => {
-                *init_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.to_owned());
+                init.asked(id.to_owned());
+                initialize = true;
                 eras.set_modern(false).await;
                 declare_brokering(&line).unwrap_or(line)
             }
@@ -69,6 +71,97 @@ pub(super) async fn relay_host<R: AsyncRead + Unpin>(
         };
         if to_server.send(ToServer::Frame(frame)).await.is_err() {
             break;
+        }
+        if initialize {
+            init.relayed.send_replace(true);
+        }
+    }
+}
+
+/// The host's `initialize` (2025 era) on its way to the server and back: its id until the
+/// server answers it (the answer names the server; a server that never answers leaves the
+/// host an error from the proxy instead, `start.rs`).
+#[derive(Default)]
+pub(super) struct Init {
+    ids: Mutex<InitIds>,
+    /// Set once the host's first `initialize` was queued for the server.
+    pub(super) relayed: tokio::sync::watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct InitIds {
+    /// The host's `initialize` the server has not answered.
+    pending: Option<Box<RawValue>>,
+    /// The one the proxy answered itself (the start timed out): the server's late answer
+    /// would be a second answer to it, and is not relayed.
+    failed: Option<Box<RawValue>>,
+}
+
+/// What the relay does with a response of the server's.
+enum Answer {
+    /// The answer to the host's pending `initialize`: relayed, and its result read.
+    Initialize,
+    /// The answer to the `initialize` the proxy already answered: dropped.
+    Late,
+    /// Any other response: relayed.
+    Other,
+}
+
+impl Init {
+    fn ids(&self) -> std::sync::MutexGuard<'_, InitIds> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The host sent `initialize` with `id`.
+    fn asked(&self, id: Box<RawValue>) {
+        self.ids().pending = Some(id);
+    }
+
+    /// The `initialize` still waiting for the server's answer, taken: the caller answers it.
+    pub(super) fn take_pending(&self) -> Option<Box<RawValue>> {
+        self.ids().pending.take()
+    }
+
+    /// [`Init::take_pending`], remembering the id so that the server's late answer is dropped.
+    pub(super) fn fail(&self) -> Option<Box<RawValue>> {
+        let mut ids = self.ids();
+        let id = ids.pending.take()?;
+        ids.failed = Some(id.clone());
+        Some(id)
+    }
+
+    /// Whether the proxy answered the host's `initialize` itself.
+    pub(super) fn failed(&self) -> bool {
+        self.ids().failed.is_some()
+    }
+
+    /// Resolves once the host's first `initialize` was queued for the server (never, if the
+    /// host sends none).
+    pub(super) async fn wait_relayed(&self) {
+        let mut relayed = self.relayed.subscribe();
+        if relayed.wait_for(|r| *r).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Whether a response of the server's may be the answer to an `initialize`: once it is
+    /// answered, responses (a tool's result may be megabytes) are not parsed for it.
+    fn awaited(&self) -> bool {
+        let ids = self.ids();
+        ids.pending.is_some() || ids.failed.is_some()
+    }
+
+    /// What a response of the server's with `id` is to the host's `initialize`.
+    fn answer(&self, id: &RawValue) -> Answer {
+        let mut ids = self.ids();
+        if ids.pending.as_deref().is_some_and(|p| p.get() == id.get()) {
+            // Only the one answer matters; later responses are not parsed.
+            ids.pending = None;
+            Answer::Initialize
+        } else if ids.failed.as_deref().is_some_and(|f| f.get() == id.get()) {
+            Answer::Late
+        } else {
+            Answer::Other
         }
     }
 }
@@ -118,7 +211,7 @@ pub(super) async fn relay_server<R: AsyncRead + Unpin>(
     output: R,
     relay: &Relay,
     broker: &mut BrokerSide,
-    init_id: &Mutex<Option<Box<RawValue>>>,
+    init: &Init,
     max: usize,
 ) {
     let to_host = &relay.out.to_host;
@@ -157,7 +250,13 @@ pub(super) async fn relay_server<R: AsyncRead + Unpin>(
             }
         };
         match jsonrpc::parse(&line) {
-            Incoming::Response => learn_server_name(&line, init_id, broker),
+            // Every response is looked at: the one to `initialize` names the server.
+            Incoming::Response if !learn_server_name(&line, init, broker) => {
+                tracing::warn!(
+                    "the server answered initialize after the proxy had answered it; not relayed"
+                );
+                continue;
+            }
             Incoming::Notification { method, params }
                 if method == "notifications/cancelled" && taken.cancels(params) =>
             {
@@ -295,30 +394,37 @@ fn route(line: Vec<u8>) -> Route {
     }
 }
 
-/// The `initialize` result names the server; consent prompts show it.
-fn learn_server_name(line: &[u8], init_id: &Mutex<Option<Box<RawValue>>>, broker: &mut BrokerSide) {
-    let mut guard = init_id.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(want) = guard.as_deref() else { return };
+/// The `initialize` result names the server; consent prompts show it. Whether the response
+/// is relayed: not when it answers an `initialize` the proxy already answered.
+fn learn_server_name(line: &[u8], init: &Init, broker: &mut BrokerSide) -> bool {
     #[derive(serde::Deserialize)]
-    struct Reply<'a> {
+    struct Id<'a> {
         #[serde(borrow)]
         id: &'a RawValue,
+    }
+    #[derive(serde::Deserialize)]
+    struct Reply {
         result: Option<Value>,
     }
-    let Ok(reply) = serde_json::from_slice::<Reply>(line) else {
-        return;
-    };
-    if reply.id.get() != want.get() {
-        return;
+    if !init.awaited() {
+        return true;
     }
-    // Only the one answer matters; later responses are not parsed.
-    *guard = None;
-    if let Some(name) = reply
-        .result
+    let Ok(reply) = serde_json::from_slice::<Id>(line) else {
+        return true;
+    };
+    match init.answer(reply.id) {
+        Answer::Other => return true,
+        Answer::Late => return false,
+        Answer::Initialize => {}
+    }
+    if let Some(name) = serde_json::from_slice::<Reply>(line)
+        .ok()
+        .and_then(|r| r.result)
         .as_ref()
         .and_then(|r| r.pointer("/serverInfo/name"))
         .and_then(Value::as_str)
     {
         broker.name_server(name);
     }
+    true
 }

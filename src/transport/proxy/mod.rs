@@ -30,12 +30,15 @@
 //! is the relay of lines each way (and `route`, the gate every server line passes first);
 //! `broker.rs` is the broker end (a local session or a shared broker's socket); `child.rs`
 //! ends the server's process (and a confined server's tree); `stderr.rs` copies a confined
-//! server's stderr.
+//! server's stderr; `start.rs` answers the host when the server does not start (with
+//! `diagnosis.rs`'s reading of a confined server's stderr).
 
 mod broker;
 mod child;
+mod diagnosis;
 mod lines;
 mod remote;
+mod start;
 mod stderr;
 
 use std::ffi::OsString;
@@ -43,11 +46,10 @@ use std::io;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use rustix::process::{Pid, PidfdFlags};
-use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 
 use super::eras::{Eras, Outputs};
@@ -56,14 +58,18 @@ pub use super::relay::RELAY_BUDGET_KIB;
 use super::relay::{Budget, ToServer};
 use super::serve::{spawn_writer, write_frames};
 use crate::host::Session;
-pub use crate::limits::{CLOSE_GRACE, END_GRACE, HOST_GONE_GRACE, STOP_KILL_GRACE};
+pub use crate::limits::{
+    CLOSE_GRACE, END_GRACE, HOST_GONE_GRACE, REFUSED_START_WAIT, START_TIMEOUT, STOP_KILL_GRACE,
+};
 use crate::limits::{DRAIN, OUTPUT_QUEUE};
 use crate::outgoing::Outgoing;
 use broker::BrokerSide;
 use child::{GroupGuard, Target, end_orphans, end_server, exit_code, wait_gone};
-use lines::{Relay, relay_host, relay_server};
+use lines::{Init, Relay, relay_host, relay_server};
 pub use remote::{RemoteError, RemoteOptions};
-use stderr::copy_stderr;
+use start::Start;
+pub use start::answer_refused_start;
+use stderr::{Tail, copy_stderr};
 
 /// How the proxy reaches a broker.
 #[derive(Debug)]
@@ -93,6 +99,11 @@ pub struct ProxyOptions {
     /// A remote server to reach over Streamable HTTP instead of starting `command`
     /// (`--url`); `confine` does not apply to it.
     pub remote: Option<RemoteOptions>,
+    /// How long a confined server has to answer the host's `initialize` once it was relayed
+    /// (`--start-timeout`; `None`: no limit): past it, the host gets an error with the
+    /// diagnosis and the server is ended ([`START_TIMEOUT`] is the command line's default).
+    /// An unconfined server has no such limit.
+    pub start_timeout: Option<std::time::Duration>,
 }
 
 /// Runs the proxy until the server exits; returns its exit code.
@@ -138,9 +149,16 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         // The server and everything it starts are ended together (crate::confine::reap).
         crate::confine::reap::become_subreaper();
     }
-    let mut child = command
-        .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot start {program:?}: {e}")))?;
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let why = format!("cannot start {program:?}: {e}");
+            // The host's `initialize` is answered with the reason before the proxy exits.
+            let answered = why.clone();
+            let _ = tokio::task::spawn_blocking(move || answer_refused_start(&answered)).await;
+            return Err(io::Error::new(e.kind(), why));
+        }
+    };
     // A confined server leads its own process group (crate::confine::reap). However this
     // function ends (returns, or is dropped when a stop signal's grace runs out), the group
     // and what is left below the proxy go with it.
@@ -176,13 +194,27 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     // shared broker by a last note on the link ([`crate::host::ENDED_NOTIFICATION`]).
     let (person_ended, ended) = person_ends(&link);
     let revocations = opts.end_server.take().filter(|_| opts.confine.is_some());
+    // A confined server that does not answer `initialize` in time is ended too ([`Start::watch`]).
+    let (start_failed, start_timed_out) = tokio::sync::oneshot::channel::<String>();
+    let start_timed_out = async move {
+        match start_timed_out.await {
+            Ok(reason) => reason,
+            Err(_) => std::future::pending().await,
+        }
+    };
     let revoked: Option<EndServer> = Some(Box::pin(async move {
+        let person_or_start = async move {
+            tokio::select! {
+                reason = ended => reason,
+                reason = start_timed_out => reason,
+            }
+        };
         match revocations {
             Some(revoked) => tokio::select! {
                 reason = revoked => reason,
-                reason = ended => reason,
+                reason = person_or_start => reason,
             },
-            None => ended.await,
+            None => person_or_start.await,
         }
     }));
     let stopped: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
@@ -195,11 +227,13 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         stopped,
         target,
     ));
+    let tail = Arc::new(Tail::new());
     if let Some(err) = child.stderr.take() {
         let err = std::fs::File::from(err.into_owned_fd()?);
+        let tail = Arc::clone(&tail);
         std::thread::Builder::new()
             .name("fsbroker-server-stderr".into())
-            .spawn(move || copy_stderr(err))?;
+            .spawn(move || copy_stderr(err, &tail))?;
     }
     let server_in = child
         .stdin
@@ -221,15 +255,23 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     let Sides {
         mut broker,
         relay,
-        init_id,
+        init,
         host_reader,
         host_writer,
         to_host,
     } = start_sides(link, &opts, &to_server, ending.clone(), person_ended).await?;
     let confined = opts.confine.is_some();
+    let start = Arc::new(match &opts.confine {
+        Some(confine) => Start::confined(Arc::clone(&init), tail, confine, &opts.command),
+        None => Start::unconfined(Arc::clone(&init)),
+    });
+    let watchdog = match opts.start_timeout.filter(|_| confined) {
+        Some(limit) => tokio::spawn(Arc::clone(&start).watch(limit, to_host.clone(), start_failed)),
+        None => tokio::spawn(async {}),
+    };
     let mut exited = None;
     {
-        let relayed = relay_server(server_out, &relay, &mut broker, &init_id, opts.max_line);
+        let relayed = relay_server(server_out, &relay, &mut broker, &init, opts.max_line);
         tokio::pin!(relayed);
         tokio::select! {
             () = &mut relayed => {}
@@ -282,6 +324,14 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     if confined {
         end_orphans(just_reaped).await;
     }
+    // A server that exited before answering `initialize` leaves the host an error; one whose
+    // start timed out was answered by the watchdog, whose answer is let finish.
+    start.exited(status, &to_host).await;
+    if init.failed() {
+        let _ = watchdog.await;
+    } else {
+        watchdog.abort();
+    }
     // The server's requests still running finish, and are recorded, before the proxy ends
     // (and its broker seals the log): a request past its commit point has acted.
     broker.finish().await;
@@ -289,7 +339,11 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     if let Ok(Err(e)) = host_writer.await {
         tracing::debug!(error = %e, "host output");
     }
-    Ok(exit_code(status))
+    // A server ended for not starting in time may exit 0 on SIGTERM; the run failed.
+    match exit_code(status) {
+        0 if init.failed() => Ok(1),
+        code => Ok(code),
+    }
 }
 
 /// The server is remote (`--url`): the relay's lines for it go over Streamable HTTP, and what
@@ -327,7 +381,7 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
     let Sides {
         mut broker,
         relay,
-        init_id,
+        init,
         host_reader,
         host_writer,
         to_host,
@@ -341,14 +395,7 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
         })
     };
     tracing::info!(url, "relaying to a remote MCP server");
-    relay_server(
-        connected.output,
-        &relay,
-        &mut broker,
-        &init_id,
-        opts.max_line,
-    )
-    .await;
+    relay_server(connected.output, &relay, &mut broker, &init, opts.max_line).await;
     host_reader.abort();
     closer.abort();
     drop(relay);
@@ -367,7 +414,7 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
 struct Sides {
     broker: BrokerSide,
     relay: Relay,
-    init_id: Arc<Mutex<Option<Box<RawValue>>>>,
+    init: Arc<Init>,
     host_reader: tokio::task::JoinHandle<()>,
     host_writer: tokio::sync::oneshot::Receiver<io::Result<()>>,
     to_host: mpsc::Sender<Outgoing>,
@@ -425,7 +472,7 @@ async fn start_sides(
         let line = super::peer_note(key.as_deref(), params);
         let _ = to_broker.send(line.into()).await;
     }
-    let init_id: Arc<Mutex<Option<Box<RawValue>>>> = Arc::default();
+    let init: Arc<Init> = Arc::default();
     let eras = Arc::new(Eras::new(asker, nonce));
 
     // The host → server queue's budget, shared by the proxy's own retries.
@@ -434,13 +481,13 @@ async fn start_sides(
         let to_server = to_server.clone();
         let budget = server_budget.clone();
         let to_host = to_host.clone();
-        let init_id = Arc::clone(&init_id);
+        let init = Arc::clone(&init);
         let eras = Arc::clone(&eras);
         let max = opts.max_line;
         let ending = ending.clone();
         tokio::spawn(async move {
             tokio::select! {
-                () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init_id, eras, budget, max) => {}
+                () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init, eras, budget, max) => {}
                 () = stop => {}
             }
             // Before the close is queued: a server that stopped reading its stdin leaves no
@@ -460,7 +507,7 @@ async fn start_sides(
     Ok(Sides {
         broker,
         relay,
-        init_id,
+        init,
         host_reader,
         host_writer,
         to_host,

@@ -3,12 +3,104 @@
 //! A confined server does not get the proxy's stderr (which may be the user's terminal, and
 //! whose foreground a server could take): it gets a pipe, and its lines are copied here,
 //! defanged, so that neither a flood nor an escape sequence from the server reaches or stalls
-//! the proxy's own stderr.
+//! the proxy's own stderr. The last of them are kept ([`Tail`]) for the diagnosis of a server
+//! that fails to start.
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsFd;
+use std::sync::Mutex;
 
-/// Copies a confined server's stderr to the proxy's until every process holding it is gone.
+use crate::limits::{STDERR_TAIL_BYTES, STDERR_TAIL_LINE, STDERR_TAIL_LINES};
+
+/// The end of a confined server's stderr, defanged, bounded ([`STDERR_TAIL_LINES`] lines,
+/// [`STDERR_TAIL_BYTES`] bytes, each line cut at [`STDERR_TAIL_LINE`]): what the diagnosis
+/// of a start that failed reads.
+pub(super) struct Tail {
+    text: Mutex<TailText>,
+    /// Set once every process holding the pipe has closed it.
+    closed: tokio::sync::watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct TailText {
+    lines: VecDeque<String>,
+    /// Bytes of `lines`.
+    bytes: usize,
+    /// The line being written (no newline yet).
+    partial: String,
+    /// Whether `partial` was cut.
+    cut: bool,
+}
+
+impl Tail {
+    pub(super) fn new() -> Tail {
+        Tail {
+            text: Mutex::default(),
+            closed: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// Adds defanged text (valid UTF-8 by then).
+    fn push(&self, text: &str) {
+        let mut t = self.text.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rest = text;
+        while !rest.is_empty() {
+            let (piece, ended) = match rest.find('\n') {
+                Some(i) => (&rest[..i], Some(i + 1)),
+                None => (rest, None),
+            };
+            let room = STDERR_TAIL_LINE.saturating_sub(t.partial.len());
+            if piece.len() <= room {
+                t.partial.push_str(piece);
+            } else {
+                let mut end = room;
+                while !piece.is_char_boundary(end) {
+                    end -= 1;
+                }
+                t.partial.push_str(&piece[..end]);
+                t.cut = true;
+            }
+            match ended {
+                Some(i) => {
+                    let mut line = std::mem::take(&mut t.partial);
+                    if std::mem::take(&mut t.cut) {
+                        line.push_str(" [cut]");
+                    }
+                    t.bytes += line.len();
+                    t.lines.push_back(line);
+                    while t.lines.len() > STDERR_TAIL_LINES || t.bytes > STDERR_TAIL_BYTES {
+                        let Some(old) = t.lines.pop_front() else {
+                            break;
+                        };
+                        t.bytes -= old.len();
+                    }
+                    rest = &rest[i..];
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// The lines kept, oldest first, with the one not yet ended last.
+    pub(super) fn lines(&self) -> Vec<String> {
+        let t = self.text.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lines: Vec<String> = t.lines.iter().cloned().collect();
+        if !t.partial.is_empty() {
+            lines.push(t.partial.clone());
+        }
+        lines
+    }
+
+    /// Waits, at most `limit`, for the pipe to close (everything the server wrote is in).
+    pub(super) async fn settled(&self, limit: std::time::Duration) {
+        let mut closed = self.closed.subscribe();
+        let _ = tokio::time::timeout(limit, closed.wait_for(|c| *c)).await;
+    }
+}
+
+/// Copies a confined server's stderr to the proxy's until every process holding it is gone,
+/// keeping its last lines in `tail`.
 ///
 /// The server must not be able to stop the proxy through it, nor reach the user's terminal:
 /// - it writes through a descriptor of its own, not `io::stderr()`, whose lock the proxy's
@@ -20,30 +112,33 @@ use std::os::fd::AsFd;
 /// - control characters (escape sequences: a terminal's clipboard, title, cursor) become `?`;
 /// - once the proxy's stderr fails (closed), the rest is read and dropped, so the server is
 ///   not killed by `SIGPIPE` for logging.
-pub(super) fn copy_stderr(mut from: std::fs::File) {
+pub(super) fn copy_stderr(mut from: std::fs::File, tail: &Tail) {
     use std::io::{Read, Write};
-    let Ok(fd) = io::stderr().as_fd().try_clone_to_owned() else {
-        return;
-    };
-    let is_pipe = rustix::fs::fstat(&fd).is_ok_and(|st| {
-        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
+    let fd = io::stderr().as_fd().try_clone_to_owned().ok();
+    let is_pipe = fd.as_ref().is_some_and(|fd| {
+        rustix::fs::fstat(fd).is_ok_and(|st| {
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
+        })
     });
-    let capacity = if is_pipe {
-        rustix::pipe::fcntl_getpipe_size(&fd).unwrap_or(65536)
-    } else {
-        0
+    let capacity = match &fd {
+        Some(fd) if is_pipe => rustix::pipe::fcntl_getpipe_size(fd).unwrap_or(65536),
+        _ => 0,
     };
-    let mut to = Some(std::fs::File::from(fd));
+    let mut to = fd.map(std::fs::File::from);
     let mut buf = [0u8; 4096];
     let mut dropped = 0usize;
     let mut defang = Defang::default();
     loop {
         let n = match from.read(&mut buf) {
-            Ok(0) => return,
+            Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
+            Err(_) => break,
         };
+        // Every chunk is read as text for the tail, whether it is shown or dropped: a
+        // diagnosis must see the server's last words even when a host does not drain stderr.
+        let safe = defang.feed(&buf[..n]);
+        tail.push(std::str::from_utf8(&safe).unwrap_or_default());
         let Some(out) = to.as_mut() else { continue };
         if is_pipe && unread(out) + n > capacity / 2 {
             dropped += n;
@@ -57,11 +152,12 @@ pub(super) fn copy_stderr(mut from: std::fs::File) {
             );
             dropped = 0;
         }
-        text.extend(defang.feed(&buf[..n]));
+        text.extend(safe);
         if out.write_all(&text).is_err() {
             to = None;
         }
     }
+    tail.closed.send_replace(true);
 }
 
 /// Bytes written to the pipe `fd` and not yet read (none when the kernel will not say).
@@ -128,6 +224,39 @@ fn push_safe(out: &mut Vec<u8>, text: &str) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_tail_keeps_the_last_lines_bounded() {
+        let tail = super::Tail::new();
+        for i in 0..200 {
+            tail.push(&format!("line {i}\n"));
+        }
+        tail.push("half of a ");
+        tail.push("line");
+        let lines = tail.lines();
+        assert_eq!(lines.len(), super::STDERR_TAIL_LINES + 1);
+        assert_eq!(lines[0], format!("line {}", 200 - super::STDERR_TAIL_LINES));
+        assert_eq!(lines.last().unwrap(), "half of a line");
+        // One endless line is cut, on a character boundary.
+        let tail = super::Tail::new();
+        tail.push(&"é".repeat(super::STDERR_TAIL_LINE));
+        tail.push("\nnext\n");
+        let lines = tail.lines();
+        assert!(
+            lines[0].len() <= super::STDERR_TAIL_LINE + 6,
+            "{}",
+            lines[0].len()
+        );
+        assert!(lines[0].ends_with(" [cut]"));
+        assert_eq!(lines[1], "next");
+        // Many long lines keep at most the byte bound.
+        let tail = super::Tail::new();
+        for _ in 0..100 {
+            tail.push(&format!("{}\n", "x".repeat(1000)));
+        }
+        let kept: usize = tail.lines().iter().map(String::len).sum();
+        assert!(kept <= super::STDERR_TAIL_BYTES, "{kept}");
+    }
+
     #[test]
     fn stderr_is_defanged_across_reads() {
         let mut d = super::Defang::default();

@@ -1,0 +1,659 @@
+//! npm's launchers: `npx [-y] PKG ARGS…` (and `npm exec`, `npm x`), and a package's program
+//! in `node_modules` (a project's `node_modules/.bin/NAME`, a global install's
+//! `PREFIX/bin/NAME`, wherever the prefix is).
+//!
+//! A package's code is its directory and the packages it depends on, found the way Node finds
+//! them (`node_modules` of the package, then of each directory above it): a project-local
+//! install hoists them beside the package, a global one nests them inside it. That tree, and
+//! only it, is granted; never the `node_modules` around it whole, never the prefix or the
+//! cache directory it lies in (`~/.npm-global`, `~/.npm`), which hold the person's settings.
+//!
+//! `npx` is resolved here rather than run: confined, it could neither ask the registry for
+//! the newest version nor write its cache (`_npx/HASH/package.json`, a lock) as it does on
+//! every start, and would hang retrying a network it does not have. It is looked up where
+//! npx looks (the project, the global prefix, npx's own cache), then in fsbroker's cache, and
+//! the program npx would have run is run directly.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+
+use super::{Launch, Missing, cache_root, grant, home};
+use crate::confine::runtime::find_program;
+use crate::limits::MAX_PACKAGES;
+use crate::policy::Registry;
+
+/// Recognises an npm launcher; `None` for any other command line.
+pub(super) fn recognise(command: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Option<Launch> {
+    let (program, args) = command.split_first()?;
+    let name = Path::new(program)
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
+    let exec_args = match name.as_str() {
+        "npx" => Some(args),
+        "npm" => match args.first().and_then(|a| a.to_str()) {
+            Some("exec" | "x") => Some(&args[1..]),
+            _ => None,
+        },
+        _ => None,
+    };
+    if let Some(exec_args) = exec_args {
+        return npx(program, exec_args, cwd, path);
+    }
+    let exe = find_program(program, cwd, path)?;
+    let real = exe.canonicalize().ok()?;
+    let package = package_of(&real)?;
+    let manifest = Manifest::read(&package)?;
+    let mut launch = Launch {
+        launcher: "a package's program in node_modules".into(),
+        resolved: vec![format!(
+            "{} is {}'s program, installed in {}",
+            exe.display(),
+            manifest.id(),
+            package.display()
+        )],
+        ..Launch::default()
+    };
+    add_tree(&mut launch, &package, &manifest);
+    Some(launch)
+}
+
+/// `npx` and `npm exec`: the package resolved to an installation, and its program run.
+fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Option<Launch> {
+    let line = match NpxLine::parse(args) {
+        Ok(line) => line,
+        Err(why) => {
+            return Some(Launch {
+                launcher: "npx".into(),
+                resolved: vec![format!(
+                    "not resolved ({why}): npx runs as given, and without the network it \
+                     cannot fetch; give the package's program instead (`npm install -g PKG`, \
+                     then its path)"
+                )],
+                ..Launch::default()
+            });
+        }
+    };
+    let spec = Spec::parse(&line.package)?;
+    let config = NpmConfig::read(cwd, path);
+    let hash = npx_hash(&line.package);
+    let ours = cache_root().map(|r| r.join("npx").join(&hash));
+    let mut places: Vec<(PathBuf, String)> = Vec::new();
+    places.push((
+        config.local_prefix.join("node_modules"),
+        format!(
+            "the project's node_modules ({})",
+            config.local_prefix.display()
+        ),
+    ));
+    if let Some(prefix) = &config.prefix {
+        places.push((
+            prefix.join("lib/node_modules"),
+            format!("the global install (prefix {})", prefix.display()),
+        ));
+    }
+    if let Some(cache) = &config.cache {
+        places.push((
+            cache.join("_npx").join(&hash).join("node_modules"),
+            format!("npx's own cache ({})", cache.display()),
+        ));
+    }
+    if let Some(ours) = &ours {
+        places.push((
+            ours.join("_npx").join(&hash).join("node_modules"),
+            format!("fsbroker's cache ({})", ours.display()),
+        ));
+    }
+    let mut launch = Launch {
+        launcher: "npx".into(),
+        ..Launch::default()
+    };
+    let found = places.iter().find_map(|(dir, what)| {
+        let package = dir.join(&spec.name);
+        let manifest = Manifest::read(&package)?;
+        spec.accepts(&manifest.version)
+            .then(|| (package, manifest, what))
+    });
+    let Some((package, manifest, what)) = found else {
+        let cache = ours?;
+        let npm = npm_beside(program, cwd, path);
+        let install = [
+            npm.as_os_str(),
+            OsStr::new("exec"),
+            OsStr::new("--yes"),
+            OsStr::new("--ignore-scripts"),
+            OsStr::new("--no-audit"),
+            OsStr::new("--no-fund"),
+            OsStr::new("--loglevel=warn"),
+            OsStr::new("--cache"),
+            cache.as_os_str(),
+            OsStr::new("--package"),
+            OsStr::new(&line.package),
+            OsStr::new("--"),
+            OsStr::new("true"),
+        ]
+        .iter()
+        .map(|s| s.to_os_string())
+        .collect();
+        launch.resolved.push(format!(
+            "{} is not installed in {}",
+            line.package,
+            places
+                .iter()
+                .map(|(_, what)| what.as_str())
+                .collect::<Vec<_>>()
+                .join(", nor in ")
+        ));
+        launch.missing = Some(Missing {
+            registry: Registry::Npm,
+            package: line.package.clone(),
+            install,
+            cache,
+            instead: format!(
+                "install it first (`npm install -g {}`, or `npx -y {}` once without \
+                 --confine), or let fsbroker fetch it (`--confine-fetch npm`, or \
+                 `fetch = [\"npm\"]` in the policy's [confine])",
+                line.package, line.package
+            ),
+        });
+        return Some(launch);
+    };
+    let Some(bin) = manifest.program(&package, line.command.as_deref()) else {
+        launch.resolved.push(format!(
+            "{} in {} has no program {}: npx runs as given",
+            manifest.id(),
+            package.display(),
+            line.command.as_deref().unwrap_or("named after it")
+        ));
+        return Some(launch);
+    };
+    launch.resolved.push(format!(
+        "runs {}'s program {} from {what}",
+        manifest.id(),
+        bin.display()
+    ));
+    launch.resolved.push(
+        "npx itself is not run: confined, it could neither ask the registry for a newer \
+         version nor write its cache; it would have run this program"
+            .into(),
+    );
+    let mut run = Vec::with_capacity(line.args.len() + 2);
+    if !is_executable(&bin) {
+        run.push(find_program(OsStr::new("node"), cwd, path)?.into_os_string());
+    }
+    run.push(bin.into_os_string());
+    run.extend(line.args.iter().cloned());
+    launch.command = Some(run);
+    add_tree(&mut launch, &package, &manifest);
+    Some(launch)
+}
+
+/// Grants `package` and its dependency tree, and says so.
+fn add_tree(launch: &mut Launch, package: &Path, manifest: &Manifest) {
+    let Tree { dirs, unresolved } = tree(package);
+    let why = format!("{}'s dependency tree", manifest.id());
+    launch.resolved.push(format!(
+        "granted read+exec: {} and its {} dependencies, found as Node finds them; nothing else \
+         of the node_modules or the directory they lie in",
+        manifest.id(),
+        dirs.len().saturating_sub(1)
+    ));
+    for missing in unresolved {
+        launch.resolved.push(format!(
+            "not found: {missing}, which the tree depends on; the server may fail to load it"
+        ));
+    }
+    launch
+        .needs
+        .extend(dirs.into_iter().map(|d| grant(d, &why)));
+}
+
+/// The command line after `npx` (or `npm exec`): which package, which of its programs, and
+/// the program's arguments.
+#[derive(Debug, PartialEq)]
+struct NpxLine {
+    package: String,
+    /// The program named (`npx -p PKG NAME`); `None`: the package's own.
+    command: Option<String>,
+    args: Vec<OsString>,
+}
+
+impl NpxLine {
+    /// npx reads its options up to the first plain argument (the package, or the program
+    /// with `-p`); everything after is the program's.
+    fn parse(args: &[OsString]) -> Result<NpxLine, String> {
+        let mut packages = Vec::new();
+        let mut it = args.iter();
+        let mut first = None;
+        while let Some(arg) = it.next() {
+            let a = arg
+                .to_str()
+                .ok_or_else(|| format!("{arg:?} is not UTF-8"))?;
+            match a {
+                "--" => {
+                    first = it.next();
+                    break;
+                }
+                "-y"
+                | "--yes"
+                | "-q"
+                | "--quiet"
+                | "--no"
+                | "-n"
+                | "--prefer-offline"
+                | "--prefer-online"
+                | "--offline"
+                | "--no-update-notifier" => {}
+                "-p" | "--package" => packages.push(
+                    it.next()
+                        .and_then(|p| p.to_str())
+                        .ok_or("--package without a package")?
+                        .to_owned(),
+                ),
+                _ if a.starts_with("--package=") => packages.push(a["--package=".len()..].into()),
+                _ if a.starts_with('-') => {
+                    return Err(format!("the option {a} is not one fsbroker reads"));
+                }
+                _ => {
+                    first = Some(arg);
+                    break;
+                }
+            }
+        }
+        let first = first
+            .and_then(|f| f.to_str())
+            .ok_or("no package named")?
+            .to_owned();
+        let args = it.cloned().collect();
+        match packages.len() {
+            0 => Ok(NpxLine {
+                package: first,
+                command: None,
+                args,
+            }),
+            1 => Ok(NpxLine {
+                package: packages.remove(0),
+                command: Some(first),
+                args,
+            }),
+            _ => Err("several --package".into()),
+        }
+    }
+}
+
+/// A registry package spec: `name`, `@scope/name`, with `@version`, `@range` or `@tag`.
+#[derive(Debug, PartialEq)]
+struct Spec {
+    name: String,
+    selector: Option<String>,
+}
+
+impl Spec {
+    /// `None` for anything but a registry package (a path, a URL, a git or GitHub spec).
+    fn parse(spec: &str) -> Option<Spec> {
+        let at = if let Some(rest) = spec.strip_prefix('@') {
+            rest.find('@').map(|i| i + 1)
+        } else {
+            spec.find('@')
+        };
+        let (name, selector) = match at {
+            Some(i) => (&spec[..i], Some(spec[i + 1..].to_owned())),
+            None => (spec, None),
+        };
+        valid_name(name).then(|| Spec {
+            name: name.to_owned(),
+            selector: selector.filter(|s| !s.is_empty()),
+        })
+    }
+
+    /// Whether an installed `version` is what the spec asks for. An exact version must
+    /// match; a tag or a range takes what is installed (npx would take a local install in
+    /// range as well, and asks the registry only for its own cache).
+    fn accepts(&self, version: &str) -> bool {
+        match self.selector.as_deref() {
+            Some(v)
+                if v.chars().next().is_some_and(|c| c.is_ascii_digit())
+                    && !v.contains([' ', '|', '<', '>', 'x', '*'])
+                    && v.matches('.').count() == 2 =>
+            {
+                v.trim_start_matches('v') == version
+            }
+            _ => true,
+        }
+    }
+}
+
+/// Whether `name` is a package name npm could have installed, and so a path of one or two
+/// plain components under `node_modules` (never `..`, never absolute).
+fn valid_name(name: &str) -> bool {
+    let ok = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 214
+            && !part.starts_with('.')
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
+    };
+    match name.strip_prefix('@') {
+        Some(scoped) => scoped
+            .split_once('/')
+            .is_some_and(|(scope, pkg)| ok(scope) && ok(pkg)),
+        None => ok(name),
+    }
+}
+
+/// The directory npx's cache keeps a package list in: the first 16 hex digits of the SHA-512
+/// of the specs, sorted, one per line (libnpmexec).
+fn npx_hash(spec: &str) -> String {
+    use sha2::{Digest, Sha512};
+    let digest = Sha512::digest(spec.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// What npx's configuration says about where packages are: the project around the working
+/// directory, the global prefix, the cache.
+struct NpmConfig {
+    local_prefix: PathBuf,
+    prefix: Option<PathBuf>,
+    cache: Option<PathBuf>,
+}
+
+impl NpmConfig {
+    /// From the environment (`npm_config_*`), then the person's `.npmrc`, then npm's
+    /// defaults (the prefix above `node`'s `bin`, the cache `~/.npm`). The `.npmrc` is read
+    /// here, by the proxy, for these two keys: the confined server never reads it (it holds
+    /// registry tokens).
+    fn read(cwd: &Path, path: Option<&OsStr>) -> NpmConfig {
+        let env = |key: &str| {
+            std::env::var_os(format!("npm_config_{key}"))
+                .or_else(|| std::env::var_os(format!("NPM_CONFIG_{}", key.to_uppercase())))
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let userconfig = env("userconfig").or_else(|| home().map(|h| h.join(".npmrc")));
+        let rc = userconfig.as_deref().map(read_npmrc).unwrap_or_default();
+        let from_rc = |key: &str| {
+            rc.iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| expand_home(v))
+        };
+        let node_prefix = find_program(OsStr::new("node"), cwd, path)
+            .and_then(|n| n.canonicalize().ok())
+            .and_then(|n| n.parent()?.parent().map(Path::to_path_buf));
+        // npm's project root: the nearest directory holding package.json or node_modules.
+        let local_prefix = cwd
+            .ancestors()
+            .find(|d| d.join("package.json").is_file() || d.join("node_modules").is_dir())
+            .unwrap_or(cwd)
+            .to_path_buf();
+        NpmConfig {
+            local_prefix,
+            prefix: env("prefix").or_else(|| from_rc("prefix")).or(node_prefix),
+            cache: env("cache")
+                .or_else(|| from_rc("cache"))
+                .or_else(|| home().map(|h| h.join(".npm"))),
+        }
+    }
+}
+
+/// The `key = value` lines of an npmrc (at most 64 KiB of it).
+fn read_npmrc(file: &Path) -> Vec<(String, String)> {
+    use std::io::Read;
+    let mut text = String::new();
+    let Ok(f) = std::fs::File::open(file) else {
+        return Vec::new();
+    };
+    if f.take(64 * 1024).read_to_string(&mut text).is_err() {
+        return Vec::new();
+    }
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with(['#', ';']))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// A path of an npmrc: `~/` and `${HOME}` are the home.
+fn expand_home(value: &str) -> PathBuf {
+    let home = home().unwrap_or_default();
+    let value = value.replace("${HOME}", &home.to_string_lossy());
+    match value.strip_prefix("~/") {
+        Some(rest) => home.join(rest),
+        None => PathBuf::from(value),
+    }
+}
+
+/// The npm beside the npx that was named (the same installation), else `npm` in `PATH`.
+fn npm_beside(npx: &OsStr, cwd: &Path, path: Option<&OsStr>) -> PathBuf {
+    find_program(npx, cwd, path)
+        .and_then(|p| Some(p.parent()?.join("npm")))
+        .filter(|p| p.is_file())
+        .or_else(|| find_program(OsStr::new("npm"), cwd, path))
+        .unwrap_or_else(|| PathBuf::from("npm"))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The package a file belongs to: the nearest directory above it that sits in `node_modules`
+/// (or in a scope there) and holds a `package.json`.
+fn package_of(file: &Path) -> Option<PathBuf> {
+    file.ancestors().skip(1).find_map(|dir| {
+        let parent = dir.parent()?;
+        let in_modules = parent.file_name() == Some(OsStr::new("node_modules"))
+            || (parent
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('@'))
+                && parent.parent()?.file_name() == Some(OsStr::new("node_modules")));
+        (in_modules && dir.join("package.json").is_file()).then(|| dir.to_path_buf())
+    })
+}
+
+/// The fields of a `package.json` this module reads.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct Manifest {
+    name: String,
+    version: String,
+    bin: Option<serde_json::Value>,
+    dependencies: serde_json::Map<String, serde_json::Value>,
+    #[serde(rename = "optionalDependencies")]
+    optional: serde_json::Map<String, serde_json::Value>,
+    #[serde(rename = "peerDependencies")]
+    peer: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Manifest {
+    /// `dir/package.json` (at most 1 MiB of it), if it reads.
+    fn read(dir: &Path) -> Option<Manifest> {
+        use std::io::Read;
+        let f = std::fs::File::open(dir.join("package.json")).ok()?;
+        let mut text = Vec::new();
+        f.take(1 << 20).read_to_end(&mut text).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    fn id(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+
+    /// The file of the program npx would run from this package installed in `dir`: the one
+    /// named `command`, else its only program, else the one named after the package. It
+    /// must lie inside the package.
+    fn program(&self, dir: &Path, command: Option<&str>) -> Option<PathBuf> {
+        let unscoped = self.name.rsplit('/').next().unwrap_or(&self.name);
+        let file = match self.bin.as_ref()? {
+            serde_json::Value::String(file) => {
+                (command.is_none_or(|c| c == unscoped)).then_some(file.as_str())?
+            }
+            serde_json::Value::Object(bins) => {
+                let pick = match command {
+                    Some(c) => bins.get(c),
+                    None if bins.len() == 1 => bins.values().next(),
+                    None => bins.get(unscoped),
+                };
+                pick?.as_str()?
+            }
+            _ => return None,
+        };
+        let dir = dir.canonicalize().ok()?;
+        let file = dir.join(file).canonicalize().ok()?;
+        (file.starts_with(&dir) && file.is_file()).then_some(file)
+    }
+}
+
+/// A package's dependency tree.
+struct Tree {
+    /// The package's directory, then each dependency's, canonical, each once.
+    dirs: Vec<PathBuf>,
+    /// Required dependencies found nowhere Node would look.
+    unresolved: Vec<String>,
+}
+
+/// The packages `package` loads: its dependencies, optional and peer dependencies, theirs,
+/// and so on, each found as Node's resolution finds it from the package that needs it (in
+/// its own `node_modules`, then in the `node_modules` of each directory above), at most
+/// [`MAX_PACKAGES`].
+fn tree(package: &Path) -> Tree {
+    let start = package
+        .canonicalize()
+        .unwrap_or_else(|_| package.to_path_buf());
+    let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut dirs = Vec::new();
+    let mut unresolved = Vec::new();
+    let mut queue = VecDeque::from([start]);
+    while let Some(dir) = queue.pop_front() {
+        if dirs.len() >= MAX_PACKAGES || !seen.insert(dir.clone()) {
+            continue;
+        }
+        dirs.push(dir.clone());
+        let Some(manifest) = Manifest::read(&dir) else {
+            continue;
+        };
+        let required = manifest.dependencies.keys().map(|n| (n, true));
+        let optional = manifest
+            .optional
+            .keys()
+            .chain(manifest.peer.keys())
+            .map(|n| (n, false));
+        for (name, needed) in required.chain(optional) {
+            match resolve(&dir, name) {
+                Some(found) => queue.push_back(found),
+                None if needed => unresolved.push(format!("{name} (for {})", manifest.id())),
+                None => {}
+            }
+        }
+    }
+    Tree { dirs, unresolved }
+}
+
+/// Where Node finds package `name` when `from` (a package directory) loads it.
+fn resolve(from: &Path, name: &str) -> Option<PathBuf> {
+    if !valid_name(name) {
+        return None;
+    }
+    from.ancestors()
+        .filter(|d| d.file_name() != Some(OsStr::new("node_modules")))
+        .map(|d| d.join("node_modules").join(name))
+        .find(|c| c.join("package.json").is_file())
+        .and_then(|c| c.canonicalize().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn npx_lines_name_the_package_and_the_programs_arguments() {
+        let line = NpxLine::parse(&os(&["-y", "@m/server", "/data", "--flag"])).unwrap();
+        assert_eq!(line.package, "@m/server");
+        assert_eq!(line.command, None);
+        assert_eq!(line.args, os(&["/data", "--flag"]));
+        let line = NpxLine::parse(&os(&["--package=@m/pkg@1.2.3", "tool", "-x"])).unwrap();
+        assert_eq!(line.package, "@m/pkg@1.2.3");
+        assert_eq!(line.command.as_deref(), Some("tool"));
+        assert_eq!(line.args, os(&["-x"]));
+        assert!(NpxLine::parse(&os(&["-c", "evil"])).is_err());
+        assert!(NpxLine::parse(&os(&["-p", "a", "-p", "b", "x"])).is_err());
+    }
+
+    #[test]
+    fn specs_are_registry_packages_only() {
+        let s = Spec::parse("@scope/name@1.2.3").unwrap();
+        assert_eq!(
+            (s.name.as_str(), s.selector.as_deref()),
+            ("@scope/name", Some("1.2.3"))
+        );
+        assert!(s.accepts("1.2.3") && !s.accepts("1.2.4"));
+        let s = Spec::parse("name").unwrap();
+        assert!(s.selector.is_none() && s.accepts("9.9.9"));
+        assert!(Spec::parse("name@^1.2.0").unwrap().accepts("1.5.0"));
+        for bad in [
+            "../x",
+            "user/repo",
+            "git+https://x/y.git",
+            "./dir",
+            "/abs",
+            "@s/../x",
+            "@/x",
+        ] {
+            assert_eq!(Spec::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_npx_hash_is_libnpmexecs() {
+        // `npm exec --package @modelcontextprotocol/server-filesystem@2026.8.31 -- true`
+        // installed into `_npx/68b53d3fd47bf8db` (npm 11.19).
+        assert_eq!(
+            npx_hash("@modelcontextprotocol/server-filesystem@2026.8.31"),
+            "68b53d3fd47bf8db"
+        );
+    }
+
+    #[test]
+    fn a_tree_is_found_as_node_finds_it_and_stays_inside_node_modules() {
+        let dir = tempfile::tempdir().unwrap();
+        let nm = dir.path().join("node_modules");
+        let put = |pkg: &str, json: &str| {
+            std::fs::create_dir_all(nm.join(pkg)).unwrap();
+            std::fs::write(nm.join(pkg).join("package.json"), json).unwrap();
+        };
+        put(
+            "@s/server",
+            r#"{"name":"@s/server","version":"1.0.0","dependencies":{"a":"1","../../etc":"1"},"optionalDependencies":{"gone":"1"}}"#,
+        );
+        put(
+            "a",
+            r#"{"name":"a","version":"1.0.0","dependencies":{"b":"1","missing":"1"}}"#,
+        );
+        put("a/node_modules/b", r#"{"name":"b","version":"2.0.0"}"#);
+        put("b", r#"{"name":"b","version":"1.0.0"}"#);
+        put("unrelated", r#"{"name":"unrelated","version":"1.0.0"}"#);
+        let tree = tree(&nm.join("@s/server"));
+        let real = nm.canonicalize().unwrap();
+        assert_eq!(
+            tree.dirs,
+            vec![
+                real.join("@s/server"),
+                real.join("a"),
+                real.join("a/node_modules/b")
+            ]
+        );
+        assert_eq!(
+            tree.unresolved,
+            vec!["../../etc (for @s/server@1.0.0)", "missing (for a@1.0.0)"]
+        );
+        assert_eq!(
+            package_of(&real.join("a/node_modules/b/index.js")),
+            Some(real.join("a/node_modules/b"))
+        );
+    }
+}
