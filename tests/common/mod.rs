@@ -21,6 +21,7 @@ pub mod memory;
 pub mod peers;
 pub mod policy;
 pub mod procs;
+pub mod registry;
 pub mod remote;
 pub mod stuck;
 
