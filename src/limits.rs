@@ -314,6 +314,16 @@ pub(crate) const SYSLOG_KEEP: usize = 512;
 /// How many `#!` interpreters deep the search goes (a script run by a script …).
 pub(crate) const MAX_INTERPRETERS: usize = 4;
 
+/// How many packages a confined npm server's dependency tree may grant: far above what real
+/// servers load (the reference filesystem server loads about 100), low enough that a hostile
+/// `package.json` web cannot make the plan (one Landlock rule each) unbounded.
+pub(crate) const MAX_PACKAGES: usize = 4096;
+
+/// How long fsbroker's install of a launcher's missing package (`[confine] fetch`) may take
+/// before the start is refused: a cold `npx -y` of the reference filesystem server takes
+/// about 10 s here; a registry that stalls must not hold the host's `initialize` for good.
+pub(crate) const INSTALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// How many fresh names a confined server's private temporary directory is tried under
 /// when the directory a proxy made is taken from it.
 pub(crate) const ATTEMPTS: usize = 8;

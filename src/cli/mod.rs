@@ -239,6 +239,14 @@ struct ProxyArgs {
         default_value_t = fsbroker::transport::proxy::START_TIMEOUT.as_secs()
     )]
     start_timeout: u64,
+    /// Let a launcher that would fetch its package at start (`npx -y PKG` with nothing
+    /// installed) get it from this registry first (npm, pypi; repeatable or comma-separated;
+    /// as the policy's `[confine] fetch`). fsbroker installs it before the server starts,
+    /// with the network, into its own cache (~/.cache/fsbroker/launch), running none of the
+    /// package's code; the server then runs confined, with no network. Without it, such a
+    /// start is refused with what to do.
+    #[arg(long, value_enum, value_name = "REGISTRY", value_delimiter = ',')]
+    confine_fetch: Vec<RegistryArg>,
     /// The MCP server to run, after `--` (or --url).
     #[arg(last = true, required_unless_present = "url", value_name = "SERVER")]
     command: Vec<std::ffi::OsString>,
@@ -266,6 +274,27 @@ struct ProxyArgs {
     /// from the first answer the server refuses (HTTP 413) and clamps later reads.
     #[arg(long, value_name = "SIZE", value_parser = crate::bench::parse_size, requires = "url")]
     max_chunk_size: Option<u64>,
+}
+
+/// A registry `--confine-fetch` allows.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RegistryArg {
+    /// The npm registry npm's configuration names (npx, npm exec).
+    Npm,
+    /// The Python Package Index uv's and pip's configuration name (uvx, pipx run).
+    Pypi,
+}
+
+impl RegistryArg {
+    /// The registries, as the library names them.
+    fn all(args: &[RegistryArg]) -> Vec<fsbroker::policy::Registry> {
+        args.iter()
+            .map(|r| match r {
+                RegistryArg::Npm => fsbroker::policy::Registry::Npm,
+                RegistryArg::Pypi => fsbroker::policy::Registry::Pypi,
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -298,6 +327,10 @@ enum ConfineCommand {
     Check {
         #[command(flatten)]
         serve: ServeArgs,
+        /// As `proxy --confine-fetch`: the registries a launcher's missing package may be
+        /// installed from before the server starts.
+        #[arg(long, value_enum, value_name = "REGISTRY", value_delimiter = ',')]
+        confine_fetch: Vec<RegistryArg>,
         /// The server's command line, after `--` (its program and scripts decide what it
         /// needs to run). Without it, only the roots and the kernel are shown.
         #[arg(last = true, value_name = "SERVER")]
@@ -404,9 +437,11 @@ pub(crate) fn main() -> ExitCode {
         Command::Audit(AuditCommand::Head { files }) => audit::head(&files),
         Command::Bench(args) => bench::run(args),
         Command::Console(args) => console::open(args.url_file, args.print),
-        Command::Confine(ConfineCommand::Check { serve, command }) => {
-            confine::check(&serve, &command)
-        }
+        Command::Confine(ConfineCommand::Check {
+            serve,
+            confine_fetch,
+            command,
+        }) => confine::check(&serve, &confine_fetch, &command),
         Command::Policy(PolicyCommand::Schema) => policy::schema(),
         Command::Completions { shell } => {
             let mut out = Vec::new();

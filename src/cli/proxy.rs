@@ -37,10 +37,24 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
         // policy and roots given to this proxy, which should be the shared broker's.
         Some(path) => runtime().and_then(|rt| {
             if flag.is_some_and(|f| f != fsbroker::policy::ConfineMode::Off) {
-                let confined = load_policy(&args.serve)
-                    .and_then(|policy| confine_server(&policy, flag, &opts.command, None));
+                let confined = load_policy(&args.serve).and_then(|policy| {
+                    confine_server(
+                        &policy,
+                        flag,
+                        &opts.command,
+                        &super::RegistryArg::all(&args.confine_fetch),
+                        None,
+                    )
+                });
                 match confined {
-                    Ok(c) => opts.confine = c,
+                    Ok(c) => {
+                        // What the server's launcher would have run (`npx -y PKG` runs
+                        // PKG's program), resolved when the confinement was planned.
+                        if let Some(c) = &c {
+                            opts.command = c.command().to_vec();
+                        }
+                        opts.confine = c
+                    }
                     Err(e) => {
                         refuse(&e);
                         return Ok(1);
@@ -73,10 +87,12 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
                 &running.broker.policy(),
                 flag,
                 &opts.command,
+                &super::RegistryArg::all(&args.confine_fetch),
                 Some(&running.broker),
             ) {
                 Ok(Some(c)) => {
                     opts.end_server = revocations(&running.broker, &c);
+                    opts.command = c.command().to_vec();
                     opts.confine = Some(c);
                 }
                 Ok(None) => {}
@@ -160,13 +176,14 @@ fn confine_server(
     policy: &Policy,
     flag: Option<fsbroker::policy::ConfineMode>,
     command: &[std::ffi::OsString],
+    fetch: &[fsbroker::policy::Registry],
     broker: Option<&Arc<Broker>>,
 ) -> Result<Option<fsbroker::confine::Confinement>, String> {
     let mode = fsbroker::confine::mode(flag, policy);
     if mode == fsbroker::policy::ConfineMode::Off {
         return Ok(None);
     }
-    let confinement = fsbroker::confine::Confinement::prepare(policy, mode, command)
+    let confinement = fsbroker::confine::Confinement::prepare(policy, mode, command, fetch)
         .map_err(|e| e.to_string())?;
     let summary = confinement.summary();
     if let Some((first, rest)) = summary.split_first() {

@@ -75,8 +75,35 @@ fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> 
             });
         }
     };
-    let spec = Spec::parse(&line.package)?;
     let config = NpmConfig::read(cwd, path);
+    // `npx NAME` runs a program NAME the project or the global install already has, before
+    // it looks for a package of that name (libnpmexec).
+    if line.command.is_none() && valid_name(&line.package) && !line.package.starts_with('@') {
+        let bins = std::iter::once(config.local_prefix.join("node_modules/.bin"))
+            .chain(config.prefix.iter().map(|p| p.join("bin")));
+        for bin in bins.map(|d| d.join(&line.package)) {
+            let Some(package) = bin.canonicalize().ok().and_then(|r| package_of(&r)) else {
+                continue;
+            };
+            let Some(manifest) = Manifest::read(&package) else {
+                continue;
+            };
+            let mut launch = Launch {
+                launcher: "npx".into(),
+                resolved: vec![format!(
+                    "runs {}, {}'s program, installed in {}",
+                    bin.display(),
+                    manifest.id(),
+                    package.display()
+                )],
+                ..Launch::default()
+            };
+            run_directly(&mut launch, bin, &line.args, cwd, path)?;
+            add_tree(&mut launch, &package, &manifest);
+            return Some(launch);
+        }
+    }
+    let spec = Spec::parse(&line.package)?;
     let hash = npx_hash(&line.package);
     let ours = cache_root().map(|r| r.join("npx").join(&hash));
     let mut places: Vec<(PathBuf, String)> = Vec::new();
@@ -173,20 +200,33 @@ fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> 
         manifest.id(),
         bin.display()
     ));
+    run_directly(&mut launch, bin, &line.args, cwd, path)?;
+    add_tree(&mut launch, &package, &manifest);
+    Some(launch)
+}
+
+/// Makes `launch` run `bin` with `args` instead of npx (through `node` when the file is not
+/// executable, as npm would have linked it).
+fn run_directly(
+    launch: &mut Launch,
+    bin: PathBuf,
+    args: &[OsString],
+    cwd: &Path,
+    path: Option<&OsStr>,
+) -> Option<()> {
     launch.resolved.push(
         "npx itself is not run: confined, it could neither ask the registry for a newer \
          version nor write its cache; it would have run this program"
             .into(),
     );
-    let mut run = Vec::with_capacity(line.args.len() + 2);
+    let mut run = Vec::with_capacity(args.len() + 2);
     if !is_executable(&bin) {
         run.push(find_program(OsStr::new("node"), cwd, path)?.into_os_string());
     }
     run.push(bin.into_os_string());
-    run.extend(line.args.iter().cloned());
+    run.extend(args.iter().cloned());
     launch.command = Some(run);
-    add_tree(&mut launch, &package, &manifest);
-    Some(launch)
+    Some(())
 }
 
 /// Grants `package` and its dependency tree, and says so.
