@@ -101,11 +101,12 @@ impl Guard {
                 .next()
                 .map(|c| c.as_os_str().to_string_lossy())
                 .is_some_and(|n| n.starts_with('.') && !VERSION_MANAGERS.contains(&n.as_ref()));
-            // Installed packages: a `node_modules` on the way (`~/.npm-global/lib/
-            // node_modules/pkg`, npx's `~/.npm/_npx/HASH/node_modules/pkg`), never the
-            // settings directory around it.
+            // Installed code: a package in `node_modules` (`~/.npm-global/lib/node_modules/
+            // pkg`, npx's `~/.npm/_npx/HASH/node_modules/pkg`), a Python environment or
+            // installation (`~/.local/share/uv/tools/pkg`), never the settings directory
+            // around it.
             let code_dir = path.file_name().is_some_and(|n| n == "bin" || n == "sbin")
-                || inside.components().any(|c| c.as_os_str() == "node_modules");
+                || super::launch::holds_code_only(path, home);
             if hidden && !code_dir && path.is_dir() {
                 return Some(format!(
                     "it lies in a settings directory of the home ({}), where credentials live",

@@ -242,6 +242,7 @@ fn install(missing: &Missing, cwd: &std::path::Path) -> Result<(), ConfineError>
         .map_err(|e| fail(e.to_string()))?;
     let mut child = std::process::Command::new(program)
         .args(args)
+        .envs(missing.env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::from(stderr))

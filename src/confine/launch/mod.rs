@@ -15,6 +15,7 @@
 //! its next start runs.
 
 pub(crate) mod npm;
+pub(crate) mod python;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -53,6 +54,10 @@ pub struct Missing {
     /// rules, but running none of the package's code (npm's `--ignore-scripts`).
     #[serde(skip)]
     pub install: Vec<OsString>,
+    /// The installer's environment beyond the proxy's (where a tool installer puts what it
+    /// installs).
+    #[serde(skip)]
+    pub env: Vec<(OsString, OsString)>,
     /// Where it installs: fsbroker's own cache for this package, never the person's.
     pub cache: PathBuf,
     /// What the person can do instead of letting fsbroker fetch.
@@ -67,7 +72,7 @@ pub(crate) fn recognise(
     cwd: &Path,
     path: Option<&std::ffi::OsStr>,
 ) -> Option<Launch> {
-    npm::recognise(command, cwd, path)
+    npm::recognise(command, cwd, path).or_else(|| python::recognise(command, cwd, path))
 }
 
 /// The rule that grants `dir` (a package of a dependency tree) read and exec, for `why`.
@@ -124,4 +129,32 @@ pub(crate) fn make_private(dir: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether `dir` (a directory in a hidden directory of the home) holds installed code only,
+/// so that a launcher's grant of it is not a grant of the person's settings: a package in
+/// `node_modules`, a Python virtual environment (or a directory in one), or a Python
+/// installation (`bin/python3*` beside `lib/python3*`, as uv and pyenv keep them).
+pub(crate) fn holds_code_only(dir: &Path, home: &Path) -> bool {
+    let Ok(inside) = dir.strip_prefix(home) else {
+        return false;
+    };
+    if inside.components().any(|c| c.as_os_str() == "node_modules") {
+        return true;
+    }
+    let mut at = home.to_path_buf();
+    for c in inside.components() {
+        at.push(c);
+        if at.join("pyvenv.cfg").is_file() {
+            return true;
+        }
+    }
+    let named = |sub: &str, prefix: &str| {
+        std::fs::read_dir(dir.join(sub)).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        })
+    };
+    named("bin", "python3") && named("lib", "python3")
 }

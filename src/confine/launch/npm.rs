@@ -176,6 +176,7 @@ fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> 
             registry: Registry::Npm,
             package: line.package.clone(),
             install,
+            env: Vec::new(),
             cache,
             instead: format!(
                 "install it first (`npm install -g {}`, or `npx -y {}` once without \
