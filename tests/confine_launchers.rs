@@ -485,3 +485,175 @@ fn the_reference_server_starts_by_npx_and_by_a_hoisted_install() {
             .expect("the proxy exits");
     }
 }
+
+/// The Python launchers' world: uv and pipx (pinned in `tests/peers/requirements-tools.txt`)
+/// first in `PATH`, and the probe's wheel as the only package index (`--find-links` of a
+/// directory: no network at all, so a warm start that asked the index would fail).
+struct PyWorld {
+    w: World,
+    tools: PathBuf,
+    wheels: PathBuf,
+}
+
+impl PyWorld {
+    fn new() -> PyWorld {
+        let python = common::peers::require_venv(".venv-tools", "requirements-tools.txt");
+        let w = World::new();
+        let wheels = w.dir.join("wheels");
+        std::fs::create_dir_all(&wheels).unwrap();
+        let built = Command::new(&python)
+            .arg(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/launchers/pyprobe/build_wheel.py"),
+            )
+            .arg(&wheels)
+            .output()
+            .unwrap();
+        assert!(built.status.success(), "{built:?}");
+        PyWorld {
+            tools: python.parent().unwrap().to_path_buf(),
+            wheels,
+            w,
+        }
+    }
+
+    /// What the launchers and the proxy run with: the tools first in `PATH`, the wheel
+    /// directory as the index, no Python downloads.
+    fn env(&self) -> Vec<(String, String)> {
+        let path = format!(
+            "{}:{}",
+            self.tools.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let wheels = path_str(&self.wheels);
+        [
+            ("PATH", path),
+            ("UV_FIND_LINKS", wheels.clone()),
+            ("UV_NO_INDEX", "1".into()),
+            ("UV_PYTHON_DOWNLOADS", "never".into()),
+            ("PIP_FIND_LINKS", wheels),
+            ("PIP_NO_INDEX", "1".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
+    fn confined(&self, what: &str, extra: &[&str], argv: &[&str], cwd: &Path) -> String {
+        let env = self.env();
+        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let (results, stderr) = self.w.probe_with(extra, &os(argv), cwd, &env);
+        let (ops, want) = self.w.ops();
+        for (i, want) in want.iter().enumerate() {
+            assert_eq!(
+                results[i], *want,
+                "{what}: {} gave {}; stderr:\n{stderr}",
+                ops[i], results[i]
+            );
+        }
+        assert!(!self.w.dir.join("outside/new.txt").exists(), "{what}");
+        stderr
+    }
+
+    /// Runs a tool (`uv`, `python`) with this world's environment; it must succeed.
+    fn run(&self, program: &Path, args: &[&str]) {
+        let out = output_within(
+            Command::new(program)
+                .args(args)
+                .envs(self.env())
+                .env("HOME", &self.w.home),
+            LIMIT,
+        );
+        assert!(out.status.success(), "{program:?} {args:?}: {out:?}");
+    }
+}
+
+/// Rule: `uvx PKG` and `pipx run PKG` with nothing installed are installed by fsbroker first
+/// (`--confine-fetch pypi`: `uv tool install`, `pipx install`, into fsbroker's owner-only
+/// cache), and the program runs confined with no network; the next start needs no index.
+#[test]
+fn uvx_and_pipx_run_start_confined_cold_and_warm() {
+    let py = PyWorld::new();
+    for (launcher, argv) in [
+        ("uvx", vec!["uvx", PROBE]),
+        ("pipx", vec!["pipx", "run", PROBE]),
+    ] {
+        let stderr = py.confined(launcher, &["--confine-fetch", "pypi"], &argv, &py.w.dir);
+        assert!(stderr.contains("fsbroker's cache"), "{stderr}");
+        let cache = py.w.home.join(".cache/fsbroker/launch").join(launcher);
+        let mode = std::fs::metadata(&cache).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", cache.display());
+        // Warm: the index gone, no fetch allowed.
+        let saved = py.w.dir.join("wheels.saved");
+        std::fs::rename(&py.wheels, &saved).unwrap();
+        py.confined(&format!("{launcher}, warm"), &[], &argv, &py.w.dir);
+        std::fs::rename(&saved, &py.wheels).unwrap();
+    }
+    // Neither the person's uv tools nor their pipx home got the install (uv's installer
+    // reads the person's index credentials, under a lock file of its own there).
+    assert!(!py.w.home.join(".local/share/uv/tools").exists());
+    assert!(!py.w.home.join(".local/share/pipx").exists());
+}
+
+/// Rule: `uv run CMD` in a project (its `.venv` synced) and a virtual environment's python by
+/// absolute path, in a hidden directory of the home, start confined: the environment and its
+/// Python installation are granted, nothing else of the home.
+#[test]
+fn uv_run_and_a_venv_python_start_confined() {
+    let py = PyWorld::new();
+    let uv = py.tools.join("uv");
+    let project = py.w.dir.join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(
+        project.join("pyproject.toml"),
+        "[project]\nname = \"srv\"\nversion = \"0.1.0\"\nrequires-python = \">=3.10\"\n",
+    )
+    .unwrap();
+    let venv = project.join(".venv");
+    py.run(&uv, &["venv", "--quiet", &path_str(&venv)]);
+    let wheel = std::fs::read_dir(&py.wheels)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let python = venv.join("bin/python");
+    py.run(
+        &uv,
+        &[
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            &path_str(&python),
+            &path_str(&wheel),
+        ],
+    );
+    py.confined(
+        "uv run",
+        &[],
+        &["uv", "run", "--directory", &path_str(&project), PROBE],
+        &py.w.dir,
+    );
+    let hidden = py.w.home.join(".venvs/srv");
+    py.run(&uv, &["venv", "--quiet", &path_str(&hidden)]);
+    let python = hidden.join("bin/python");
+    py.run(
+        &uv,
+        &[
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            &path_str(&python),
+            &path_str(&wheel),
+        ],
+    );
+    let stderr = py.confined(
+        "venv python -m",
+        &[],
+        &[&path_str(&python), "-m", "fsbroker_launch_probe"],
+        &py.w.dir,
+    );
+    assert!(stderr.contains("virtual environment"), "{stderr}");
+}
