@@ -85,7 +85,9 @@ impl Spec {
                 .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
             && written.starts_with(|c: char| c.is_ascii_alphanumeric());
         let version_ok = version.as_deref().is_none_or(|v| {
-            !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || ".+!-_".contains(c))
+            !v.is_empty()
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".+!-_".contains(c))
         });
         (ok && version_ok).then(|| Spec {
             requirement: match &version {
@@ -136,7 +138,9 @@ fn parse_tool_line(args: &[OsString], from: &str, opts: Options) -> Result<ToolL
     let mut it = args.iter();
     let mut spec = None;
     while let Some(arg) = it.next() {
-        let a = arg.to_str().ok_or_else(|| format!("{arg:?} is not UTF-8"))?;
+        let a = arg
+            .to_str()
+            .ok_or_else(|| format!("{arg:?} is not UTF-8"))?;
         if a == from {
             spec = Some(
                 it.next()
@@ -195,7 +199,10 @@ fn uvx(uv: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Optio
         Err(why) => return Some(unresolved("uvx", why)),
     };
     let Some(spec) = Spec::parse(&line.spec) else {
-        return Some(unresolved("uvx", format!("{} is not a PyPI package", line.spec)));
+        return Some(unresolved(
+            "uvx",
+            format!("{} is not a PyPI package", line.spec),
+        ));
     };
     let program = line.program.clone().unwrap_or_else(|| spec.written.clone());
     let data = std::env::var_os("XDG_DATA_HOME")
@@ -209,7 +216,10 @@ fn uvx(uv: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Optio
     let places = person
         .map(|p| (p, "the person's uv tools".to_owned()))
         .into_iter()
-        .chain([(ours.join("tools"), format!("fsbroker's cache ({})", ours.display()))]);
+        .chain([(
+            ours.join("tools"),
+            format!("fsbroker's cache ({})", ours.display()),
+        )]);
     let uv = beside(uv, "uv", cwd, path);
     let install = vec![
         uv.into_os_string(),
@@ -224,7 +234,9 @@ fn uvx(uv: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Optio
         ("UV_TOOL_BIN_DIR".into(), ours.join("bin").into_os_string()),
         ("UV_CACHE_DIR".into(), ours.join("cache").into_os_string()),
     ];
-    tool_launch("uvx", &spec, &program, places, line.args, ours, install, env)
+    tool_launch(
+        "uvx", &spec, &program, places, line.args, ours, install, env,
+    )
 }
 
 /// `pipx run [--spec PKG] NAME ARGS…`: the package's environment where `pipx install` put it
@@ -239,7 +251,10 @@ fn pipx_run(pipx: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -
         Err(why) => return Some(unresolved("pipx run", why)),
     };
     let Some(spec) = Spec::parse(&line.spec) else {
-        return Some(unresolved("pipx run", format!("{} is not a PyPI package", line.spec)));
+        return Some(unresolved(
+            "pipx run",
+            format!("{} is not a PyPI package", line.spec),
+        ));
     };
     let program = line.program.clone().unwrap_or_else(|| spec.written.clone());
     let person = std::env::var_os("PIPX_HOME")
@@ -266,7 +281,9 @@ fn pipx_run(pipx: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -
         ("PIPX_BIN_DIR".into(), ours.join("bin").into_os_string()),
         ("PIPX_MAN_DIR".into(), ours.join("man").into_os_string()),
     ];
-    tool_launch("pipx run", &spec, &program, places, line.args, ours, install, env)
+    tool_launch(
+        "pipx run", &spec, &program, places, line.args, ours, install, env,
+    )
 }
 
 /// The launch of a tool's program found in one of `places` (directories holding one
@@ -403,7 +420,10 @@ fn uv_run(args: &[OsString], cwd: &Path) -> Option<Launch> {
     } else if bin.join(&first).is_file() {
         vec![bin.join(&first).into_os_string()]
     } else if first.ends_with(".py") {
-        vec![bin.join("python").into_os_string(), dir.join(&first).into_os_string()]
+        vec![
+            bin.join("python").into_os_string(),
+            dir.join(&first).into_os_string(),
+        ]
     } else {
         launch.resolved.push(format!(
             "{first} is neither a program of {} nor a script: uv runs as given",
@@ -457,7 +477,15 @@ mod tests {
         assert_eq!(s.requirement, "Mcp_Server.Git==1.2.0");
         assert_eq!(s.written, "Mcp_Server.Git");
         assert_eq!(Spec::parse("x==2").unwrap().version.as_deref(), Some("2"));
-        for bad in ["../x", "git+https://x", "./dir", "/abs", "x==1 ; os", "", "-x"] {
+        for bad in [
+            "../x",
+            "git+https://x",
+            "./dir",
+            "/abs",
+            "x==1 ; os",
+            "",
+            "-x",
+        ] {
             assert_eq!(Spec::parse(bad), None, "{bad}");
         }
     }
@@ -472,7 +500,10 @@ mod tests {
         assert_eq!((l.spec.as_str(), l.program), ("pkg", None));
         assert_eq!(l.args, os(&["--x", "y"]));
         let l = parse_tool_line(&os(&["--from", "pkg==1", "prog", "a"]), "--from", opts()).unwrap();
-        assert_eq!((l.spec.as_str(), l.program.as_deref()), ("pkg==1", Some("prog")));
+        assert_eq!(
+            (l.spec.as_str(), l.program.as_deref()),
+            ("pkg==1", Some("prog"))
+        );
         assert!(parse_tool_line(&os(&["--with", "x", "pkg"]), "--from", opts()).is_err());
     }
 }
