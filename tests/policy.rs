@@ -764,3 +764,52 @@ fn relative_and_home_paths_in_a_policy() {
         stdout(&o)
     );
 }
+
+/// The strict example of docs/hosts.md fits `--confine=strict`: with its directories made,
+/// `confine check` for the reference server's `npx -y` line finds every rule enforced (exit
+/// 0), and the proxy starts a confined server under it (the policy's own `[confine] mode`).
+#[test]
+fn the_confined_server_policy_is_enforced_in_full_under_strict() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("policy/confined-server.toml");
+    let policy = parse_toml(&file);
+    assert_eq!(policy["confine"]["mode"].as_str(), Some("strict"));
+    for r in roots_of(&policy) {
+        assert!(r.get("deny").is_none(), "strict cannot enforce deny globs: {r}");
+    }
+    let (_t, home) = tempdir();
+    make_home_for(&policy, &home);
+    let o = run(
+        &[
+            "confine",
+            "check",
+            "--policy",
+            file.to_str().unwrap(),
+            "--",
+            common::python(),
+            "-c",
+            "print(1)",
+        ],
+        Some(&home),
+    );
+    assert!(o.status.success(), "{}\n{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("Every rule is enforced"),
+        "{}",
+        stdout(&o)
+    );
+    let o = run(
+        &[
+            "proxy",
+            "--policy",
+            file.to_str().unwrap(),
+            "--",
+            common::python(),
+            "-c",
+            "import json\ntry:\n    open('/etc/shadow')\n    r = 'open'\nexcept OSError:\n    r = 'refused'\nprint(json.dumps({'jsonrpc': '2.0', 'method': r}))",
+        ],
+        Some(&home),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Confined: the kernel refused it what lies outside its roots.
+    assert!(stdout(&o).contains("\"refused\""), "{}", stdout(&o));
+}
