@@ -27,6 +27,8 @@ pub struct Confinement {
     pub gaps: Gaps,
     /// What a reload that takes access away does.
     pub on_revoke: crate::policy::OnRevoke,
+    /// The command line as given (`npx -y PKG`), which the plan's may replace.
+    given: Vec<OsString>,
     prepared: kernel::Prepared,
     filter: std::sync::Arc<seccomp::Filter>,
     tmp: tmp::PrivateTmp,
@@ -93,6 +95,7 @@ impl Confinement {
             abi,
             gaps,
             on_revoke: policy.confine().on_revoke,
+            given: command.to_vec(),
             prepared,
             filter: std::sync::Arc::new(seccomp::Filter::new(
                 policy.confine().net,
@@ -157,6 +160,12 @@ impl Confinement {
         std::iter::once(format!("launcher: {}", launch.launcher))
             .chain(launch.resolved.iter().cloned())
             .collect()
+    }
+
+    /// The server's command line as given, before its launcher was resolved: what the person
+    /// wrote, and what `fsbroker confine check -- …` takes.
+    pub fn given_command(&self) -> &[OsString] {
+        &self.given
     }
 
     /// The command to start the server with: the one given, or the program its launcher

@@ -262,7 +262,7 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     } = start_sides(link, &opts, &to_server, ending.clone(), person_ended).await?;
     let confined = opts.confine.is_some();
     let start = Arc::new(match &opts.confine {
-        Some(confine) => Start::confined(Arc::clone(&init), tail, confine, &opts.command),
+        Some(confine) => Start::confined(Arc::clone(&init), tail, confine),
         None => Start::unconfined(Arc::clone(&init)),
     });
     let watchdog = match opts.start_timeout.filter(|_| confined) {

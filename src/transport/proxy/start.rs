@@ -50,9 +50,10 @@ impl Start {
         init: Arc<Init>,
         tail: Arc<Tail>,
         confine: &crate::confine::Confinement,
-        command: &[std::ffi::OsString],
     ) -> Start {
-        let command = command
+        // As the person wrote it (`npx -y PKG`), not as its launcher was resolved.
+        let command = confine
+            .given_command()
             .iter()
             .map(|a| shell_word(&a.to_string_lossy()))
             .collect::<Vec<_>>()
