@@ -774,7 +774,10 @@ fn the_confined_server_policy_is_enforced_in_full_under_strict() {
     let policy = parse_toml(&file);
     assert_eq!(policy["confine"]["mode"].as_str(), Some("strict"));
     for r in roots_of(&policy) {
-        assert!(r.get("deny").is_none(), "strict cannot enforce deny globs: {r}");
+        assert!(
+            r.get("deny").is_none(),
+            "strict cannot enforce deny globs: {r}"
+        );
     }
     let (_t, home) = tempdir();
     make_home_for(&policy, &home);

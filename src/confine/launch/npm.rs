@@ -140,7 +140,7 @@ fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> 
         let package = dir.join(&spec.name);
         let manifest = Manifest::read(&package)?;
         spec.accepts(&manifest.version)
-            .then(|| (package, manifest, what))
+            .then_some((package, manifest, what))
     });
     let Some((package, manifest, what)) = found else {
         let cache = ours?;
