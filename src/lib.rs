@@ -90,7 +90,9 @@
 //!   a thread of its own), `random.rs` (ids and nonces), `rfc3339.rs` (timestamps),
 //!   `rundir.rs` (the user's private runtime directory: the audit log's lock, and the key a
 //!   proxy proves its link to a shared broker with).
-//! - [`confine`]: `proxy --confine`, the Landlock domain and seccomp filter a server runs in.
+//! - [`confine`]: `proxy --confine`, the Landlock domain and seccomp filter a server runs in,
+//!   and its launcher (`confine::launch`: npx, npm installs, uvx, uv run, pipx run, venvs)
+//!   resolved to the installation it runs.
 //! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`Policy`].
 //! - Built only for tests and fuzzing: `properties.rs` (property tests of the private
 //!   layers) and `fuzzing.rs` (what `cargo fuzz` may ask of them).
