@@ -327,9 +327,10 @@ for f in $FORMS; do
   for sb in $SANDBOXES; do run "$sb" "$f" "$OUT/results.jsonl"; done
 done
 
-# Warm starts, timed: npx -y of the probe, its package already fetched (the forms above ran it).
+# Warm starts, timed: npx -y of the probe, its package already fetched (by the npx-cold form).
 : >"$OUT/timing.jsonl"
 : >"$OUT/timing.jsonl.registry.tsv"
+case " $FORMS " in *" npx-cold "*) ;; *) REPEAT=0;; esac
 if [ "$REPEAT" -gt 0 ]; then
   echo "== warm starts, npx -y fsbroker-launch-probe, $REPEAT each" >&2
   for sb in $SANDBOXES; do

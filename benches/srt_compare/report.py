@@ -155,7 +155,8 @@ def main():
         p("| sandbox | runs | median | min | max |")
         p("|---|---|---|---|---|")
         for sb in sandboxes:
-            ts = [r["t_init"] for r in timing if r["sandbox"] == sb and r["t_init"] is not None]
+            # Only starts that answered: a refusal (nothing fetched yet) answers at once.
+            ts = [r["t_init"] for r in timing if r["sandbox"] == sb and r["started"] and r["answered"]]
             if ts:
                 p(f"| {sb} | {len(ts)} | {statistics.median(ts):.2f} | {min(ts):.2f} | {max(ts):.2f} |")
             else:
