@@ -319,6 +319,11 @@ pub(crate) const MAX_INTERPRETERS: usize = 4;
 /// `package.json` web cannot make the plan (one Landlock rule each) unbounded.
 pub(crate) const MAX_PACKAGES: usize = 4096;
 
+/// How many dependency names of one `package.json` the tree walk reads: far above real
+/// packages (a few dozen), so that a hostile manifest naming every package of a huge
+/// `node_modules` cannot make planning quadratic.
+pub(crate) const MAX_DEPENDENCIES: usize = 1024;
+
 /// How long fsbroker's install of a launcher's missing package (`[confine] fetch`) may take
 /// before the start is refused: a cold `npx -y` of the reference filesystem server takes
 /// about 10 s here; a registry that stalls must not hold the host's `initialize` for good.

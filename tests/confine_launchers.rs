@@ -314,7 +314,8 @@ fn npx_without_an_install_or_fetch_fails_at_once_with_what_to_do() {
 
 /// Rule: a global install under a prefix in a hidden directory of the home (`~/.npm-global`,
 /// npm's documented setup) starts confined, by its program's path and by `npx NAME`, and is
-/// granted the package's tree, never `~/.npm-global` whole.
+/// granted the package's tree, never `~/.npm-global` whole; so does one under a prefix like
+/// npm's default (`/usr/local`, here a directory of the test's).
 #[test]
 fn a_global_install_under_npm_global_starts_confined() {
     let w = World::new();
@@ -326,6 +327,19 @@ fn a_global_install_under_npm_global_starts_confined() {
         "{stderr}"
     );
     w.confined("global, npx NAME", &[], &os(&["npx", PROBE]), &w.dir);
+    // A prefix like npm's default (`/usr/local`, outside the home).
+    let prefix = w.dir.join("usr-local");
+    w.npm(
+        &["install", "-g", "--prefix", &path_str(&prefix), PROBE],
+        &w.dir,
+    );
+    let program = prefix.join("bin").join(PROBE);
+    w.confined(
+        "global, a system-like prefix",
+        &[],
+        &[program.into_os_string()],
+        &w.dir,
+    );
     // What confine check shows: the package, not the prefix.
     let out = Command::new(bin())
         .args(["confine", "check", "--root"])
@@ -656,4 +670,31 @@ fn uv_run_and_a_venv_python_start_confined() {
         &py.w.dir,
     );
     assert!(stderr.contains("virtual environment"), "{stderr}");
+}
+
+/// Attack: a project install inside the server's own read-write root, where the server, on an
+/// earlier run, planted `node_modules/evil -> ../../sibling` (a project with a package.json)
+/// and made its package depend on `evil`. The next start does not follow the link: the
+/// sibling stays closed, and `confine check` says why.
+#[test]
+fn a_link_planted_in_a_writable_install_does_not_steer_the_next_start() {
+    let w = World::new();
+    let project = w.work.join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    w.npm(&["install", PROBE], &project);
+    std::fs::write(
+        w.dir.join("sibling/package.json"),
+        r#"{"name":"evil","version":"1.0.0"}"#,
+    )
+    .unwrap();
+    let modules = project.join("node_modules");
+    std::os::unix::fs::symlink(w.dir.join("sibling"), modules.join("evil")).unwrap();
+    let manifest = modules.join(PROBE).join("package.json");
+    let mut json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    json["dependencies"] = json!({"evil": "1.0.0"});
+    std::fs::write(&manifest, json.to_string()).unwrap();
+    let program = modules.join(".bin").join(PROBE);
+    let stderr = w.confined("planted link", &[], &[program.into_os_string()], &w.dir);
+    assert!(stderr.contains("not followed"), "{stderr}");
 }

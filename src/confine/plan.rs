@@ -30,7 +30,7 @@ pub fn plan(
     let config = policy.confine();
     let mut narrowed = Vec::new();
     let launch = (!command.is_empty())
-        .then(|| launch::recognise(command, cwd, path))
+        .then(|| launch::recognise(command, cwd, path, &writable_paths(policy)))
         .flatten();
     let run = launch
         .as_ref()

@@ -66,7 +66,7 @@ impl Confinement {
                     instead: missing.instead,
                 });
             }
-            install(&missing, &cwd)?;
+            install(&missing)?;
             plan = super::plan(policy, command, &cwd, path.as_deref(), Some(tmp.path()))?;
             if plan.launch.as_ref().is_some_and(|l| l.missing.is_some()) {
                 return Err(ConfineError::Install {
@@ -225,10 +225,10 @@ impl Confinement {
 }
 
 /// Installs a launcher's missing package into fsbroker's cache, before the server starts:
-/// the installer (npm) runs with the person's rights and the network, in the working
-/// directory, with its output on stderr (stdout carries protocol messages only), and none of
+/// the installer (npm, uv, Python's venv and pip) runs with the person's rights and the
+/// network, in the cache directory, with its output on stderr (stdout carries protocol messages only), and none of
 /// the package's code runs (`--ignore-scripts`). Bounded by [`INSTALL_TIMEOUT`].
-fn install(missing: &Missing, cwd: &std::path::Path) -> Result<(), ConfineError> {
+fn install(missing: &Missing) -> Result<(), ConfineError> {
     use std::os::fd::AsFd;
     let fail = |reason: String| ConfineError::Install {
         package: missing.package.clone(),
@@ -252,7 +252,10 @@ fn install(missing: &Missing, cwd: &std::path::Path) -> Result<(), ConfineError>
     let mut child = std::process::Command::new(program)
         .args(args)
         .envs(missing.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(cwd)
+        // In fsbroker's own directory: no project configuration (`.npmrc`, `uv.toml`) or
+        // program (`node_modules/.bin`) of the working directory, which a server may write,
+        // steers the installer.
+        .current_dir(&missing.cache)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::from(stderr))
         .spawn()
@@ -266,6 +269,10 @@ fn install(missing: &Missing, cwd: &std::path::Path) -> Result<(), ConfineError>
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => {
+                // Only a finished install is taken for one (a proxy killed mid-way leaves a
+                // tree without this mark, which the next start installs again).
+                std::fs::write(missing.cache.join(super::launch::INSTALLED), b"")
+                    .map_err(|e| fail(format!("{}: {e}", missing.cache.display())))?;
                 tracing::info!(
                     package = %missing.package,
                     seconds = started.elapsed().as_secs_f64(),

@@ -67,13 +67,47 @@ pub struct Missing {
 /// Recognises the launcher of `command` (run in `cwd`, `PATH` `path`); `None` when it is
 /// none this module knows (the program's installation and script are then granted as
 /// `runtime.rs` finds them).
+///
+/// `writable` are the (canonical) paths the server may write: what lies there (a link, a
+/// `package.json`) the server could have made on an earlier run, so no link there is
+/// followed to make a grant ([`real`]).
 pub(crate) fn recognise(
     command: &[OsString],
     cwd: &Path,
     path: Option<&std::ffi::OsStr>,
+    writable: &[PathBuf],
 ) -> Option<Launch> {
-    npm::recognise(command, cwd, path).or_else(|| python::recognise(command, cwd, path))
+    npm::recognise(command, cwd, path, writable).or_else(|| python::recognise(command, cwd, path))
 }
+
+/// `p` (absolute) as the kernel would reach it, every link on the way followed, unless one
+/// lies in `writable` and leads out of it: the server could have planted it
+/// (`node_modules/dep -> /etc`) to be granted its target on its next start. `None` then, and
+/// when nothing is there. A link there that stays in what the server may write (npm's
+/// `node_modules/.bin/NAME -> ../pkg/cli.js` in a project it may write) grants it nothing
+/// new, and is followed.
+pub(crate) fn real(p: &Path, writable: &[PathBuf]) -> Option<PathBuf> {
+    match super::walk::resolve(p, writable) {
+        super::walk::Walk::Found { path, .. } => Some(path),
+        super::walk::Walk::Planted { .. } => {
+            let target = p.canonicalize().ok()?;
+            writable
+                .iter()
+                .any(|w| target.starts_with(w))
+                .then_some(target)
+        }
+        super::walk::Walk::Absent => None,
+    }
+}
+
+/// Whether `path` lies in one of `writable`.
+pub(crate) fn in_writable(path: &Path, writable: &[PathBuf]) -> bool {
+    writable.iter().any(|w| path.starts_with(w))
+}
+
+/// The name of the file that marks one of fsbroker's installs complete: written after the
+/// installer succeeded, so an install cut short (the proxy killed) is not taken for one.
+pub(crate) const INSTALLED: &str = ".fsbroker-installed";
 
 /// The rule that grants `dir` (a package of a dependency tree) read and exec, for `why`.
 fn grant(dir: PathBuf, why: &str) -> Need {
@@ -134,7 +168,8 @@ pub(crate) fn make_private(dir: &Path) -> std::io::Result<()> {
 /// Whether `dir` (a directory in a hidden directory of the home) holds installed code only,
 /// so that a launcher's grant of it is not a grant of the person's settings: a package in
 /// `node_modules`, a Python virtual environment (or a directory in one), or a Python
-/// installation (`bin/python3*` beside `lib/python3*`, as uv and pyenv keep them).
+/// installation (`bin/python3*` beside its standard library, `lib/python3.X/os.py`, as uv and
+/// pyenv keep them).
 pub(crate) fn holds_code_only(dir: &Path, home: &Path) -> bool {
     let Ok(inside) = dir.strip_prefix(home) else {
         return false;
@@ -149,12 +184,62 @@ pub(crate) fn holds_code_only(dir: &Path, home: &Path) -> bool {
             return true;
         }
     }
-    let named = |sub: &str, prefix: &str| {
-        std::fs::read_dir(dir.join(sub)).is_ok_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with(prefix))
-        })
+    // A Python installation has its standard library (`lib/python3.X/os.py`) beside its
+    // interpreter: `~/.local`, with a user's `bin/python3` link and `lib/python3.X/
+    // site-packages`, does not pass (its `share` holds keyrings).
+    let entries = |sub: &str| {
+        std::fs::read_dir(dir.join(sub))
+            .map(|e| e.flatten().collect::<Vec<_>>())
+            .unwrap_or_default()
     };
-    named("bin", "python3") && named("lib", "python3")
+    let python = entries("bin")
+        .iter()
+        .any(|e| e.file_name().to_string_lossy().starts_with("python3"));
+    python
+        && entries("lib").iter().any(|e| {
+            e.file_name().to_string_lossy().starts_with("python3")
+                && e.path().join("os.py").is_file()
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_installed_code_passes_in_a_hidden_directory() {
+        let home = tempfile::tempdir().unwrap();
+        let home = home.path().canonicalize().unwrap();
+        let mk = |p: &str| std::fs::create_dir_all(home.join(p)).unwrap();
+        let touch = |p: &str| std::fs::write(home.join(p), "").unwrap();
+        // `~/.local`: a user's python link and site-packages, and keyrings beside them.
+        mk(".local/bin");
+        mk(".local/lib/python3.11/site-packages");
+        mk(".local/share/keyrings");
+        touch(".local/bin/python3");
+        assert!(!holds_code_only(&home.join(".local"), &home));
+        assert!(!holds_code_only(&home.join(".local/share"), &home));
+        // A Python installation (uv's): its standard library beside its interpreter.
+        let py = ".local/share/uv/python/cpython-3.12-linux";
+        mk(&format!("{py}/bin"));
+        mk(&format!("{py}/lib/python3.12"));
+        touch(&format!("{py}/bin/python3.12"));
+        touch(&format!("{py}/lib/python3.12/os.py"));
+        assert!(holds_code_only(&home.join(py), &home));
+        // A virtual environment, and what lies in it.
+        mk(".venvs/srv/lib");
+        touch(".venvs/srv/pyvenv.cfg");
+        assert!(holds_code_only(&home.join(".venvs/srv"), &home));
+        assert!(holds_code_only(&home.join(".venvs/srv/lib"), &home));
+        assert!(!holds_code_only(&home.join(".venvs"), &home));
+        // Packages in node_modules; not the directory around them.
+        mk(".npm-global/lib/node_modules/pkg");
+        assert!(holds_code_only(
+            &home.join(".npm-global/lib/node_modules/pkg"),
+            &home
+        ));
+        assert!(!holds_code_only(&home.join(".npm-global"), &home));
+        mk(".aws");
+        assert!(!holds_code_only(&home.join(".aws"), &home));
+    }
 }

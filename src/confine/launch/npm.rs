@@ -18,13 +18,18 @@ use std::collections::{BTreeSet, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
-use super::{Launch, Missing, cache_root, grant, home};
+use super::{Launch, Missing, cache_root, grant, home, in_writable, real};
 use crate::confine::runtime::find_program;
-use crate::limits::MAX_PACKAGES;
+use crate::limits::{MAX_DEPENDENCIES, MAX_PACKAGES};
 use crate::policy::Registry;
 
 /// Recognises an npm launcher; `None` for any other command line.
-pub(super) fn recognise(command: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Option<Launch> {
+pub(super) fn recognise(
+    command: &[OsString],
+    cwd: &Path,
+    path: Option<&OsStr>,
+    writable: &[PathBuf],
+) -> Option<Launch> {
     let (program, args) = command.split_first()?;
     let name = Path::new(program)
         .file_name()?
@@ -39,10 +44,10 @@ pub(super) fn recognise(command: &[OsString], cwd: &Path, path: Option<&OsStr>) 
         _ => None,
     };
     if let Some(exec_args) = exec_args {
-        return npx(program, exec_args, cwd, path);
+        return npx(program, exec_args, cwd, path, writable);
     }
     let exe = find_program(program, cwd, path)?;
-    let real = exe.canonicalize().ok()?;
+    let real = real(&exe, writable)?;
     let package = package_of(&real)?;
     let manifest = Manifest::read(&package)?;
     let mut launch = Launch {
@@ -55,12 +60,26 @@ pub(super) fn recognise(command: &[OsString], cwd: &Path, path: Option<&OsStr>) 
         )],
         ..Launch::default()
     };
-    add_tree(&mut launch, &package, &manifest);
+    if writable.iter().any(|w| real.starts_with(w)) {
+        launch.command = Some(through_node(real, args, cwd, path, writable)?);
+        launch.resolved.push(
+            "it lies in a path the server may write, where the kernel runs no program: run \
+             by node"
+                .into(),
+        );
+    }
+    add_tree(&mut launch, &package, &manifest, writable);
     Some(launch)
 }
 
 /// `npx` and `npm exec`: the package resolved to an installation, and its program run.
-fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Option<Launch> {
+fn npx(
+    program: &OsStr,
+    args: &[OsString],
+    cwd: &Path,
+    path: Option<&OsStr>,
+    writable: &[PathBuf],
+) -> Option<Launch> {
     let line = match NpxLine::parse(args) {
         Ok(line) => line,
         Err(why) => {
@@ -82,7 +101,10 @@ fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> 
         let bins = std::iter::once(config.local_prefix.join("node_modules/.bin"))
             .chain(config.prefix.iter().map(|p| p.join("bin")));
         for bin in bins.map(|d| d.join(&line.package)) {
-            let Some(package) = bin.canonicalize().ok().and_then(|r| package_of(&r)) else {
+            let Some(file) = real(&bin, writable) else {
+                continue;
+            };
+            let Some(package) = package_of(&file) else {
                 continue;
             };
             let Some(manifest) = Manifest::read(&package) else {
@@ -98,8 +120,8 @@ fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> 
                 )],
                 ..Launch::default()
             };
-            run_directly(&mut launch, bin, &line.args, cwd, path)?;
-            add_tree(&mut launch, &package, &manifest);
+            run_directly(&mut launch, file, &line.args, cwd, path, writable)?;
+            add_tree(&mut launch, &package, &manifest, writable);
             return Some(launch);
         }
     }
@@ -126,9 +148,10 @@ fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> 
             format!("npx's own cache ({})", cache.display()),
         ));
     }
-    if let Some(ours) = &ours {
+    // fsbroker's own installs count once complete (`super::INSTALLED`).
+    if let Some(ours) = ours.as_ref().filter(|o| o.join(super::INSTALLED).is_file()) {
         places.push((
-            ours.join("_npx").join(&hash).join("node_modules"),
+            ours.join("node_modules"),
             format!("fsbroker's cache ({})", ours.display()),
         ));
     }
@@ -139,26 +162,38 @@ fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> 
     let found = places.iter().find_map(|(dir, what)| {
         let package = dir.join(&spec.name);
         let manifest = Manifest::read(&package)?;
+        // What lies where the server may write is the server's choice: another server's
+        // `npx -y PKG` started there must not run it.
+        if real(&package, writable).is_none_or(|r| in_writable(&r, writable)) {
+            launch.resolved.push(format!(
+                "not used: {} in {what}: it lies in a path the server may write",
+                manifest.id()
+            ));
+            return None;
+        }
         spec.accepts(&manifest.version)
             .then_some((package, manifest, what))
     });
     let Some((package, manifest, what)) = found else {
         let cache = ours?;
         let npm = npm_beside(program, cwd, path);
+        // `npm install` into a directory of fsbroker's own, run there (no project's
+        // `.npmrc` or `node_modules/.bin` is consulted), running no script and linking no
+        // program (a dependency's program named `sh` would otherwise be what npm runs).
         let install = [
             npm.as_os_str(),
-            OsStr::new("exec"),
-            OsStr::new("--yes"),
+            OsStr::new("install"),
+            OsStr::new("--prefix"),
+            cache.as_os_str(),
             OsStr::new("--ignore-scripts"),
+            OsStr::new("--no-bin-links"),
             OsStr::new("--no-audit"),
             OsStr::new("--no-fund"),
+            OsStr::new("--no-save"),
             OsStr::new("--loglevel=warn"),
             OsStr::new("--cache"),
-            cache.as_os_str(),
-            OsStr::new("--package"),
+            cache.join("cache").as_os_str(),
             OsStr::new(&line.package),
-            OsStr::new("--"),
-            OsStr::new("true"),
         ]
         .iter()
         .map(|s| s.to_os_string())
@@ -187,7 +222,7 @@ fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> 
         });
         return Some(launch);
     };
-    let Some(bin) = manifest.program(&package, line.command.as_deref()) else {
+    let Some(bin) = manifest.program(&package, line.command.as_deref(), writable) else {
         launch.resolved.push(format!(
             "{} in {} has no program {}: npx runs as given",
             manifest.id(),
@@ -201,8 +236,8 @@ fn npx(program: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> 
         manifest.id(),
         bin.display()
     ));
-    run_directly(&mut launch, bin, &line.args, cwd, path)?;
-    add_tree(&mut launch, &package, &manifest);
+    run_directly(&mut launch, bin, &line.args, cwd, path, writable)?;
+    add_tree(&mut launch, &package, &manifest, writable);
     Some(launch)
 }
 
@@ -214,25 +249,40 @@ fn run_directly(
     args: &[OsString],
     cwd: &Path,
     path: Option<&OsStr>,
+    writable: &[PathBuf],
 ) -> Option<()> {
     launch.resolved.push(
         "npx itself is not run: confined, it could neither ask the registry for a newer \
          version nor write its cache; it would have run this program"
             .into(),
     );
+    launch.command = Some(through_node(bin, args, cwd, path, writable)?);
+    Some(())
+}
+
+/// The command that runs the package program `bin` (its real path) with `args`: the file
+/// itself, or `node FILE` when it is not executable (npm would have made it so) or lies in a
+/// path the server may write, where the kernel runs no program (and its `#!` line is the
+/// server's to choose).
+fn through_node(
+    bin: PathBuf,
+    args: &[OsString],
+    cwd: &Path,
+    path: Option<&OsStr>,
+    writable: &[PathBuf],
+) -> Option<Vec<OsString>> {
     let mut run = Vec::with_capacity(args.len() + 2);
-    if !is_executable(&bin) {
+    if !is_executable(&bin) || writable.iter().any(|w| bin.starts_with(w)) {
         run.push(find_program(OsStr::new("node"), cwd, path)?.into_os_string());
     }
     run.push(bin.into_os_string());
     run.extend(args.iter().cloned());
-    launch.command = Some(run);
-    Some(())
+    Some(run)
 }
 
 /// Grants `package` and its dependency tree, and says so.
-fn add_tree(launch: &mut Launch, package: &Path, manifest: &Manifest) {
-    let Tree { dirs, unresolved } = tree(package);
+fn add_tree(launch: &mut Launch, package: &Path, manifest: &Manifest, writable: &[PathBuf]) {
+    let Tree { dirs, unresolved } = tree(package, writable);
     let why = format!("{}'s dependency tree", manifest.id());
     launch.resolved.push(format!(
         "granted read+exec: {} and its {} dependencies, found as Node finds them; nothing else \
@@ -524,7 +574,7 @@ impl Manifest {
     /// The file of the program npx would run from this package installed in `dir`: the one
     /// named `command`, else its only program, else the one named after the package. It
     /// must lie inside the package.
-    fn program(&self, dir: &Path, command: Option<&str>) -> Option<PathBuf> {
+    fn program(&self, dir: &Path, command: Option<&str>, writable: &[PathBuf]) -> Option<PathBuf> {
         let unscoped = self.name.rsplit('/').next().unwrap_or(&self.name);
         let file = match self.bin.as_ref()? {
             serde_json::Value::String(file) => {
@@ -540,8 +590,8 @@ impl Manifest {
             }
             _ => return None,
         };
-        let dir = dir.canonicalize().ok()?;
-        let file = dir.join(file).canonicalize().ok()?;
+        let dir = real(dir, writable)?;
+        let file = real(&dir.join(file), writable)?;
         (file.starts_with(&dir) && file.is_file()).then_some(file)
     }
 }
@@ -558,13 +608,18 @@ struct Tree {
 /// and so on, each found as Node's resolution finds it from the package that needs it (in
 /// its own `node_modules`, then in the `node_modules` of each directory above), at most
 /// [`MAX_PACKAGES`].
-fn tree(package: &Path) -> Tree {
-    let start = package
-        .canonicalize()
-        .unwrap_or_else(|_| package.to_path_buf());
+fn tree(package: &Path, writable: &[PathBuf]) -> Tree {
     let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
     let mut dirs = Vec::new();
     let mut unresolved = Vec::new();
+    let Some(start) = real(package, writable) else {
+        unresolved.push(format!(
+            "{} (reached through a link the server could have made)",
+            package.display()
+        ));
+        return Tree { dirs, unresolved };
+    };
+    let mut queued: BTreeSet<PathBuf> = BTreeSet::from([start.clone()]);
     let mut queue = VecDeque::from([start]);
     while let Some(dir) = queue.pop_front() {
         if dirs.len() >= MAX_PACKAGES || !seen.insert(dir.clone()) {
@@ -580,27 +635,53 @@ fn tree(package: &Path) -> Tree {
             .keys()
             .chain(manifest.peer.keys())
             .map(|n| (n, false));
-        for (name, needed) in required.chain(optional) {
-            match resolve(&dir, name) {
-                Some(found) => queue.push_back(found),
-                None if needed => unresolved.push(format!("{name} (for {})", manifest.id())),
-                None => {}
+        for (name, needed) in required.chain(optional).take(MAX_DEPENDENCIES) {
+            match resolve(&dir, name, writable) {
+                Ok(found) if seen.contains(&found) || queued.contains(&found) => {}
+                Ok(_) if queued.len() >= MAX_PACKAGES => {
+                    unresolved.push(format!(
+                        "{name} (for {}): past {MAX_PACKAGES} packages",
+                        manifest.id()
+                    ));
+                }
+                Ok(found) => {
+                    queued.insert(found.clone());
+                    queue.push_back(found);
+                }
+                Err(Some(link)) => unresolved.push(format!(
+                    "{name} (for {}): not followed, {} is a link out of node_modules, or \
+                     one in a path the server may write",
+                    manifest.id(),
+                    link.display()
+                )),
+                Err(None) if needed => unresolved.push(format!("{name} (for {})", manifest.id())),
+                Err(None) => {}
             }
         }
     }
     Tree { dirs, unresolved }
 }
 
-/// Where Node finds package `name` when `from` (a package directory) loads it.
-fn resolve(from: &Path, name: &str) -> Option<PathBuf> {
+/// Where Node finds package `name` when `from` (a package directory) loads it. `Err(None)`:
+/// nowhere; `Err(Some(path))`: where Node would find it, through a link the server could
+/// have planted, which is not followed.
+fn resolve(from: &Path, name: &str, writable: &[PathBuf]) -> Result<PathBuf, Option<PathBuf>> {
     if !valid_name(name) {
-        return None;
+        return Err(None);
     }
-    from.ancestors()
+    let found = from
+        .ancestors()
         .filter(|d| d.file_name() != Some(OsStr::new("node_modules")))
         .map(|d| d.join("node_modules").join(name))
         .find(|c| c.join("package.json").is_file())
-        .and_then(|c| c.canonicalize().ok())
+        .ok_or(None)?;
+    // A package is a directory of a `node_modules` (or of a scope in one): a `file:` or
+    // linked dependency leading anywhere else (`file:../../../projects/app`) is not a
+    // package's code, whoever made the link.
+    let dir = real(&found, writable).ok_or_else(|| Some(found.clone()))?;
+    package_of(&dir.join("package.json"))
+        .filter(|p| *p == dir)
+        .ok_or(Some(found))
 }
 
 #[cfg(test)]
@@ -678,7 +759,7 @@ mod tests {
         put("a/node_modules/b", r#"{"name":"b","version":"2.0.0"}"#);
         put("b", r#"{"name":"b","version":"1.0.0"}"#);
         put("unrelated", r#"{"name":"unrelated","version":"1.0.0"}"#);
-        let tree = tree(&nm.join("@s/server"));
+        let tree = tree(&nm.join("@s/server"), &[]);
         let real = nm.canonicalize().unwrap();
         assert_eq!(
             tree.dirs,
@@ -695,6 +776,55 @@ mod tests {
         assert_eq!(
             package_of(&real.join("a/node_modules/b/index.js")),
             Some(real.join("a/node_modules/b"))
+        );
+    }
+
+    #[test]
+    fn a_link_the_server_could_have_planted_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let nm = dir.path().join("node_modules");
+        let secret = dir.path().join("secret");
+        for d in [nm.join("srv"), secret.clone()] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(
+            nm.join("srv/package.json"),
+            r#"{"name":"srv","version":"1.0.0","dependencies":{"evil":"1"}}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            secret.join("package.json"),
+            r#"{"name":"evil","version":"1.0.0"}"#,
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(&secret, nm.join("evil")).unwrap();
+        let real_nm = nm.canonicalize().unwrap();
+        // The node_modules is the server's to write: the link may be its own.
+        let t = tree(&nm.join("srv"), std::slice::from_ref(&real_nm));
+        assert_eq!(t.dirs, vec![real_nm.join("srv")]);
+        assert!(
+            t.unresolved[0].contains("not followed"),
+            "{:?}",
+            t.unresolved
+        );
+        // Elsewhere, a link out of node_modules is not a package either (npm makes them for
+        // `file:` dependencies: `file:../../projects/app`).
+        let t = tree(&nm.join("srv"), &[]);
+        assert_eq!(t.dirs, vec![real_nm.join("srv")]);
+        // A link to a package in another node_modules (pnpm's store) is followed.
+        let store = dir.path().join("store/node_modules/evil");
+        std::fs::create_dir_all(&store).unwrap();
+        std::fs::write(
+            store.join("package.json"),
+            r#"{"name":"evil","version":"1.0.0"}"#,
+        )
+        .unwrap();
+        std::fs::remove_file(nm.join("evil")).unwrap();
+        std::os::unix::fs::symlink(&store, nm.join("evil")).unwrap();
+        let t = tree(&nm.join("srv"), &[]);
+        assert_eq!(
+            t.dirs,
+            vec![real_nm.join("srv"), store.canonicalize().unwrap()]
         );
     }
 }

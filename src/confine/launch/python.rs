@@ -216,16 +216,16 @@ fn uvx(uv: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Optio
     let places = person
         .map(|p| (p, "the person's uv tools".to_owned()))
         .into_iter()
-        .chain([(
-            ours.join("tools"),
-            format!("fsbroker's cache ({})", ours.display()),
-        )]);
+        .chain(ours_if_installed(&ours, "tools"));
     let uv = beside(uv, "uv", cwd, path);
+    // Nothing built from source, and no bytecode compiled: compiling starts the new
+    // environment's python, which runs any `.pth` file a wheel ships.
     let install = vec![
         uv.into_os_string(),
         "tool".into(),
         "install".into(),
         "--no-build".into(),
+        "--no-compile-bytecode".into(),
         "--quiet".into(),
         spec.requirement.clone().into(),
     ];
@@ -264,26 +264,40 @@ fn pipx_run(pipx: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -
     let places = person
         .map(|p| (p.join("venvs"), "the person's pipx installs".to_owned()))
         .into_iter()
-        .chain([(
-            ours.join("home/venvs"),
-            format!("fsbroker's cache ({})", ours.display()),
-        )]);
-    let pipx = beside(pipx, "pipx", cwd, path);
+        .chain(ours_if_installed(&ours, "home/venvs"));
+    // Not pipx itself: after installing, it starts the new environment's python to read its
+    // metadata, which runs any `.pth` file a wheel ships, unconfined. Python's own venv and
+    // pip, started once before anything is installed, then never again; wheels only.
+    let python = beside(pipx, "python3", cwd, path);
     let install = vec![
-        pipx.into_os_string(),
-        "install".into(),
-        "--quiet".into(),
-        "--pip-args=--only-binary=:all:".into(),
+        python.into_os_string(),
+        "-I".into(),
+        "-c".into(),
+        PIP_INSTALL.into(),
+        ours.join("home/venvs").join(&spec.name).into_os_string(),
         spec.requirement.clone().into(),
     ];
-    let env = vec![
-        ("PIPX_HOME".into(), ours.join("home").into_os_string()),
-        ("PIPX_BIN_DIR".into(), ours.join("bin").into_os_string()),
-        ("PIPX_MAN_DIR".into(), ours.join("man").into_os_string()),
-    ];
+    let env = vec![("PIP_CACHE_DIR".into(), ours.join("cache").into_os_string())];
     tool_launch(
         "pipx run", &spec, &program, places, line.args, ours, install, env,
     )
+}
+
+/// How fsbroker installs a `pipx run` package: a virtual environment made by Python's `venv`
+/// (with pip), then `pip install` of wheels only into it, in one run of its python.
+const PIP_INSTALL: &str = "import subprocess, sys, venv\n\
+venv.create(sys.argv[1], with_pip=True)\n\
+subprocess.check_call([sys.argv[1] + '/bin/python', '-I', '-m', 'pip', 'install', '--quiet', \
+'--disable-pip-version-check', '--only-binary=:all:', sys.argv[2]])\n";
+
+/// fsbroker's cache `ours`, at `sub`, as a place to look, once an install there finished.
+fn ours_if_installed(ours: &Path, sub: &str) -> Option<(PathBuf, String)> {
+    ours.join(super::INSTALLED).is_file().then(|| {
+        (
+            ours.join(sub),
+            format!("fsbroker's cache ({})", ours.display()),
+        )
+    })
 }
 
 /// The launch of a tool's program found in one of `places` (directories holding one
@@ -321,6 +335,17 @@ fn tool_launch(
                 "granted read+exec: the environment {} and the Python it was made from",
                 venv.display()
             ));
+            // Granted here, not only through the program's `#!` line: a long path makes the
+            // installer write a `#!/bin/sh` trampoline instead, which names no environment.
+            launch
+                .needs
+                .push(super::grant(venv.clone(), "the tool's environment"));
+            if let Some(base) = base_installation(&venv) {
+                launch.needs.push(super::grant(
+                    base,
+                    "the Python the tool's environment was made from",
+                ));
+            }
             let mut run = vec![exe.into_os_string()];
             run.extend(args);
             launch.command = Some(run);
@@ -347,6 +372,21 @@ fn tool_launch(
         ),
     });
     Some(launch)
+}
+
+/// The Python installation a virtual environment was made from: `home` in its `pyvenv.cfg`
+/// names that installation's `bin`.
+fn base_installation(venv: &Path) -> Option<PathBuf> {
+    let cfg = std::fs::read_to_string(venv.join("pyvenv.cfg")).ok()?;
+    let home = cfg.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == "home").then(|| PathBuf::from(v.trim()))
+    })?;
+    let bin = home.canonicalize().ok()?;
+    match bin.file_name() {
+        Some(n) if n == "bin" => bin.parent().map(Path::to_path_buf),
+        _ => Some(bin),
+    }
 }
 
 /// Whether the environment `venv` holds the version `spec` asks for (any, without one).
