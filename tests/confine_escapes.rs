@@ -581,3 +581,54 @@ fn a_flood_on_stderr_does_not_stop_a_revocation() {
         "nothing of the server's stderr arrived"
     );
 }
+
+/// Rule: a confined server cannot change the times of a file by path, which Landlock does not
+/// govern (metadata): not outside its roots (the case srt refused and fsbroker did not, in
+/// the side-by-side run), and, as the filter cannot read a path, not inside them either; it
+/// still sets the times of a file it opened (`futimens`), and `touch` by path keeps failing
+/// without changing anything. Raw `utime`/`utimes`/`futimesat` are refused too.
+#[test]
+fn times_change_only_through_a_descriptor() {
+    use std::os::unix::fs::MetadataExt;
+    let fx = Fixture::new();
+    let policy = fx.policy("");
+    std::fs::write(fx.dir.join("outside/times.txt"), "x").unwrap();
+    std::fs::write(fx.dir.join("rw/times.txt"), "x").unwrap();
+    let mtime = |p: &str| std::fs::metadata(fx.dir.join(p)).unwrap().mtime();
+    let (outside, inside) = (mtime("outside/times.txt"), mtime("rw/times.txt"));
+    let path = |p: &str| fx.dir.join(p).to_str().unwrap().to_owned();
+    // Raw calls get a NULL path (the probe's JSON cannot pass an address): refused by
+    // number, before the kernel reads anything.
+    let ops = json!([
+        ["utime", path("outside/times.txt")],
+        ["utime", path("rw/times.txt")],
+        ["futime", path("rw/times.txt")],
+        ["futime", path("ro/f.txt")],
+        ["syscall", [libc::SYS_utimes, 0, 0]],
+        ["syscall", [libc::SYS_utime, 0, 0]],
+        ["syscall", [libc::SYS_futimesat, libc::AT_FDCWD, 0, 0]],
+    ]);
+    let out = fx.run(
+        &["--policy", policy.to_str().unwrap(), "--confine"],
+        &ops,
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let r = results(&out);
+    assert_eq!(r[0], "err:EPERM", "times outside the roots, by path");
+    assert_eq!(r[1], "err:EPERM", "times inside a root, by path");
+    assert_eq!(r[2], "ok", "times of a file opened in a read-write root");
+    assert_eq!(mtime("outside/times.txt"), outside);
+    assert_ne!(mtime("rw/times.txt"), inside, "futimens changed it");
+    assert_eq!(mtime("rw/times.txt"), 1_000_000_000);
+    // A read-only root: the descriptor is read-only, and the kernel's own rule (owner or
+    // write access) applies; as root it is the owner, so only the result's form is checked.
+    assert!(
+        r[3] == "ok" || r[3] == "err:EPERM" || r[3] == "err:EACCES",
+        "{}",
+        r[3]
+    );
+    for (i, what) in [(4, "utimes"), (5, "utime"), (6, "futimesat")] {
+        assert_eq!(r[i], "err:EPERM", "raw {what}");
+    }
+}

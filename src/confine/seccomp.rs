@@ -98,8 +98,18 @@ fn refused() -> Vec<libc::c_long> {
         463,
         466,
     ];
+    // Times by path (`utime`, `utimes`, `futimesat`; `utimensat` with a path is checked in
+    // the filter): Landlock does not govern metadata, so a server could otherwise change the
+    // times of any file it can name.
     #[cfg(target_arch = "x86_64")]
-    calls.extend([libc::SYS_chmod, libc::SYS_chown, libc::SYS_lchown]);
+    calls.extend([
+        libc::SYS_chmod,
+        libc::SYS_chown,
+        libc::SYS_lchown,
+        libc::SYS_utime,
+        libc::SYS_utimes,
+        libc::SYS_futimesat,
+    ]);
     calls
 }
 
@@ -276,6 +286,9 @@ impl Filter {
             p.push(JumpIfEq(libc::SYS_mknod as u32, "mode1"));
         }
         p.push(JumpIfEq(libc::SYS_openat2 as u32, "nosys"));
+        // Times: only of a file the server opened (`futimens`, `utimensat` with no path),
+        // never by path, which Landlock would not check (see `refused`).
+        p.push(JumpIfEq(libc::SYS_utimensat as u32, "nopath1"));
         p.extend([
             Ret(libc::SECCOMP_RET_ALLOW),
             Label("ioctl"),
@@ -337,6 +350,15 @@ impl Filter {
             Ret(errno(libc::EACCES)),
             Label("nosys"),
             Ret(errno(libc::ENOSYS)),
+            // `nopath1`: argument 1 (a path) must be NULL, all 64 bits of it.
+            Label("nopath1"),
+            Load(arg(1)),
+            JumpIfEq(0, "nopath1_high"),
+            Ret(errno(libc::EPERM)),
+            Label("nopath1_high"),
+            Load(arg(1) + 4),
+            JumpIfEq(0, "allow"),
+            Ret(errno(libc::EPERM)),
             Label("allow"),
             Ret(libc::SECCOMP_RET_ALLOW),
             Label("prctl"),
