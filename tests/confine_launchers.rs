@@ -623,46 +623,36 @@ fn uv_run_and_a_venv_python_start_confined() {
         "[project]\nname = \"srv\"\nversion = \"0.1.0\"\nrequires-python = \">=3.10\"\n",
     )
     .unwrap();
-    let venv = project.join(".venv");
-    py.run(&uv, &["venv", "--quiet", &path_str(&venv)]);
     let wheel = std::fs::read_dir(&py.wheels)
         .unwrap()
         .next()
         .unwrap()
         .unwrap()
         .path();
-    let python = venv.join("bin/python");
-    py.run(
-        &uv,
-        &[
+    // A virtual environment at `dir` holding the probe; its python.
+    let venv_with_probe = |dir: &Path| {
+        py.run(&uv, &["venv", "--quiet", &path_str(dir)]);
+        let python = dir.join("bin/python");
+        let (python_arg, wheel_arg) = (path_str(&python), path_str(&wheel));
+        let install = [
             "pip",
             "install",
             "--quiet",
             "--python",
-            &path_str(&python),
-            &path_str(&wheel),
-        ],
-    );
+            &python_arg,
+            &wheel_arg,
+        ];
+        py.run(&uv, &install);
+        python
+    };
+    venv_with_probe(&project.join(".venv"));
     py.confined(
         "uv run",
         &[],
         &["uv", "run", "--directory", &path_str(&project), PROBE],
         &py.w.dir,
     );
-    let hidden = py.w.home.join(".venvs/srv");
-    py.run(&uv, &["venv", "--quiet", &path_str(&hidden)]);
-    let python = hidden.join("bin/python");
-    py.run(
-        &uv,
-        &[
-            "pip",
-            "install",
-            "--quiet",
-            "--python",
-            &path_str(&python),
-            &path_str(&wheel),
-        ],
-    );
+    let python = venv_with_probe(&py.w.home.join(".venvs/srv"));
     let stderr = py.confined(
         "venv python -m",
         &[],

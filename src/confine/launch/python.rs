@@ -187,24 +187,31 @@ fn unresolved(launcher: &str, why: String) -> Launch {
     }
 }
 
+/// A tool launcher's line read: its package (the `from` option's value, else the first plain
+/// argument), the program to run and its arguments; or the launch that says why it is not
+/// resolved. `flags` are the launcher's options that take no value and change nothing here.
+fn read_tool_line(
+    launcher: &str,
+    args: &[OsString],
+    from: &str,
+    flags: &[&str],
+) -> Result<(ToolLine, Spec, String), Box<Launch>> {
+    let opts = Options { flags, valued: &[] };
+    let line = parse_tool_line(args, from, opts).map_err(|why| unresolved(launcher, why))?;
+    let spec = Spec::parse(&line.spec)
+        .ok_or_else(|| unresolved(launcher, format!("{} is not a PyPI package", line.spec)))?;
+    let program = line.program.clone().unwrap_or_else(|| spec.written.clone());
+    Ok((line, spec, program))
+}
+
 /// `uvx [--from PKG] NAME ARGS…`: the package's environment where `uv tool install` put it
 /// (the person's, or fsbroker's), and its program run directly.
 fn uvx(uv: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Option<Launch> {
-    let opts = Options {
-        flags: &["-q", "--quiet", "--offline", "--isolated", "--no-progress"],
-        valued: &[],
+    let flags = ["-q", "--quiet", "--offline", "--isolated", "--no-progress"];
+    let (line, spec, program) = match read_tool_line("uvx", args, "--from", &flags) {
+        Ok(read) => read,
+        Err(launch) => return Some(*launch),
     };
-    let line = match parse_tool_line(args, "--from", opts) {
-        Ok(line) => line,
-        Err(why) => return Some(unresolved("uvx", why)),
-    };
-    let Some(spec) = Spec::parse(&line.spec) else {
-        return Some(unresolved(
-            "uvx",
-            format!("{} is not a PyPI package", line.spec),
-        ));
-    };
-    let program = line.program.clone().unwrap_or_else(|| spec.written.clone());
     let data = std::env::var_os("XDG_DATA_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -242,21 +249,11 @@ fn uvx(uv: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Optio
 /// `pipx run [--spec PKG] NAME ARGS…`: the package's environment where `pipx install` put it
 /// (the person's, or fsbroker's), and its program run directly.
 fn pipx_run(pipx: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Option<Launch> {
-    let opts = Options {
-        flags: &["-q", "--quiet", "--verbose", "-v", "--no-cache"],
-        valued: &[],
+    let flags = ["-q", "--quiet", "--verbose", "-v", "--no-cache"];
+    let (line, spec, program) = match read_tool_line("pipx run", args, "--spec", &flags) {
+        Ok(read) => read,
+        Err(launch) => return Some(*launch),
     };
-    let line = match parse_tool_line(args, "--spec", opts) {
-        Ok(line) => line,
-        Err(why) => return Some(unresolved("pipx run", why)),
-    };
-    let Some(spec) = Spec::parse(&line.spec) else {
-        return Some(unresolved(
-            "pipx run",
-            format!("{} is not a PyPI package", line.spec),
-        ));
-    };
-    let program = line.program.clone().unwrap_or_else(|| spec.written.clone());
     let person = std::env::var_os("PIPX_HOME")
         .map(PathBuf::from)
         .or_else(|| home().map(|h| h.join(".local/share/pipx")));
