@@ -35,17 +35,17 @@ const NPM_PACKAGES: [&str; 6] = [
     "zod",
 ];
 
-/// Runs `install` under `tests/peers/LOCK` unless `ready()` (checked again under the lock).
-fn install_once(lock: &str, ready: impl Fn() -> bool, install: impl FnOnce()) {
+/// Runs `install` under the lock file `lock_path` unless `ready()` (checked again under the
+/// lock): once, whichever test of whichever binary asks first.
+pub fn install_once(lock_path: &Path, ready: impl Fn() -> bool, install: impl FnOnce()) {
     if ready() {
         return;
     }
-    let lock_path = peers_dir().join(lock);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&lock_path)
+        .open(lock_path)
         .unwrap_or_else(|e| panic!("cannot open {}: {e}", lock_path.display()));
     // flock locks belong to the open file, so two tests of one binary exclude each other too.
     rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
@@ -63,7 +63,7 @@ pub fn require_npm() {
             .iter()
             .all(|p| modules.join(p).join("package.json").is_file())
     };
-    install_once(".install.lock", ready, || {
+    install_once(&peers_dir().join(".install.lock"), ready, || {
         let npm = std::env::var("NPM").unwrap_or_else(|_| "npm".to_owned());
         let status = Command::new(&npm)
             .args(["ci", "--prefix"])
@@ -110,7 +110,7 @@ pub fn require_venv(venv: &str, requirements: &str) -> PathBuf {
         // Installed from this very requirements file (a changed pin installs again).
         std::fs::read(&marker).ok() == std::fs::read(&requirements).ok()
     };
-    install_once(&lock, ready, || {
+    install_once(&peers_dir().join(&lock), ready, || {
         let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
         let _ = std::fs::remove_dir_all(&venv);
         let status = Command::new(&base)

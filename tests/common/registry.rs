@@ -109,7 +109,7 @@ pub fn require_tarballs() -> PathBuf {
             .unwrap_or_default();
         present == lock_tarballs()
     };
-    under_lock(".fetch.lock", ready, || {
+    super::peers::install_once(&launchers_dir().join(".fetch.lock"), ready, || {
         let script = launchers_dir().join("fetch.sh");
         let status = Command::new("bash")
             .arg(&script)
@@ -147,7 +147,7 @@ pub fn require_local_install() -> PathBuf {
         .all(|p| modules.join(p).join("package.json").is_file())
             && modules.join(".bin/mcp-server-filesystem").exists()
     };
-    under_lock(".install.lock", ready, || {
+    super::peers::install_once(&launchers_dir().join(".install.lock"), ready, || {
         let npm = npm();
         let status = Command::new(&npm)
             .args(["ci", "--no-audit", "--no-fund", "--prefix"])
@@ -170,26 +170,6 @@ pub fn require_local_install() -> PathBuf {
         "npm ci ran but tests/launchers/npm/node_modules is still incomplete"
     );
     project
-}
-
-/// Runs `work` under `tests/launchers/LOCK` unless `ready()` (checked again under the lock).
-fn under_lock(lock: &str, ready: impl Fn() -> bool, work: impl FnOnce()) {
-    if ready() {
-        return;
-    }
-    let lock_path = launchers_dir().join(lock);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .unwrap_or_else(|e| panic!("cannot open {}: {e}", lock_path.display()));
-    // flock locks belong to the open file, so two tests of one binary exclude each other too.
-    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-        .unwrap_or_else(|e| panic!("cannot lock {}: {e}", lock_path.display()));
-    if !ready() {
-        work();
-    }
 }
 
 /// The environment that points npm (and `npx`, and an `npm exec` under a broker) at the
