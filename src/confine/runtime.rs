@@ -357,7 +357,8 @@ pub(crate) fn find_program(program: &OsStr, cwd: &Path, path: Option<&OsStr>) ->
         .find(|c| is_executable(c))
 }
 
-fn is_executable(p: &Path) -> bool {
+/// Whether `p` is a regular file with an execute bit.
+pub(crate) fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }

@@ -17,11 +17,11 @@
 pub(crate) mod npm;
 pub(crate) mod python;
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 use super::Access;
-use super::runtime::Need;
+use super::runtime::{Need, find_program};
 use crate::policy::Registry;
 
 /// What a recognised launcher resolved to.
@@ -108,6 +108,16 @@ pub(crate) fn in_writable(path: &Path, writable: &[PathBuf]) -> bool {
 /// The name of the file that marks one of fsbroker's installs complete: written after the
 /// installer succeeded, so an install cut short (the proxy killed) is not taken for one.
 pub(crate) const INSTALLED: &str = ".fsbroker-installed";
+
+/// The program `name` beside `launcher` (the same installation: `npm` beside `npx`, `uv` beside `uvx`), else in
+/// `PATH`.
+pub(crate) fn beside(launcher: &OsStr, name: &str, cwd: &Path, path: Option<&OsStr>) -> PathBuf {
+    find_program(launcher, cwd, path)
+        .and_then(|p| Some(p.parent()?.join(name)))
+        .filter(|p| p.is_file())
+        .or_else(|| find_program(OsStr::new(name), cwd, path))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
 
 /// The rule that grants `dir` (a package of a dependency tree) read and exec, for `why`.
 fn grant(dir: PathBuf, why: &str) -> Need {

@@ -19,7 +19,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 use super::{Launch, Missing, cache_root, grant, home, in_writable, real};
-use crate::confine::runtime::find_program;
+use crate::confine::runtime::{find_program, is_executable};
 use crate::limits::{MAX_DEPENDENCIES, MAX_PACKAGES};
 use crate::policy::Registry;
 
@@ -60,7 +60,7 @@ pub(super) fn recognise(
         )],
         ..Launch::default()
     };
-    if writable.iter().any(|w| real.starts_with(w)) {
+    if in_writable(&real, writable) {
         launch.command = Some(through_node(real, args, cwd, path, writable)?);
         launch.resolved.push(
             "it lies in a path the server may write, where the kernel runs no program: run \
@@ -176,7 +176,7 @@ fn npx(
     });
     let Some((package, manifest, what)) = found else {
         let cache = ours?;
-        let npm = npm_beside(program, cwd, path);
+        let npm = super::beside(program, "npm", cwd, path);
         // `npm install` into a directory of fsbroker's own, run there (no project's
         // `.npmrc` or `node_modules/.bin` is consulted), running no script and linking no
         // program (a dependency's program named `sh` would otherwise be what npm runs).
@@ -272,7 +272,7 @@ fn through_node(
     writable: &[PathBuf],
 ) -> Option<Vec<OsString>> {
     let mut run = Vec::with_capacity(args.len() + 2);
-    if !is_executable(&bin) || writable.iter().any(|w| bin.starts_with(w)) {
+    if !is_executable(&bin) || in_writable(&bin, writable) {
         run.push(find_program(OsStr::new("node"), cwd, path)?.into_os_string());
     }
     run.push(bin.into_os_string());
@@ -513,20 +513,6 @@ fn expand_home(value: &str) -> PathBuf {
         Some(rest) => home.join(rest),
         None => PathBuf::from(value),
     }
-}
-
-/// The npm beside the npx that was named (the same installation), else `npm` in `PATH`.
-fn npm_beside(npx: &OsStr, cwd: &Path, path: Option<&OsStr>) -> PathBuf {
-    find_program(npx, cwd, path)
-        .and_then(|p| Some(p.parent()?.join("npm")))
-        .filter(|p| p.is_file())
-        .or_else(|| find_program(OsStr::new("npm"), cwd, path))
-        .unwrap_or_else(|| PathBuf::from("npm"))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The package a file belongs to: the nearest directory above it that sits in `node_modules`

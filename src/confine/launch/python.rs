@@ -224,7 +224,7 @@ fn uvx(uv: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Optio
         .map(|p| (p, "the person's uv tools".to_owned()))
         .into_iter()
         .chain(ours_if_installed(&ours, "tools"));
-    let uv = beside(uv, "uv", cwd, path);
+    let uv = super::beside(uv, "uv", cwd, path);
     // Nothing built from source, and no bytecode compiled: compiling starts the new
     // environment's python, which runs any `.pth` file a wheel ships.
     let install = vec![
@@ -265,7 +265,7 @@ fn pipx_run(pipx: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -
     // Not pipx itself: after installing, it starts the new environment's python to read its
     // metadata, which runs any `.pth` file a wheel ships, unconfined. Python's own venv and
     // pip, started once before anything is installed, then never again; wheels only.
-    let python = beside(pipx, "python3", cwd, path);
+    let python = super::beside(pipx, "python3", cwd, path);
     let install = vec![
         python.into_os_string(),
         "-I".into(),
@@ -487,16 +487,6 @@ fn key(spec: &str) -> String {
         .take(8)
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-/// The program `name` beside `launcher` (the same installation: `uvx` beside `uv`), else in
-/// `PATH`.
-fn beside(launcher: &OsStr, name: &str, cwd: &Path, path: Option<&OsStr>) -> PathBuf {
-    find_program(launcher, cwd, path)
-        .and_then(|p| Some(p.parent()?.join(name)))
-        .filter(|p| p.is_file())
-        .or_else(|| find_program(OsStr::new(name), cwd, path))
-        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 #[cfg(test)]
