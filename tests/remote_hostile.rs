@@ -1328,6 +1328,32 @@ fn the_hosts_eof_ends_the_proxy_whatever_the_server_holds() {
     assert!(status.success(), "{status}");
 }
 
+/// The host goes before the server has answered its `initialize`, and the server then holds
+/// the GET stream without a word: the grace for the host's going ends while the proxy still
+/// waits for that stream's head, and the task following it must end with the session all
+/// the same (left running, it held the proxy for the 300 s a head may take).
+#[test]
+fn the_hosts_eof_before_the_session_is_made_ends_the_proxy() {
+    let server = Server::start(|req, stream| match req.method.as_str() {
+        "GET" | "DELETE" => hold(stream),
+        _ => {
+            if req.rpc_method().as_deref() == Some("initialize") {
+                std::thread::sleep(Duration::from_secs(1));
+                answer_json(req, init_result(), stream, &["Mcp-Session-Id: sess-late"]);
+                return;
+            }
+            hold(stream);
+        }
+    });
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}));
+    fsb.close_stdin();
+    let status = fsb
+        .wait_exit(WAIT)
+        .expect("the proxy outlived its host by a minute");
+    assert!(status.success(), "{status}");
+}
+
 /// The proxy's error for a request and the server's own late answer to it, while the host is
 /// slow to read (the queues to it full): the error is queued, and the late answer, coming
 /// on another stream before the host has taken the error, must still be dropped (the host

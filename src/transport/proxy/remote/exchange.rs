@@ -318,19 +318,16 @@ impl Remote {
                 // stay open: followed beside the pump, which goes on with the next message;
                 // a few at once, or a server could have the proxy hold any number.
                 let me = Arc::clone(self);
-                let mut streams = self.lock_streams();
-                while streams.try_join_next().is_some() {}
-                if streams.len() >= REMOTE_SIDE_STREAMS {
-                    tracing::warn!(
-                        "the server answered a notification or an answer with an event stream while {REMOTE_SIDE_STREAMS} such streams are open; it is closed unread"
-                    );
-                    return Ok(());
-                }
-                streams.spawn(async move {
+                let followed = self.lock_followers().side(async move {
                     if let Err(e) = me.follow_post(events, None).await {
                         tracing::debug!(error = %e, "a stream that answers no request ended");
                     }
                 });
+                if let Err(super::NotFollowed::Full) = followed {
+                    tracing::warn!(
+                        "the server answered a notification or an answer with an event stream while {REMOTE_SIDE_STREAMS} such streams are open; it is closed unread"
+                    );
+                }
                 return Ok(());
             }
             return self.follow_post(events, key).await;

@@ -33,7 +33,7 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use crate::limits::{
     HOST_GONE_GRACE, OUTPUT_QUEUE, REMOTE_FAILED_KEPT, REMOTE_GOODBYE, REMOTE_IN_FLIGHT_MIN,
-    REMOTE_POSTS_AT_ONCE,
+    REMOTE_POSTS_AT_ONCE, REMOTE_SIDE_STREAMS,
 };
 use crate::outgoing::Outgoing;
 use crate::transport::relay::{Budget, ToServer};
@@ -235,7 +235,7 @@ pub(super) fn connect(
         inbound,
         budget: Budget::new(),
         max_line,
-        streams: Mutex::default(),
+        followers: Mutex::default(),
         in_flight: http::InFlight::new((2 * max_line).max(REMOTE_IN_FLIGHT_MIN)),
     });
     let done = tokio::spawn(remote.pump(from_relay, ends));
@@ -253,11 +253,67 @@ struct Remote {
     inbound: mpsc::Sender<Outgoing>,
     budget: Budget,
     max_line: usize,
-    /// Event streams that answer no request of the host's (a notification's, an answer's),
-    /// followed beside the pump; ended with the session.
-    streams: Mutex<JoinSet<()>>,
+    /// The streams followed beside the pump; ended with the session.
+    followers: Mutex<Followers>,
     /// The bytes being read from the server: events not yet whole, bodies not yet ended.
     in_flight: http::InFlight,
+}
+
+/// The tasks that follow a stream beside the pump, each holding the session (and so the
+/// relay's input open): all ended when the session ends, and none started after, whatever
+/// task was still running then. One left behind would keep the proxy after its host.
+#[derive(Default)]
+struct Followers {
+    /// Streams that answer no request of the host's (a notification's, an answer's).
+    side: JoinSet<()>,
+    /// The session's GET stream.
+    get: Option<AbortHandle>,
+    ended: bool,
+}
+
+/// Why a stream was not followed.
+enum NotFollowed {
+    /// [`REMOTE_SIDE_STREAMS`] are followed already.
+    Full,
+    /// The session has ended.
+    Ended,
+}
+
+impl Followers {
+    /// Follows a stream that answers no request, unless there are too many or it is too late.
+    fn side(
+        &mut self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), NotFollowed> {
+        while self.side.try_join_next().is_some() {}
+        if self.ended {
+            return Err(NotFollowed::Ended);
+        }
+        if self.side.len() >= REMOTE_SIDE_STREAMS {
+            return Err(NotFollowed::Full);
+        }
+        self.side.spawn(task);
+        Ok(())
+    }
+
+    /// Follows the session's GET stream in place of the one before it, unless it is too late.
+    fn get(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) -> bool {
+        if self.ended {
+            return false;
+        }
+        if let Some(old) = self.get.replace(tokio::spawn(task).abort_handle()) {
+            old.abort();
+        }
+        true
+    }
+
+    fn end(&mut self) {
+        self.ended = true;
+        self.side.abort_all();
+        if let Some(get) = self.get.take() {
+            get.abort();
+        }
+    }
 }
 
 /// The host's requests by [`exchange::id_key`]: one lock for both sets, so that a request
@@ -328,7 +384,6 @@ impl Remote {
     async fn pump(self: Arc<Self>, mut from_relay: mpsc::Receiver<ToServer>, ends: Ends) {
         let mut requests = JoinSet::new();
         let posts = Arc::new(Semaphore::new(REMOTE_POSTS_AT_ONCE));
-        let mut get: Option<tokio::task::JoinHandle<()>> = None;
         while let Some(ToServer::Frame(frame)) = from_relay.recv().await {
             while requests.try_join_next().is_some() {}
             // The line keeps its share of the relay's budget until it is sent: a host whose
@@ -356,13 +411,10 @@ impl Remote {
                 // stream is open before the next message (`notifications/initialized`, on
                 // which servers ask for roots) is sent.
                 Kind::Request { method, .. } if method == "initialize" => {
-                    if let Some(old) = get.take() {
-                        old.abort();
-                    }
                     let me = Arc::clone(&self);
                     ends.unless_gone(async {
                         Arc::clone(&me).exchange(msg).await;
-                        get = me.open_get_stream().await;
+                        me.open_get_stream().await;
                     })
                     .await
                 }
@@ -414,15 +466,12 @@ impl Remote {
         })
         .await;
         requests.abort_all();
-        if let Some(get) = get {
-            get.abort();
-        }
-        self.lock_streams().abort_all();
+        self.lock_followers().end();
         self.end_session().await;
     }
 
-    fn lock_streams(&self) -> std::sync::MutexGuard<'_, JoinSet<()>> {
-        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_followers(&self) -> std::sync::MutexGuard<'_, Followers> {
+        self.followers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Hands one message of the server's to the relay, as one line. Line breaks (which JSON

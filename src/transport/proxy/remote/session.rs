@@ -120,19 +120,20 @@ impl Session {
 
 impl Remote {
     /// Opens the session's GET stream (the server's requests and notifications outside any
-    /// POST), and follows it on a task. Waits for its headers, so that the server's requests
-    /// on the next message (roots, on `notifications/initialized`) have a stream to come on,
-    /// but at most [`REMOTE_CONNECT`]: a server that never sends them must not hold up the
-    /// session (the task goes on waiting). `None` in the 2026-07-28 era, which has no GET
-    /// stream.
-    pub(super) async fn open_get_stream(self: Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+    /// POST), and follows it beside the pump, in place of any before it. Waits for its
+    /// headers, so that the server's requests on the next message (roots, on
+    /// `notifications/initialized`) have a stream to come on, but at most [`REMOTE_CONNECT`]:
+    /// a server that never sends them must not hold up the session (the task goes on
+    /// waiting, until the session ends). None in the 2026-07-28 era, which has no GET stream.
+    pub(super) async fn open_get_stream(self: Arc<Self>) {
         if self.session.is_modern() || self.session.expired() || !self.session.is_initialized() {
-            return None;
+            return;
         }
         let (opened, head) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(self.follow_get(opened));
-        let _ = tokio::time::timeout(REMOTE_CONNECT, head).await;
-        Some(task)
+        let follow = Arc::clone(&self).follow_get(opened);
+        if self.lock_followers().get(follow) {
+            let _ = tokio::time::timeout(REMOTE_CONNECT, head).await;
+        }
     }
 
     /// Opens and follows the GET stream (`opened` once its first GET is answered, however),
