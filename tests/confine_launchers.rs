@@ -11,7 +11,8 @@
 //! loopback service and to the registry, and connect to a Unix socket (an ssh-agent's): all
 //! must fail, and its read-write root must work. The reference filesystem server (pinned in
 //! `tests/launchers/npm`) starts through `npx -y` and through a hoisted project install, and
-//! serves its root.
+//! serves its root. A real server from PyPI, the reference git server, starts through `uvx`
+//! and reports on the repository in its root, not on one beside it.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
 // it out of the library's request paths).
@@ -607,6 +608,91 @@ fn uvx_and_pipx_run_start_confined_cold_and_warm() {
     // reads the person's index credentials, under a lock file of its own there).
     assert!(!py.w.home.join(".local/share/uv/tools").exists());
     assert!(!py.w.home.join(".local/share/pipx").exists());
+}
+
+/// A real MCP server from PyPI, the reference git server (`mcp-server-git`, pinned with its
+/// whole tree in `tests/peers/requirements-git-server.txt`), through `uvx`: installed first
+/// by fsbroker from the pinned wheels (the only index), it starts confined and reports on the
+/// repository in its root. Given no `--repository`, the server itself refuses no path, so the
+/// repository beside the root, which the same line reads unconfined, is closed by the kernel.
+#[test]
+fn a_pypi_server_by_uvx_serves_its_root_and_nothing_beside() {
+    let py = PyWorld::new();
+    for entry in std::fs::read_dir(common::peers::require_wheels("git-server")).unwrap() {
+        let entry = entry.unwrap();
+        if entry.path().extension().is_some_and(|e| e == "whl") {
+            std::os::unix::fs::symlink(entry.path(), py.wheels.join(entry.file_name())).unwrap();
+        }
+    }
+    let sibling = py.w.dir.join("sibling");
+    for repo in [&py.w.work, &sibling] {
+        for args in [
+            &["init", "-q"][..],
+            &["add", "."],
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-qm",
+                "one",
+            ],
+        ] {
+            let out = output_within(Command::new("git").args(args).current_dir(repo), LIMIT);
+            assert!(out.status.success(), "git {args:?}: {out:?}");
+        }
+    }
+    std::fs::write(sibling.join("untracked-secret.txt"), "beside the root").unwrap();
+    let policy = py.w.policy();
+    for confined in [true, false] {
+        let mut args = os(&["proxy", "--policy", policy.to_str().unwrap()]);
+        if confined {
+            args.extend(os(&["--confine", "--confine-fetch", "pypi"]));
+        }
+        args.extend(os(&["--", "uvx", "mcp-server-git==2026.10.19"]));
+        let mut cmd = Cmd::new(&args)
+            .cwd(&py.w.dir)
+            .log(Log::Keep)
+            .deadline(LIMIT)
+            .env("HOME", path_str(&py.w.home))
+            .env("XDG_CACHE_HOME", path_str(&py.w.home.join(".cache")));
+        for (k, v) in py.env() {
+            cmd = cmd.env(k, v);
+        }
+        let mut host = cmd.spawn();
+        let init = host.ok(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+        );
+        assert_eq!(
+            init["serverInfo"]["name"], "mcp-git",
+            "confined: {confined}"
+        );
+        host.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        let status = |host: &mut common::fsb::Fsb, repo: &Path| {
+            host.request(
+                "tools/call",
+                json!({"name": "git_status", "arguments": {"repo_path": path_str(repo)}}),
+            )
+        };
+        let inside = status(&mut host, &py.w.work);
+        assert!(
+            inside["result"]["content"][0]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("nothing to commit")),
+            "confined: {confined}: {inside}"
+        );
+        let beside = status(&mut host, &sibling);
+        let read_it = beside.to_string().contains("untracked-secret.txt");
+        assert_eq!(read_it, !confined, "confined: {confined}: {beside}");
+        if confined {
+            assert_eq!(beside["result"]["isError"], true, "{beside}");
+        }
+        host.close_stdin();
+        host.wait_exit(Duration::from_secs(20))
+            .expect("the proxy exits");
+    }
 }
 
 /// Rule: `uv run CMD` in a project (its `.venv` synced) and a virtual environment's python by

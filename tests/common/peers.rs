@@ -156,6 +156,54 @@ pub fn require_venv(venv: &str, requirements: &str) -> PathBuf {
     python
 }
 
+/// `tests/peers/wheels-NAME`, holding exactly the wheels that `tests/peers/requirements-NAME.txt`
+/// pins (saved on first use by `pip download --only-binary=:all: --no-deps`, under
+/// `tests/peers/wheels-NAME.lock`): a package index of files that a test gives a launcher
+/// in place of the network.
+pub fn require_wheels(name: &str) -> PathBuf {
+    let dir = peers_dir().join(format!("wheels-{name}"));
+    let requirements = peers_dir().join(format!("requirements-{name}.txt"));
+    let marker = dir.join(".downloaded");
+    let ready = || std::fs::read(&marker).ok() == std::fs::read(&requirements).ok();
+    install_once(
+        &peers_dir().join(format!("wheels-{name}.lock")),
+        ready,
+        || {
+            let _ = std::fs::remove_dir_all(&dir);
+            let python = require_venv(".venv-tools", "requirements-tools.txt");
+            let status = Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--only-binary=:all:",
+                    "--no-deps",
+                    "-d",
+                ])
+                .arg(&dir)
+                .arg("-r")
+                .arg(&requirements)
+                .stdin(Stdio::null())
+                .status()
+                .unwrap_or_else(|e| panic!("cannot run pip in {}: {e}", python.display()));
+            assert!(
+                status.success(),
+                "`pip download -r {}` failed ({status})",
+                requirements.display()
+            );
+            std::fs::copy(&requirements, &marker).expect("mark the wheels downloaded");
+        },
+    );
+    assert!(
+        ready(),
+        "the wheels of {} are still missing after downloading them",
+        requirements.display()
+    );
+    dir
+}
+
 /// Runs `program ARGS` (a peer script) in `tests/peers` against this build's `fsbroker`, in a
 /// fresh scratch directory, with `env` added; asserts exit 0 and `"ok": true`, and returns the
 /// script's JSON summary line (its last line that parses).
