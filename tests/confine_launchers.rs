@@ -748,6 +748,106 @@ fn uv_run_and_a_venv_python_start_confined() {
     assert!(stderr.contains("virtual environment"), "{stderr}");
 }
 
+/// A home so deep that an installed program's `#!` line would pass the kernel's limit (127
+/// bytes), so pip and uv write a `/bin/sh` trampoline instead, which names the environment's
+/// Python on its second line: `uvx`, `pipx run` and a venv's program by path still start
+/// confined, the environment and its Python granted by what the launcher made, not by the
+/// `#!` line.
+#[test]
+fn a_deep_installation_path_with_a_shell_trampoline_starts_confined() {
+    let py = PyWorld::new();
+    let deep =
+        py.w.dir
+            .join("d".repeat(100))
+            .join("e".repeat(60))
+            .join("home");
+    std::fs::create_dir_all(&deep).unwrap();
+    let run = |what: &str, extra: &[&str], argv: &[&str]| {
+        let mut env: Vec<(String, String)> = py.env();
+        env.push(("HOME".to_owned(), path_str(&deep)));
+        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let (results, stderr) = py.w.probe_with(extra, &os(argv), &py.w.dir, &env);
+        let (ops, want) = py.w.ops();
+        for (i, want) in want.iter().enumerate() {
+            assert_eq!(
+                results[i], *want,
+                "{what}: {} gave {}; stderr:\n{stderr}",
+                ops[i], results[i]
+            );
+        }
+        stderr
+    };
+    // The program each launcher made starts with the trampoline, or this test tests nothing.
+    let trampolined = |root: &Path| {
+        let found = walk_files(root)
+            .into_iter()
+            .filter(|p| p.file_name().is_some_and(|n| n == PROBE))
+            .collect::<Vec<_>>();
+        assert!(!found.is_empty(), "no {PROBE} under {}", root.display());
+        for program in found {
+            let text = std::fs::read_to_string(&program).unwrap();
+            assert!(
+                text.starts_with("#!/bin/sh\n"),
+                "{}: {text}",
+                program.display()
+            );
+        }
+    };
+    let cache = deep.join(".cache/fsbroker/launch");
+    run("uvx, deep", &["--confine-fetch", "pypi"], &["uvx", PROBE]);
+    trampolined(&cache.join("uvx"));
+    run(
+        "pipx run, deep",
+        &["--confine-fetch", "pypi"],
+        &["pipx", "run", PROBE],
+    );
+    trampolined(&cache.join("pipx"));
+    let venv = deep.join(".venvs/srv");
+    let wheel = std::fs::read_dir(&py.wheels)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .unwrap();
+    let uv = py.tools.join("uv");
+    py.run(&uv, &["venv", "--quiet", &path_str(&venv)]);
+    let python = path_str(&venv.join("bin/python"));
+    py.run(
+        &uv,
+        &[
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            &python,
+            &path_str(&wheel),
+        ],
+    );
+    trampolined(&venv.join("bin"));
+    run(
+        "venv program, deep",
+        &[],
+        &[&path_str(&venv.join("bin").join(PROBE))],
+    );
+}
+
+/// Every file under `root`, links not followed.
+fn walk_files(root: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if kind.is_file() {
+                files.push(entry.path());
+            }
+        }
+    }
+    files
+}
+
 /// Attack: a project install inside the server's own read-write root, where the server, on an
 /// earlier run, planted `node_modules/evil -> ../../sibling` (a project with a package.json)
 /// and made its package depend on `evil`. The next start does not follow the link: the

@@ -384,19 +384,57 @@ fn installation(exe: &Path) -> Vec<PathBuf> {
 
 /// The interpreter a `#!` line names, looked up as the kernel (and `env`) would.
 fn interpreter(exe: &Path, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
-    let mut head = [0u8; 256];
-    let n = open_now(exe).ok()?.read(&mut head).ok()?;
-    let head = &head[..n];
-    let line = head.strip_prefix(b"#!")?;
-    let line = &line[..line.iter().position(|&b| b == b'\n').unwrap_or(line.len())];
-    let line = String::from_utf8_lossy(line);
+    // Room for a `#!` line and a trampoline's second line, which holds a whole path.
+    let mut head = vec![0u8; 256 + 4096];
+    let n = read_head(exe, &mut head)?;
+    let rest = head[..n].strip_prefix(b"#!")?;
+    let end = rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
+    let line = String::from_utf8_lossy(&rest[..end]);
     let mut words = line.split_whitespace();
     let first = PathBuf::from(words.next()?);
     if first.file_name().is_some_and(|n| n == "env") {
         return env_program(words, cwd, path);
     }
+    if first == Path::new("/bin/sh") && words.next().is_none() {
+        if let Some(program) = rest.get(end + 1..).and_then(trampoline) {
+            return is_executable(&program).then_some(program);
+        }
+    }
     // The kernel runs only an executable file.
     is_executable(&first).then_some(first)
+}
+
+/// Reads the start of `exe` into `buf`: how much was read.
+fn read_head(exe: &Path, buf: &mut [u8]) -> Option<usize> {
+    let mut file = open_now(exe).ok()?;
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..]).ok()? {
+            0 => break,
+            got => n += got,
+        }
+    }
+    Some(n)
+}
+
+/// The program a `#!/bin/sh` trampoline execs, from the line after its `#!` line. pip
+/// (distlib) and uv write one in place of `#!PYTHON` when the path is too long for the
+/// kernel's `#!` line (or holds a space): `'''exec' "PYTHON" "$0" "$@"`, uv quoting with `'`.
+/// Only that exact shape, with an absolute path and nothing a shell would expand in it; any
+/// other is `None` (the shell is then the last program followed).
+fn trampoline(after: &[u8]) -> Option<PathBuf> {
+    let line = &after[..after.iter().position(|&b| b == b'\n')?];
+    let line = std::str::from_utf8(line).ok()?;
+    let word = line.strip_prefix("'''exec' ")?;
+    let (program, tail) = match word.chars().next()? {
+        q @ ('\'' | '"') => word[1..].split_once(q)?,
+        _ => word.split_once(' ')?,
+    };
+    if tail.trim_start() != r#""$0" "$@""# || program.contains(['\\', '$', '`', '"', '\'']) {
+        return None;
+    }
+    let program = PathBuf::from(program);
+    program.is_absolute().then_some(program)
 }
 
 /// The program `env [-S] [-i] [VAR=value …] PROGRAM` runs. Any other option (`-u NAME`,
@@ -443,6 +481,30 @@ fn code_around(script: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trampolines_of_pip_and_uv_name_their_python_and_nothing_else_passes() {
+        let t = |s: &str| trampoline(s.as_bytes());
+        let uv = "'''exec' '/a b/venv/bin/python' \"$0\" \"$@\"\n' '''\n";
+        assert_eq!(t(uv), Some(PathBuf::from("/a b/venv/bin/python")));
+        let pip = "'''exec' \"/v/bin/python\" \"$0\" \"$@\"\n' '''\n";
+        assert_eq!(t(pip), Some(PathBuf::from("/v/bin/python")));
+        let bare = "'''exec' /v/bin/python \"$0\" \"$@\"\n";
+        assert_eq!(t(bare), Some(PathBuf::from("/v/bin/python")));
+        for hostile in [
+            // More than exec: a second command, or arguments the shell would expand.
+            "'''exec' '/v/bin/python' \"$0\" \"$@\"; cat ~/.ssh/id\n",
+            "'''exec' \"$HOME/bin/python\" \"$0\" \"$@\"\n",
+            "'''exec' \"/v/`id`/python\" \"$0\" \"$@\"\n",
+            "'''exec' 'relative/python' \"$0\" \"$@\"\n",
+            "'''exec' '/v/bin/python\n",
+            "exec /v/bin/python \"$0\" \"$@\"\n",
+            // No line end: the head was cut short.
+            "'''exec' '/v/bin/python' \"$0\" \"$@\"",
+        ] {
+            assert_eq!(t(hostile), None, "{hostile}");
+        }
+    }
 
     #[test]
     fn installations_follow_the_usual_layouts() {
