@@ -31,11 +31,12 @@
 #   index holding only the probe (npm package and wheel), and 198.18.0.3:4443 accepts TCP: the
 #   host no sandbox allows. (198.18.0.0/15 is the benchmarking range: not loopback, not a
 #   private range srt sends around its proxy, and on this machine only in our namespace.)
-# - the hostile probe in three builds: benches/srt_compare/probe.js (npm package
-#   fsbroker-launch-probe, a copy of tests/launchers/probe with `utime` and `tcp HOST:PORT`
-#   operations, the latter also through an HTTP proxy the environment names, as srt's
-#   sandbox does), probe.c (the compiled form, a copy of tests/launchers/probe.c with the same
-#   operations) and probe_py.py (the wheel fsbroker-launch-probe-py for the Python forms).
+# - the hostile probe of tests/confine_launchers.rs in its three builds, all named
+#   fsbroker-launch-probe: tests/launchers/probe (the npm package), tests/launchers/probe.c
+#   (the compiled form) and tests/launchers/pyprobe (the wheel, built by its build_wheel.py,
+#   for the Python forms). Each also has two operations the tests do not use: `utime PATH`
+#   and `tcp HOST:PORT`, the latter also through an HTTP proxy the environment names, as
+#   srt's sandbox does.
 #
 # Each form is started by benches/srt_compare/driver.py as a host would (initialize on stdin)
 # and records whether it started and what every operation of the probe gave.
@@ -43,6 +44,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 kit="$here/srt_compare"
+probes="$(cd "$here/../tests/launchers" && pwd)"
 FSBROKER="${1:-${FSBROKER:-}}"
 SANDBOXES="${SANDBOXES:-none srt fsbroker}"
 REPEAT="${REPEAT:-5}"
@@ -119,29 +121,13 @@ ip netns exec "$NS" ip addr add "${OTHER%:*}/24" dev "${VETH}n"
 ip netns exec "$NS" ip link set "${VETH}n" up
 ip netns exec "$NS" ip link set lo up
 
-# The probe, packed: the npm package, the wheel, and the compiled probe's source.
+# The probe, packed: the npm package and the wheel, both fsbroker-launch-probe (the registry
+# serves npm packages and the index wheels apart), from the tests' sources; the compiled
+# probe is built in each world below.
 mkdir -p "$T/kit/probe" "$T/served"
-cp "$kit/probe.js" "$kit/package.json" "$T/kit/probe/"
+cp "$probes/probe/probe.js" "$probes/probe/package.json" "$T/kit/probe/"
 (cd "$T/kit/probe" && npm pack --silent --pack-destination "$T/served" >/dev/null)
-"$PYBASE" - "$kit/probe_py.py" "$T/served" <<'PY'
-import base64, hashlib, sys, zipfile
-src, dest = sys.argv[1], sys.argv[2]
-name, ver = "fsbroker_launch_probe_py", "1.0.0"
-di = f"{name}-{ver}.dist-info"
-files = {
-    f"{name}.py": open(src, "rb").read(),
-    f"{di}/METADATA": f"Metadata-Version: 2.1\nName: fsbroker-launch-probe-py\nVersion: {ver}\nSummary: benches/srt_compare.sh's hostile probe\n".encode(),
-    f"{di}/WHEEL": b"Wheel-Version: 1.0\nGenerator: srt_compare\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    f"{di}/entry_points.txt": f"[console_scripts]\nfsbroker-launch-probe-py = {name}:main\n".encode(),
-}
-record = "".join(
-    f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},{len(b)}\n"
-    for p, b in files.items()) + f"{di}/RECORD,,\n"
-files[f"{di}/RECORD"] = record.encode()
-with zipfile.ZipFile(f"{dest}/{name}-{ver}-py3-none-any.whl", "w") as z:
-    for p, b in files.items():
-        z.writestr(p, b)
-PY
+"$PYBASE" "$probes/pyprobe/build_wheel.py" "$T/served" >/dev/null
 ip netns exec "$NS" "$PYBASE" "$kit/serve.py" registry "$T/served" "$REG_HOST" "$REG_PORT" "$T/registry.log" &
 PIDS+=($!)
 ip netns exec "$NS" "$PYBASE" -c "
@@ -205,9 +191,9 @@ for sb in $SANDBOXES; do
   setup=(npm_config_cache="$W/setup-cache" PIP_NO_CACHE_DIR=1)
   in_env "$W" env "${setup[@]}" npm install -g --silent fsbroker-launch-probe >/dev/null
   (cd "$H/tools" && in_env "$W" env "${setup[@]}" npm install --silent fsbroker-launch-probe >/dev/null)
-  cc -O -o "$H/.cargo/bin/probe" "$kit/probe.c"
+  cc -O -o "$H/.cargo/bin/probe" "$probes/probe.c"
   "$PYBASE" -m venv "$H/.venvs/probe"
-  in_env "$W" env "${setup[@]}" "$H/.venvs/probe/bin/pip" install -q fsbroker-launch-probe-py
+  in_env "$W" env "${setup[@]}" "$H/.venvs/probe/bin/pip" install -q fsbroker-launch-probe
   rm -rf "$W/setup-cache"
   cat >"$W/policy.toml" <<EOF
 [[root]]
@@ -284,10 +270,10 @@ form() { # FORM W -> sets argv, cwd, kind, fetch, limit
     local-npx) argv=(npx fsbroker-launch-probe); cwd="$H/tools";;
     node-script) argv=(node "$H/tools/node_modules/fsbroker-launch-probe/probe.js");;
     cargo-bin) argv=("$H/.cargo/bin/probe"); kind=cprobe;;
-    uvx-cold) argv=(uvx fsbroker-launch-probe-py); fetch=(--confine-fetch pypi);;
-    uvx-warm) argv=(uvx fsbroker-launch-probe-py);;
-    pipx-run) argv=(pipx run fsbroker-launch-probe-py); fetch=(--confine-fetch pypi);;
-    venv-python) argv=("$H/.venvs/probe/bin/python" -m fsbroker_launch_probe_py);;
+    uvx-cold) argv=(uvx fsbroker-launch-probe); fetch=(--confine-fetch pypi);;
+    uvx-warm) argv=(uvx fsbroker-launch-probe);;
+    pipx-run) argv=(pipx run fsbroker-launch-probe); fetch=(--confine-fetch pypi);;
+    venv-python) argv=("$H/.venvs/probe/bin/python" -m fsbroker_launch_probe);;
     ref-npx-cold)
       argv=(npx -y @modelcontextprotocol/server-filesystem@2026.8.31); kind=server
       fetch=(--confine-fetch npm) limit=300

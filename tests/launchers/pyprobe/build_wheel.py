@@ -1,6 +1,9 @@
 """Builds the probe's wheel, fsbroker_launch_probe-1.0.0-py3-none-any.whl, into the directory
 given as the first argument, with the standard library only (no build backend to fetch): the
-module, its console script `fsbroker-launch-probe`, and the metadata pip and uv read."""
+package fsbroker_launch_probe (probe.py, and `python -m fsbroker_launch_probe`), its console
+script `fsbroker-launch-probe`, and the metadata pip and uv read. Run by
+tests/confine_launchers.rs and by benches/srt_compare.sh, which serve it from their own indexes;
+it prints the wheel's path."""
 import base64
 import hashlib
 import os
@@ -13,7 +16,7 @@ DIST = f"{NAME}-{VERSION}.dist-info"
 FILES = {
     f"{NAME}/__init__.py": open(os.path.join(HERE, "probe.py"), "rb").read(),
     f"{NAME}/__main__.py": b"from . import main\nmain()\n",
-    f"{DIST}/METADATA": f"Metadata-Version: 2.1\nName: fsbroker-launch-probe\nVersion: {VERSION}\nSummary: fsbroker's hostile launch probe (tests only)\n".encode(),
+    f"{DIST}/METADATA": f"Metadata-Version: 2.1\nName: fsbroker-launch-probe\nVersion: {VERSION}\nSummary: fsbroker's hostile launch probe (tests and benches only)\n".encode(),
     f"{DIST}/WHEEL": b"Wheel-Version: 1.0\nGenerator: fsbroker-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     f"{DIST}/entry_points.txt": f"[console_scripts]\nfsbroker-launch-probe = {NAME}:main\n".encode(),
 }
