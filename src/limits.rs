@@ -319,6 +319,13 @@ pub(crate) const MAX_INTERPRETERS: usize = 4;
 /// `package.json` web cannot make the plan (one Landlock rule each) unbounded.
 pub(crate) const MAX_PACKAGES: usize = 4096;
 
+/// How long reading a confined npm server's dependency tree may take: real trees take
+/// milliseconds (the reference server's, about 100 packages, under 50 ms), while a hostile
+/// web of manifests in a writable install (thousands of packages, each naming a thousand
+/// missing ones, hundreds of directories deep) could take minutes. Past it, the rest of the
+/// tree is not granted, and the plan says so.
+pub(crate) const TREE_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How many dependency names of one `package.json` the tree walk reads: far above real
 /// packages (a few dozen), so that a hostile manifest naming every package of a huge
 /// `node_modules` cannot make planning quadratic.

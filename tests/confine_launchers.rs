@@ -39,6 +39,10 @@ const PROBE: &str = "fsbroker-launch-probe";
 const SERVER: &str = "@modelcontextprotocol/server-filesystem";
 /// Bounds one start (a cold install of the reference server's ~100 packages takes seconds).
 const LIMIT: Duration = Duration::from_secs(240);
+/// `--start-timeout` for the starts here: a cold install counts against it, and on a loaded
+/// 2-core machine one (pipx's venv and pip, ~100 npm packages) may pass the default 20 s,
+/// whose own test is in `confine_start.rs`.
+const START: &str = "200";
 
 /// A home with secrets, a read-write root, a sibling project, a loopback service, an
 /// ssh-agent's socket, and the loopback registry serving the pinned tarballs and the probe.
@@ -178,6 +182,7 @@ impl World {
         let mut cmd = Command::new(bin());
         clear_npm_env(&mut cmd)
             .args(["proxy", "--policy", policy.to_str().unwrap(), "--confine"])
+            .args(["--start-timeout", START])
             .args(extra)
             .arg("--")
             .args(argv)
@@ -454,6 +459,7 @@ fn the_reference_server_starts_by_npx_and_by_a_hoisted_install() {
     for (what, argv, extra) in forms {
         let policy = w.policy();
         let mut args = os(&["proxy", "--policy", policy.to_str().unwrap(), "--confine"]);
+        args.extend(os(&["--start-timeout", START]));
         args.extend(os(&extra));
         args.push("--".into());
         args.extend(argv);
@@ -648,7 +654,13 @@ fn a_pypi_server_by_uvx_serves_its_root_and_nothing_beside() {
     for confined in [true, false] {
         let mut args = os(&["proxy", "--policy", policy.to_str().unwrap()]);
         if confined {
-            args.extend(os(&["--confine", "--confine-fetch", "pypi"]));
+            args.extend(os(&[
+                "--confine",
+                "--confine-fetch",
+                "pypi",
+                "--start-timeout",
+                START,
+            ]));
         }
         args.extend(os(&["--", "uvx", "mcp-server-git==2026.10.19"]));
         let mut cmd = Cmd::new(&args)

@@ -289,3 +289,66 @@ fn a_confined_server_that_answered_in_time_is_not_ended() {
     let log = fsb.log_text();
     assert!(!log.contains("did not answer initialize"), "{log}");
 }
+
+/// Rule: an install before the start (`--confine-fetch`) that outlasts `--start-timeout` (a
+/// registry that accepts and never answers) does not keep the host waiting: its `initialize`
+/// gets an error saying what fsbroker is still installing, at the timeout. Before, the host
+/// waited in silence for as long as npm did (71 s for a closed port, minutes for this one).
+#[test]
+fn an_install_past_the_start_timeout_tells_the_host() {
+    let (_t, dir) = tempdir();
+    let (home, root) = (dir.join("home"), dir.join("root"));
+    for d in [&home, &root] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    // A registry that takes the connection and never says a word.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let registry = format!("http://{}/", silent.local_addr().unwrap());
+    let held = std::thread::spawn(move || {
+        let held: Vec<_> = silent.incoming().take(4).collect();
+        std::thread::sleep(Duration::from_secs(60));
+        drop(held);
+    });
+    let argv = [
+        "proxy",
+        "--root",
+        root.to_str().unwrap(),
+        "--confine",
+        "--confine-fetch",
+        "npm",
+        "--start-timeout",
+        "3",
+        "--",
+        "npx",
+        "-y",
+        "fsbroker-never-published@1.0.0",
+    ];
+    let started = Instant::now();
+    let mut fsb = Cmd::new(&argv)
+        .log(Log::Keep)
+        .deadline(ANSWER)
+        .env("HOME", &home)
+        .env("XDG_CACHE_HOME", home.join(".cache"))
+        .env("npm_config_registry", &registry)
+        .env("npm_config_fetch_retries", "0")
+        // npm gives up after 8 s: past the start's 3 s, and the proxy's end can be awaited.
+        .env("npm_config_fetch_timeout", "8000")
+        .spawn();
+    fsb.send_msg(&initialize("init"));
+    let error = init_error(&mut fsb);
+    let waited = started.elapsed();
+    let text = message(&error);
+    assert!(
+        text.contains("has not started within 3 s")
+            && text.contains("installing fsbroker-never-published@1.0.0 from npm"),
+        "{error}"
+    );
+    assert!(waited < ANSWER, "the host waited {waited:?}");
+    // The install goes on to its end (here npm's failure), then the proxy exits.
+    fsb.close_stdin();
+    let status = fsb
+        .wait_exit(EXIT + ANSWER)
+        .expect("the proxy exits once the install has ended");
+    assert!(!status.success(), "{status}");
+    drop(held);
+}

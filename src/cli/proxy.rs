@@ -37,15 +37,18 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
         // policy and roots given to this proxy, which should be the shared broker's.
         Some(path) => runtime().and_then(|rt| {
             if flag.is_some_and(|f| f != fsbroker::policy::ConfineMode::Off) {
-                let confined = load_policy(&args.serve).and_then(|policy| {
-                    confine_server(
-                        &policy,
-                        flag,
-                        &opts.command,
-                        &super::RegistryArg::all(&args.confine_fetch),
-                        None,
-                    )
-                });
+                let confined = load_policy(&args.serve)
+                    .map_err(NotStarted::Refused)
+                    .and_then(|policy| {
+                        confine_in_time(
+                            &policy,
+                            flag,
+                            &opts.command,
+                            &super::RegistryArg::all(&args.confine_fetch),
+                            None,
+                            opts.start_timeout,
+                        )
+                    });
                 match confined {
                     Ok(c) => {
                         // What the server's launcher would have run (`npx -y PKG` runs
@@ -55,10 +58,11 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
                         }
                         opts.confine = c
                     }
-                    Err(e) => {
+                    Err(NotStarted::Refused(e)) => {
                         refuse(&e);
                         return Ok(1);
                     }
+                    Err(NotStarted::Answered) => return Ok(1),
                 }
             }
             let code = rt.block_on(transport::proxy::run(
@@ -83,12 +87,13 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
                     "the policy's [confine] mode does not apply to a remote server (--url): there is no process to confine"
                 );
             }
-            match confine_server(
+            match confine_in_time(
                 &running.broker.policy(),
                 flag,
                 &opts.command,
                 &super::RegistryArg::all(&args.confine_fetch),
                 Some(&running.broker),
+                opts.start_timeout,
             ) {
                 Ok(Some(c)) => {
                     opts.end_server = revocations(&running.broker, &c);
@@ -96,7 +101,8 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
                     opts.confine = Some(c);
                 }
                 Ok(None) => {}
-                Err(e) => return refuse(&e),
+                Err(NotStarted::Refused(e)) => return refuse(&e),
+                Err(NotStarted::Answered) => return ExitCode::FAILURE,
             }
             let code = running
                 .run(transport::proxy::run(
@@ -178,13 +184,15 @@ fn confine_server(
     command: &[std::ffi::OsString],
     fetch: &[fsbroker::policy::Registry],
     broker: Option<&Arc<Broker>>,
+    progress: &dyn Fn(&str),
 ) -> Result<Option<fsbroker::confine::Confinement>, String> {
     let mode = fsbroker::confine::mode(flag, policy);
     if mode == fsbroker::policy::ConfineMode::Off {
         return Ok(None);
     }
-    let confinement = fsbroker::confine::Confinement::prepare(policy, mode, command, fetch)
-        .map_err(|e| e.to_string())?;
+    let confinement =
+        fsbroker::confine::Confinement::prepare_with(policy, mode, command, fetch, progress)
+            .map_err(|e| e.to_string())?;
     let summary = confinement.summary();
     if let Some((first, rest)) = summary.split_first() {
         tracing::info!("{first}");
@@ -197,6 +205,61 @@ fn confine_server(
             .map_err(|e| format!("cannot record the confinement in the audit log: {e}"))?;
     }
     Ok(Some(confinement))
+}
+
+/// Why the proxy's server was not started.
+enum NotStarted {
+    /// Refused: the reason, not yet told to the host.
+    Refused(String),
+    /// Told to the host already (the start took too long).
+    Answered,
+}
+
+/// [`confine_server`] within the start's time limit (`--start-timeout`): planning, and an
+/// install before the start (`--confine-fetch`), may take long, and the host waiting for its
+/// `initialize` must not wait in silence. Past the limit, the host gets an error saying what
+/// fsbroker is still doing, and the work goes on to its end (an install is finished and
+/// marked, so that the next start finds it) before the proxy exits.
+fn confine_in_time(
+    policy: &Policy,
+    flag: Option<fsbroker::policy::ConfineMode>,
+    command: &[std::ffi::OsString],
+    fetch: &[fsbroker::policy::Registry],
+    broker: Option<&Arc<Broker>>,
+    limit: Option<std::time::Duration>,
+) -> Result<Option<fsbroker::confine::Confinement>, NotStarted> {
+    let Some(limit) = limit else {
+        return confine_server(policy, flag, command, fetch, broker, &|_| {})
+            .map_err(NotStarted::Refused);
+    };
+    let doing = std::sync::Mutex::new(String::from("planning the confinement"));
+    std::thread::scope(|scope| {
+        let (done, result) = std::sync::mpsc::channel();
+        let doing = &doing;
+        scope.spawn(move || {
+            let progress = |what: &str| {
+                *doing.lock().unwrap_or_else(|e| e.into_inner()) = what.to_owned();
+            };
+            let _ = done.send(confine_server(
+                policy, flag, command, fetch, broker, &progress,
+            ));
+        });
+        match result.recv_timeout(limit) {
+            Ok(confined) => confined.map_err(NotStarted::Refused),
+            Err(_) => {
+                let doing = doing.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let why = format!(
+                    "the confined server has not started within {} s (--start-timeout): \
+                     fsbroker is still {doing}. That goes on to its end (see stderr), then the \
+                     proxy exits; start the server again once it has",
+                    limit.as_secs()
+                );
+                eprintln!("fsbroker: {why}");
+                transport::proxy::answer_refused_start(&why);
+                Err(NotStarted::Answered)
+            }
+        }
+    })
 }
 
 /// A future that resolves, with the reason, when a reload takes away access the confined

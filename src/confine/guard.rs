@@ -15,7 +15,8 @@ use crate::sandbox::ConsentMode;
 
 /// Directories of the home that hold language installations and the version manager that
 /// runs them, nothing else: a program run through their shims needs the whole tree.
-const VERSION_MANAGERS: [&str; 6] = [".pyenv", ".rbenv", ".nodenv", ".asdf", ".volta", ".nvm"];
+pub(super) const VERSION_MANAGERS: [&str; 6] =
+    [".pyenv", ".rbenv", ".nodenv", ".asdf", ".volta", ".nvm"];
 
 /// Checks what a server's command line asks for ([`runtime::needs`]) against what must never
 /// be granted that way. A grant is narrowed (to the program's own directory, or the script

@@ -144,7 +144,7 @@ pub(crate) fn needs(
         ))
     })?);
     let mut node = false;
-    for _ in 0..MAX_INTERPRETERS {
+    for depth in 0..MAX_INTERPRETERS {
         let Some(exe) = next.take() else { break };
         let name = exe.file_name().map(|n| n.to_string_lossy().into_owned());
         node |= matches!(name.as_deref(), Some("node" | "npx" | "npm"));
@@ -157,7 +157,15 @@ pub(crate) fn needs(
             node |= exe.to_string_lossy().contains("/node_modules/npm/");
             let own = exe.parent().map(Path::to_path_buf);
             for dir in installation(exe) {
-                let why = format!("the installation of {}", exe.display());
+                // An interpreter that a `#!` line names is a package's choice, not the
+                // person's: its installation is granted only when it is one of a runtime
+                // (`#!/home/me/other-project/run.sh` would hand over that project), else the
+                // interpreter alone.
+                let (dir, why) = if depth == 0 || is_runtime_installation(&dir) {
+                    (dir, format!("the installation of {}", exe.display()))
+                } else {
+                    (exe.clone(), format!("the interpreter {}", exe.display()))
+                };
                 add(dir, Access::ReadExec, why, own.clone());
             }
         }
@@ -382,6 +390,18 @@ fn installation(exe: &Path) -> Vec<PathBuf> {
     }
 }
 
+/// Whether `dir` is a runtime's installation: a system directory, a Python installation or
+/// virtual environment, a Node.js installation, or a version manager's tree.
+fn is_runtime_installation(dir: &Path) -> bool {
+    SYSTEM_DIRS.iter().any(|s| dir.starts_with(s))
+        || super::launch::is_python_installation(dir)
+        || dir.join("pyvenv.cfg").is_file()
+        || is_executable(&dir.join("bin/node"))
+        || dir.components().any(|c| {
+            super::guard::VERSION_MANAGERS.contains(&c.as_os_str().to_string_lossy().as_ref())
+        })
+}
+
 /// The interpreter a `#!` line names, looked up as the kernel (and `env`) would.
 fn interpreter(exe: &Path, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
     // Room for a `#!` line and a trampoline's second line, which holds a whole path.
@@ -400,8 +420,9 @@ fn interpreter(exe: &Path, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> 
             return is_executable(&program).then_some(program);
         }
     }
-    // The kernel runs only an executable file.
-    is_executable(&first).then_some(first)
+    // The kernel runs only an executable file. A relative one it looks up from the working
+    // directory, which the server may write: not followed.
+    (first.is_absolute() && is_executable(&first)).then_some(first)
 }
 
 /// Reads the start of `exe` into `buf`: how much was read.
@@ -537,6 +558,47 @@ mod tests {
         assert_eq!(sh("-S -u /etc/shadow sh"), None);
         assert_eq!(sh("-C /etc sh"), None);
         assert_eq!(sh("--unset=X sh"), None);
+    }
+
+    /// Attack (a package's program names its interpreter): a relative `#!` (which the kernel
+    /// looks up from the working directory, the server's to write) is not followed, and an
+    /// absolute one that is no runtime's (another project's script) brings the interpreter
+    /// alone, not its directory.
+    #[test]
+    fn a_packages_hash_bang_brings_a_runtime_or_the_interpreter_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let t = t.path().canonicalize().unwrap();
+        let exec = |p: &Path, text: &str| {
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        let other = t.join("other-project/run.sh");
+        exec(&other, "#!/bin/sh\n");
+        exec(&t.join("etc/bin/node"), "#!/bin/sh\n");
+        let relative = t.join("pkg/relative.js");
+        exec(&relative, "#!etc/bin/node\n");
+        assert_eq!(interpreter(&relative, &t, None), None);
+        let server = t.join("pkg/server.js");
+        exec(&server, &format!("#!{}\n", other.display()));
+        let mut notes = Vec::new();
+        let needs = needs(
+            &[server.clone().into_os_string()],
+            &t,
+            None,
+            &[],
+            &mut notes,
+        )
+        .unwrap();
+        let granted: Vec<&Path> = needs.iter().map(|n| n.rule.path.as_path()).collect();
+        assert!(granted.contains(&other.as_path()), "{granted:?}");
+        assert!(
+            !granted.contains(&t.join("other-project").as_path()),
+            "{granted:?}"
+        );
+        // The program the person named brings its own directory, as before.
+        assert!(granted.contains(&t.join("pkg").as_path()), "{granted:?}");
     }
 
     #[test]

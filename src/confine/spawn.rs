@@ -49,6 +49,18 @@ impl Confinement {
         command: &[OsString],
         fetch: &[Registry],
     ) -> Result<Confinement, ConfineError> {
+        Confinement::prepare_with(policy, mode, command, fetch, &|_| {})
+    }
+
+    /// [`Confinement::prepare`], telling `progress` what it is doing when that may take long
+    /// (`installing PKG from REGISTRY`), for a caller that answers the host meanwhile.
+    pub fn prepare_with(
+        policy: &Policy,
+        mode: ConfineMode,
+        command: &[OsString],
+        fetch: &[Registry],
+        progress: &dyn Fn(&str),
+    ) -> Result<Confinement, ConfineError> {
         let tmp = tmp::PrivateTmp::new()?;
         let cwd = std::env::current_dir().map_err(|e| ConfineError::Command(e.to_string()))?;
         let path = std::env::var_os("PATH");
@@ -66,7 +78,12 @@ impl Confinement {
                     instead: missing.instead,
                 });
             }
-            install(&missing)?;
+            progress(&format!(
+                "installing {} from {}",
+                missing.package,
+                missing.registry.name()
+            ));
+            install(&missing, &super::roots::writable_paths(policy))?;
             plan = super::plan(policy, command, &cwd, path.as_deref(), Some(tmp.path()))?;
             if plan.launch.as_ref().is_some_and(|l| l.missing.is_some()) {
                 return Err(ConfineError::Install {
@@ -224,11 +241,29 @@ impl Confinement {
     }
 }
 
+/// Whether `p` is relative (found from a working directory the server may write) or lies in
+/// one of the server's `writable` paths.
+fn server_may_write(p: &std::path::Path, writable: &[std::path::PathBuf]) -> bool {
+    p.is_relative()
+        || super::launch::in_writable(&p.canonicalize().unwrap_or_else(|_| p.into()), writable)
+}
+
+/// The installer's `PATH`: `path` without what [`server_may_write`].
+fn installer_path(path: &std::ffi::OsStr, writable: &[std::path::PathBuf]) -> OsString {
+    std::env::join_paths(std::env::split_paths(path).filter(|d| !server_may_write(d, writable)))
+        .unwrap_or_default()
+}
+
 /// Installs a launcher's missing package into fsbroker's cache, before the server starts:
 /// the installer (npm, uv, Python's venv and pip) runs with the person's rights and the
 /// network, in the cache directory, with its output on stderr (stdout carries protocol messages only), and none of
 /// the package's code runs (`--ignore-scripts`). Bounded by [`INSTALL_TIMEOUT`].
-fn install(missing: &Missing) -> Result<(), ConfineError> {
+///
+/// The installer, and what it finds in `PATH` (`npm` is `#!/usr/bin/env node`), is never a
+/// program the server may have written: a relative `PATH` entry, or one in `writable` (the
+/// server's writable paths), is left out of its `PATH`, and an installer lying there is
+/// refused.
+fn install(missing: &Missing, writable: &[std::path::PathBuf]) -> Result<(), ConfineError> {
     use std::os::fd::AsFd;
     let fail = |reason: String| ConfineError::Install {
         package: missing.package.clone(),
@@ -239,6 +274,13 @@ fn install(missing: &Missing) -> Result<(), ConfineError> {
         .install
         .split_first()
         .ok_or_else(|| fail("no installer".into()))?;
+    if server_may_write(std::path::Path::new(program), writable) {
+        return Err(fail(format!(
+            "the installer {} lies where the server may write (or is not an absolute path)",
+            std::path::Path::new(program).display()
+        )));
+    }
+    let path = std::env::var_os("PATH").map(|path| installer_path(&path, writable));
     tracing::warn!(
         package = %missing.package,
         registry = missing.registry.name(),
@@ -251,6 +293,7 @@ fn install(missing: &Missing) -> Result<(), ConfineError> {
         .map_err(|e| fail(e.to_string()))?;
     let mut child = std::process::Command::new(program)
         .args(args)
+        .envs(path.map(|p| (OsString::from("PATH"), p)))
         .envs(missing.env.iter().map(|(k, v)| (k, v)))
         // In fsbroker's own directory: no project configuration (`.npmrc`, `uv.toml`) or
         // program (`node_modules/.bin`) of the working directory, which a server may write,
@@ -297,5 +340,48 @@ fn install(missing: &Missing) -> Result<(), ConfineError> {
             Ok(None) => std::thread::sleep(std::time::Duration::from_millis(50)),
             Err(e) => return Err(fail(e.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    /// Attack (a server plants `npm`, or the `node` that `npm`'s `#!/usr/bin/env node` finds,
+    /// where it may write, for the unconfined install of its next start to run): a relative
+    /// `PATH` entry and one in a writable path are left out of the installer's `PATH`, and an
+    /// installer lying there is refused before it runs.
+    #[test]
+    fn the_installer_runs_nothing_the_server_may_write() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        let bin = root.join("node_modules/.bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let writable = std::slice::from_ref(&root);
+        let path = std::env::join_paths([
+            PathBuf::from("node_modules/.bin"),
+            bin.clone(),
+            PathBuf::from("/usr/bin"),
+            PathBuf::from("/bin"),
+        ])
+        .unwrap();
+        assert_eq!(
+            installer_path(&path, writable),
+            OsString::from("/usr/bin:/bin")
+        );
+        let planted = bin.join("npm");
+        std::fs::write(&planted, "#!/bin/sh\ntouch pwned\n").unwrap();
+        let missing = Missing {
+            registry: Registry::Npm,
+            package: "srv".into(),
+            install: vec![planted.into_os_string()],
+            env: Vec::new(),
+            cache: root.join("cache"),
+            instead: String::new(),
+        };
+        let err = install(&missing, writable).unwrap_err().to_string();
+        assert!(err.contains("lies where the server may write"), "{err}");
+        assert!(!root.join("cache/pwned").exists());
     }
 }

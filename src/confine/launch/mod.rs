@@ -194,9 +194,13 @@ pub(crate) fn holds_code_only(dir: &Path, home: &Path) -> bool {
             return true;
         }
     }
-    // A Python installation has its standard library (`lib/python3.X/os.py`) beside its
-    // interpreter: `~/.local`, with a user's `bin/python3` link and `lib/python3.X/
-    // site-packages`, does not pass (its `share` holds keyrings).
+    is_python_installation(dir)
+}
+
+/// Whether `dir` is a Python installation: its standard library (`lib/python3.X/os.py`)
+/// beside its interpreter (`bin/python3…`). `~/.local`, with a user's `bin/python3` link and
+/// `lib/python3.X/site-packages`, is not one (its `share` holds keyrings).
+pub(crate) fn is_python_installation(dir: &Path) -> bool {
     let entries = |sub: &str| {
         std::fs::read_dir(dir.join(sub))
             .map(|e| e.flatten().collect::<Vec<_>>())

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use super::{Launch, Missing, cache_root, grant, home, in_writable, real};
 use crate::confine::runtime::{find_program, is_executable};
-use crate::limits::{MAX_DEPENDENCIES, MAX_PACKAGES};
+use crate::limits::{MAX_DEPENDENCIES, MAX_PACKAGES, TREE_READ_LIMIT};
 use crate::policy::Registry;
 
 /// Recognises an npm launcher; `None` for any other command line.
@@ -101,9 +101,14 @@ fn npx(
         let bins = std::iter::once(config.local_prefix.join("node_modules/.bin"))
             .chain(config.prefix.iter().map(|p| p.join("bin")));
         for bin in bins.map(|d| d.join(&line.package)) {
-            let Some(file) = real(&bin, writable) else {
+            // Not a program the server may write: one server could choose what another
+            // (or its own next start) runs by name.
+            let Some(file) = real(&bin, writable).filter(|f| !in_writable(f, writable)) else {
                 continue;
             };
+            if in_writable(&bin, writable) {
+                continue;
+            }
             let Some(package) = package_of(&file) else {
                 continue;
             };
@@ -607,7 +612,16 @@ fn tree(package: &Path, writable: &[PathBuf]) -> Tree {
     };
     let mut queued: BTreeSet<PathBuf> = BTreeSet::from([start.clone()]);
     let mut queue = VecDeque::from([start]);
+    let started = std::time::Instant::now();
     while let Some(dir) = queue.pop_front() {
+        if started.elapsed() > TREE_READ_LIMIT {
+            unresolved.push(format!(
+                "{} queued package(s) and what they need: the tree was not read whole within {} s",
+                queue.len() + 1,
+                TREE_READ_LIMIT.as_secs()
+            ));
+            break;
+        }
         if dirs.len() >= MAX_PACKAGES || !seen.insert(dir.clone()) {
             continue;
         }
@@ -676,6 +690,57 @@ mod tests {
 
     fn os(args: &[&str]) -> Vec<OsString> {
         args.iter().map(OsString::from).collect()
+    }
+
+    /// Attack (a server plants `node_modules/.bin/goodsrv` in a project it may write): `npx -y
+    /// goodsrv`, and `npx goodsrv`, run from there do not take the planted program; the
+    /// package is sought where the server cannot write.
+    #[test]
+    fn npx_takes_no_program_from_a_writable_project() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = dir.path().canonicalize().unwrap();
+        let pkg = project.join("node_modules/goodsrv");
+        std::fs::create_dir_all(&pkg).unwrap();
+        std::fs::create_dir_all(project.join("node_modules/.bin")).unwrap();
+        std::fs::write(
+            pkg.join("package.json"),
+            r#"{"name":"goodsrv","version":"1.0.0","bin":{"goodsrv":"cli.js"}}"#,
+        )
+        .unwrap();
+        std::fs::write(pkg.join("cli.js"), "planted\n").unwrap();
+        std::os::unix::fs::symlink(
+            "../goodsrv/cli.js",
+            project.join("node_modules/.bin/goodsrv"),
+        )
+        .unwrap();
+        std::fs::write(project.join("package.json"), "{}").unwrap();
+        let writable = std::slice::from_ref(&project);
+        for line in [&["npx", "-y", "goodsrv"][..], &["npx", "goodsrv"]] {
+            let command: Vec<OsString> = line.iter().map(OsString::from).collect();
+            let launch = super::super::recognise(
+                &command,
+                &project,
+                Some(OsStr::new("/usr/bin:/bin")),
+                writable,
+            )
+            .unwrap();
+            let runs = format!("{:?}", launch.command);
+            assert!(
+                !runs.contains("cli.js"),
+                "{line:?}: {runs} {:?}",
+                launch.resolved
+            );
+        }
+        // Not writable, the project's program is the one npx runs.
+        let command: Vec<OsString> = ["npx", "goodsrv"].iter().map(OsString::from).collect();
+        let launch =
+            super::super::recognise(&command, &project, Some(OsStr::new("/usr/bin:/bin")), &[])
+                .unwrap();
+        assert!(
+            format!("{:?}", launch.command).contains("cli.js"),
+            "{:?}",
+            launch.resolved
+        );
     }
 
     #[test]

@@ -372,18 +372,21 @@ fn tool_launch(
 }
 
 /// The Python installation a virtual environment was made from: `home` in its `pyvenv.cfg`
-/// names that installation's `bin`.
+/// names that installation's `bin`. The package installed in the environment can rewrite
+/// that file (a wheel's data files land in the environment's root), so `home` is taken only
+/// when it names the `bin` of a real Python installation (an interpreter beside its standard
+/// library), never a file or any other directory; and the last `home` line counts, as it
+/// does for Python itself.
 fn base_installation(venv: &Path) -> Option<PathBuf> {
     let cfg = std::fs::read_to_string(venv.join("pyvenv.cfg")).ok()?;
-    let home = cfg.lines().find_map(|l| {
+    let home = cfg.lines().rev().find_map(|l| {
         let (k, v) = l.split_once('=')?;
         (k.trim() == "home").then(|| PathBuf::from(v.trim()))
     })?;
     let bin = home.canonicalize().ok()?;
-    match bin.file_name() {
-        Some(n) if n == "bin" => bin.parent().map(Path::to_path_buf),
-        _ => Some(bin),
-    }
+    let installation = bin.parent()?;
+    (bin.file_name().is_some_and(|n| n == "bin") && super::is_python_installation(installation))
+        .then(|| installation.to_path_buf())
 }
 
 /// Whether the environment `venv` holds the version `spec` asks for (any, without one).
@@ -495,6 +498,46 @@ mod tests {
 
     fn os(args: &[&str]) -> Vec<OsString> {
         args.iter().map(OsString::from).collect()
+    }
+
+    /// Attack (a wheel's data files rewrite the environment's `pyvenv.cfg`): `home` naming a
+    /// secret file, a directory that is no Python, or a real Python followed by a second
+    /// `home` line, grants nothing but a real Python installation.
+    #[test]
+    fn a_rewritten_pyvenv_cfg_grants_only_a_python_installation() {
+        let t = tempfile::tempdir().unwrap();
+        let t = t.path().canonicalize().unwrap();
+        let python = t.join("python");
+        std::fs::create_dir_all(python.join("bin")).unwrap();
+        std::fs::create_dir_all(python.join("lib/python3.11")).unwrap();
+        std::fs::write(python.join("bin/python3.11"), "").unwrap();
+        std::fs::write(python.join("lib/python3.11/os.py"), "").unwrap();
+        std::fs::create_dir_all(t.join("secrets/bin")).unwrap();
+        std::fs::write(t.join("secrets/bin/id_ed25519"), "KEY").unwrap();
+        let venv = t.join("venv");
+        std::fs::create_dir_all(&venv).unwrap();
+        let with = |cfg: String| {
+            std::fs::write(venv.join("pyvenv.cfg"), cfg).unwrap();
+            base_installation(&venv)
+        };
+        let p = |p: &Path| p.display().to_string();
+        assert_eq!(
+            with(format!("home = {}\n", p(&python.join("bin")))),
+            Some(python.clone())
+        );
+        for hostile in [
+            format!("home = {}\n", p(&t.join("secrets/bin/id_ed25519"))),
+            format!("home = {}\n", p(&t.join("secrets/bin"))),
+            format!("home = {}\n", p(&t.join("secrets"))),
+            format!("home = {}\n", p(&python)),
+            format!(
+                "home = {}\nhome = {}\n",
+                p(&python.join("bin")),
+                p(&t.join("secrets/bin"))
+            ),
+        ] {
+            assert_eq!(with(hostile.clone()), None, "{hostile}");
+        }
     }
 
     #[test]
