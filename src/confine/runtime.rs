@@ -316,6 +316,19 @@ fn looks_like_code(file: &Path) -> bool {
 /// Opens a regular file of the server's command line for reading without waiting: the
 /// server, or what it left running, may hold a lease on its own files (an open would wait out
 /// the kernel's `lease-break-time`), or have put a FIFO there. Anything else fails.
+/// Up to `limit` bytes of the regular file `file`, opened as [`open_now`] opens it: what a
+/// plan reads of files the server may have made (a manifest, `pyvenv.cfg`, an npmrc), where
+/// a FIFO would block the start for good.
+pub(crate) fn read_regular(file: &Path, limit: u64) -> Option<Vec<u8>> {
+    let mut text = Vec::new();
+    open_now(file)
+        .ok()?
+        .take(limit)
+        .read_to_end(&mut text)
+        .ok()?;
+    Some(text)
+}
+
 fn open_now(file: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()

@@ -19,7 +19,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 use super::{Launch, Missing, cache_root, grant, home, in_writable, real};
-use crate::confine::runtime::{find_program, is_executable};
+use crate::confine::runtime::{find_program, is_executable, read_regular};
 use crate::limits::{MAX_DEPENDENCIES, MAX_PACKAGES, TREE_READ_LIMIT};
 use crate::policy::Registry;
 
@@ -495,15 +495,11 @@ impl NpmConfig {
 
 /// The `key = value` lines of an npmrc (at most 64 KiB of it).
 fn read_npmrc(file: &Path) -> Vec<(String, String)> {
-    use std::io::Read;
-    let mut text = String::new();
-    let Ok(f) = std::fs::File::open(file) else {
+    let Some(text) = read_regular(file, 64 * 1024) else {
         return Vec::new();
     };
-    if f.take(64 * 1024).read_to_string(&mut text).is_err() {
-        return Vec::new();
-    }
-    text.lines()
+    String::from_utf8_lossy(&text)
+        .lines()
         .filter(|l| !l.trim_start().starts_with(['#', ';']))
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
@@ -551,11 +547,7 @@ struct Manifest {
 impl Manifest {
     /// `dir/package.json` (at most 1 MiB of it), if it reads.
     fn read(dir: &Path) -> Option<Manifest> {
-        use std::io::Read;
-        let f = std::fs::File::open(dir.join("package.json")).ok()?;
-        let mut text = Vec::new();
-        f.take(1 << 20).read_to_end(&mut text).ok()?;
-        serde_json::from_slice(&text).ok()
+        serde_json::from_slice(&read_regular(&dir.join("package.json"), 1 << 20)?).ok()
     }
 
     fn id(&self) -> String {
@@ -741,6 +733,23 @@ mod tests {
             "{:?}",
             launch.resolved
         );
+    }
+
+    /// Attack (a server makes `package.json`, `pyvenv.cfg` or `.npmrc` a FIFO in its root, for
+    /// its next start's plan to read): the plan reads regular files only, so it does not
+    /// block waiting for a writer that never comes.
+    #[test]
+    fn a_fifo_for_a_file_the_plan_reads_does_not_block_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["package.json", ".npmrc"] {
+            let made = std::process::Command::new("mkfifo")
+                .arg(dir.path().join(name))
+                .status()
+                .unwrap();
+            assert!(made.success());
+        }
+        assert!(Manifest::read(dir.path()).is_none());
+        assert!(read_npmrc(&dir.path().join(".npmrc")).is_empty());
     }
 
     #[test]

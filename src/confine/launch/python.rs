@@ -20,7 +20,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 use super::{Launch, Missing, cache_root, home};
-use crate::confine::runtime::find_program;
+use crate::confine::runtime::{find_program, read_regular};
 use crate::policy::Registry;
 
 /// Recognises a Python launcher; `None` for any other command line.
@@ -378,7 +378,8 @@ fn tool_launch(
 /// library), never a file or any other directory; and the last `home` line counts, as it
 /// does for Python itself.
 fn base_installation(venv: &Path) -> Option<PathBuf> {
-    let cfg = std::fs::read_to_string(venv.join("pyvenv.cfg")).ok()?;
+    let cfg = read_regular(&venv.join("pyvenv.cfg"), 64 * 1024)?;
+    let cfg = String::from_utf8_lossy(&cfg);
     let home = cfg.lines().rev().find_map(|l| {
         let (k, v) = l.split_once('=')?;
         (k.trim() == "home").then(|| PathBuf::from(v.trim()))
