@@ -1135,14 +1135,14 @@ fn the_url_file_is_protected_through_a_bind_mount() {
     match probe {
         Ok(out) if out.status.success() => {}
         Ok(out) => {
-            eprintln!(
-                "SKIPPED: cannot bind-mount in a mount namespace of our own (needs root): {}",
+            common::skipped(&format!(
+                "cannot bind-mount in a mount namespace of our own (needs root): {}",
                 String::from_utf8_lossy(&out.stderr).trim()
-            );
+            ));
             return;
         }
         Err(e) => {
-            eprintln!("SKIPPED: no unshare (util-linux): {e}");
+            common::skipped(&format!("no unshare (util-linux): {e}"));
             return;
         }
     }

@@ -18,7 +18,7 @@
 //! Needs Debian's `chromium` and `chromium-driver`, Debian's `firefox-esr`, and `geckodriver`
 //! (`cargo install geckodriver`; found through `$GECKODRIVER`, `PATH` or cargo's bin folder).
 //! `.ci/run` installs them all; without one, the tests of that browser print `SKIPPED` and
-//! pass. Every wait is bounded; no time is a pass criterion.
+//! pass (fail with `FSBROKER_TEST_STRICT=1`, as in CI). Every wait is bounded; no time is a pass criterion.
 
 // Tests work on their own files with `std::fs` (clippy.toml keeps it out of the library's
 // request paths).
@@ -136,10 +136,10 @@ impl Engine {
         };
         for (path, from) in [&browser, &driver] {
             if !path.exists() {
-                eprintln!(
-                    "SKIPPED: {} is missing ({from}; .ci/run installs it)",
+                common::skipped(&format!(
+                    "{} is missing ({from}; .ci/run installs it)",
                     path.display()
-                );
+                ));
                 return None;
             }
         }

@@ -189,7 +189,7 @@ fn a_prompt_raises_a_notice_that_opens_the_console_and_goes_when_answered() {
     let bus = match Bus::start(&base) {
         Ok(bus) => bus,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            common::skipped(&why.to_string());
             return;
         }
     };

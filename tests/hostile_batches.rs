@@ -33,7 +33,9 @@ fn setup(limits: &str) -> Option<(tempfile::TempDir, PathBuf, PathBuf, StuckFs)>
     let fs = match StuckFs::mount(&root.join("mnt")) {
         Ok(fs) => fs,
         Err(why) => {
-            eprintln!("SKIPPED: a stuck file system cannot be mounted here: {why}");
+            common::skipped(&format!(
+                "a stuck file system cannot be mounted here: {why}"
+            ));
             return None;
         }
     };

@@ -41,7 +41,9 @@ fn setup_with(
     let fs = match StuckFs::mount(&root.join("mnt")) {
         Ok(fs) => fs,
         Err(why) => {
-            eprintln!("SKIPPED: a stuck file system cannot be mounted here: {why}");
+            common::skipped(&format!(
+                "a stuck file system cannot be mounted here: {why}"
+            ));
             return None;
         }
     };

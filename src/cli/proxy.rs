@@ -207,6 +207,10 @@ fn confine_server(
     Ok(Some(confinement))
 }
 
+/// How long the proxy waits, once the host was told the start took too long, for the work
+/// to end: past the longest install (300 s) by a margin.
+const PREPARE_AFTER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(330);
+
 /// Why the proxy's server was not started.
 enum NotStarted {
     /// Refused: the reason, not yet told to the host.
@@ -256,6 +260,15 @@ fn confine_in_time(
                 );
                 eprintln!("fsbroker: {why}");
                 transport::proxy::answer_refused_start(&why);
+                // The install is bounded (5 minutes) and the plan's reads do not block; should
+                // the work still not end, the proxy does not wait for it for good.
+                if result.recv_timeout(PREPARE_AFTER_TIMEOUT).is_err() {
+                    eprintln!(
+                        "fsbroker: still {doing} {} s after the host was told; exiting",
+                        PREPARE_AFTER_TIMEOUT.as_secs()
+                    );
+                    std::process::exit(1);
+                }
                 Err(NotStarted::Answered)
             }
         }

@@ -404,15 +404,30 @@ fn installation(exe: &Path) -> Vec<PathBuf> {
 }
 
 /// Whether `dir` is a runtime's installation: a system directory, a Python installation or
-/// virtual environment, a Node.js installation, or a version manager's tree.
+/// virtual environment, a Node.js installation (`bin/node` beside npm or its headers), or a
+/// version manager's tree directly in the home (`~/.nvm`). Judged on the directory `dir`
+/// resolves to, never on its spelling (`/usr/../home/me/project`, a `.nvm` a package ships).
 fn is_runtime_installation(dir: &Path) -> bool {
+    let Ok(dir) = dir.canonicalize() else {
+        return false;
+    };
+    let homes = [std::env::var_os("HOME").map(PathBuf::from)];
+    let managed = homes
+        .iter()
+        .flatten()
+        .filter(|h| h.is_absolute())
+        .any(|home| {
+            let home = home.canonicalize().unwrap_or_else(|_| home.clone());
+            super::guard::VERSION_MANAGERS
+                .iter()
+                .any(|m| dir.starts_with(home.join(m)))
+        });
     SYSTEM_DIRS.iter().any(|s| dir.starts_with(s))
-        || super::launch::is_python_installation(dir)
+        || managed
+        || super::launch::is_python_installation(&dir)
         || dir.join("pyvenv.cfg").is_file()
-        || is_executable(&dir.join("bin/node"))
-        || dir.components().any(|c| {
-            super::guard::VERSION_MANAGERS.contains(&c.as_os_str().to_string_lossy().as_ref())
-        })
+        || (is_executable(&dir.join("bin/node"))
+            && (dir.join("lib/node_modules/npm").is_dir() || dir.join("include/node").is_dir()))
 }
 
 /// The interpreter a `#!` line names, looked up as the kernel (and `env`) would.
@@ -464,7 +479,16 @@ fn trampoline(after: &[u8]) -> Option<PathBuf> {
         q @ ('\'' | '"') => word[1..].split_once(q)?,
         _ => word.split_once(' ')?,
     };
-    if tail.trim_start() != r#""$0" "$@""# || program.contains(['\\', '$', '`', '"', '\'']) {
+    // Unquoted, the shell splits and expands (`/a;/evil`, `/a*`): only a plain path passes.
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._+-".contains(c);
+    let unquoted = !word.starts_with(['\'', '"']);
+    if tail.trim_start() != r#""$0" "$@""#
+        || program.contains(['\\', '$', '`', '"', '\''])
+        || (unquoted && !program.chars().all(plain))
+        || Path::new(program)
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+    {
         return None;
     }
     let program = PathBuf::from(program);
@@ -533,6 +557,9 @@ mod tests {
             "'''exec' 'relative/python' \"$0\" \"$@\"\n",
             "'''exec' '/v/bin/python\n",
             "exec /v/bin/python \"$0\" \"$@\"\n",
+            // The shell splits an unquoted word (`;`), and `..` makes one path pass for another.
+            "'''exec' /usr/../p/a;/../../x/bin/tool \"$0\" \"$@\"\n",
+            "'''exec' '/usr/../home/me/project/bin/python' \"$0\" \"$@\"\n",
             // No line end: the head was cut short.
             "'''exec' '/v/bin/python' \"$0\" \"$@\"",
         ] {
@@ -612,6 +639,31 @@ mod tests {
         );
         // The program the person named brings its own directory, as before.
         assert!(granted.contains(&t.join("pkg").as_path()), "{granted:?}");
+        // Spelled to pass for a system directory, or in a `.nvm` the package ships: judged
+        // by where it leads.
+        let sneaky = t.join("other-project/bin/tool");
+        exec(&sneaky, "#!/bin/sh\n");
+        exec(&t.join("pkg/.nvm/bin/node"), "#!/bin/sh\n");
+        for interp in [
+            format!("/usr/..{}", sneaky.display()),
+            t.join("pkg/.nvm/bin/node").display().to_string(),
+        ] {
+            exec(&server, &format!("#!{interp}\n"));
+            let got = super::needs(
+                &[server.clone().into_os_string()],
+                &t,
+                None,
+                &[],
+                &mut notes,
+            );
+            let got = got.unwrap();
+            let granted: Vec<&Path> = got.iter().map(|n| n.rule.path.as_path()).collect();
+            assert!(
+                !granted.contains(&t.join("other-project").as_path())
+                    && !granted.iter().any(|g| g.ends_with("pkg/.nvm")),
+                "{interp}: {granted:?}"
+            );
+        }
     }
 
     #[test]

@@ -248,10 +248,22 @@ fn server_may_write(p: &std::path::Path, writable: &[std::path::PathBuf]) -> boo
         || super::launch::in_writable(&p.canonicalize().unwrap_or_else(|_| p.into()), writable)
 }
 
-/// The installer's `PATH`: `path` without what [`server_may_write`].
+/// The programs an installer finds in `PATH` (npm's `#!/usr/bin/env node`, the `git` of a
+/// git dependency, the `python3` uv may start, the shell of a script).
+const INSTALLER_FINDS: [&str; 6] = ["node", "python3", "python", "git", "sh", "bash"];
+
+/// The installer's `PATH`: `path` without a directory the server may write, or one where a
+/// program the installer finds ([`INSTALLER_FINDS`]) leads to where the server may write
+/// (`/usr/local/bin/node -> ~/project/node-v20/bin/node`).
 fn installer_path(path: &std::ffi::OsStr, writable: &[std::path::PathBuf]) -> OsString {
-    std::env::join_paths(std::env::split_paths(path).filter(|d| !server_may_write(d, writable)))
-        .unwrap_or_default()
+    let trusted = |dir: &std::path::PathBuf| {
+        !server_may_write(dir, writable)
+            && INSTALLER_FINDS.iter().all(|name| {
+                let found = dir.join(name);
+                !found.exists() || !server_may_write(&found, writable)
+            })
+    };
+    std::env::join_paths(std::env::split_paths(path).filter(trusted)).unwrap_or_default()
 }
 
 /// Installs a launcher's missing package into fsbroker's cache, before the server starts:
@@ -274,6 +286,15 @@ fn install(missing: &Missing, writable: &[std::path::PathBuf]) -> Result<(), Con
         .install
         .split_first()
         .ok_or_else(|| fail("no installer".into()))?;
+    // Not in a cache the server may write (`XDG_CACHE_HOME` in a project, a root holding the
+    // home): an `.npmrc` or a half install it left there would steer the installer.
+    if server_may_write(&missing.cache, writable) {
+        return Err(fail(format!(
+            "fsbroker's cache {} lies where the server may write; set XDG_CACHE_HOME to a \
+             directory outside the server's read-write roots",
+            missing.cache.display()
+        )));
+    }
     if server_may_write(std::path::Path::new(program), writable) {
         return Err(fail(format!(
             "the installer {} lies where the server may write (or is not an absolute path)",
@@ -355,7 +376,7 @@ mod tests {
     #[test]
     fn the_installer_runs_nothing_the_server_may_write() {
         let t = tempfile::tempdir().unwrap();
-        let root = t.path().canonicalize().unwrap();
+        let root = t.path().canonicalize().unwrap().join("root");
         let bin = root.join("node_modules/.bin");
         std::fs::create_dir_all(&bin).unwrap();
         let writable = std::slice::from_ref(&root);
@@ -370,6 +391,14 @@ mod tests {
             installer_path(&path, writable),
             OsString::from("/usr/bin:/bin")
         );
+        // A directory out of reach whose `node` leads into the root.
+        let local = t.path().join("local-bin");
+        std::fs::create_dir_all(&local).unwrap();
+        std::fs::write(bin.join("node"), "#!/bin/sh\n").unwrap();
+        std::os::unix::fs::symlink(bin.join("node"), local.join("node")).unwrap();
+        let path = std::env::join_paths([local.clone(), PathBuf::from("/usr/bin")]).unwrap();
+        assert_eq!(installer_path(&path, writable), OsString::from("/usr/bin"));
+
         let planted = bin.join("npm");
         std::fs::write(&planted, "#!/bin/sh\ntouch pwned\n").unwrap();
         let missing = Missing {
@@ -377,11 +406,20 @@ mod tests {
             package: "srv".into(),
             install: vec![planted.into_os_string()],
             env: Vec::new(),
-            cache: root.join("cache"),
+            cache: t.path().join("cache"),
             instead: String::new(),
         };
         let err = install(&missing, writable).unwrap_err().to_string();
-        assert!(err.contains("lies where the server may write"), "{err}");
+        assert!(err.contains("the installer"), "{err}");
+        assert!(!t.path().join("cache/pwned").exists());
+        // fsbroker's cache in the root: refused before anything runs.
+        let in_root = Missing {
+            install: vec!["/bin/sh".into(), "-c".into(), "touch pwned".into()],
+            cache: root.join("cache"),
+            ..missing
+        };
+        let err = install(&in_root, writable).unwrap_err().to_string();
+        assert!(err.contains("XDG_CACHE_HOME"), "{err}");
         assert!(!root.join("cache/pwned").exists());
     }
 }

@@ -50,6 +50,18 @@ pub fn code(error: &Value) -> String {
     }
 }
 
+/// A test that cannot run here (a tool `.ci/run` installs is missing, or the machine cannot
+/// do what it needs) says so, `SKIPPED: why`, and ends as passed; with
+/// `FSBROKER_TEST_STRICT=1`, which `.ci/run` sets, it fails instead, so that CI shows every
+/// such test ran.
+pub fn skipped(why: &str) {
+    eprintln!("SKIPPED: {why}");
+    assert!(
+        std::env::var_os("FSBROKER_TEST_STRICT").is_none_or(|v| v != "1"),
+        "SKIPPED under FSBROKER_TEST_STRICT=1 (a skipped test fails in CI): {why}"
+    );
+}
+
 /// A temp directory with its canonical path (macOS-style `/tmp` symlinks resolved).
 pub fn tempdir() -> (tempfile::TempDir, std::path::PathBuf) {
     let t = tempfile::tempdir().expect("tempdir");

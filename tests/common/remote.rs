@@ -184,9 +184,9 @@ pub fn test_ca(dir: &Path) -> Option<TestCa> {
         .stdin(Stdio::null())
         .output()
     {
-        eprintln!(
-            "SKIPPED: cannot run `{command}`: {e} (apt-get install openssl; .ci/run installs it)"
-        );
+        crate::common::skipped(&format!(
+            "cannot run `{command}`: {e} (apt-get install openssl; .ci/run installs it)"
+        ));
         return None;
     }
     let run = |args: &[&str]| openssl(dir, args);

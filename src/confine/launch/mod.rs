@@ -77,7 +77,8 @@ pub(crate) fn recognise(
     path: Option<&std::ffi::OsStr>,
     writable: &[PathBuf],
 ) -> Option<Launch> {
-    npm::recognise(command, cwd, path, writable).or_else(|| python::recognise(command, cwd, path))
+    npm::recognise(command, cwd, path, writable)
+        .or_else(|| python::recognise(command, cwd, path, writable))
 }
 
 /// `p` (absolute) as the kernel would reach it, every link on the way followed, unless one

@@ -24,16 +24,21 @@ use crate::confine::runtime::{find_program, read_regular};
 use crate::policy::Registry;
 
 /// Recognises a Python launcher; `None` for any other command line.
-pub(super) fn recognise(command: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Option<Launch> {
+pub(super) fn recognise(
+    command: &[OsString],
+    cwd: &Path,
+    path: Option<&OsStr>,
+    writable: &[PathBuf],
+) -> Option<Launch> {
     let (program, args) = command.split_first()?;
     let name = Path::new(program).file_name()?.to_str()?;
     let word = |i: usize| args.get(i).and_then(|a| a.to_str());
     match (name, word(0), word(1)) {
-        ("uvx", ..) => uvx(program, args, cwd, path),
-        ("uv", Some("tool"), Some("run")) => uvx(program, &args[2..], cwd, path),
-        ("uv", Some("x"), _) => uvx(program, &args[1..], cwd, path),
+        ("uvx", ..) => uvx(program, args, cwd, path, writable),
+        ("uv", Some("tool"), Some("run")) => uvx(program, &args[2..], cwd, path, writable),
+        ("uv", Some("x"), _) => uvx(program, &args[1..], cwd, path, writable),
         ("uv", Some("run"), _) => uv_run(&args[1..], cwd),
-        ("pipx", Some("run"), _) => pipx_run(program, &args[1..], cwd, path),
+        ("pipx", Some("run"), _) => pipx_run(program, &args[1..], cwd, path, writable),
         _ => venv_program(program, cwd, path),
     }
 }
@@ -206,7 +211,13 @@ fn read_tool_line(
 
 /// `uvx [--from PKG] NAME ARGS…`: the package's environment where `uv tool install` put it
 /// (the person's, or fsbroker's), and its program run directly.
-fn uvx(uv: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Option<Launch> {
+fn uvx(
+    uv: &OsStr,
+    args: &[OsString],
+    cwd: &Path,
+    path: Option<&OsStr>,
+    writable: &[PathBuf],
+) -> Option<Launch> {
     let flags = ["-q", "--quiet", "--offline", "--isolated", "--no-progress"];
     let (line, spec, program) = match read_tool_line("uvx", args, "--from", &flags) {
         Ok(read) => read,
@@ -241,6 +252,7 @@ fn uvx(uv: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Optio
         ("UV_TOOL_BIN_DIR".into(), ours.join("bin").into_os_string()),
         ("UV_CACHE_DIR".into(), ours.join("cache").into_os_string()),
     ];
+    let places = out_of_reach(places, writable);
     tool_launch(
         "uvx", &spec, &program, places, line.args, ours, install, env,
     )
@@ -248,7 +260,13 @@ fn uvx(uv: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Optio
 
 /// `pipx run [--spec PKG] NAME ARGS…`: the package's environment where `pipx install` put it
 /// (the person's, or fsbroker's), and its program run directly.
-fn pipx_run(pipx: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -> Option<Launch> {
+fn pipx_run(
+    pipx: &OsStr,
+    args: &[OsString],
+    cwd: &Path,
+    path: Option<&OsStr>,
+    writable: &[PathBuf],
+) -> Option<Launch> {
     let flags = ["-q", "--quiet", "--verbose", "-v", "--no-cache"];
     let (line, spec, program) = match read_tool_line("pipx run", args, "--spec", &flags) {
         Ok(read) => read,
@@ -275,6 +293,7 @@ fn pipx_run(pipx: &OsStr, args: &[OsString], cwd: &Path, path: Option<&OsStr>) -
         spec.requirement.clone().into(),
     ];
     let env = vec![("PIP_CACHE_DIR".into(), ours.join("cache").into_os_string())];
+    let places = out_of_reach(places, writable);
     tool_launch(
         "pipx run", &spec, &program, places, line.args, ours, install, env,
     )
@@ -286,6 +305,19 @@ const PIP_INSTALL: &str = "import subprocess, sys, venv\n\
 venv.create(sys.argv[1], with_pip=True)\n\
 subprocess.check_call([sys.argv[1] + '/bin/python', '-I', '-m', 'pip', 'install', '--quiet', \
 '--disable-pip-version-check', '--only-binary=:all:', sys.argv[2]])\n";
+
+/// The `places` the server cannot write: an environment there (the person's tools, or
+/// fsbroker's cache, inside a read-write root) could be one a server made, and one server
+/// must not choose what another runs.
+fn out_of_reach(
+    places: impl Iterator<Item = (PathBuf, String)>,
+    writable: &[PathBuf],
+) -> impl Iterator<Item = (PathBuf, String)> {
+    places.filter(move |(dir, _)| {
+        let real = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+        !super::in_writable(&real, writable)
+    })
+}
 
 /// fsbroker's cache `ours`, at `sub`, as a place to look, once an install there finished.
 fn ours_if_installed(ours: &Path, sub: &str) -> Option<(PathBuf, String)> {
