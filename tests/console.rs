@@ -1270,3 +1270,27 @@ fn a_proven_connection_outlasts_idleness_and_a_flood() {
     );
     drop(flood);
 }
+
+/// Docs that work as written: `serve --help` and `proxy --help` say where the console's
+/// address and its URL go as they do (the URL and its ticket to the owner-only URL file only,
+/// never to stderr, which hosts keep in their logs). Before, both said the URL "with the
+/// run's token" went to stderr.
+#[test]
+fn the_help_says_where_the_consoles_url_goes() {
+    for command in ["serve", "proxy"] {
+        let out = std::process::Command::new(common::bin())
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(out.status.success(), "{command}: {help}");
+        assert!(!help.contains("with the run's token"), "{command}: {help}");
+        assert!(
+            help.contains("only to the owner-only URL file"),
+            "{command}: {help}"
+        );
+    }
+}

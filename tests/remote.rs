@@ -368,7 +368,7 @@ fn tls_with_a_private_ca() {
 /// A server that wants a bearer token, for every server: without one, the host's request gets
 /// an error saying how to supply it (`--header-env Authorization=VAR`) and naming the resource
 /// metadata, and stderr says the same; with the token from the environment everything works,
-/// and the token appears nowhere in the proxy's output.
+/// and the token appears nowhere in the proxy's output, nor does a key in the URL's query.
 #[test]
 fn a_token_from_the_environment() {
     require_npm();
@@ -403,6 +403,22 @@ fn a_token_from_the_environment() {
         assert!(
             !log.contains("s3cret"),
             "{peer:?}: the token was logged:\n{log}"
+        );
+
+        // A key in the URL's query is shown as `?…` too, at every level: the server, which
+        // takes the header, ignores the query.
+        let keyed = format!("{}?api_key=s3cret-query-key", server.url);
+        let mut host = Host::start_with(
+            &root.path,
+            &keyed,
+            &["--header-env", "Authorization=REMOTE_TEST_TOKEN"],
+            &[("REMOTE_TEST_TOKEN", token), ("RUST_LOG", "fsbroker=trace")],
+        );
+        peer.open(&mut host);
+        let log = host.finish();
+        assert!(
+            log.contains("relaying to a remote MCP server") && !log.contains("s3cret-query"),
+            "{peer:?}: the URL's query was logged:\n{log}"
         );
     }
 }

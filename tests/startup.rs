@@ -588,3 +588,41 @@ fn two_brokers_on_one_path_one_serves_the_other_says_so() {
         );
     });
 }
+
+/// Rule: `--listen "$XDG_RUNTIME_DIR/fsbroker.sock"` with the variable unset is
+/// `--listen /fsbroker.sock`: refused at once, saying why, with nothing made in `/`. Before,
+/// the broker listened there (as root) or failed with a bare permission error.
+#[test]
+fn a_socket_directly_in_the_root_is_refused_with_why() {
+    let (_t, dir) = tempdir();
+    let name = format!("fsbroker-test-{}.sock", std::process::id());
+    let sock = Path::new("/").join(&name);
+    let mut child = Command::new(bin())
+        .args(["serve", "--root", dir.to_str().unwrap(), "--listen"])
+        .arg(&sock)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(&sock);
+            panic!("the broker listened at {}", sock.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("XDG_RUNTIME_DIR") && stderr.contains(&name),
+        "{stderr}"
+    );
+    assert!(!sock.exists(), "{}", sock.display());
+}

@@ -366,8 +366,9 @@ struct ServeArgs {
     max_line_bytes: usize,
     /// Serve the person's console, a local web page to answer consent prompts, watch what
     /// every server does and take access back, on ADDR (loopback only; default
-    /// 127.0.0.1:0, any free port). Its URL, with the run's token, goes to stderr
-    /// (`fsbroker: console at URL`) and to the URL file; `fsbroker console` opens it.
+    /// 127.0.0.1:0, any free port). Its address goes to stderr (`fsbroker: console at
+    /// ADDR`), and its URL, with a one-time ticket, only to the owner-only URL file, which
+    /// `fsbroker console` opens.
     #[arg(
         long,
         value_name = "ADDR",

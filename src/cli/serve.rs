@@ -8,8 +8,27 @@ use fsbroker::transport;
 use super::ServeArgs;
 use super::running::{SHUTDOWN_WAIT, start};
 
+/// Why `--listen PATH` is refused before anything starts: a socket directly in `/` is what
+/// `--listen "$XDG_RUNTIME_DIR/fsbroker.sock"` becomes with the variable unset, never a
+/// place a person means (and only root could make it).
+fn unlikely_socket(path: &std::path::Path) -> Option<String> {
+    (path.parent() == Some(std::path::Path::new("/"))).then(|| {
+        format!(
+            "--listen {}: a socket directly in /, which is what \"$XDG_RUNTIME_DIR/NAME\" \
+             becomes when the variable is unset; give a path in a directory of yours, for \
+             example $XDG_RUNTIME_DIR/fsbroker.sock with XDG_RUNTIME_DIR set, or \
+             ~/.local/state/fsbroker.sock",
+            path.display()
+        )
+    })
+}
+
 /// Runs `fsbroker serve`.
 pub(super) fn run(args: ServeArgs) -> ExitCode {
+    if let Some(why) = args.listen.as_deref().and_then(unlikely_socket) {
+        eprintln!("fsbroker: {why}");
+        return ExitCode::FAILURE;
+    }
     raise_descriptor_limit();
     let running = match start(&args) {
         Ok(r) => r,

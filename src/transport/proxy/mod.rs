@@ -357,7 +357,7 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
             "--confine confines a server the proxy starts; it cannot apply to a remote server (--url)",
         ));
     }
-    let url = remote.url().to_owned();
+    let url = remote.shown_url();
     let (to_server, server_rx) = mpsc::channel::<ToServer>(OUTPUT_QUEUE);
     let (ending, gone) = tokio::sync::watch::channel(false);
     let (stopping_tx, stopping) = tokio::sync::watch::channel(false);

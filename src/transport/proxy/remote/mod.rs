@@ -196,6 +196,12 @@ impl RemoteOptions {
     pub fn url(&self) -> &str {
         self.url.as_str()
     }
+
+    /// The server's URL as logs and errors show it: its query and fragment, which may carry a
+    /// key (`?api_key=…`), as `?…`.
+    pub fn shown_url(&self) -> String {
+        http::shown_url(&self.url)
+    }
 }
 
 /// A remote server connected to the relay: `output` is what the relay reads (the server's
