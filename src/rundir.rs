@@ -110,6 +110,15 @@ pub(crate) fn own_files(logs: &[PathBuf], socket: Option<&Path>) -> Vec<PathBuf>
         .collect()
 }
 
+/// Every broker's files in the directory, as the starts of their names: the keys of shared
+/// brokers' sockets (`listen-…`) and the locks of audit logs (`audit-…`). A root that holds
+/// the directory (`/tmp`, `/run/user/UID`) must not hand another broker's key to a server,
+/// whichever broker it asks.
+pub(crate) fn every_brokers_files() -> Vec<PathBuf> {
+    let dir = place();
+    vec![dir.join("listen-"), dir.join("audit-")]
+}
+
 /// The console's files in the directory: its URL file (where a broker writes it unless told
 /// otherwise) and the page `fsbroker console` hands the browser. Each is rewritten through a
 /// temporary sibling (`NAME.RANDOM.tmp`), which holds the same secrets.

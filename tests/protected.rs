@@ -1950,3 +1950,50 @@ fn serve_warns_at_start_up_when_a_writable_root_holds_a_protected_path() {
         "no start-up warning about protected paths in a writable root; stderr:\n{log}"
     );
 }
+
+/// The user's private runtime directory, where every broker keeps its socket's key and its
+/// audit log's lock (`src/rundir.rs`).
+fn runtime_dir() -> PathBuf {
+    let uid = rustix::process::geteuid().as_raw();
+    let system = PathBuf::from(format!("/run/user/{uid}"));
+    if system.is_dir() {
+        system.join("fsbroker")
+    } else {
+        PathBuf::from(format!("/tmp/fsbroker-{uid}"))
+    }
+}
+
+/// Attack (a root that holds the runtime directory, `/tmp` or `/run/user/UID`): a server of
+/// one broker reads the key of *another* shared broker's socket there, with which it could
+/// connect to that broker as a host. Every broker's keys and locks are refused, not only the
+/// answering broker's own. Before, only its own were.
+#[test]
+fn another_brokers_key_is_not_readable_through_a_root() {
+    let (_t, base) = tempdir();
+    let sock = base.join("other.sock");
+    let (mut other, _conn) = start_listener(
+        &[
+            "serve".into(),
+            "--listen".into(),
+            sock.clone().into_os_string(),
+            "--root".into(),
+            base.clone().into_os_string(),
+        ],
+        &sock,
+    );
+    let dir = runtime_dir();
+    // The other broker's key: named after the digest of its socket's canonical path.
+    let digest = Sha256::digest(sock.canonicalize().unwrap().as_os_str().as_encoded_bytes());
+    let name: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let key = dir.join(format!("listen-{name}.key"));
+    assert!(key.is_file(), "no key at {}", key.display());
+    let mut b = Fsb::spawn(&["serve", "--root", dir.to_str().unwrap()]);
+    let r = b.request("files/read", json!({"path": uri(&key)}));
+    assert!(
+        r.get("error").is_some() && r.to_string().contains("protected"),
+        "{}: {r}",
+        key.display()
+    );
+    let _ = b.finish();
+    other.terminate(Duration::from_secs(10));
+}

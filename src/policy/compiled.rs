@@ -210,6 +210,7 @@ impl Policy {
                 .chain(&console.url_file)
                 .cloned()
                 .chain(crate::rundir::console_files())
+                .chain(crate::rundir::every_brokers_files())
                 .collect(),
             roots: roots
                 .iter()
