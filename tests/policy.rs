@@ -816,3 +816,32 @@ fn the_confined_server_policy_is_enforced_in_full_under_strict() {
     // Confined: the kernel refused it what lies outside its roots.
     assert!(stdout(&o).contains("\"refused\""), "{}", stdout(&o));
 }
+
+/// Rule: a `[consent] timeout_ms` longer than `[limits] timeout_ms` is named by `policy
+/// check`: the prompt is denied when its request's time runs out, which the page's countdown
+/// showed without a word. The policy is still accepted; the default pair draws no warning.
+#[test]
+fn a_consent_timeout_past_the_requests_is_warned_of() {
+    let (_t, dir) = tempdir();
+    let text = format!(
+        "[[root]]\npath = '{}'\n\n[consent]\ntimeout_ms = 120000\n",
+        dir.display()
+    );
+    let (_p, file) = policy_file(&text);
+    let o = check(&file);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(
+            "warning: [consent] timeout_ms (120000) is longer than [limits] timeout_ms (60000)"
+        ),
+        "{err}"
+    );
+    let (_p, file) = policy_file(&format!("[[root]]\npath = '{}'\n", dir.display()));
+    let o = check(&file);
+    assert!(
+        !stderr(&o).contains("[consent] timeout_ms"),
+        "{}",
+        stderr(&o)
+    );
+}

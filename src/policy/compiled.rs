@@ -315,6 +315,20 @@ impl Policy {
                 }
             }
         }
+        // A prompt lasts as long as its request may: the shorter of the two wins, without a
+        // word on the page (its countdown shows the shorter).
+        let (consent, request) = (self.consent().timeout, self.limits().timeout);
+        if consent > request {
+            out.push(format!(
+                "[consent] timeout_ms ({}) is longer than [limits] timeout_ms ({}): a prompt \
+                 is denied when its request's time runs out, after {} s; raise [limits] \
+                 timeout_ms too for the person to have {} s",
+                consent.as_millis(),
+                request.as_millis(),
+                request.as_secs(),
+                consent.as_secs()
+            ));
+        }
         out
     }
 
