@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 /// Bytes hashed per `pread`: small enough to stay in the CPU's cache between the read and
 /// the hash, large enough that the system call is a small part of the work.
-const PIECE: usize = 256 << 10;
+pub(crate) const PIECE: usize = 256 << 10;
 
 /// Lower-case hex of a digest.
 pub(crate) fn hex(digest: &[u8]) -> String {

@@ -9,6 +9,11 @@
 //! is inexact well before. A payload larger than the burst is admitted piece by piece: the first
 //! burst-sized piece must fit now (else `RATE_LIMITED`), the rest is waited for — so a large
 //! chunk is slowed to the rate, never refused forever with `InsufficientCapacity`.
+//!
+//! What is read from the disk (`files/read`, `files/checksum`) is charged before the work:
+//! its first KiB must fit now (else `RATE_LIMITED`, and nothing is read), and the rest is
+//! paid as it is read, waiting, never refused. A refusal after the work would charge
+//! nothing for it, and a server asking again at once would read the disk at any rate.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -63,33 +68,75 @@ impl RateLimits {
     /// Admits `bytes` of payload for `session`: the first burst-sized piece now or
     /// `RATE_LIMITED`, the rest waited for.
     pub(crate) async fn admit_bytes(&self, session: u64, bytes: u64) -> Result<()> {
-        let Some((limiter, burst)) = &self.bytes else {
-            return Ok(());
-        };
         let mut kib = bytes.div_ceil(1024);
-        if kib == 0 {
-            return Ok(());
-        }
         let mut first = true;
         while kib > 0 {
-            let piece = kib.min(u64::from(burst.get())) as u32;
-            let n = NonZeroU32::new(piece).unwrap_or(NonZeroU32::MIN);
-            match limiter.check_key_n(&session, n) {
-                Ok(Ok(())) => kib -= u64::from(piece),
-                Ok(Err(not_until)) => {
-                    let wait = not_until.wait_time_from(self.clock.now());
-                    if first {
-                        return Err(Error::rate_limited("payload bytes", wait));
-                    }
-                    tokio::time::sleep(wait).await;
-                    continue;
-                }
-                // `piece` never exceeds the burst, so capacity is always sufficient.
-                Err(_) => return Err(Error::new(ErrorKind::Internal, "rate limiter capacity")),
+            match self.pay_piece(session, &mut kib) {
+                Some(wait) if first => return Err(Error::rate_limited("payload bytes", wait)),
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => first = false,
             }
-            first = false;
         }
         Ok(())
+    }
+
+    /// Takes 1 KiB of `session`'s byte budget now, or `RATE_LIMITED` (with the honest wait):
+    /// asked before a read's disk work, so a session whose budget is spent reads nothing at
+    /// all. What the work then reads is paid with [`RateLimits::pay`] or
+    /// [`RateLimits::pay_blocking`], waiting, never refused: a refusal after the work would
+    /// charge nothing for work done, and a server could ask again at once.
+    pub(crate) fn admit_start(&self, session: u64) -> Result<()> {
+        let Some((limiter, _)) = &self.bytes else {
+            return Ok(());
+        };
+        limiter.check_key(&session).map_err(|not_until| {
+            Error::rate_limited("payload bytes", not_until.wait_time_from(self.clock.now()))
+        })
+    }
+
+    /// Pays `bytes` from `session`'s budget, a burst-sized piece at a time, waiting as long
+    /// as that takes (the caller bounds the wait).
+    pub(crate) async fn pay(&self, session: u64, bytes: u64) {
+        let mut kib = bytes.div_ceil(1024);
+        while kib > 0 {
+            if let Some(wait) = self.pay_piece(session, &mut kib) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+
+    /// [`RateLimits::pay`] on a blocking thread, for as long as `go_on()`: whether it was
+    /// paid. Paces work that reads as it goes (a checksum of a large file), in short sleeps
+    /// so that a deadline is seen soon after it passes.
+    pub(crate) fn pay_blocking(&self, session: u64, bytes: u64, go_on: impl Fn() -> bool) -> bool {
+        let mut kib = bytes.div_ceil(1024);
+        while kib > 0 {
+            if let Some(wait) = self.pay_piece(session, &mut kib) {
+                if !go_on() {
+                    return false;
+                }
+                std::thread::sleep(wait.min(Duration::from_millis(50)));
+            }
+        }
+        true
+    }
+
+    /// Pays one burst-sized piece of the `kib` left (taking it off), or says how long until
+    /// it can be paid. Unlimited, everything is paid at once.
+    fn pay_piece(&self, session: u64, kib: &mut u64) -> Option<Duration> {
+        let Some((limiter, burst)) = &self.bytes else {
+            *kib = 0;
+            return None;
+        };
+        let piece = (*kib).min(u64::from(burst.get())) as u32;
+        let n = NonZeroU32::new(piece).unwrap_or(NonZeroU32::MIN);
+        match limiter.check_key_n(&session, n) {
+            Ok(Ok(())) => *kib -= u64::from(piece),
+            Ok(Err(not_until)) => return Some(not_until.wait_time_from(self.clock.now())),
+            // `piece` never exceeds the burst, so capacity is always sufficient.
+            Err(_) => *kib = 0,
+        }
+        None
     }
 
     /// Drops the state of sessions that have been idle long enough to be back at a full

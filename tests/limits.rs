@@ -262,6 +262,75 @@ fn byte_rate_refuses_with_an_honest_wait_and_slows_large_writes() {
     assert_eq!(std::fs::read_to_string(root.join("big.txt")).unwrap(), big);
 }
 
+/// What the process `pid` has read through system calls so far (`rchar` of
+/// `/proc/PID/io`): the bytes asked of files, cached or not.
+fn bytes_read(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// Attack (issue 41, item 1): at `bytes_per_second` = 1 MiB, a server floods `files/checksum`
+/// of a 64 MiB file and big reads, asking again at once after each `RATE_LIMITED`. The disk
+/// work is bounded by the rate: a spent budget refuses before reading, and a checksum is
+/// paced as it hashes. Before, each answer came after the work, refusals charged nothing,
+/// and the broker read about 8 GiB in 5 s.
+#[test]
+fn the_byte_rate_bounds_what_the_disk_is_read_for() {
+    let (_t, root) = tempdir();
+    let big = vec![7u8; 64 << 20];
+    std::fs::write(root.join("big.bin"), &big).unwrap();
+    let (_p, mut b) = serve_policy(
+        &root,
+        "",
+        "bytes_per_second = 1048576\nrequests_per_second = 0\ntimeout_ms = 2000",
+    );
+    b.ok("ping", json!({}));
+    let before = bytes_read(b.pid());
+    let started = Instant::now();
+    let mut id = 0u64;
+    while started.elapsed() < Duration::from_secs(4) {
+        let mut lines = Vec::new();
+        for _ in 0..8 {
+            id += 1;
+            lines.extend(request_line(
+                id,
+                "files/checksum",
+                json!({"path": "r/big.bin"}),
+            ));
+            id += 1;
+            lines.extend(request_line(
+                id,
+                "files/read",
+                json!({"path": "r/big.bin", "encoding": "base64", "length": 4 << 20}),
+            ));
+        }
+        b.send_raw(&lines);
+        let (got, _) = collect(&mut b, 16);
+        for r in got.values() {
+            assert!(
+                r.get("result").is_some() || r["error"]["data"]["code"].is_string(),
+                "{r}"
+            );
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let read = bytes_read(b.pid()) - before;
+    println!(
+        "byte rate: {id} requests in {secs:.1} s; the broker read {:.1} MiB",
+        read as f64 / f64::from(1 << 20)
+    );
+    // The rate for the time taken (and the 2 s the last requests may take), its one-second
+    // burst, and a few 256 KiB pieces of hashing or small reads in flight.
+    let bound = (secs + 1.0 + 2.0) * f64::from(1 << 20) + f64::from(16 << 20);
+    assert!(
+        (read as f64) < bound,
+        "at 1 MiB/s the broker read {read} bytes in {secs:.1} s"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. Timeouts
 // ---------------------------------------------------------------------------------------

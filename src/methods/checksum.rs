@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
 use crate::sandbox::open;
-use crate::throttle;
+use crate::throttle::{self, RateLimits};
 
 /// `files/checksum` parameters.
 #[derive(Debug, Deserialize)]
@@ -54,14 +54,21 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, p: Params) -> Result<Json<Reply>> {
             )));
         }
     }
-    let reply = ctx.owned().run(move |op| checksum(op, p)).await?;
     // The bytes hashed count against the session's byte rate as a read's would: the rate
-    // bounds how much of the person's disk a server reads, whatever it does with it.
-    super::op::admit_bytes(ctx, reply.length).await?;
+    // bounds how much of the person's disk a server reads, whatever it does with it. So a
+    // spent budget refuses before any work, and the hash is paced as it goes, each piece
+    // paid before it is read.
+    let rate = ctx.broker.rate_limits();
+    rate.admit_start(ctx.state.id)?;
+    let session = ctx.state.id;
+    let reply = ctx
+        .owned()
+        .run(move |op| checksum(op, p, &rate, session))
+        .await?;
     Ok(Json(reply))
 }
 
-fn checksum(op: &Op, p: Params) -> Result<Reply> {
+fn checksum(op: &Op, p: Params, rate: &RateLimits, session: u64) -> Result<Reply> {
     let target = op.resolve(&p.path)?;
     let opened = open::open_regular(&target, &p.path)?;
     op.authorize(target.root(), &opened.real, &p.path)?;
@@ -75,7 +82,9 @@ fn checksum(op: &Op, p: Params) -> Result<Reply> {
     let deadline = &op.deadline;
     // A large file takes a while: the hash stops at the deadline (the caller has its
     // TIMEOUT by then) instead of holding a pool thread to the end.
-    let hashed = digest::hash_range(&opened.file, p.offset, len, || !deadline.expired())
+    let go_on = || !deadline.expired();
+    let paced = || go_on() && rate.pay_blocking(session, digest::PIECE as u64, go_on);
+    let hashed = digest::hash_range(&opened.file, p.offset, len, paced)
         .map_err(|e| Error::from_io(&e, &p.path))?;
     let Some((sha256, length)) = hashed else {
         return Err(throttle::timed_out(op.policy.limits().timeout));

@@ -285,6 +285,16 @@ pub(super) async fn admit_bytes(ctx: &Ctx<'_>, bytes: u64) -> Result<()> {
     }
 }
 
+/// Pays `bytes` already read from the session's byte budget, waiting as long as that takes
+/// within the request's time limit (`TIMEOUT` past it).
+pub(super) async fn pay_bytes(ctx: &Ctx<'_>, bytes: u64) -> Result<()> {
+    let limit = ctx.policy.limits().timeout;
+    let rate = ctx.broker.rate_limits();
+    tokio::time::timeout(limit, rate.pay(ctx.state.id, bytes))
+        .await
+        .map_err(|_| throttle::timed_out(limit))
+}
+
 pub(super) fn no_consent(raw: &str) -> Error {
     Error::new(ErrorKind::PermissionDenied, "no consent").with_path(raw)
 }

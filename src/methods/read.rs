@@ -19,6 +19,7 @@ use crate::locks::LockMode;
 use crate::outgoing::{Body, BodyPool};
 use crate::policy::Policy;
 use crate::sandbox::open;
+use crate::throttle::{self, RateLimits};
 
 /// `files/read` parameters.
 #[derive(Debug, Deserialize)]
@@ -75,13 +76,19 @@ enum Content {
 }
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
+    // The byte rate bounds what the disk is asked for, so it is asked before the work: a
+    // session whose budget is spent reads nothing; what a read read is paid after, waiting.
+    ctx.broker.rate_limits().admit_start(ctx.state.id)?;
     let budget = ctx
         .state
         .reserve_output(wanted(&ctx.policy, &params) / 3 * 4)
         .await;
     let bodies = Arc::clone(ctx.state.bodies());
     let small = wanted(&ctx.policy, &params) <= crate::limits::MAX_INLINE_READ;
-    let work = move |op: &Op| read(op, params, &bodies);
+    // A big read pays for its bytes before it reads them, on its blocking thread (so a flood
+    // of big reads reads the disk at the rate); a small one, on the fast path, after.
+    let pay_first = (!small).then(|| (ctx.broker.rate_limits(), ctx.state.id));
+    let work = move |op: &Op| read(op, params, &bodies, pay_first.as_ref());
     let mut reply = if small {
         ctx.owned_inline().run_small(work).await?
     } else {
@@ -96,7 +103,12 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
         }
         permit
     });
-    if let Err(e) = super::op::admit_bytes(ctx, reply.length).await {
+    let owed = if small {
+        reply.length.saturating_sub(1024)
+    } else {
+        0
+    };
+    if let Err(e) = super::op::pay_bytes(ctx, owed).await {
         // The server gets no content, so it must not be left holding a lock it never
         // learned the id of.
         if let Some(id) = &reply.lock_id {
@@ -115,10 +127,27 @@ fn wanted(policy: &Policy, p: &Params) -> usize {
         .min(limits.max_chunk_size as u64) as usize
 }
 
-fn read(op: &Op, p: Params, bodies: &Arc<BodyPool>) -> Result<Reply> {
+fn read(
+    op: &Op,
+    p: Params,
+    bodies: &Arc<BodyPool>,
+    pay_first: Option<&(Arc<RateLimits>, u64)>,
+) -> Result<Reply> {
     let target = op.resolve(&p.path)?;
     let opened = open::open_regular(&target, &p.path)?;
     op.authorize(target.root(), &opened.real, &p.path)?;
+    if let Some((rate, session)) = pay_first {
+        // Before the lock: a read that runs out of time waiting to pay holds nothing.
+        let to_read = opened
+            .meta
+            .len()
+            .saturating_sub(p.offset)
+            .min(wanted(&op.policy, &p) as u64);
+        let go_on = || !op.deadline.expired();
+        if !rate.pay_blocking(*session, to_read.saturating_sub(1024), go_on) {
+            return Err(throttle::timed_out(op.policy.limits().timeout));
+        }
+    }
     // Readers share; `keepLocked` asks for the exclusive lock that outlives the read.
     let mode = if p.keep_locked {
         LockMode::Exclusive
