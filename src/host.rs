@@ -153,10 +153,24 @@ impl Session {
         self.state.set_modern(modern);
     }
 
+    /// The host the session's server answers to has gone (a proxy's host closed its input):
+    /// the session's questions to the person are withdrawn, and it asks none from now on.
+    /// Nobody would use the answers, and a server waiting for one would outlive its host.
+    pub fn host_left(&self) {
+        self.withdraw_prompts("the host the server was working for has left");
+    }
+
+    /// Withdraws the session's consent prompts on the console, now and from now on (each is
+    /// denied at once), saying `why`.
+    pub(crate) fn withdraw_prompts(&self, why: &'static str) {
+        self.broker.desk().withdraw_session(self.id(), why);
+    }
+
     /// Takes what a proxy reported ([`PEER_NOTIFICATION`]): the server's name (the first one
     /// stands, so the name a person saw in one prompt is the name they see in the next), the
-    /// revision its connection speaks (`protocolVersion`), and the sandbox it started the
-    /// server in (`confinement`, recorded in the audit log as the proxy's account).
+    /// revision its connection speaks (`protocolVersion`), the sandbox it started the
+    /// server in (`confinement`, recorded in the audit log as the proxy's account), and that
+    /// its host has left (`hostLeft: true`: [`Session::host_left`]).
     ///
     /// Only a proxy's link is heard: the note must carry the key of the shared broker's socket
     /// (`key`), which a proxy reads from the user's private runtime directory and a server,
@@ -172,6 +186,8 @@ impl Session {
             name: Option<String>,
             protocol_version: Option<String>,
             confinement: Option<serde_json::Value>,
+            #[serde(default)]
+            host_left: bool,
         }
         let ignore = |why: &str| {
             tracing::warn!(
@@ -196,6 +212,10 @@ impl Session {
                 "this link is not a proxy's (only `fsbroker proxy --connect` to a shared \
                  broker's socket, with the socket's key, may send it)",
             );
+        }
+        if peer.host_left {
+            // Before the rate: it only takes away, and a busy session's host leaves too.
+            self.host_left();
         }
         if self.broker.rate_limits().check_request(self.id()).is_err() {
             return ignore("the session is over its request rate");
@@ -434,7 +454,7 @@ impl Drop for Session {
         }
         self.broker.locks().release_session(self.id());
         self.broker.watches().remove_session(self.id());
-        self.broker.desk().withdraw_session(self.id());
+        self.withdraw_prompts("the session ended");
         self.broker.changed();
         self.broker.rate_limits().prune();
         let abandoned = self.state.uploads.len();

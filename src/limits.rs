@@ -147,6 +147,18 @@ pub const END_GRACE: Duration = Duration::from_secs(3);
 /// SIGTERM, as the MCP SDKs do 2 s after closing its stdin).
 pub const HOST_GONE_GRACE: Duration = Duration::from_secs(10);
 
+/// How long the broker's answers to a server's requests in flight when its host left (the
+/// consent prompts withdrawn then, above all) have to reach the server before its stdin
+/// closes: a server whose questions go unanswered waits for them and is ended
+/// ([`HOST_GONE_GRACE`]) instead of ending by itself. Answers are queued in microseconds; a
+/// read of a big file still running is cut, as it would be anyway.
+pub(crate) const HOST_LEFT_ANSWERS: Duration = Duration::from_secs(2);
+
+/// How long a server's session must have no request in flight, once its host has left, for
+/// the server to count as having nothing more to ask ([`HOST_LEFT_ANSWERS`] bounds the wait):
+/// a server answered asks its next question within milliseconds.
+pub(crate) const HOST_LEFT_QUIET: Duration = Duration::from_millis(100);
+
 /// How long the server of a proxy stopped by a signal has, from the moment its stdin closed,
 /// before it is sent SIGTERM (the MCP stdio transport's shutdown: close the server's input,
 /// wait, SIGTERM, wait, SIGKILL). A server whose stdin closed longer ago (the host closed the

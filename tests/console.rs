@@ -1294,3 +1294,110 @@ fn the_help_says_where_the_consoles_url_goes() {
         );
     }
 }
+
+/// `fsbroker proxy ARGS -- node server_files.mjs` (a real TypeScript SDK server whose `request`
+/// tool sends any request to the client), as its host: the handshake done, then the tool
+/// asked to send `files/consent` for `docs/a`, which waits for the person.
+fn host_asking_consent(args: &[String], docs: &Path) -> Fsb {
+    common::peers::require_npm();
+    let mut all = args.to_vec();
+    all.extend([
+        "--".to_owned(),
+        common::peers::node(),
+        common::path_str(&common::peers::peers_dir().join("server_files.mjs")),
+    ]);
+    let mut host = common::fsb::Cmd::new(&all)
+        .env("RUST_LOG", "fsbroker=info")
+        .log(common::fsb::Log::Keep)
+        .deadline(Duration::from_secs(60))
+        .spawn();
+    host.send_msg(&json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "test-host", "version": "1"}}
+    }));
+    let init = host.answer(&json!(0), WAIT);
+    assert!(init["result"]["serverInfo"].is_object(), "{init}");
+    host.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    host.send_msg(&json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "request", "arguments": {"method": "files/consent", "params": {
+            "message": "to read a", "requestedPaths": [common::path_str(&docs.join("a"))]}}}
+    }));
+    host
+}
+
+/// The host leaves (closes the proxy's stdin) while the person has not answered; the proxy
+/// must end by itself, at once and with exit code 0.
+fn host_leaves(host: &mut Fsb, console: &Console) {
+    one_prompt(console);
+    let left = std::time::Instant::now();
+    host.close_stdin();
+    let status = host
+        .wait_exit(Duration::from_secs(30))
+        .expect("the proxy ends once its host has left");
+    let log = host.log_text();
+    assert!(
+        status.success() && left.elapsed() < Duration::from_secs(8),
+        "the proxy ended with {status} {:?} after its host left (the server was not left to \
+         end by itself: its question to the person went unanswered): {log}",
+        left.elapsed()
+    );
+    assert!(!log.contains(" ERROR "), "{log}");
+    assert!(
+        log.contains("the host the server was working for has left"),
+        "the withdrawal does not say why: {log}"
+    );
+}
+
+/// Rule: when the host leaves while the person has a prompt of its server's in front of
+/// them, the prompt is withdrawn (nobody would use the answer), the server gets its refusal
+/// before its input closes, and so ends by itself: the proxy exits 0 at once, with its own
+/// broker or linked to a shared one, and the shared broker's console no longer shows it.
+/// (It used to exit 143 a minute later: the refusal came after the server's input closed,
+/// and the server waited for it until it was ended.)
+#[test]
+fn a_host_leaving_during_a_prompt_ends_the_proxy_cleanly() {
+    let (_dir, base) = common::tempdir();
+    let policy = prompt_policy(&base, 60_000).write_to(&base.join("policy.toml"));
+    let url_file = base.join("own.url");
+    let mut own = host_asking_consent(
+        &[
+            "proxy".to_owned(),
+            "--policy".to_owned(),
+            common::path_str(&policy),
+            "--console".to_owned(),
+            "--console-url-file".to_owned(),
+            common::path_str(&url_file),
+        ],
+        &base.join("docs"),
+    );
+    host_leaves(&mut own, &Console::from_url_file(&url_file));
+
+    let shared = Setup::start(|b| prompt_policy(b, 60_000));
+    let mut linked = host_asking_consent(
+        &[
+            "proxy".to_owned(),
+            "--connect".to_owned(),
+            common::path_str(&shared.base.join("s.sock")),
+        ],
+        &shared.base.join("docs"),
+    );
+    // The shared broker says why; the proxy's own log has only its side.
+    one_prompt(&shared.console);
+    let left = std::time::Instant::now();
+    linked.close_stdin();
+    let status = linked
+        .wait_exit(Duration::from_secs(30))
+        .expect("the linked proxy ends once its host has left");
+    assert!(
+        status.success() && left.elapsed() < Duration::from_secs(8),
+        "the linked proxy ended with {status} {:?} after its host left: {}",
+        left.elapsed(),
+        linked.log_text()
+    );
+    shared.console.wait_state(WAIT, |s| {
+        s["prompts"].as_array().is_some_and(Vec::is_empty)
+            && s["sessions"].as_array().is_some_and(Vec::is_empty)
+    });
+}

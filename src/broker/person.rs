@@ -177,7 +177,8 @@ impl Broker {
             .find(|m| m.id() == id)
             .ok_or(ActError::UnknownSession { id })?;
         member.end();
-        self.desk.withdraw_session(id);
+        self.desk
+            .withdraw_session(id, "the person ended the session");
         self.locks.release_session(id);
         self.watches.remove_session(id);
         self.changed();

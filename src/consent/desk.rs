@@ -7,6 +7,7 @@
 //! (`turns.rs`), each for at most `[consent] timeout_ms`. Nobody answering is a denial: when
 //! the time is up the prompt leaves the desk and the answer is "none".
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -97,7 +98,15 @@ pub(crate) struct Desk {
     open: Arc<AtomicUsize>,
     /// Told whenever a prompt comes or goes.
     changed: Option<Arc<tokio::sync::watch::Sender<u64>>>,
+    /// The sessions whose prompts were withdrawn last, and why: a prompt a session puts on
+    /// the desk after that (it had its turn already) is withdrawn at once, not left for
+    /// nobody until its timeout. Session numbers are never reused, so the last
+    /// [`ENDED_KEPT`] are enough to cover that moment.
+    ended: Mutex<VecDeque<(u64, &'static str)>>,
 }
+
+/// How many withdrawn sessions the desk remembers ([`Desk::withdraw_session`]).
+const ENDED_KEPT: usize = 256;
 
 impl std::fmt::Debug for Desk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -157,6 +166,9 @@ impl Desk {
     /// Puts `req` on the desk and waits up to `timeout` for the person; returns the paths
     /// approved (each asked for or beneath one), or why none were.
     pub(super) fn ask(&self, req: &Request, timeout: Duration) -> Result<Vec<String>, String> {
+        if let Some(why) = self.withdrawn(req.session) {
+            return Err(why.into());
+        }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = mpsc::sync_channel(1);
         let now = SystemTime::now();
@@ -170,7 +182,14 @@ impl Desk {
             asked: now,
             expires: now + timeout,
         };
-        self.lock().push(Waiting { prompt, reply });
+        {
+            let mut waiting = self.lock();
+            // Checked again under the lock a withdrawal takes: withdrawn now, or never put.
+            if let Some(why) = self.withdrawn(req.session) {
+                return Err(why.into());
+            }
+            waiting.push(Waiting { prompt, reply });
+        }
         self.changed();
         let got = answer.recv_timeout(timeout);
         // Answered or not, it leaves the desk now (an answer took it off already).
@@ -188,15 +207,37 @@ impl Desk {
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 Err(format!("nobody answered on the console within {timeout:?}"))
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err("the prompt was withdrawn".into()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(self
+                .withdrawn(req.session)
+                .unwrap_or("the prompt was withdrawn")
+                .into()),
         }
     }
 
-    /// Withdraws the prompts of `session` (it ended, or its peer left): nobody should answer
-    /// a question whose asker is gone, and each held one of the broker's few turns.
-    pub(crate) fn withdraw_session(&self, session: u64) {
+    /// Why `session`'s prompts were withdrawn, if they were.
+    fn withdrawn(&self, session: u64) -> Option<&'static str> {
+        let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        ended
+            .iter()
+            .find(|(s, _)| *s == session)
+            .map(|(_, why)| *why)
+    }
+
+    /// Withdraws the prompts of `session`, now and from now on, saying `why` (its server
+    /// ended, or the host it served left): nobody should answer a question whose answer
+    /// nobody will use, and each held one of the broker's few turns.
+    pub(crate) fn withdraw_session(&self, session: u64, why: &'static str) {
         let gone = {
             let mut waiting = self.lock();
+            {
+                let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+                if !ended.iter().any(|(s, _)| *s == session) {
+                    if ended.len() >= ENDED_KEPT {
+                        ended.pop_front();
+                    }
+                    ended.push_back((session, why));
+                }
+            }
             let before = waiting.len();
             // Dropping a prompt's reply end tells its asker at once ("withdrawn").
             waiting.retain(|w| w.prompt.session != session);

@@ -245,15 +245,43 @@ impl<T: From<Outgoing> + Send + 'static> Driver<T> {
     /// for: they hold nothing the session's end needs (their output is a weak reference),
     /// and they end when their system call does.
     pub(crate) async fn finish(self) {
-        loop {
-            // Every request holds a slot until it is answered: all of them back, but for the
-            // stuck ones, means nothing is left to answer.
-            let stuck = self.stuck.load(Ordering::Acquire).min(self.max_in_flight);
-            let all = (self.max_in_flight - stuck) as u32;
-            tokio::select! {
-                _ = self.in_flight.acquire_many(all) => return,
-                () = tokio::time::sleep(STUCK_CHECK) => {}
+        self.answered().await;
+    }
+
+    /// Resolves once the requests in flight now have been answered (but for stuck ones, as
+    /// in [`Driver::finish`]); requests that come meanwhile wait behind it.
+    async fn answered(&self) {
+        all_answered(&self.in_flight, &self.stuck, self.max_in_flight).await;
+    }
+
+    /// Resolves once the session is quiet: every request answered, and none more for
+    /// `quiet` (a server that got an answer may ask the next thing at once). Owns what it
+    /// needs, so that a task other than the driver's may wait.
+    pub(crate) fn quiet(&self, quiet: Duration) -> impl Future<Output = ()> + Send + 'static {
+        let in_flight = Arc::clone(&self.in_flight);
+        let stuck = Arc::clone(&self.stuck);
+        let max = self.max_in_flight;
+        async move {
+            loop {
+                all_answered(&in_flight, &stuck, max).await;
+                tokio::time::sleep(quiet).await;
+                let stuck = stuck.load(Ordering::Acquire).min(max);
+                if in_flight.available_permits() + stuck >= max {
+                    return;
+                }
             }
+        }
+    }
+}
+
+/// Waits until every request slot but the stuck ones' is back: nothing is left to answer.
+async fn all_answered(in_flight: &Semaphore, stuck: &AtomicUsize, max: usize) {
+    loop {
+        // Every request holds a slot until it is answered.
+        let all = (max - stuck.load(Ordering::Acquire).min(max)) as u32;
+        tokio::select! {
+            _ = in_flight.acquire_many(all) => return,
+            () = tokio::time::sleep(STUCK_CHECK) => {}
         }
     }
 }

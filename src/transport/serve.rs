@@ -212,7 +212,7 @@ where
     }
     // The peer has gone (or was ended): its questions to the person go too, and with them the
     // turns they held; the requests that asked them are answered now, not at their timeout.
-    proxy_link.broker().desk().withdraw_session(id);
+    proxy_link.withdraw_prompts("the server's connection to the broker ended");
     if ended_by_person && proxy_link.is_proxy_link() {
         // A proxy's link: it ends its server when told (a plain peer just sees the close).
         let note = crate::jsonrpc::notification_frame(crate::host::ENDED_NOTIFICATION, None);

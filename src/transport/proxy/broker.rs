@@ -9,19 +9,23 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use super::{Link, ProxyOptions};
 use crate::jsonrpc::{self, Incoming};
-use crate::limits::{FINISH_SLACK, OUTPUT_QUEUE};
+use crate::limits::{FINISH_SLACK, HOST_LEFT_ANSWERS, HOST_LEFT_QUIET, OUTPUT_QUEUE};
 use crate::outgoing::Outgoing;
 use crate::transport::driver::Driver;
 use crate::transport::eras::{self, Asker, Waiting};
 use crate::transport::framing::{Frame, LineReader};
 use crate::transport::relay::{Budget, ToServer};
+
+/// How every answer of the broker's starts (`jsonrpc.rs` writes them all; a notification has
+/// its `method` there instead).
+const RESPONSE_HEAD: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":";
 
 /// The broker end of the proxy: a local session, or a connection to a shared broker.
 pub(super) enum BrokerSide {
@@ -36,6 +40,8 @@ pub(super) enum BrokerSide {
         to_broker_budget: Budget,
         to_server: mpsc::Sender<ToServer>,
         alive: Arc<AtomicBool>,
+        /// The server's requests sent to the shared broker and not yet answered.
+        unanswered: Arc<AtomicUsize>,
         tasks: Vec<tokio::task::JoinHandle<()>>,
         named: bool,
         /// The shared broker's key, which the proxy's notes about its server carry.
@@ -107,17 +113,20 @@ impl BrokerSide {
                 // Answers and notifications from the shared broker go to the server as they
                 // are: the broker echoes the server's own ids.
                 let alive = Arc::new(AtomicBool::new(true));
+                let unanswered = Arc::new(AtomicUsize::new(0));
                 let waiting: Waiting = Arc::default();
                 let ask_prefix = eras::ask_prefix(nonce);
                 let ended_note = jsonrpc::notification_frame(crate::host::ENDED_NOTIFICATION, None);
                 let reader = {
                     let to_server = to_server.clone();
                     let alive = Arc::clone(&alive);
+                    let unanswered = Arc::clone(&unanswered);
                     let waiting = Arc::clone(&waiting);
                     let max = opts.max_line;
                     tokio::spawn(async move {
                         let budget = Budget::new();
                         let mut lines = LineReader::new(read, max);
+                        let mut server_gone = false;
                         while let Ok(Some(Frame::Line(mut line))) = lines.next_frame().await {
                             // The answers to the proxy's own questions (`Asker`) are the
                             // proxy's; the broker writes every response with this prefix.
@@ -131,20 +140,36 @@ impl BrokerSide {
                                 ended.send_replace(true);
                                 continue;
                             }
+                            // Every answer of the broker's is written by `jsonrpc.rs` and starts
+                            // so (a notification has its method there instead).
+                            if line.starts_with(RESPONSE_HEAD) {
+                                let _ = unanswered.fetch_update(
+                                    Ordering::AcqRel,
+                                    Ordering::Acquire,
+                                    |n| n.checked_sub(1),
+                                );
+                            }
                             line.push(b'\n');
                             let Some(frame) = budget.frame(line).await else {
                                 break;
                             };
                             if to_server.send(ToServer::Frame(frame)).await.is_err() {
+                                server_gone = true;
                                 break;
                             }
                         }
                         alive.store(false, Ordering::Release);
                         // Questions still waiting get no answer: let them know.
                         waiting.lock().unwrap_or_else(|e| e.into_inner()).clear();
-                        tracing::error!(
-                            "the shared broker closed the connection; file requests will fail"
-                        );
+                        if server_gone {
+                            tracing::debug!(
+                                "the server's input has closed; the link to the shared broker is no longer read"
+                            );
+                        } else {
+                            tracing::error!(
+                                "the shared broker closed the connection; file requests will fail"
+                            );
+                        }
                     })
                 };
                 let asker = Asker::Remote {
@@ -158,6 +183,7 @@ impl BrokerSide {
                         to_broker_budget: Budget::new(),
                         to_server,
                         alive,
+                        unanswered,
                         tasks: vec![writer, reader],
                         named: false,
                         key,
@@ -190,6 +216,7 @@ impl BrokerSide {
                 to_broker_budget,
                 to_server,
                 alive,
+                unanswered,
                 ..
             } => {
                 let gone = !alive.load(Ordering::Acquire);
@@ -199,6 +226,10 @@ impl BrokerSide {
                 };
                 let mut framed = line;
                 framed.push(b'\n');
+                // Counted before it goes: its answer may come back before `send` returns.
+                if id.is_some() {
+                    unanswered.fetch_add(1, Ordering::AcqRel);
+                }
                 let sent = !gone
                     && match to_broker_budget.frame(framed).await {
                         Some(frame) => to_broker.send(frame).await.is_ok(),
@@ -207,6 +238,7 @@ impl BrokerSide {
                 if !sent {
                     // Answer for the broker, so the server is not left waiting.
                     if let Some(id) = id {
+                        unanswered.fetch_sub(1, Ordering::AcqRel);
                         let err = crate::error::Error::new(
                             crate::error::ErrorKind::Internal,
                             "the shared broker is unavailable",
@@ -256,6 +288,55 @@ impl BrokerSide {
         }
     }
 
+    /// What the proxy does once its host has left, before the server's input closes: the
+    /// server's questions to the person are withdrawn (nobody would use the answers, and a
+    /// server waiting for one would outlive its host), and their answers (refusals) are given
+    /// [`HOST_LEFT_ANSWERS`] to reach the server while it can still read them, so that it can
+    /// end by itself. A server answered may ask its next question at once (a tool call
+    /// waiting behind the roots), refused at once too: the wait is for a quiet moment.
+    pub(super) fn host_left(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        match self {
+            BrokerSide::Local { driver, .. } => {
+                let session = Arc::clone(driver.session());
+                let quiet = driver.quiet(HOST_LEFT_QUIET);
+                Box::pin(async move {
+                    session.host_left();
+                    let _ = tokio::time::timeout(HOST_LEFT_ANSWERS, quiet).await;
+                })
+            }
+            BrokerSide::Remote {
+                to_broker,
+                key,
+                unanswered,
+                ..
+            } => {
+                let line = crate::transport::peer_note(
+                    key.as_deref(),
+                    serde_json::json!({ "hostLeft": true }),
+                );
+                let to_broker = to_broker.clone();
+                let unanswered = Arc::clone(unanswered);
+                Box::pin(async move {
+                    let _ = to_broker.send(line.into()).await;
+                    let quiet = async {
+                        loop {
+                            while unanswered.load(Ordering::Acquire) > 0 {
+                                tokio::time::sleep(HOST_LEFT_QUIET / 5).await;
+                            }
+                            tokio::time::sleep(HOST_LEFT_QUIET).await;
+                            if unanswered.load(Ordering::Acquire) == 0 {
+                                return;
+                            }
+                        }
+                    };
+                    let _ = tokio::time::timeout(HOST_LEFT_ANSWERS, quiet).await;
+                })
+            }
+        }
+    }
+
     /// Ends the broker side once the server is gone: a local session's requests still
     /// running finish (and are recorded); a shared broker's link closes.
     pub(super) async fn finish(self) {
@@ -264,7 +345,7 @@ impl BrokerSide {
                 notes.abort();
                 // The server is gone: its questions to the person go too.
                 let session = driver.session();
-                session.broker().desk().withdraw_session(session.id());
+                session.withdraw_prompts("the server has gone");
                 // Each request ends by its `timeout_ms`. Past it, what is left only waits to
                 // hand its answer (recorded already) to a server that is gone, through a
                 // pipe something it started may hold open and unread.

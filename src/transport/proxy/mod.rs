@@ -472,6 +472,7 @@ async fn start_sides(
         let line = super::peer_note(key.as_deref(), params);
         let _ = to_broker.send(line.into()).await;
     }
+    let host_left = broker.host_left();
     let init: Arc<Init> = Arc::default();
     let eras = Arc::new(Eras::new(asker, nonce));
 
@@ -487,7 +488,7 @@ async fn start_sides(
         let ending = ending.clone();
         tokio::spawn(async move {
             tokio::select! {
-                () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init, eras, budget, max) => {}
+                () = relay_host(tokio::io::stdin(), to_server.clone(), to_host, init, eras, budget, max) => host_left.await,
                 () = stop => {}
             }
             // Before the close is queued: a server that stopped reading its stdin leaves no
