@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use common::fsb::{Cmd, Log};
+use common::fsb::{Cmd, Log, Raw};
 use common::peers::{require_npm, require_python_mcp1};
 use common::remote::{FILE_SIZE, Host, RemoteServer, Root, brokered_round, test_ca};
 use common::{Listener, PolicyToml, RootToml, path_str, tempdir};
@@ -315,16 +315,35 @@ fn an_expired_session_is_reported_to_the_host() {
         let mut host = Host::start(&root.path, &server.url, &[]);
         peer.open(&mut host);
         host.tool("expire_session", json!({}));
-        for _ in 0..2 {
-            let r = host.call("sse_count", json!({}));
+        // The proxy learns of it on its next request, or at once on its GET stream's
+        // resumption: the call gets the error, or finds the proxy gone.
+        let id = host.fsb.send("tools/call", json!({"name": "sse_count", "arguments": {}}));
+        while let Raw::Line(line) = host.fsb.next_line(Duration::from_secs(20)) {
+            let r = line.value();
+            if r["id"] != id {
+                continue;
+            }
             let message = r["error"]["message"].as_str().unwrap_or_default();
             assert!(
-                message.contains(&server.url) && message.contains("ended the session"),
+                message.contains(&server.url)
+                    && message.contains("ended the session")
+                    && message.contains("the proxy ends"),
                 "{peer:?}: an expired session was not reported: {r}"
             );
             assert_eq!(r["error"]["code"], -32603, "{peer:?}: {r}");
         }
-        host.finish();
+        // The proxy ends by itself, non-zero, its host still there: a host sees its server
+        // exit (and may start it again), not a server that fails every call.
+        let status = host
+            .fsb
+            .wait_exit(Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("{peer:?}: the proxy stayed up after its session was lost"));
+        assert_eq!(status.code(), Some(1), "{peer:?}: {}", host.fsb.log_text());
+        assert!(
+            host.fsb.log_text().contains("the host starts it again"),
+            "{peer:?}: {}",
+            host.fsb.log_text()
+        );
     }
 }
 

@@ -400,13 +400,18 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
     closer.abort();
     drop(relay);
     drop(to_server);
-    let _ = connected.done.await;
+    let ended = connected.done.await;
     broker.finish().await;
     drop(to_host);
     if let Ok(Err(e)) = host_writer.await {
         tracing::debug!(error = %e, "host output");
     }
-    Ok(0)
+    // A lost session ends the proxy non-zero, as a server that fails does: the host sees its
+    // server exit and can start it again (the reason was logged when the 404 came).
+    Ok(match ended {
+        Ok(remote::Ended::SessionLost) => 1,
+        _ => 0,
+    })
 }
 
 /// What the proxy runs whichever the server is: the host's reader and writer, the broker

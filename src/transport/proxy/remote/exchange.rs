@@ -152,7 +152,7 @@ pub(super) enum Failure {
     Send(#[from] SendError),
     /// 404 for a request carrying the session's id.
     #[error(
-        "the MCP server at {url} ended the session (HTTP 404 for its Mcp-Session-Id): it expired or the server restarted; restart the proxy for a new session"
+        "the MCP server at {url} ended the session (HTTP 404 for its Mcp-Session-Id): it expired or the server restarted; the proxy ends, so that the host starts it again for a new session"
     )]
     Expired { url: Arc<str> },
     /// 401.

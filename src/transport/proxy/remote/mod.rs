@@ -205,11 +205,24 @@ impl RemoteOptions {
 }
 
 /// A remote server connected to the relay: `output` is what the relay reads (the server's
-/// messages, one per line); `done` resolves once the host has gone, the answers in flight
+/// messages, one per line; it ends when the connection does); `done` resolves, with how it
+/// ended, once the host has gone or the server ended the session, the answers in flight
 /// have come (or their grace passed) and the session was ended.
 pub(super) struct Connected {
     pub(super) output: DuplexStream,
-    pub(super) done: tokio::task::JoinHandle<()>,
+    pub(super) done: tokio::task::JoinHandle<Ended>,
+}
+
+/// How a remote server's connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// The host left (or the broker stopped), and the session was ended (`DELETE`).
+    HostGone,
+    /// The server ended the session (a 404 for its `Mcp-Session-Id`). The proxy does not
+    /// start another behind the host's back (the host's state of the session, its
+    /// subscriptions and log level, would silently be gone): it ends, so that the host
+    /// notices and starts it again, with a handshake of its own.
+    SessionLost,
 }
 
 /// Connects the relay's queue to the server at `opts` (nothing is sent before the relay's
@@ -386,11 +399,23 @@ impl Ends {
 }
 
 impl Remote {
-    /// Sends the relay's lines until the host has gone, then says goodbye.
-    async fn pump(self: Arc<Self>, mut from_relay: mpsc::Receiver<ToServer>, ends: Ends) {
+    /// Sends the relay's lines until the host has gone or the server ended the session, then
+    /// says goodbye.
+    async fn pump(self: Arc<Self>, mut from_relay: mpsc::Receiver<ToServer>, ends: Ends) -> Ended {
         let mut requests = JoinSet::new();
         let posts = Arc::new(Semaphore::new(REMOTE_POSTS_AT_ONCE));
-        while let Some(ToServer::Frame(frame)) = from_relay.recv().await {
+        let mut ended = Ended::HostGone;
+        loop {
+            let next = tokio::select! {
+                () = self.session.lost() => {
+                    ended = Ended::SessionLost;
+                    break;
+                }
+                next = from_relay.recv() => next,
+            };
+            let Some(ToServer::Frame(frame)) = next else {
+                break;
+            };
             while requests.try_join_next().is_some() {}
             // The line keeps its share of the relay's budget until it is sent: a host whose
             // requests wait for room here is stopped, as a child that stops reading stops it.
@@ -456,9 +481,13 @@ impl Remote {
             }
         }
         // The host has gone: answers already coming are relayed while it may still read them
-        // (less when the broker is stopping), then the session ends.
+        // (less when the broker is stopping), then the session ends. The server that ended
+        // the session fails the requests still in flight in moments (each gets the error);
+        // one still coming gets the same grace.
         let grace = if ends.stopping() {
             REMOTE_GOODBYE
+        } else if ended == Ended::SessionLost {
+            HOST_GONE_GRACE
         } else {
             // What is left of the grace a send waiting for the server already began.
             let since = ends
@@ -474,6 +503,7 @@ impl Remote {
         requests.abort_all();
         self.lock_followers().end();
         self.end_session().await;
+        ended
     }
 
     fn lock_followers(&self) -> std::sync::MutexGuard<'_, Followers> {

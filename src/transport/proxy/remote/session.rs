@@ -22,7 +22,11 @@ pub(super) const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event
 
 /// The connection's era and its session.
 #[derive(Default)]
-pub(super) struct Session(Mutex<State>);
+pub(super) struct Session {
+    state: Mutex<State>,
+    /// Told once when the server ends the session (a 404): the proxy then ends.
+    lost: tokio::sync::Notify,
+}
 
 #[derive(Default)]
 struct State {
@@ -40,7 +44,7 @@ struct State {
 
 impl Session {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A host's `initialize` (id `key`): a new session starts, in the 2025 era.
@@ -82,7 +86,17 @@ impl Session {
 
     /// Marks the session gone; whether it was not already.
     pub(super) fn expire(&self) -> bool {
-        !std::mem::replace(&mut self.state().expired, true)
+        let first = !std::mem::replace(&mut self.state().expired, true);
+        if first {
+            // Kept for the pump should it not be waiting now.
+            self.lost.notify_one();
+        }
+        first
+    }
+
+    /// Resolves once the server has ended the session.
+    pub(super) async fn lost(&self) {
+        self.lost.notified().await;
     }
 
     /// Whether the server said the session is gone.
@@ -214,7 +228,7 @@ impl Remote {
     /// Logs, once, that the server no longer knows the session.
     pub(super) fn session_gone(&self) {
         if self.session.expire() {
-            tracing::error!(url = %self.http.url, "the server ended the session (HTTP 404); the host's requests will fail; restart the proxy for a new session");
+            tracing::error!(url = %self.http.url, "the server ended the session (HTTP 404 for its Mcp-Session-Id): it expired or the server restarted; the proxy ends, so that the host starts it again for a new session");
         }
     }
 
