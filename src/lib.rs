@@ -171,4 +171,4 @@ pub use digest::engine as sha256_engine;
 pub use error::{Error, ErrorKind};
 pub use host::{Notifications, PEER_NOTIFICATION, Session};
 pub use policy::{Overrides, Policy, PolicyError};
-pub use rundir::{console_opener_file, console_url_file};
+pub use rundir::{console_opener_file, console_url_file, console_url_files};

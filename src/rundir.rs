@@ -41,11 +41,54 @@ fn place() -> PathBuf {
     }
 }
 
-/// Where a broker writes its console's URL unless told otherwise (`--console-url-file`), and
-/// where `fsbroker console` reads it: `console.url` in the user's private runtime directory,
-/// which no server is ever granted.
+/// Where this process, as a broker, writes its console's URL unless told otherwise
+/// (`--console-url-file`): `console-PID.url` in the user's private runtime directory, which
+/// no server is ever granted. One file per broker: several brokers' consoles run at once, and
+/// one that exits takes only its own file with it. `fsbroker console` finds them all
+/// ([`console_url_files`]).
 pub fn console_url_file() -> io::Result<PathBuf> {
-    Ok(dir()?.join(CONSOLE_URL))
+    Ok(dir()?.join(console_url_name(std::process::id())))
+}
+
+/// The URL files of the brokers running now that wrote theirs to the default place
+/// ([`console_url_file`]), each with its broker's process id, oldest first. A file whose
+/// broker is no longer running (killed before it could remove it) is left out, and removed.
+pub fn console_url_files() -> io::Result<Vec<(u32, PathBuf)>> {
+    let dir = dir()?;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&dir).map_err(|e| at(&dir, e))? {
+        let Ok(entry) = entry else { continue };
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(CONSOLE_URL_PREFIX))
+            .and_then(|n| n.strip_suffix(CONSOLE_URL_SUFFIX))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(meta) = entry.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        // EPERM: it runs, as another user (it cannot have written here, but it is not gone).
+        let running = rustix::process::Pid::from_raw(pid as i32).is_some_and(|p| {
+            rustix::process::test_kill_process(p)
+                .is_ok_and(|()| true)
+                || rustix::process::test_kill_process(p) == Err(rustix::io::Errno::PERM)
+        });
+        if !running {
+            let _ = std::fs::remove_file(entry.path());
+            continue;
+        }
+        found.push((meta.modified().ok(), pid, entry.path()));
+    }
+    found.sort();
+    Ok(found.into_iter().map(|(_, pid, path)| (pid, path)).collect())
+}
+
+fn console_url_name(pid: u32) -> String {
+    format!("{CONSOLE_URL_PREFIX}{pid}{CONSOLE_URL_SUFFIX}")
 }
 
 /// The directory, made owner-only on first use.
@@ -105,7 +148,10 @@ pub(crate) fn own_files(logs: &[PathBuf], socket: Option<&Path>) -> Vec<PathBuf>
         .filter_map(|l| entry_name("audit", l, ".lock").ok());
     let key = socket.and_then(|s| entry_name("listen", s, ".key").ok());
     logs.chain(key)
-        .chain([CONSOLE_URL.to_owned(), CONSOLE_OPENER.to_owned()])
+        .chain([
+            console_url_name(std::process::id()),
+            CONSOLE_OPENER.to_owned(),
+        ])
         .map(|name| dir.join(name))
         .collect()
 }
@@ -119,17 +165,20 @@ pub(crate) fn every_brokers_files() -> Vec<PathBuf> {
     vec![dir.join("listen-"), dir.join("audit-")]
 }
 
-/// The console's files in the directory: its URL file (where a broker writes it unless told
-/// otherwise) and the page `fsbroker console` hands the browser. Each is rewritten through a
-/// temporary sibling (`NAME.RANDOM.tmp`), which holds the same secrets.
+/// The consoles' files in the directory, as the start of their names: every broker's URL file
+/// (`console-PID.url`, where a broker writes it unless told otherwise) and the page `fsbroker
+/// console` hands the browser (`console-open.html`). Each carries a console's secret, and is
+/// rewritten through a temporary sibling (`NAME.RANDOM.tmp`) that carries it too; another
+/// broker's is as secret as this one's.
 pub(crate) fn console_files() -> Vec<PathBuf> {
-    let dir = place();
-    vec![dir.join(CONSOLE_URL), dir.join(CONSOLE_OPENER)]
+    vec![place().join(CONSOLE_URL_PREFIX)]
 }
 
-/// The console's URL file's name in the directory (its default place).
-const CONSOLE_URL: &str = "console.url";
-/// The page `fsbroker console` hands the browser, which forwards it to the console.
+/// How the consoles' URL files in the directory are named: `console-PID.url`.
+const CONSOLE_URL_PREFIX: &str = "console-";
+const CONSOLE_URL_SUFFIX: &str = ".url";
+/// The page `fsbroker console` hands the browser, which forwards it to the console (its name
+/// starts as the URL files' do, so that one prefix covers them all).
 const CONSOLE_OPENER: &str = "console-open.html";
 
 /// Where `fsbroker console` writes the page it hands the browser (it carries a one-time

@@ -1089,14 +1089,13 @@ fn pausing_a_root_ends_a_confined_server_that_held_it() {
     assert!(!status.success(), "{status}");
 }
 
-/// Rule: the default URL file (in the user's private runtime directory) and the page
-/// `fsbroker console` hands the browser are the broker's own files: a server whose root
-/// covers that directory still cannot read them.
+/// Rule: the default URL file (in the user's private runtime directory), another broker's
+/// there, and the page `fsbroker console` hands the browser are the brokers' own files: a
+/// server whose root covers that directory still cannot read them.
 #[test]
 fn the_default_url_file_is_protected_too() {
-    let url_file = fsbroker::console_url_file().expect("the private runtime directory");
     let opener = fsbroker::console_opener_file().expect("the private runtime directory");
-    let rundir = url_file.parent().unwrap().to_owned();
+    let rundir = opener.parent().unwrap().to_owned();
     let (_dir, base) = common::tempdir();
     let policy = PolicyToml::new()
         .root(RootToml::at(rundir.parent().unwrap()).name("above"))
@@ -1104,11 +1103,169 @@ fn the_default_url_file_is_protected_too() {
         .write_to(&base.join("policy.toml"));
     let pids = Pids::default();
     let listener = Listener::start(&policy, &base.join("s.sock"), &["--console"], &pids);
+    let other = Listener::start(&policy, &base.join("t.sock"), &["--console"], &pids);
     let mut server = listener.connect();
     server.set_deadline(WAIT);
-    for file in [&url_file, &opener] {
+    let own = rundir.join(format!("console-{}.url", listener.pid()));
+    let others = rundir.join(format!("console-{}.url", other.pid()));
+    for file in [&own, &others] {
+        assert!(file.exists(), "{} was not written", file.display());
+    }
+    for file in [&own, &others, &opener] {
         let e = server.err("files/read", json!({"path": file.to_str().unwrap()}));
         assert_eq!(code(&e), "PERMISSION_DENIED", "{}: {e}", file.display());
+    }
+}
+
+/// `fsbroker ARGS` in the mount namespace of process `holder`; its exit code and stdout.
+fn in_namespace(holder: u32, args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new("nsenter")
+        .args(["-t", &holder.to_string(), "-m", "--", common::bin()])
+        .args(args)
+        .env_remove("DISPLAY")
+        .env_remove("WAYLAND_DISPLAY")
+        .output()
+        .expect("run nsenter");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Rule: several brokers' consoles run at once, each with its own URL file in the private
+/// runtime directory: `fsbroker console` opens the only one, lists them when there are
+/// several (process id, address, command line; never a ticket) and opens one by `--pid`; a
+/// broker that exits takes only its own file with it, and a killed broker's file is not
+/// offered (it used to be one shared `console.url`: the second broker overwrote it and
+/// removed it when it exited, and the first's console could no longer be opened). The
+/// brokers run in a mount namespace whose runtime directory is a fresh tmpfs (as root), so
+/// that no other test's console is counted.
+#[test]
+fn several_consoles_each_keep_their_url_file() {
+    let rundir = fsbroker::console_opener_file()
+        .expect("the private runtime directory")
+        .parent()
+        .unwrap()
+        .to_owned();
+    let holder = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs -o mode=0700 tmpfs "$1" && echo ready && exec sleep 600"#)
+        .arg("sh")
+        .arg(&rundir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut holder = match holder {
+        Ok(h) => Killed(h),
+        Err(e) => return common::skipped(&format!("no unshare (util-linux): {e}")),
+    };
+    let mut ready = String::new();
+    use std::io::BufRead;
+    let _ = std::io::BufReader::new(holder.0.stdout.take().unwrap()).read_line(&mut ready);
+    if ready.trim() != "ready" {
+        let mut why = String::new();
+        let _ = std::io::Read::read_to_string(&mut holder.0.stderr.take().unwrap(), &mut why);
+        return common::skipped(&format!(
+            "cannot mount a tmpfs in a mount namespace of our own (needs root): {}",
+            why.trim()
+        ));
+    }
+    let ns = holder.0.id();
+    let (_dir, base) = common::tempdir();
+    std::fs::create_dir(base.join("r")).unwrap();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&base.join("r")).name("r"))
+        .unlimited()
+        .write_to(&base.join("policy.toml"));
+    let pids = Pids::default();
+    // `nsenter` execs the broker: the process is the broker's, its id the one listed.
+    let broker = |sock: &str| {
+        let sock = base.join(sock);
+        let fsb = common::fsb::Cmd::program(
+            "nsenter",
+            &[
+                "-t",
+                &ns.to_string(),
+                "-m",
+                "--",
+                common::bin(),
+                "serve",
+                "--listen",
+                sock.to_str().unwrap(),
+                "--policy",
+                policy.to_str().unwrap(),
+                "--console",
+            ],
+        )
+        .pids(&pids)
+        .spawn();
+        let end = std::time::Instant::now() + WAIT;
+        while !sock.exists() {
+            assert!(std::time::Instant::now() < end, "no socket at {}", sock.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        fsb
+    };
+    // Waits for `fsbroker console --print ARGS` to exit with `code`; its stdout.
+    let console = |args: &[&str], want: i32| {
+        let end = std::time::Instant::now() + WAIT;
+        let mut all = vec!["console", "--print"];
+        all.extend_from_slice(args);
+        loop {
+            let (code, out) = in_namespace(ns, &all);
+            if code == Some(want) {
+                return out;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "`fsbroker console --print {args:?}` never exited {want}: {code:?} {out}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let (code, _) = in_namespace(ns, &["console", "--print"]);
+    assert_eq!(code, Some(1), "no console is running yet");
+
+    let mut a = broker("a.sock");
+    let only = console(&[], 0);
+    assert!(only.starts_with("http://127.0.0.1:"), "{only}");
+    let mut b = broker("b.sock");
+    let listed = console(&[], 2);
+    for pid in [a.pid(), b.pid()] {
+        assert!(
+            listed.lines().any(|l| l.trim_start().starts_with(&format!("{pid} "))
+                && l.contains("127.0.0.1:")
+                && l.contains("serve --listen")),
+            "broker {pid} is not listed: {listed}"
+        );
+    }
+    assert!(listed.contains("--pid"), "{listed}");
+    assert!(!listed.contains("ticket") && !listed.contains("token"), "{listed}");
+    let url_a = console(&["--pid", &a.pid().to_string()], 0);
+    let url_b = console(&["--pid", &b.pid().to_string()], 0);
+    let port = |u: &str| url::Url::parse(u.trim()).unwrap().port();
+    assert_ne!(port(&url_a), port(&url_b), "{url_a} {url_b}");
+
+    // B exits: A's console is still the one `fsbroker console` opens.
+    b.signal(rustix::process::Signal::TERM);
+    b.wait_exit(WAIT).expect("the broker exits on SIGTERM");
+    let left = console(&[], 0);
+    assert_eq!(port(&left), port(&url_a), "{left}");
+    // A is killed, leaving its file: it is not offered, and it is cleared away.
+    let pid_a = a.pid();
+    a.kill_now();
+    console(&[], 1);
+    let stale = PathBuf::from(format!("/proc/{ns}/root"))
+        .join(rundir.strip_prefix("/").unwrap())
+        .join(format!("console-{pid_a}.url"));
+    assert!(!stale.exists(), "{} is left", stale.display());
+}
+
+/// A child process, killed however the test ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

@@ -79,9 +79,12 @@ enum Command {
     },
     /// Open the running broker's console in the browser (xdg-open), or print its URL.
     ///
-    /// The URL is read from the file the broker wrote (`--console-url-file`, or by default
-    /// the user's private runtime directory). The browser gets it through an owner-only
-    /// local page, so the token never appears in a command line other users can see.
+    /// The URL is read from the file the broker wrote: `--url-file FILE` (the broker's
+    /// `--console-url-file`), or by default the one each broker started with `--console`
+    /// writes to the user's private runtime directory. With one such broker running, its
+    /// console opens; with several, they are listed (process id, address, command line) and
+    /// `--pid PID` opens one. The browser gets the URL through an owner-only local page, so
+    /// the token never appears in a command line other users can see.
     Console(ConsoleArgs),
     /// Measure a broker over real pipes: chunked reads, a chunked upload, small operations,
     /// watch latency, a large recursive listing.
@@ -101,8 +104,11 @@ enum Command {
 #[derive(Debug, Args)]
 struct ConsoleArgs {
     /// The URL file the broker wrote (`serve|proxy --console-url-file`).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "pid")]
     url_file: Option<PathBuf>,
+    /// The console of the broker with this process id (as `fsbroker console` lists them).
+    #[arg(long, value_name = "PID")]
+    pid: Option<u32>,
     /// Print the URL instead of opening it.
     #[arg(long)]
     print: bool,
@@ -437,7 +443,7 @@ pub(crate) fn main() -> ExitCode {
         }
         Command::Audit(AuditCommand::Head { files }) => audit::head(&files),
         Command::Bench(args) => bench::run(args),
-        Command::Console(args) => console::open(args.url_file, args.print),
+        Command::Console(args) => console::open(args.url_file, args.pid, args.print),
         Command::Confine(ConfineCommand::Check {
             serve,
             confine_fetch,
