@@ -73,9 +73,10 @@ pub fn console_url_files() -> io::Result<Vec<(u32, PathBuf)>> {
         }
         // EPERM: it runs, as another user (it cannot have written here, but it is not gone).
         let running = rustix::process::Pid::from_raw(pid as i32).is_some_and(|p| {
-            rustix::process::test_kill_process(p)
-                .is_ok_and(|()| true)
-                || rustix::process::test_kill_process(p) == Err(rustix::io::Errno::PERM)
+            matches!(
+                rustix::process::test_kill_process(p),
+                Ok(()) | Err(rustix::io::Errno::PERM)
+            )
         });
         if !running {
             let _ = std::fs::remove_file(entry.path());
