@@ -605,8 +605,10 @@ fn loopback_only_and_the_url_file_is_protected() {
 }
 
 /// Rule: a server's `files/consent` becomes a prompt on the console with each canonical path,
-/// its root and its mode, the server's name and words; approving some gives the server
-/// exactly those; the session can then read there and nowhere else.
+/// its root, its mode and whether it is a folder, the server's name and words, and the
+/// session's number in the order the sessions connected (the first is 1, the next 2);
+/// approving some gives the server exactly those; the session can then read there and
+/// nowhere else.
 #[test]
 fn a_prompt_approved_in_part_grants_exactly_that() {
     let s = Setup::start(|b| prompt_policy(b, 60_000));
@@ -619,15 +621,38 @@ fn a_prompt_approved_in_part_grants_exactly_that() {
         "a plain peer names no server: {prompt}"
     );
     assert_eq!(prompt["session"], s.console.state()["sessions"][0]["id"]);
+    assert_eq!(prompt["sessionOrder"], 1, "{prompt}");
     assert_eq!(prompt["message"], "I need your notes");
     let docs = s.base.join("docs");
     assert_eq!(
         prompt["paths"],
         json!([
-            {"path": docs.join("a").to_str().unwrap(), "root": "docs", "mode": "read-only"},
-            {"path": docs.join("b").to_str().unwrap(), "root": "docs", "mode": "read-only"},
+            {"path": docs.join("a").to_str().unwrap(), "root": "docs", "mode": "read-only", "kind": "folder"},
+            {"path": docs.join("b").to_str().unwrap(), "root": "docs", "mode": "read-only", "kind": "folder"},
         ])
     );
+    // A second session, asking for a file: numbered 2, its path a file.
+    let mut second = s.session();
+    let asked = ask(&mut second, &s.base, "one file", &["a/top.txt"]);
+    let state = s.console.wait_state(WAIT, |st| {
+        st["prompts"].as_array().is_some_and(|p| p.len() == 2)
+    });
+    assert_eq!(state["sessions"][0]["order"], 1, "{state}");
+    assert_eq!(state["sessions"][1]["order"], 2, "{state}");
+    let file = state["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["sessionOrder"] == 2)
+        .unwrap_or_else(|| panic!("the second session's prompt: {state}"))
+        .clone();
+    assert_eq!(file["paths"][0]["kind"], "file", "{file}");
+    let r = s.console.post(
+        &format!("/api/prompts/{}", file["id"]),
+        Some(r#"{"deny":true}"#),
+    );
+    assert_eq!(r.status, 204, "{r:?}");
+    second.response(asked);
     assert!(prompt["expiresInMs"].as_u64().unwrap() > 0);
     let body = json!({"approvedPaths": [docs.join("a")]}).to_string();
     let r = s
@@ -1126,7 +1151,10 @@ fn in_namespace(holder: u32, args: &[&str]) -> (Option<i32>, String) {
         .env_remove("WAYLAND_DISPLAY")
         .output()
         .expect("run nsenter");
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 /// Rule: several brokers' consoles run at once, each with its own URL file in the private
@@ -1199,7 +1227,11 @@ fn several_consoles_each_keep_their_url_file() {
         .spawn();
         let end = std::time::Instant::now() + WAIT;
         while !sock.exists() {
-            assert!(std::time::Instant::now() < end, "no socket at {}", sock.display());
+            assert!(
+                std::time::Instant::now() < end,
+                "no socket at {}",
+                sock.display()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         fsb
@@ -1231,14 +1263,19 @@ fn several_consoles_each_keep_their_url_file() {
     let listed = console(&[], 2);
     for pid in [a.pid(), b.pid()] {
         assert!(
-            listed.lines().any(|l| l.trim_start().starts_with(&format!("{pid} "))
-                && l.contains("127.0.0.1:")
-                && l.contains("serve --listen")),
+            listed
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{pid} "))
+                    && l.contains("127.0.0.1:")
+                    && l.contains("serve --listen")),
             "broker {pid} is not listed: {listed}"
         );
     }
     assert!(listed.contains("--pid"), "{listed}");
-    assert!(!listed.contains("ticket") && !listed.contains("token"), "{listed}");
+    assert!(
+        !listed.contains("ticket") && !listed.contains("token"),
+        "{listed}"
+    );
     let url_a = console(&["--pid", &a.pid().to_string()], 0);
     let url_b = console(&["--pid", &b.pid().to_string()], 0);
     let port = |u: &str| url::Url::parse(u.trim()).unwrap().port();

@@ -1,6 +1,7 @@
 //! What the broker can tell a host about each open session: who the server is, how it is
-//! connected, what it has done and what it holds now. A console shows this to the person
-//! whose files the servers reach; nothing in it is a capability.
+//! connected, what it has done and what it holds now, and whether a path a prompt asks
+//! about is a folder. A console shows this to the person whose files the servers reach;
+//! nothing in it is a capability.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -86,6 +87,28 @@ impl Broker {
             .collect();
         all.sort_by_key(|s| s.id);
         all
+    }
+}
+
+impl Broker {
+    /// Whether the absolute path `path` (as a prompt shows it: canonical, inside a root) is a
+    /// folder now, looked at beneath its root's directory without following a link: `Some(true)`
+    /// for a folder, `Some(false)` for anything else that is there, `None` when nothing is
+    /// there or the path is in no root of the policy in force. A host words a prompt by it:
+    /// narrowing the grant to a folder inside the path makes sense for a folder only. It is
+    /// what the path was at that moment, for the person to read, never a decision: an answer
+    /// is checked again when it is given.
+    pub fn is_folder(&self, path: &str) -> Option<bool> {
+        if !path.starts_with('/') {
+            return None;
+        }
+        let target = crate::sandbox::resolve(self.policy().roots(), path).ok()?;
+        let meta = target
+            .root()
+            .dir()
+            .symlink_metadata(target.rel_path())
+            .ok()?;
+        Some(meta.is_dir())
     }
 }
 

@@ -3,7 +3,8 @@
 //! from the page; every string going out is the broker's or a server's, for the page to show
 //! as text.
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use axum::Json;
@@ -67,6 +68,69 @@ impl AuditCheck {
     }
 }
 
+/// Numbers the sessions in the order they connected, for the person to tell them apart by a
+/// short label ("server 3") rather than a 15-digit id: a session's id less the first id this
+/// console saw, plus one. A broker's ids count up from a random start, one per session, so
+/// these numbers follow the connections and never change while the broker runs. The first id
+/// is the smallest session open when the console first numbers one, so no open session is
+/// older; a session that ended before that has no number (`None`).
+#[derive(Default)]
+pub(crate) struct Order(OnceLock<u64>);
+
+impl Order {
+    /// Session `id`'s number, from 1.
+    pub(crate) fn of(&self, broker: &Broker, id: u64) -> Option<u64> {
+        let first = *self.0.get_or_init(|| {
+            let open = broker.sessions().into_iter().map(|s| s.id);
+            open.chain([id]).min().unwrap_or(id)
+        });
+        id.checked_sub(first).map(|n| n + 1)
+    }
+}
+
+/// Whether each path of a waiting prompt is a folder ([`Broker::is_folder`]), looked at once
+/// per prompt: the page asks for the state twice a second, and a path on a file system that
+/// stopped answering must hold up one read of the state at most (later reads find it
+/// pending, and say nothing of it).
+#[derive(Default)]
+pub(crate) struct Kinds(Mutex<HashMap<u64, Option<Folders>>>);
+
+/// Whether each path of a prompt is a folder, in its order ([`Broker::is_folder`]).
+type Folders = Arc<[Option<bool>]>;
+
+impl Kinds {
+    /// What the paths of `prompt` are (`None` each while they are being looked at).
+    fn of(&self, broker: &Broker, prompt: &fsbroker::Prompt) -> Folders {
+        let unknown = || prompt.paths.iter().map(|_| None).collect();
+        {
+            let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            match known.get(&prompt.id) {
+                Some(Some(kinds)) => return Arc::clone(kinds),
+                Some(None) => return unknown(),
+                None => {
+                    known.insert(prompt.id, None);
+                }
+            }
+        }
+        let kinds: Folders = prompt
+            .paths
+            .iter()
+            .map(|p| broker.is_folder(&p.path))
+            .collect();
+        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = known.get_mut(&prompt.id) {
+            *slot = Some(Arc::clone(&kinds));
+        }
+        kinds
+    }
+
+    /// Forgets the prompts that no longer wait.
+    fn keep(&self, waiting: &[u64]) {
+        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        known.retain(|id, _| waiting.contains(id));
+    }
+}
+
 /// `GET /api/state`: sessions, prompts, roots and the audit trail, built off the async
 /// threads (it walks every session and prompt; the sessions' requests go on meanwhile).
 pub(crate) async fn state(State(shared): State<Arc<Shared>>) -> Response {
@@ -87,6 +151,7 @@ fn build_state(shared: &Shared) -> Value {
         .map(|s| {
             json!({
                 "id": s.id,
+                "order": shared.order.of(broker, s.id),
                 "server": s.server,
                 "era": if s.modern { "2026-07-28" } else { "2025" },
                 "transport": s.transport.name(),
@@ -109,20 +174,26 @@ fn build_state(shared: &Shared) -> Value {
         })
         .collect();
     let now = SystemTime::now();
-    let prompts: Vec<Value> = broker
-        .prompts()
+    let waiting = broker.prompts();
+    shared
+        .kinds
+        .keep(&waiting.iter().map(|p| p.id).collect::<Vec<_>>());
+    let prompts: Vec<Value> = waiting
         .into_iter()
         .map(|p| {
+            let kinds = shared.kinds.of(broker, &p);
             json!({
                 "id": p.id,
                 "session": p.session,
+                "sessionOrder": shared.order.of(broker, p.session),
                 "server": p.server,
                 "message": p.message,
                 "messageFrom": if p.from_server { "server" } else { "broker" },
-                "paths": p.paths.iter().map(|q| json!({
+                "paths": p.paths.iter().zip(kinds.iter()).map(|(q, folder)| json!({
                     "path": q.path,
                     "root": q.root,
                     "mode": mode(q.mode),
+                    "kind": folder.map(|f| if f { "folder" } else { "file" }),
                 })).collect::<Vec<_>>(),
                 "askedAt": timestamp(p.asked),
                 "expiresAt": timestamp(p.expires),

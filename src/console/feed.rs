@@ -7,7 +7,8 @@
 //!   same members, redacted the same way), or one of the person's acts. Successful reads and
 //!   writes of one path by one session in a row are merged, and sent at most every
 //!   [`FLUSH`], with `count` and the summed `bytes`: a 1 GiB read in 1 MiB chunks is a few
-//!   records, not a thousand.
+//!   records, not a thousand. A record of a session carries its number, `order`
+//!   ([`super::api::Order`]), for the page to name it by.
 //! - `lost` (`{"count":N}`): the page fell more than the broker's backlog behind, and N
 //!   records were dropped.
 //!
@@ -39,6 +40,7 @@ pub(crate) async fn events(
     State(shared): State<Arc<Shared>>,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let feed = Feed {
+        shared: Arc::clone(&shared),
         changes: shared.broker.changes(),
         events: shared.broker.events(),
         pending: None,
@@ -59,6 +61,9 @@ pub(crate) async fn events(
 
 /// One page's feed.
 struct Feed {
+    /// For the sessions' numbers ([`super::api::Order`]), which every record carries as
+    /// `order`.
+    shared: Arc<Shared>,
     changes: tokio::sync::watch::Receiver<u64>,
     events: tokio::sync::broadcast::Receiver<fsbroker::Event>,
     /// Records being merged, not yet sent.
@@ -92,7 +97,10 @@ impl Feed {
                     self.out.push_back(Event::default().event("state").data("{}"));
                 }
                 got = self.events.recv() => match got {
-                    Ok(event) => self.take(event.fields()),
+                    Ok(event) => {
+                        let fields = self.numbered(&event);
+                        self.take(fields)
+                    }
                     Err(RecvError::Lagged(n)) => {
                         self.flush();
                         self.out.push_back(
@@ -106,8 +114,18 @@ impl Feed {
         }
     }
 
+    /// A record's members, with its session's number (`order`) when it has one.
+    fn numbered(&self, event: &fsbroker::Event) -> Map<String, Value> {
+        let mut fields = event.fields().clone();
+        let session = fields.get("session").and_then(Value::as_u64);
+        if let Some(n) = session.and_then(|id| self.shared.order.of(&self.shared.broker, id)) {
+            fields.insert("order".into(), Value::from(n));
+        }
+        fields
+    }
+
     /// Takes one record: merged with the ones before it, or sent as it is.
-    fn take(&mut self, fields: &Map<String, Value>) {
+    fn take(&mut self, fields: Map<String, Value>) {
         let get = |k: &str| fields.get(k).cloned().unwrap_or(Value::Null);
         let method = fields.get("method").and_then(Value::as_str);
         let mergeable = matches!(method, Some("files/read" | "files/write"))
@@ -115,7 +133,7 @@ impl Feed {
             && !fields.contains_key("account");
         if !mergeable {
             self.flush();
-            self.out.push_back(activity(fields.clone(), 1, None));
+            self.out.push_back(activity(fields, 1, None));
             return;
         }
         let path = if fields.contains_key("pathSha256") {
@@ -133,8 +151,9 @@ impl Feed {
             }
             _ => {
                 self.flush();
-                let mut first = fields.clone();
-                first.insert("firstTs".into(), get("ts"));
+                let ts = get("ts");
+                let mut first = fields;
+                first.insert("firstTs".into(), ts);
                 self.pending = Some(Merged {
                     key,
                     fields: first,

@@ -62,6 +62,10 @@ pub(crate) struct Shared {
     pub(crate) broker: Arc<Broker>,
     pub(crate) guard: guard::Guard,
     pub(crate) audit: api::AuditCheck,
+    /// The sessions' numbers in the order they connected ("server 3").
+    pub(crate) order: api::Order,
+    /// Whether the paths of waiting prompts are folders.
+    pub(crate) kinds: api::Kinds,
     /// When the console started (the broker, within a moment).
     pub(crate) started: String,
     /// Where the URL is kept for the person (rewritten when its ticket is spent).
@@ -95,6 +99,8 @@ pub(crate) fn start(
         broker: Arc::clone(broker),
         guard,
         audit: api::AuditCheck::start(broker),
+        order: api::Order::default(),
+        kinds: api::Kinds::default(),
         started: fsbroker::audit::timestamp(std::time::SystemTime::now()),
         url_file: url_file.map(Path::to_path_buf),
     });
