@@ -10,7 +10,12 @@
 //! - Revocation from the page reaches a live server behind `fsbroker proxy`: Pause gives it
 //!   `list_changed` and then refusals; End session (confirmed in the page's dialog) ends it.
 //! - A server's hostile name and message are shown as text: no element is made of them, no
-//!   script runs, a direction-changing character is shown as `\u{…}`.
+//!   script runs, a direction-changing character is shown as `⟨U+…⟩`; a name that poses as
+//!   the page's verdict stays a quoted value in its box, cut short, its spaces shown.
+//! - The page in plain words: a server named by its claim and "server N", what it did said in
+//!   words, the technical details one keyboard press away; each prompt says what approving
+//!   lets its server do (unconfined: everything under the folder with the person's rights;
+//!   confined: only through fsbroker); one Approve button, folder advice only for folders.
 //! - A page of another origin, in the browser where the console is open, cannot act:
 //!   what it sends arrives and is refused (Chromium's network log shows each request).
 //! - The page as a person sees it: screenshots, wide and 360 px narrow (no sideways scroll).
@@ -584,6 +589,10 @@ in_each_browser!(hostile_strings_render_as_text_and_run_nothing);
 in_each_browser!(a_page_from_another_origin_cannot_act);
 in_each_browser!(the_page_renders_wide_and_narrow);
 in_each_browser!(a_flood_from_one_session_leaves_anothers_rows);
+in_each_browser!(a_claimed_name_stays_a_quoted_value_in_its_box);
+in_each_browser!(servers_are_named_and_described_in_plain_words);
+in_each_browser!(the_prompt_says_what_approving_lets_the_server_do);
+in_each_browser!(one_approve_button_and_folder_advice_only_for_folders);
 
 // ---------------------------------------------------------------------------------------------
 // Brokers
@@ -663,7 +672,8 @@ fn ask(s: &mut Fsb, docs: &Path, message: &str, paths: &[&str]) -> u64 {
 /// The MCP server behind the proxy: newline-delimited JSON-RPC on stdio. `argv[1]`: its log
 /// (one line per event); `argv[2]`: JSON config: `name` (its `serverInfo.name`), `listRoots`
 /// (send `roots/list` first), `consent` (params of one `files/consent` to send), `read` (a
-/// path to `files/read` again and again, one at a time, 100 ms apart).
+/// path to `files/read` again and again, one at a time, 100 ms apart), `startAfter` (a path:
+/// do nothing of that until it exists).
 ///
 /// Log lines: `pid N`, `roots OUTCOME`, `consent RESULT-JSON`, `read N OUTCOME` (`ok` or the
 /// error's code), `list_changed` for each `notifications/roots/list_changed`.
@@ -733,6 +743,8 @@ def ask(mid, method, params, limit):
 log("pid %d" % os.getpid())
 threading.Thread(target=reader, daemon=True).start()
 initialized.wait()
+while "startAfter" in CONFIG and not os.path.exists(CONFIG["startAfter"]):
+    time.sleep(0.05)
 if CONFIG.get("listRoots"):
     log("roots " + outcome(ask("roots", "roots/list", {}, 30)))
 if "consent" in CONFIG:
@@ -747,7 +759,8 @@ threading.Event().wait()
 "#;
 
 /// `fsbroker proxy BROKER_ARGS --console --console-url-file F -- python3 server.py LOG
-/// CONFIG`, with the test as the host: the handshake done, its console read.
+/// CONFIG`, with the test as the host: the handshake done, its console read. The log is
+/// `server.log` in the temp dir, or in its folder `logIn` when the config names one.
 struct Proxied {
     _dir: tempfile::TempDir,
     host: Fsb,
@@ -763,7 +776,12 @@ impl Proxied {
         let (broker_args, config) = setup(&base);
         let server = base.join("server.py");
         std::fs::write(&server, SERVER).expect("write the server");
-        let log = base.join("server.log");
+        // A confined server may write only in its read-write roots: its config's `logIn`
+        // names the folder (beneath the temp dir) its log goes in.
+        let log = match config["logIn"].as_str() {
+            Some(dir) => base.join(dir).join("server.log"),
+            None => base.join("server.log"),
+        };
         let url_file = base.join("console.url");
         let mut args = vec!["proxy".to_owned()];
         args.extend(broker_args);
@@ -965,7 +983,7 @@ async fn pausing_and_ending_on_the_page_reach_a_proxied_server(engine: Engine) {
         b.open_console(&p.console).await;
         b.wait_js(
             "the server's session, named as it calls itself",
-            "[...document.querySelectorAll('#sessions tr[data-session-id] td[data-label=\"Calls itself\"]')]\
+            "[...document.querySelectorAll('#sessions tr[data-session-id] th [data-claim]')]\
              .some((e) => e.textContent === 'reader-server')",
         )
         .await;
@@ -1020,7 +1038,10 @@ async fn pausing_and_ending_on_the_page_reach_a_proxied_server(engine: Engine) {
             b.c.get_alert_text().await.ok()
         })
         .await;
-        assert!(question.starts_with("End session"), "{question}");
+        assert!(
+            question.starts_with("End the session of server 1?"),
+            "{question}"
+        );
         b.c.accept_alert().await.expect("accept the dialog");
         let status = p
             .host
@@ -1043,8 +1064,8 @@ const HOSTILE_MESSAGE: &str = "<img src=x onerror=alert(1)><b>bold</b>\u{202E}tx
 
 /// Rule: a server's name and consent message are shown as the text they are: no element is
 /// made of them (no `img`, no `b`, no script run: the title stays, no alert opens), and a
-/// direction-changing character is shown as `\u{202E}` rather than acted on, on the prompt
-/// card and in the sessions table alike.
+/// direction-changing character is shown as `⟨U+202E⟩` rather than acted on, on the prompt
+/// card and in the sessions table alike (the name whole under their details).
 async fn hostile_strings_render_as_text_and_run_nothing(engine: Engine) {
     let Some(b) = Browser::start(engine).await else {
         return;
@@ -1072,7 +1093,7 @@ async fn hostile_strings_render_as_text_and_run_nothing(engine: Engine) {
     finish(&b, async {
         b.open_console(&p.console).await;
         let card = b.armed_card().await;
-        let shown = |s: &str| s.replace('\u{202E}', "\\u{202E}");
+        let shown = |s: &str| s.replace('\u{202E}', "⟨U+202E⟩");
 
         let found = b
             .js(&format!(
@@ -1084,7 +1105,7 @@ async fn hostile_strings_render_as_text_and_run_nothing(engine: Engine) {
                    inlineScripts: document.querySelectorAll('script:not([src])').length,
                    boldInMessage: message.querySelectorAll('b').length,
                    message: message.textContent,
-                   claim: card.querySelector('.claim').textContent,
+                   claim: card.querySelector('details[data-tech] .box.full').textContent,
                    title: document.title,
                  }};"
             ))
@@ -1105,7 +1126,7 @@ async fn hostile_strings_render_as_text_and_run_nothing(engine: Engine) {
         assert!(!claim.contains('\u{202E}'), "{claim:?}");
 
         // The sessions table shows the same name, as text.
-        let name_cell = "#sessions tr[data-session-id] td[data-label=\"Calls itself\"]";
+        let name_cell = "#sessions tr[data-session-id]";
         b.wait_js(
             "the session's name in the table",
             &format!("document.querySelector('{name_cell}')"),
@@ -1113,12 +1134,14 @@ async fn hostile_strings_render_as_text_and_run_nothing(engine: Engine) {
         .await;
         let cell = b
             .js(&format!(
-                "const td = document.querySelector('{name_cell}');
-                 return {{text: td.textContent, elements: [...td.querySelectorAll('*')].map((e) => e.tagName)}};"
+                "const tr = document.querySelector('{name_cell}');
+                 return {{text: tr.querySelector('details .box.full').textContent,
+                          elements: [...new Set([...tr.querySelectorAll('th *, .box *')].map((e) => e.tagName))].sort()}};"
             ))
             .await;
         assert_eq!(cell["text"], json!(shown(HOSTILE_NAME)), "{cell:#}");
-        // Only the page's own wrappers: the isolating <bdi> and the <span> of the escape.
+        // Only the page's own wrappers: the isolating <bdi>, the <span>s of the box, of the
+        // escape, of the cut and of the label.
         assert_eq!(cell["elements"], json!(["BDI", "SPAN"]), "{cell:#}");
 
         let title = b.c.title().await.expect("the title");
@@ -1557,6 +1580,478 @@ async fn a_flood_from_one_session_leaves_anothers_rows(engine: Engine) {
         assert_eq!(kept["all"], 500, "the cap holds: {kept}");
         assert_eq!(kept["refused"], 1, "the refusal is kept: {kept}");
         assert_eq!(kept["reads"], 1, "the quiet read is kept: {kept}");
+    })
+    .await;
+}
+
+/// Saves a screenshot of the window to `$FSBROKER_PROMPT_SCREENSHOT-ENGINE.png` when that
+/// variable is set (a path without its ending: `/work/screens/prompt-after` gives
+/// `prompt-after-chromium.png` and `prompt-after-firefox.png`), to look at; else nothing.
+async fn save_prompt_screenshot(b: &Browser) {
+    let Some(prefix) = std::env::var_os("FSBROKER_PROMPT_SCREENSHOT") else {
+        return;
+    };
+    let engine = match b.engine {
+        Engine::Chromium => "chromium",
+        Engine::Firefox => "firefox",
+    };
+    let path = PathBuf::from(format!("{}-{engine}.png", prefix.to_string_lossy()));
+    let png = b.c.screenshot().await.expect("a screenshot");
+    png_size(&png);
+    std::fs::write(&path, &png).expect("write the screenshot");
+    eprintln!("prompt screenshot: {}", path.display());
+}
+
+/// A proxied server with a `prompt` root `docs` (holding `a/` and `a/top.txt`) asked on the
+/// console only, and its log in a read-write root `logs`: it sends one `files/consent` for
+/// `paths` (beneath `docs`) with `message`, under the name `name`. `extra`: more of the
+/// proxy's arguments (`--confine`).
+fn proxied_asking(name: &str, message: &str, paths: &[&str], extra: &[&str]) -> Proxied {
+    let (name, message) = (name.to_owned(), message.to_owned());
+    let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+    let extra: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
+    Proxied::start(move |base| {
+        let docs = base.join("docs");
+        std::fs::create_dir_all(docs.join("a")).expect("make the root's folder");
+        std::fs::write(docs.join("a/top.txt"), "top").expect("write a file");
+        // The server's log goes in a read-write root of its own, where a confined server
+        // may write it too.
+        let logs = base.join("logs");
+        std::fs::create_dir(&logs).expect("make the log's folder");
+        let policy = PolicyToml::new()
+            .root(RootToml::at(&docs).name("docs").consent("prompt"))
+            .root(RootToml::at(&logs).name("logs").rw())
+            .unlimited()
+            .table(
+                "consent",
+                "provider = \"console\"\nterminal = false\ntimeout_ms = 60000\n",
+            )
+            .write_to(&base.join("policy.toml"));
+        let mut args = vec!["--policy".to_owned(), common::path_str(&policy)];
+        args.extend(extra);
+        let requested: Vec<PathBuf> = paths.iter().map(|p| docs.join(p)).collect();
+        (
+            args,
+            // No roots/list first: with a `prompt` root, the broker would ask about that.
+            json!({
+                "name": name,
+                "consent": {"message": message, "requestedPaths": requested},
+                "logIn": "logs",
+            }),
+        )
+    })
+}
+
+/// A name that poses as the page's own verdict: it hides a zero-width space (U+200B), turns
+/// what follows around (U+202E), closes a `«` the page might put around it,
+/// says in bold-looking letters (Mathematical Bold, U+1D400…) that fsbroker verified it,
+/// pushes whatever the page writes after it onto the next line with em spaces (U+2003),
+/// opens a `«` of its own, and fills the rest of the 256 bytes a broker keeps of a name.
+fn posing_name() -> String {
+    let mut name = String::from(
+        "notes\u{2003}\u{200B}\u{202E}» — \u{1D42F}\u{1D41E}\u{1D42B}\u{1D422}\u{1D41F}\u{1D422}\u{1D41E}\u{1D41D} by fsbroker: publisher signed, confinement strict ✓",
+    );
+    name.push_str(&"\u{2003}".repeat(30));
+    name.push('«');
+    while name.len() < 256 {
+        name.push('A');
+    }
+    name
+}
+
+/// Rule: a name a server claims is shown as a quoted value the page did not write: inside a
+/// bounded box (bordered, not bold, nothing of it spilling out or hidden), cut to a short
+/// length with an ellipsis (the whole name one click away, under the card's details), its
+/// em spaces, direction override and zero-width space shown as `⟨U+2003⟩`, `⟨U+202E⟩` and
+/// `⟨U+200B⟩`, and its characters outside plain ASCII (`»`, `✓`, bold-looking letters)
+/// marked. So its "verified by fsbroker … ✓" stays inside the box and cannot read as the
+/// page's own verdict, and what the page writes right after the box stays on its line. The
+/// server's message gets the same rendering.
+async fn a_claimed_name_stays_a_quoted_value_in_its_box(engine: Engine) {
+    let Some(b) = Browser::start(engine).await else {
+        return;
+    };
+    let name = posing_name();
+    let p = proxied_asking(
+        &name,
+        "Please approve.\u{2003}\u{2003}\u{2003}— verified by fsbroker ✓",
+        &["a"],
+        &[],
+    );
+    finish(&b, async {
+        b.c.set_window_size(1280, 1100).await.expect("a window");
+        b.open_console(&p.console).await;
+        let card = b.armed_card().await;
+        save_prompt_screenshot(&b).await;
+        let found = b
+            .js(&format!(
+                "const card = document.querySelector('{card}');
+                 const boxes = [...card.querySelectorAll('[data-claim]:not(.box-block)')];
+                 const head = card.querySelector('h3');
+                 const box = head.querySelector('[data-claim]');
+                 const after = box && box.nextElementSibling;
+                 const walker = document.createTreeWalker(card, NodeFilter.SHOW_TEXT);
+                 const loose = [];
+                 for (let n = walker.nextNode(); n; n = walker.nextNode()) {{
+                   if (/verified|\\u{{1D42F}}/u.test(n.data) && !n.parentElement.closest('[data-claim]')) loose.push(n.data);
+                 }}
+                 const rect = (e) => e.getBoundingClientRect();
+                 return {{
+                   boxes: boxes.length,
+                   inHeading: Boolean(box),
+                   headText: box ? box.textContent : null,
+                   cut: box ? box.dataset.cut : null,
+                   spills: boxes.filter((x) => x.scrollWidth > x.clientWidth + 1 || x.scrollHeight > x.clientHeight + 1).length,
+                   border: box ? parseFloat(getComputedStyle(box).borderTopWidth) : 0,
+                   weight: box ? Number(getComputedStyle(box).fontWeight) : 0,
+                   marked: box ? [...box.querySelectorAll('.nonascii')].map((e) => e.textContent).join('') : '',
+                   markedInFull: [...card.querySelectorAll('details [data-claim] .nonascii')].map((e) => e.textContent).join(''),
+                   afterSameLine: Boolean(after) && rect(after).top < rect(box).bottom && rect(after).bottom > rect(box).top,
+                   headLines: box ? Math.round(rect(box).height / parseFloat(getComputedStyle(box).lineHeight)) : 99,
+                   loose,
+                   full: [...card.querySelectorAll('details [data-claim]')].map((e) => e.textContent),
+                   message: card.querySelector('.message').textContent,
+                 }};"
+            ))
+            .await;
+        assert!(found["inHeading"] == true, "the name is boxed in the heading: {found:#}");
+        assert_eq!(found["spills"], 0, "nothing of a claim spills or hides: {found:#}");
+        assert!(found["border"].as_f64() > Some(0.0), "a bordered box: {found:#}");
+        assert!(found["weight"].as_f64() <= Some(400.0), "not bold: {found:#}");
+        assert!(found["headLines"].as_f64() <= Some(2.0), "a short box: {found:#}");
+        let head = found["headText"].as_str().expect("the boxed name");
+        assert!(head.chars().count() <= 60, "cut short: {head:?}");
+        assert!(head.ends_with('…') && found["cut"] == "true", "{found:#}");
+        for shown in ["⟨U+2003⟩", "⟨U+200B⟩", "⟨U+202E⟩"] {
+            assert!(head.contains(shown), "{shown} in {head:?}");
+        }
+        assert!(
+            !head.contains(['\u{2003}', '\u{202E}', '\u{200B}']),
+            "{head:?}"
+        );
+        let marked = found["marked"].as_str().unwrap_or_default();
+        for c in ['»', '\u{1D42F}'] {
+            assert!(marked.contains(c), "{c} marked as outside ASCII: {found:#}");
+        }
+        let marked = found["markedInFull"].as_str().unwrap_or_default();
+        assert!(marked.contains('✓'), "✓ marked in the whole name: {found:#}");
+        assert_eq!(found["loose"], json!([]), "the claim's words only in boxes: {found:#}");
+        assert!(found["afterSameLine"] == true, "the page's words after the box stay on its line: {found:#}");
+        let shown = name
+            .replace('\u{2003}', "⟨U+2003⟩")
+            .replace('\u{202E}', "⟨U+202E⟩")
+            .replace('\u{200B}', "⟨U+200B⟩");
+        assert!(
+            found["full"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|t| t == &json!(shown))),
+            "the whole name under the details: {found:#}"
+        );
+        let message = found["message"].as_str().expect("the message");
+        assert!(
+            message.contains("⟨U+2003⟩") && !message.contains('\u{2003}'),
+            "{message:?}"
+        );
+    })
+    .await;
+}
+
+/// The page's text as a person sees it now: closed details, and what the page hides, left
+/// out (`innerText` follows the rendering in both engines).
+const VISIBLE_TEXT: &str = "document.getElementById('content').innerText";
+
+/// Rule: a person who has never heard of MCP can follow the page. A server is named by what
+/// it calls itself, boxed as its claim, and by a short label in the order it connected
+/// ("server 1"), in the sessions table and in the feed; the page says in words what it does
+/// ("asked which folders it may use", "read … f.txt") and what it may reach; the session's
+/// 15-digit number, method names and transports are nowhere on the page until the person
+/// opens a row's technical details, which works from the keyboard (Enter on its summary)
+/// and stays open while the row's counters change.
+async fn servers_are_named_and_described_in_plain_words(engine: Engine) {
+    let Some(b) = Browser::start(engine).await else {
+        return;
+    };
+    let p = Proxied::start(|base| {
+        let shared = base.join("shared");
+        std::fs::create_dir(&shared).expect("make the root");
+        std::fs::write(shared.join("f.txt"), "hello").expect("write a file");
+        (
+            vec!["--root".to_owned(), common::path_str(&shared)],
+            json!({
+                "name": "reader-server",
+                "listRoots": true,
+                "read": shared.join("f.txt"),
+                "startAfter": base.join("go"),
+            }),
+        )
+    });
+    finish(&b, async {
+        // The feed shows what happens while the page is open: the server starts then.
+        b.open_console(&p.console).await;
+        let go = p.log.with_file_name("go");
+        std::fs::write(&go, "").expect("let the server start");
+        p.wait_log("reads that succeed", |l| {
+            l.iter().filter(|x| x.ends_with(" ok")).count() >= 2
+        })
+        .await;
+        let id = p.console.state()["sessions"][0]["id"]
+            .as_u64()
+            .expect("the session's id")
+            .to_string();
+        let row = "#sessions tr[data-session-id]";
+        b.wait_js(
+            "the server named by its claim and its label",
+            &format!(
+                "document.querySelector('{row} th [data-claim]')?.textContent === 'reader-server' && \
+                 document.querySelector('{row} th').textContent.includes('(server 1)')"
+            ),
+        )
+        .await;
+        b.wait_js(
+            "the feed in words",
+            "[...document.querySelectorAll('#feed td.path-cell summary')].some((s) => s.textContent === 'asked which folders it may use') && \
+             [...document.querySelectorAll('#feed td.path-cell summary')].some((s) => /^read .*f\\.txt$/.test(s.textContent)) && \
+             [...document.querySelectorAll('#feed td[data-label=\"Server\"]')].some((td) => td.textContent === 'reader-server (server 1)')",
+        )
+        .await;
+        let seen = b.js(&format!("return {VISIBLE_TEXT};")).await;
+        let seen = seen.as_str().expect("the page's text");
+        for jargon in [
+            id.as_str(),
+            "Transport",
+            "Protocol",
+            "Confinement",
+            "roots/list",
+            "files/read",
+            "Held now",
+            "MCP",
+            "proxy",
+        ] {
+            assert!(!seen.contains(jargon), "{jargon:?} shown: {seen}");
+        }
+        assert!(
+            !seen
+                .split(|c: char| !c.is_ascii_digit())
+                .any(|run| run.len() >= 15),
+            "no 15-digit number shown: {seen}"
+        );
+        assert!(
+            seen.contains("Not confined: it opens files itself, with your rights"),
+            "{seen}"
+        );
+
+        // The details, by keyboard: the summary focused, Enter.
+        let summary = b.find(&format!("{row} td[data-label=\"Details\"] summary")).await;
+        b.js(&format!(
+            "document.querySelector('{row} td[data-label=\"Details\"] summary').focus();"
+        ))
+        .await;
+        summary
+            .send_keys(&Key::Enter.to_string())
+            .await
+            .expect("press Enter on the summary");
+        b.wait_js(
+            "the session's details open",
+            &format!("document.querySelector('{row} td[data-label=\"Details\"] details').open"),
+        )
+        .await;
+        let feed = "[...document.querySelectorAll('#feed td.path-cell summary')].find((s) => s.textContent === 'asked which folders it may use')";
+        b.js(&format!("{feed}.focus();")).await;
+        b.c.active_element()
+            .await
+            .expect("the focused summary")
+            .send_keys(&Key::Enter.to_string())
+            .await
+            .expect("press Enter on the feed row's summary");
+        b.wait_js("the feed row's details open", &format!("{feed}.parentElement.open"))
+            .await;
+        let seen = b.js(&format!("return {VISIBLE_TEXT};")).await;
+        let seen = seen.as_str().expect("the page's text");
+        for detail in [id.as_str(), "proxy", "roots/list"] {
+            assert!(seen.contains(detail), "{detail:?} in the open details: {seen}");
+        }
+        // The server goes on reading: its counters change, and the details stay open.
+        let before = b
+            .js(&format!("return document.querySelector('{row} td[data-label=\"What it did\"]').textContent;"))
+            .await;
+        b.wait_js(
+            "the row's counters changed",
+            &format!(
+                "document.querySelector('{row} td[data-label=\"What it did\"]').textContent !== {before}"
+            ),
+        )
+        .await;
+        let open = b
+            .js(&format!(
+                "return document.querySelector('{row} td[data-label=\"Details\"] details').open;"
+            ))
+            .await;
+        assert_eq!(open, true, "the details stay open while the row changes");
+    })
+    .await;
+}
+
+/// The card of the prompt from the server that calls itself `name`, once it is armed.
+async fn card_of(b: &Browser, name: &str) -> String {
+    let id = until("the server's prompt, armed", || async {
+        let id = b
+            .js(&format!(
+                "const card = [...document.querySelectorAll('#prompts [data-prompt-id][data-armed=\"true\"]')]\
+                 .find((c) => c.querySelector('h3 [data-claim]')?.textContent === {});
+                 return card ? card.dataset.promptId : null;",
+                json!(name)
+            ))
+            .await;
+        id.as_str().map(str::to_owned)
+    })
+    .await;
+    format!("#prompts [data-prompt-id=\"{id}\"]")
+}
+
+/// Rule: a prompt says in a sentence what approving lets the server do, from what the broker
+/// knows of how it runs. A server fsbroker proxy started without confinement can read
+/// everything under the folder with the person's own rights, and "read-only" is not
+/// enforced on it; a server started under `--confine` cannot open the folder itself, and
+/// can only ask fsbroker, which holds it to reading. The heading leads with the server's
+/// claimed name, never the session's 15-digit number.
+async fn the_prompt_says_what_approving_lets_the_server_do(engine: Engine) {
+    let Some(b) = Browser::start(engine).await else {
+        return;
+    };
+    let plain = proxied_asking("plain-server", "I need your notes", &["a"], &[]);
+    let confined = proxied_asking(
+        "confined-server",
+        "I need your notes",
+        &["a"],
+        &["--confine"],
+    );
+    finish(&b, async {
+        b.open_console(&plain.console).await;
+        let card = card_of(&b, "plain-server").await;
+        let said = b
+            .js(&format!(
+                "const card = document.querySelector('{card}');
+                 const v = card.querySelector('[data-verdict]');
+                 return {{reach: v.dataset.reach, text: v.textContent, heading: card.querySelector('h3').textContent,
+                          inBox: Boolean(v.querySelector('[data-claim]'))}};"
+            ))
+            .await;
+        assert_eq!(said["reach"], "unconfined", "{said:#}");
+        assert_eq!(said["inBox"], false, "the page's own words: {said:#}");
+        let text = said["text"].as_str().expect("the verdict");
+        for words in [
+            "This server is not confined.",
+            "If you approve, it can read everything under this folder with your own rights",
+            "“read-only” is not enforced on it",
+        ] {
+            assert!(text.contains(words), "{words:?} in {text:?}");
+        }
+        let heading = said["heading"].as_str().expect("the heading");
+        assert!(
+            heading.starts_with("plain-server (server 1) asks to read a folder"),
+            "{heading:?}"
+        );
+        assert!(
+            !heading.chars().any(|c| c.is_ascii_digit() && c != '1'),
+            "no session number in the heading: {heading:?}"
+        );
+
+        b.open_console(&confined.console).await;
+        let card = card_of(&b, "confined-server").await;
+        let said = b
+            .js(&format!(
+                "const v = document.querySelector('{card} [data-verdict]');
+                 return {{reach: v.dataset.reach, text: v.textContent}};"
+            ))
+            .await;
+        assert_eq!(said["reach"], "best-effort", "{said:#}");
+        let text = said["text"].as_str().expect("the verdict");
+        for words in [
+            "The kernel confines this server",
+            "it cannot open this folder itself",
+            "it can only ask fsbroker for what is there, and fsbroker holds it to reading only",
+        ] {
+            assert!(text.contains(words), "{words:?} in {text:?}");
+        }
+        assert!(!text.contains("with your own rights"), "{text:?}");
+    })
+    .await;
+}
+
+/// Rule: a prompt offers one Approve button (and Deny), and advice about narrowing only where
+/// narrowing applies: a prompt for a file has neither the advice nor a box to edit, and its
+/// Approve grants the file; a prompt for a folder has both; a prompt for several paths lets
+/// each be unticked, still with one Approve.
+async fn one_approve_button_and_folder_advice_only_for_folders(engine: Engine) {
+    let Some(b) = Browser::start(engine).await else {
+        return;
+    };
+    let s = Shared::start(prompt_policy);
+    finish(&b, async {
+        let docs = s.base.join("docs");
+        let mut server = s.session();
+        b.open_console(&s.console).await;
+        let look = |card: &str| {
+            format!(
+                "const card = document.querySelector('{card}');
+                 return {{approve: [...card.querySelectorAll('button')].filter((e) => /approve/i.test(e.textContent)).map((e) => e.dataset.action),
+                          buttons: card.querySelectorAll('.actions button').length,
+                          inputs: card.querySelectorAll('input[data-path-input]').length,
+                          boxes: card.querySelectorAll('input[type=checkbox]').length,
+                          text: card.innerText, heading: card.querySelector('h3').textContent}};"
+            )
+        };
+        let advice = ["inside it", "narrow", "shorten", "Untick"];
+
+        let id = ask(&mut server, &docs, "one file", &["a/top.txt"]);
+        let card = b.armed_card().await;
+        let seen = b.js(&look(&card)).await;
+        assert_eq!(seen["approve"], json!(["approve-selected"]), "{seen:#}");
+        assert_eq!(seen["buttons"], 2, "Approve and Deny: {seen:#}");
+        assert_eq!(seen["inputs"], 0, "{seen:#}");
+        assert_eq!(seen["boxes"], 0, "{seen:#}");
+        let text = seen["text"].as_str().expect("the card's text");
+        for words in advice {
+            assert!(!text.contains(words), "{words:?} on a file's card: {text}");
+        }
+        assert!(
+            seen["heading"]
+                .as_str()
+                .is_some_and(|h| h.ends_with("asks to read a file")),
+            "{seen:#}"
+        );
+        b.click(&format!("{card} [data-action=approve-selected]")).await;
+        let answer = server.response(id);
+        assert_eq!(
+            answer["result"],
+            json!({"granted": true, "approvedPaths": [docs.join("a/top.txt")]}),
+            "{answer}"
+        );
+        b.wait_gone("the answered card gone", &card).await;
+
+        let id = ask(&mut server, &docs, "one folder", &["b"]);
+        let card = b.armed_card().await;
+        let seen = b.js(&look(&card)).await;
+        assert_eq!(seen["approve"], json!(["approve-selected"]), "{seen:#}");
+        assert_eq!(seen["inputs"], 1, "{seen:#}");
+        assert!(
+            seen["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("change a folder below to a folder inside it")),
+            "{seen:#}"
+        );
+        b.click(&format!("{card} [data-action=deny]")).await;
+        server.response(id);
+        b.wait_gone("the denied card gone", &card).await;
+
+        let id = ask(&mut server, &docs, "several", &["a", "a/top.txt"]);
+        let card = b.armed_card().await;
+        let seen = b.js(&look(&card)).await;
+        assert_eq!(seen["approve"], json!(["approve-selected"]), "{seen:#}");
+        assert_eq!(seen["boxes"], 2, "{seen:#}");
+        assert_eq!(seen["inputs"], 1, "only the folder can be narrowed: {seen:#}");
+        b.click(&format!("{card} [data-action=deny]")).await;
+        server.response(id);
     })
     .await;
 }

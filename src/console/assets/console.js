@@ -3,27 +3,41 @@
  * fsbroker: the person's console. Plain script, no dependencies, no build step.
  *
  * Every string the API returns may come from an MCP server (its name, its message, a path
- * it created) and is hostile: it only ever reaches the page through text nodes (srv()),
- * wrapped in <bdi dir="ltr"> with invisible and direction-changing characters shown as
- * \u{XXXX}. Nothing here uses innerHTML, and no API string goes into a URL except a root
- * name through encodeURIComponent; ids in URLs are checked to be safe integers.
+ * it created) and is hostile: it only ever reaches the page through text nodes, and a
+ * server's string is shown as a quoted value the page did not write (box(): a bordered box
+ * in another typeface, cut to a length the page chose, with invisible, spacing and
+ * direction-changing characters shown as ⟨U+XXXX⟩ and other characters outside printable
+ * ASCII marked). Nothing here uses innerHTML, and no API string goes into a URL except a
+ * root name through encodeURIComponent; ids in URLs are checked to be safe integers.
+ *
+ * The page speaks to a person who may never have heard of MCP: a server is named by what it
+ * calls itself (boxed, as its claim) and by the order it connected in ("server 3"); what it
+ * did is said in words ("read report.pdf"), and the technical detail (session numbers,
+ * method names, transports) is one click away, in a <details> element.
  *
  * Test hooks (stable):
  *   #connection                  "live" while the event stream is open; otherwise
  *                                "connecting", "disconnected, retrying", "not answering" or
  *                                "needs its token"
  *   #status                      role=status: the outcome of the person's acts, and errors
- *   #announce                    aria-live: "Session N asks for file access" for new prompts
+ *   #announce                    aria-live: each new prompt's heading
  *   #loading                     "Connecting…" until the first /api/state arrives
  *   #unauthorized                shown when /api/state answers 401
- *   #broker                      pid and version
+ *   #broker                      version and process id
+ *   [data-claim]                 a server's string, in its box; [data-cut=true] when shortened
+ *                                (the whole string is under the nearest details)
  *   #prompts [data-prompt-id=N]  one consent prompt card, oldest first
  *     [data-armed=true|false]    on the card: presses are ignored for 600 ms after it appears
  *                                or moves (wait for data-armed=true before pressing)
- *     [data-action=approve-selected|approve-all|deny]
- *     input[type=checkbox][data-path-index=I]  ticked: send path I
- *     input[data-path-input=I]   path I as it will be sent (the person may narrow it)
+ *     [data-action=approve-selected|deny]  the one Approve button, and Deny
+ *     input[type=checkbox][data-path-index=I]  ticked: send path I (only when several are asked)
+ *     input[data-path-input=I]   folder I as it will be sent (the person may narrow it; only
+ *                                for a folder)
  *     [data-countdown]           "… denied automatically in 42 s"
+ *     [data-verdict]             what approving lets the server do; data-reach=unconfined,
+ *                                strict, best-effort, direct or gone
+ *     details[data-tech]         the technical details (session number, connection, names and
+ *                                paths in full)
  *   #sessions tr[data-session-id=N]   a session; button[data-action=end-session]
  *     li[data-grant-id=N]        one of its grants; button[data-action=revoke]
  *   #roots tr[data-root-name]    a root (dataset.rootName is its name); [data-action=pause|resume]
@@ -42,6 +56,11 @@
   const FETCH_MS = 10000;      // a request not answered by then is given up
   const FIRST_RETRY_MS = 1000; // a failed read of the state is tried again after this,
   const MAX_RETRY_MS = 8000;   // doubling each time it fails again, up to this
+  // How much of a server's string a box shows, in characters as shown (an escape counts its
+  // whole ⟨U+XXXX⟩): a name fits a heading's line, a path keeps its start and its end.
+  const NAME_MAX = 40;
+  const SHORT_NAME_MAX = 24;   // in the feed's rows
+  const PATH_MAX = 72;
   let retryMs = FIRST_RETRY_MS / 2;
 
   // This page's key (see takeKey()): sent with every request, kept in sessionStorage, which
@@ -55,6 +74,7 @@
   const prompts = new Map();   // prompt id -> {paths: [as asked], deadline: performance.now() ms}
   const answered = new Set();  // prompts answered here: a state read before the answer must not bring them back
   const seenSessions = new Set();
+  const orders = new Map();    // session id -> its number in the order of connection
   const drawn = {};            // section -> JSON it was last drawn from, to skip redraws
   const posting = new Set();   // URLs of acts in flight, so a double press sends once
 
@@ -78,33 +98,130 @@
   // Replaces an element's content; `parts` as for h().
   const fill = (el, ...parts) => el.replaceChildren(...h('span', {}, parts).childNodes);
 
-  // Characters that hide or reorder text: every control (Cc), every format character (Cf:
-  // soft hyphen, zero-width and bidi marks, embeddings, overrides and isolates, word joiners,
-  // BOM, Arabic number signs, musical formatting, tags, interlinear annotation marks), the
-  // line and paragraph separators, and blanks that draw nothing: the combining grapheme
-  // joiner, fillers (Hangul, Braille blank), variation selectors.
+  // Makes `old` like `neu` in place, keeping every node that stays the same: while counters
+  // tick twice a second, the button under the person's pointer or focus stays the element it
+  // was (a press is not lost), and a <details> the person opened stays open (its `open` is
+  // the person's, not the data's).
+  function morph(old, neu) {
+    if (old.nodeType !== neu.nodeType || old.nodeName !== neu.nodeName) { old.replaceWith(neu); return; }
+    if (old.nodeType === Node.TEXT_NODE) { if (old.data !== neu.data) old.data = neu.data; return; }
+    if (old.nodeType !== Node.ELEMENT_NODE) { old.replaceWith(neu); return; }
+    for (const a of [...old.attributes]) {
+      if (a.name !== 'open' && !neu.hasAttribute(a.name)) old.removeAttribute(a.name);
+    }
+    for (const a of [...neu.attributes]) {
+      if (a.name !== 'open' && old.getAttribute(a.name) !== a.value) old.setAttribute(a.name, a.value);
+    }
+    const was = [...old.childNodes];
+    const now = [...neu.childNodes];
+    now.forEach((n, i) => (i < was.length ? morph(was[i], n) : old.append(n)));
+    for (const n of was.slice(now.length)) n.remove();
+  }
+
+  // ---------------------------------------------------------------- server strings
+
+  // What a server's string is made of, for the person to see it for what it is:
+  // - escaped, shown as ⟨U+XXXX⟩: characters that hide or reorder text (every control (Cc)
+  //   and format character (Cf): soft hyphen, zero-width and bidi marks, embeddings,
+  //   overrides and isolates, word joiners, BOM, Arabic number signs, musical formatting,
+  //   tags, interlinear annotation marks; the line and paragraph separators; blanks that draw
+  //   nothing: the combining grapheme joiner, fillers (Hangul, Braille blank), variation
+  //   selectors); every space but the plain one (an em space can push the page's own words
+  //   onto another line); enclosing marks, and a third combining mark on one letter and
+  //   beyond (they draw over the box's edge);
+  // - marked: every other character outside printable ASCII, where look-alikes live (a
+  //   Cyrillic о, a bold-looking 𝐯, a ✓ or a »), readable as what it is but never taken for
+  //   the page's own text.
   const HIDDEN = '\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}\\u034f\\u115f\\u1160\\u17b4\\u17b5' +
     '\\u180b-\\u180f\\u2800\\u3164\\ufe00-\\ufe0f\\uffa0\\u{e0100}-\\u{e01ef}';
-  const HIDDEN_RE = new RegExp('[' + HIDDEN + ']', 'gu');
-  // In a message a line break is just a line break.
-  const HIDDEN_BUT_NL_RE = new RegExp('(?![\\n])[' + HIDDEN + ']', 'gu');
-  const hasHidden = (s) => new RegExp(HIDDEN_RE.source, 'u').test(s);
+  const ESCAPED_RE = new RegExp('^[' + HIDDEN + '\\p{Zs}\\p{Me}]$', 'u');
+  const MARK_RE = /^\p{M}$/u;
 
-  // A string someone else chose, as text: isolated from the text around it and with its
-  // invisible characters made visible, so the person sees that they were used.
-  function srv(value, keepNewlines) {
-    const text = String(value);
-    const out = h('bdi', { dir: 'ltr', class: 'srv' });
-    let last = 0;
-    for (const m of text.matchAll(keepNewlines ? HIDDEN_BUT_NL_RE : HIDDEN_RE)) {
-      out.append(text.slice(last, m.index));
-      const code = m[0].codePointAt(0).toString(16).toUpperCase().padStart(4, '0');
-      out.append(h('span', { class: 'ctl', title: 'an invisible or direction-changing character' },
-        '\\u{' + code + '}'));
-      last = m.index + m[0].length;
+  // `text` as pieces {kind, text, size}: kind 'plain' (printable ASCII, and line breaks when
+  // `lines`), 'esc' (one character, as its escape) or 'wide' (a run outside ASCII); size: the
+  // characters it shows.
+  function pieces(text, lines) {
+    const out = [];
+    let marks = 0;
+    for (const ch of String(text)) {
+      const cp = ch.codePointAt(0);
+      const mark = MARK_RE.test(ch);
+      let kind = 'wide';
+      if ((cp >= 0x20 && cp < 0x7f) || (lines && ch === '\n')) kind = 'plain';
+      else if (ESCAPED_RE.test(ch) || (mark && marks >= 2)) kind = 'esc';
+      marks = mark ? marks + 1 : 0;
+      const shown = kind === 'esc'
+        ? '⟨U+' + cp.toString(16).toUpperCase().padStart(4, '0') + '⟩' : ch;
+      const last = out[out.length - 1];
+      if (last && last.kind === kind && kind !== 'esc') {
+        last.text += shown;
+        last.size += 1;
+      } else {
+        out.push({ kind, text: shown, size: kind === 'esc' ? shown.length : 1 });
+      }
     }
-    out.append(text.slice(last));
     return out;
+  }
+
+  // The first `room` characters as shown of `list` (or the last, `fromEnd`); an escape is
+  // kept whole or not at all.
+  function take(list, room, fromEnd) {
+    const got = [];
+    for (const p of fromEnd ? [...list].reverse() : list) {
+      if (room <= 0) break;
+      if (p.size <= room) {
+        got.push(p);
+        room -= p.size;
+      } else {
+        if (p.kind !== 'esc') {
+          const chars = Array.from(p.text);
+          got.push({ kind: p.kind, text: (fromEnd ? chars.slice(-room) : chars.slice(0, room)).join(''), size: room });
+        }
+        break;
+      }
+    }
+    return fromEnd ? got.reverse() : got;
+  }
+
+  const ellipsis = () => h('span', { class: 'cut', title: 'shortened here by this page' }, '…');
+
+  function piece(p) {
+    if (p.kind === 'plain') return p.text;
+    if (p.kind === 'esc') {
+      return h('span', { class: 'ctl', title: 'an invisible, spacing or direction-changing character' }, p.text);
+    }
+    return h('span', { class: 'nonascii', title: 'outside plain ASCII: it may look like another character' }, p.text);
+  }
+
+  // A server's string as a quoted value: a box the page draws (bordered, its own typeface,
+  // never bold), the string isolated in it (<bdi>) so it cannot reorder the page's words, cut
+  // to `max` characters as shown with a "…" of the page's. Options: max; middle (cut in the
+  // middle: a path keeps its start and its file's name); lines (a message: line breaks
+  // kept); block (a box of its own, its whole text, scrolling when long).
+  function box(value, opts) {
+    const o = opts || {};
+    const all = pieces(value, o.lines);
+    const max = o.max || Infinity;
+    const size = all.reduce((n, p) => n + p.size, 0);
+    const cut = size > max;
+    let shown;
+    if (!cut) shown = all.map(piece);
+    else if (o.middle) {
+      const head = Math.floor((max - 1) * 0.4);
+      shown = [take(all, head).map(piece), ellipsis(), take(all, max - 1 - head, true).map(piece)];
+    } else shown = [take(all, max - 1).map(piece), ellipsis()];
+    return h(o.block ? 'div' : 'span', { class: 'box' + (o.block ? ' box-block' : '') + (o.cls ? ' ' + o.cls : ''),
+      dataset: { claim: '', cut: String(cut) } },
+    h('bdi', { dir: 'ltr', class: 'srv' }, shown));
+  }
+
+  // Whether a server's string holds characters the page shows escaped.
+  const hasEscapes = (value) => pieces(value).some((p) => p.kind === 'esc');
+
+  // A string of the broker's or the browser's (an error's reason, a root's name from the
+  // policy) that may still carry a server's words: escaped as in box(), but unboxed.
+  function srv(value, lines) {
+    return h('bdi', { dir: 'ltr', class: 'srv' }, pieces(value, lines).map(piece));
   }
 
   const num = (v) => (Number.isSafeInteger(v) && v >= 0 ? v : null);
@@ -137,16 +254,105 @@
 
   const dur = (s) => (s < 120 ? s + ' s' : Math.floor(s / 60) + ' min ' + (s % 60) + ' s');
 
-  // A status line for the person; `parts` may hold srv() nodes.
-  function say(parts, kind) {
-    const box = $('status');
-    box.className = 'status ' + (kind === 'error' ? 'status-error' : 'status-ok');
-    box.replaceChildren(h('span', {}, parts));
+  // ---------------------------------------------------------------- naming a server
+
+  // A session's short label, which the page writes: its number in the order the servers
+  // connected ("server 3"), or "a server" when the broker gave none.
+  function label(order) {
+    const n = num(order);
+    return n !== null && n > 0 ? 'server ' + n : 'a server';
+  }
+  const labelOf = (id) => label(orders.get(id));
+  const capital = (s) => s.charAt(0).toUpperCase() + s.slice(1);
+
+  // How the page names a server: what it calls itself, in its box, then the page's label;
+  // with no name, the label alone.
+  function named(name, order, max) {
+    if (typeof name === 'string' && name !== '') {
+      return [box(name, { max: max || NAME_MAX }), h('span', { class: 'label' }, ' (' + label(order) + ')')];
+    }
+    return h('span', { class: 'label' }, capital(label(order)));
   }
 
-  function setConn(label, kind) {
+  // A disclosure of technical details: `rows` are [term, description] pairs; null ones are
+  // left out.
+  function tech(summary, rows, attrs) {
+    return h('details', Object.assign({ class: 'tech' }, attrs || {}),
+      h('summary', {}, summary),
+      h('dl', { class: 'facts' }, rows.filter(Boolean).map(([dt, dd]) => [h('dt', {}, dt), h('dd', {}, dd)])));
+  }
+
+  // What a session's connection is, in technical words, for its details.
+  function connectionFacts(s) {
+    return [
+      ['Session number', String(s.id)],
+      ['Connection', text(s.transport)],
+      ['Protocol', text(s.era)],
+      ['Confinement', s.confinement == null ? 'none' : text(s.confinement)],
+      ['Started', when(s.startedAt)],
+    ];
+  }
+
+  // What approving lets a server do, from what the broker knows of how it runs (never from
+  // anything the server says): the fact a person needs most to decide. `paths` are a
+  // prompt's (null for the sessions table's short form). Returns {reach, level, words}.
+  function reach(s, paths) {
+    if (!s) return { reach: 'gone', level: 'unknown', words: 'This server is no longer connected.' };
+    const list = paths || [];
+    const ro = list.every((x) => x.mode !== 'read-write');
+    const one = list.length === 1;
+    const under = one && list[0].kind === 'file' ? 'this file'
+      : one && list[0].kind === 'folder' ? 'everything under this folder'
+        : one ? 'this path and anything under it' : 'everything under these ' + list.length + ' paths';
+    const conf = s.confinement === 'strict' || s.confinement === 'best-effort' ? s.confinement : null;
+    // A proxy's server with no confinement the page knows of is taken as unconfined: the
+    // warning errs on the side of the person's files.
+    if (s.transport === 'proxy' && conf === null) {
+      return { reach: 'unconfined', level: 'danger', words: !paths
+        ? 'Not confined: it opens files itself, with your rights'
+        : [h('strong', {}, 'This server is not confined.'),
+          ' fsbroker started it on this computer, where it runs with your own rights and opens ' +
+          'files itself. If you approve, it can read ' + under + ' with your own rights, and ' +
+          (ro ? '“read-only” is not enforced on it: it can change and delete them too.'
+            : 'change or delete them.') +
+          ' Nothing holds it to your answer, and it can reach your other files as well: only a ' +
+          'confined server is held to what you approve.'] };
+    }
+    if (s.transport === 'proxy') {
+      const strict = conf === 'strict';
+      const holds = ro ? 'reading only' : 'reading and changing';
+      return { reach: conf, level: strict ? 'ok' : 'caution', words: !paths
+        ? (strict ? 'Confined by the kernel: every rule enforced' : 'Confined by the kernel, as far as it allows')
+        : [h('strong', {}, strict ? 'The kernel confines this server.'
+          : 'The kernel confines this server, as far as this computer allows.'),
+        ' fsbroker started it in a sandbox (Landlock)' +
+          (strict ? ' with every rule of the policy enforced' : '') +
+          ': it cannot open ' + under.replace(/^everything under /, '') + ' itself, and approving ' +
+          'does not change that. If you approve, it can only ask fsbroker for ' +
+          (one && list[0].kind === 'file' ? 'it' : 'what is there') + ', and fsbroker holds it to ' +
+          holds + ' and to what you approve.' +
+          (strict ? '' : ' Rules this computer’s kernel cannot enforce are not held (“fsbroker ' +
+            'confine check” lists them).')] };
+    }
+    return { reach: 'direct', level: 'caution', words: !paths
+      ? 'Connects directly: fsbroker cannot tell whether it opens files itself'
+      : [h('strong', {}, 'fsbroker cannot tell how this program runs.'),
+        ' It connects to fsbroker directly; fsbroker did not start it. What it asks fsbroker ' +
+        'for is held to your answer' + (ro ? ' and to reading only' : '') + '. But if it runs ' +
+        'on this computer without confinement, it can open your files itself, with your own ' +
+        'rights, whatever you answer.'] };
+  }
+
+  // A status line for the person; `parts` may hold srv() nodes.
+  function say(parts, kind) {
+    const el = $('status');
+    el.className = 'status ' + (kind === 'error' ? 'status-error' : 'status-ok');
+    el.replaceChildren(h('span', {}, parts));
+  }
+
+  function setConn(words, kind) {
     const el = $('connection');
-    el.textContent = label;
+    el.textContent = words;
     el.className = 'conn conn-' + kind;
   }
 
@@ -303,7 +509,7 @@
     source.addEventListener('lost', (e) => {
       const n = num((parse(e.data) || {}).count);
       feedNote((n === null ? 'Some' : n.toLocaleString()) +
-        ' activity records were dropped here: the feed fell behind.');
+        ' records were left out here: the page fell behind.');
     });
   }
 
@@ -323,11 +529,14 @@
     $('loading').hidden = true;
     $('content').hidden = false;
     const b = s.broker || {};
-    fill($('broker'), 'Broker pid ', count(num(b.pid)), ', version ', text(b.version),
-      b.startedAt ? [', running since ', when(b.startedAt)] : '');
+    fill($('broker'), 'fsbroker ', text(b.version),
+      b.startedAt ? [', running since ', when(b.startedAt)] : '', ' (process ', String(num(b.pid) ?? '?'), ')');
     const sessions = (Array.isArray(s.sessions) ? s.sessions : []).filter((x) => x && num(x.id) !== null);
     const roots = (Array.isArray(s.roots) ? s.roots : []).filter((r) => r && typeof r.name === 'string');
-    for (const x of sessions) seenSessions.add(x.id);
+    for (const x of sessions) {
+      seenSessions.add(x.id);
+      if (num(x.order) !== null) orders.set(x.id, x.order);
+    }
     renderPrompts(Array.isArray(s.prompts) ? s.prompts : [], sessions, at);
     $('sessions-empty').hidden = sessions.length > 0;
     $('sessions-table').hidden = sessions.length === 0;
@@ -339,11 +548,10 @@
     renderFilter(sessions);
   }
 
-  // Redraws a table body only when its data changed, and then keeps every row and cell that
-  // is the same as before (by data-key and isEqualNode): while counters tick twice a second,
-  // the button under the person's pointer or focus stays the same element, so a press is not
-  // lost. If the focused button did go, the focus moves to its row's new button, or the
-  // section heading.
+  // Redraws a table body only when its data changed, and then morphs each row that is still
+  // there (by data-key) into its new self, so what the person points at, has focused or
+  // opened stays. If the focused button did go, the focus moves to its row's new button, or
+  // the section heading.
   function redraw(name, data, rows) {
     const sig = JSON.stringify(data);
     if (drawn[name] === sig) return;
@@ -359,15 +567,8 @@
     rows().forEach((row, i) => {
       let keep = old.get(row.dataset.key);
       old.delete(row.dataset.key);
-      if (keep && keep.cells.length === row.cells.length) {
-        keep.className = row.className;
-        [...row.cells].forEach((cell, j) => {
-          if (!keep.cells[j].isEqualNode(cell)) keep.replaceChild(cell, keep.cells[j]);
-        });
-      } else {
-        if (keep) keep.remove();
-        keep = row;
-      }
+      if (keep) morph(keep, row);
+      else keep = row;
       if (body.children[i] !== keep) body.insertBefore(keep, body.children[i] || null);
     });
     for (const r of old.values()) r.remove();
@@ -384,7 +585,7 @@
   // ---------------------------------------------------------------- consent prompts
 
   function renderPrompts(list, sessions, at) {
-    const box = $('prompts');
+    const cards = $('prompts');
     const ids = new Set();
     const added = [];
     let i = 0;
@@ -392,22 +593,22 @@
       const id = num(p && p.id);
       if (id === null || !Array.isArray(p.paths) || ids.has(id) || answered.has(id)) continue;
       ids.add(id);
-      let card = [...box.children].find((c) => idIn(c, 'promptId') === id);
+      let card = [...cards.children].find((c) => idIn(c, 'promptId') === id);
       if (!card) { card = promptCard(p, id); added.push(card); }
       // Keep the server's order (oldest first) without moving cards needlessly: moving a
       // card would take the focus out of it.
-      if (box.children[i] !== card) box.insertBefore(card, box.children[i] || null);
+      if (cards.children[i] !== card) cards.insertBefore(card, cards.children[i] || null);
       i += 1;
       fillKnown(card, p, sessions);
       const left = Number(p.expiresInMs);
       prompts.get(id).deadline = at + (Number.isFinite(left) ? left : 0);
     }
     let focusLost = false;
-    for (const card of [...box.children]) {
+    for (const card of [...cards.children]) {
       if (!ids.has(idIn(card, 'promptId'))) focusLost = removeCard(card) || focusLost;
     }
     // A card that moved (one above it went) is under the pointer by surprise: arm it anew.
-    [...box.children].forEach((card, at) => {
+    [...cards.children].forEach((card, at) => {
       if (places.get(card) !== at) { places.set(card, at); arm(card); }
     });
     const n = ids.size;
@@ -424,11 +625,11 @@
       // Take the focus only when the person is not in the middle of something else.
       // Never a button: a key pressed to scroll must not answer the prompt.
       if (!a || a === document.body || a === document.documentElement) {
-        box.querySelector('h3').focus();
+        cards.querySelector('h3').focus();
         return;
       }
     }
-    if (focusLost) (box.querySelector('h3') || $('prompts-h')).focus();
+    if (focusLost) (cards.querySelector('h3') || $('prompts-h')).focus();
   }
 
   // Removes a card; says whether it held the focus.
@@ -439,55 +640,85 @@
     return had;
   }
 
+  // A prompt's paths as the page uses them: {path, root, mode, kind} with kind "folder",
+  // "file" or null (not there, or not known).
+  const promptPaths = (p) => p.paths.filter((x) => x && typeof x.path === 'string')
+    .map((x) => ({ path: x.path, root: x.root, mode: x.mode,
+      kind: x.kind === 'folder' || x.kind === 'file' ? x.kind : null }));
+
+  // "read a folder", "read and change 2 files": what a prompt asks, in words.
+  function asks(paths) {
+    const verb = paths.some((x) => x.mode === 'read-write') ? 'read and change' : 'read';
+    const kinds = new Set(paths.map((x) => x.kind));
+    let what;
+    if (paths.length === 1) what = { folder: 'a folder', file: 'a file' }[paths[0].kind] || 'a path';
+    else if (kinds.size === 1 && kinds.has('folder')) what = paths.length + ' folders';
+    else if (kinds.size === 1 && kinds.has('file')) what = paths.length + ' files';
+    else what = paths.length + ' paths';
+    return 'asks to ' + verb + ' ' + what;
+  }
+
   function promptCard(p, id) {
     const hid = 'prompt-' + id;
-    const session = num(p.session);
-    const paths = p.paths.filter((x) => x && typeof x.path === 'string');
+    const paths = promptPaths(p);
+    const several = paths.length > 1;
+    const folders = paths.some((x) => x.kind === 'folder');
     prompts.set(id, { paths: paths.map((x) => x.path), deadline: 0 });
     const card = h('article', { class: 'prompt', 'aria-labelledby': hid + '-h',
       dataset: { promptId: String(id), armed: 'false' } });
+    const what = (x) => ({ folder: 'Folder', file: 'File' }[x.kind] || 'Path');
+    // Narrowing applies to a folder only: a file has nothing inside it to pick.
+    const hint = [folders ? 'To allow less, change a folder below to a folder inside it (never above it).' : '',
+      several ? ' Untick a path to leave it out.' : ''].join('').trim();
     const fields = h('fieldset', { class: 'paths' },
-      h('legend', {}, paths.length === 1 ? 'The path asked for' : paths.length + ' paths asked for'),
-      h('p', { class: 'hint', id: hid + '-hint' },
-        'You can shorten access to a folder inside this path: edit it to a folder beneath ' +
-        'it (never above it). Untick a path to leave it out.'));
+      h('legend', {}, several ? 'The ' + paths.length + ' paths it asks for'
+        : 'The ' + what(paths[0] || {}).toLowerCase() + ' it asks for'),
+      hint ? h('p', { class: 'hint', id: hid + '-hint' }, hint) : null);
     paths.forEach((x, i) => {
-      const cb = h('input', { type: 'checkbox', id: hid + '-cb' + i, checked: true,
-        dataset: { pathIndex: String(i) } });
-      const input = h('input', { type: 'text', id: hid + '-in' + i, dir: 'ltr', spellcheck: 'false',
-        autocomplete: 'off', autocapitalize: 'off', 'aria-describedby': hid + '-hint',
-        class: 'path-input', dataset: { pathInput: String(i) } });
-      input.value = x.path;
+      const cb = several ? h('input', { type: 'checkbox', id: hid + '-cb' + i, checked: true,
+        dataset: { pathIndex: String(i) } }) : null;
+      let input = null;
+      if (x.kind === 'folder') {
+        input = h('input', { type: 'text', id: hid + '-in' + i, dir: 'ltr', spellcheck: 'false',
+          autocomplete: 'off', autocapitalize: 'off', 'aria-describedby': hid + '-hint',
+          class: 'path-input', dataset: { pathInput: String(i) } });
+        input.value = x.path;
+      }
       const rw = x.mode === 'read-write';
+      const name = [what(x), ' ', box(x.path, { max: PATH_MAX, middle: true })];
       fields.append(h('div', { class: 'path' },
         h('div', { class: 'path-head' }, cb,
-          h('label', { for: cb.id }, 'Grant ', srv(x.path))),
-        h('p', { class: 'path-meta' }, 'In root ', text(x.root), ', ',
+          cb ? h('label', { for: cb.id }, name) : h('span', { class: 'path-name' }, name)),
+        h('p', { class: 'path-meta' }, 'In ', text(x.root), ', ',
           h('span', { class: rw ? 'mode mode-rw' : 'mode' },
-            rw ? 'read-write' : x.mode === 'read-only' ? 'read-only' : text(x.mode))),
-        hasHidden(x.path) ? h('p', { class: 'warn' }, 'This path holds invisible or ' +
-          'direction-changing characters, shown above as \\u{…}; the box below holds them as they are.') : null,
-        h('label', { for: input.id, class: 'path-label' }, 'Path to grant'), input));
+            rw ? 'shared to read and change' : 'shared read-only')),
+        hasEscapes(x.path) ? h('p', { class: 'warn' }, 'This path holds invisible, spacing or ' +
+          'direction-changing characters, shown above as ⟨U+…⟩.') : null,
+        input ? [h('label', { for: input.id, class: 'path-label' }, 'Folder to allow (this one, or one inside it)'), input] : null));
     });
+    const name = typeof p.server === 'string' && p.server !== '';
+    const order = p.sessionOrder;
     card.append(
-      h('h3', { id: hid + '-h', tabindex: '-1' },
-        'Session ' + (session === null ? '?' : session) + ' asks for file access'),
+      h('h3', { id: hid + '-h', tabindex: '-1' }, named(p.server, order), ' ', asks(paths)),
+      h('p', { class: 'note' }, name
+        ? 'The name in the box is what the server calls itself; fsbroker did not check it. ' +
+          '“' + capital(label(order)) + '” is the order it connected in.'
+        : 'It gave no name. “' + capital(label(order)) + '” is the order it connected in.'),
       h('p', { class: 'countdown', dataset: { countdown: '' } }),
-      h('div', { class: 'who' },
-        h('p', { class: 'claim' }, 'It calls itself ',
-          typeof p.server === 'string' ? ['«', srv(p.server), '»'] : h('em', {}, '(no name given)'),
-          h('span', { class: 'note' }, ' (the server\'s own claim, not checked)')),
-        h('div', { class: 'known', dataset: { known: '' } })),
+      h('div', { dataset: { verdict: '' } }),
       h('p', { class: 'says', id: hid + '-says' },
-        p.messageFrom === 'broker' ? 'The broker asks on the server\'s behalf:' : 'The server says:'),
-      h('blockquote', { class: 'message', tabindex: '0', 'aria-labelledby': hid + '-says' },
-        srv(typeof p.message === 'string' ? p.message : '', true)),
+        p.messageFrom === 'broker' ? 'fsbroker asks on its behalf:' : 'The server says:'),
+      box(typeof p.message === 'string' ? p.message : '', { lines: true, block: true, cls: 'message' }),
       fields,
       h('div', { class: 'actions' },
         h('button', { type: 'button', class: 'primary', dataset: { action: 'approve-selected' } },
-          'Approve selected'),
-        h('button', { type: 'button', dataset: { action: 'approve-all' } }, 'Approve all as asked'),
-        h('button', { type: 'button', class: 'danger', dataset: { action: 'deny' } }, 'Deny')));
+          several ? 'Approve the ticked paths' : 'Approve'),
+        h('button', { type: 'button', class: 'danger', dataset: { action: 'deny' } }, 'Deny')),
+      h('details', { dataset: { tech: '' } }));
+    const message = card.querySelector('.message');
+    message.setAttribute('tabindex', '0');
+    message.setAttribute('role', 'group');
+    message.setAttribute('aria-labelledby', hid + '-says');
     return card;
   }
 
@@ -502,17 +733,21 @@
     timers.set(card, setTimeout(() => { card.dataset.armed = 'true'; }, ARM_MS));
   }
 
-  // What the broker itself knows of the asking session (not the server's claims).
+  // What the broker itself knows of the asking session (not the server's claims): what
+  // approving lets it do, and the technical details.
   function fillKnown(card, p, sessions) {
     const s = sessions.find((x) => x.id === p.session);
-    fill(card.querySelector('[data-known]'),
-      h('p', { class: 'known-h' }, 'What the broker knows of this session:'),
-      s ? h('dl', { class: 'facts inline' },
-        h('dt', {}, 'Transport'), h('dd', {}, text(s.transport)),
-        h('dt', {}, 'Protocol'), h('dd', {}, text(s.era)),
-        h('dt', {}, 'Confinement'), h('dd', {}, s.confinement == null ? 'none' : text(s.confinement)),
-        h('dt', {}, 'Started'), h('dd', {}, when(s.startedAt)))
-        : h('p', {}, 'Nothing: the session is no longer open.'));
+    const paths = promptPaths(p);
+    const r = reach(s, paths);
+    morph(card.querySelector('[data-verdict]'), h('div', { class: 'verdict verdict-' + r.level,
+      dataset: { verdict: '', reach: r.reach } }, h('p', {}, r.words)));
+    const full = (v) => box(v, { block: true, cls: 'full' });
+    morph(card.querySelector('details[data-tech]'), tech('Technical details', [
+      ['Prompt number', String(num(p.id))],
+      ...(s ? connectionFacts(s) : [['Session number', String(num(p.session))]]),
+      typeof p.server === 'string' ? ['Name in full', full(p.server)] : null,
+      ['Paths in full', paths.map((x) => full(x.path))],
+    ], { dataset: { tech: '' } }));
   }
 
   function tick() {
@@ -548,20 +783,18 @@
     if (action === 'deny') {
       body = { deny: true };
       done = 'Denied prompt ' + id + '.';
-    } else if (action === 'approve-all') {
-      body = { approvedPaths: data.paths.slice() };
-      done = 'Approved prompt ' + id + ' as asked.';
     } else {
       const chosen = [];
-      for (const cb of card.querySelectorAll('input[type="checkbox"][data-path-index]')) {
-        if (!cb.checked) continue;
-        const i = idIn(cb, 'pathIndex');
-        const input = [...card.querySelectorAll('input[data-path-input]')].find((el) => idIn(el, 'pathInput') === i);
-        let path = input.value;
+      for (let i = 0; i < data.paths.length; i++) {
+        // A box only when several paths are asked; an edit box only for a folder.
+        const cb = card.querySelector('input[type="checkbox"][data-path-index="' + i + '"]');
+        if (cb && !cb.checked) continue;
+        const input = card.querySelector('input[data-path-input="' + i + '"]');
+        let path = input ? input.value : data.paths[i];
         while (path.length > 1 && path.endsWith('/')) path = path.slice(0, -1);
         if (!within(path, data.paths[i])) {
-          say('Path ' + (i + 1) + ' must be the path asked for, or a folder inside it.', 'error');
-          input.focus();
+          say('Path ' + (i + 1) + ' must be the folder asked for, or a folder inside it.', 'error');
+          if (input) input.focus();
           return;
         }
         chosen.push(path);
@@ -579,8 +812,8 @@
     card.removeAttribute('aria-busy');
     if (ok) answered.add(id);
     if (ok && card.isConnected) {
-      const box = $('prompts');
-      if (removeCard(card)) (box.querySelector('h3') || $('prompts-h')).focus();
+      const cards = $('prompts');
+      if (removeCard(card)) (cards.querySelector('h3') || $('prompts-h')).focus();
     }
   }
 
@@ -590,48 +823,62 @@
   // Words for screen readers only, so that each button's name says what it acts on.
   const srOnly = (...parts) => h('span', { class: 'visually-hidden' }, parts);
 
+  // What a session did, in words: requests, bytes, refusals.
+  function did(s) {
+    const errors = Number(s.errors) || 0;
+    const denials = Number(s.denials) || 0;
+    const failed = Math.max(0, errors - denials);
+    const moved = (n) => (Number(n) > 0 ? bytes(Number(n)) : 'nothing');
+    return [plural(Number(s.requests) || 0, 'request') + ': read ' + moved(s.bytesRead) +
+      ', wrote ' + moved(s.bytesWritten),
+    denials > 0 ? ['; ', h('strong', { class: 'bad' }, plural(denials, 'refusal'))] : '',
+    failed > 0 ? '; ' + count(failed) + ' failed' : ''];
+  }
+
   function sessionRows(sessions, roots) {
     return sessions.map((s) => {
       const id = s.id;
-      const errors = Number(s.errors) || 0;
-      const denials = Number(s.denials) || 0;
+      const who = label(s.order);
+      const r = reach(s, null);
       const grants = (Array.isArray(s.grants) ? s.grants : []).filter((g) => g && num(g.id) !== null);
-      return h('tr', { dataset: { sessionId: String(id), key: 's' + id } },
-        h('th', { scope: 'row', 'data-label': 'Session' }, String(id)),
-        td('Calls itself', typeof s.server === 'string' ? srv(s.server) : h('em', {}, 'no name given')),
-        td('Connection', [text(s.transport), ', protocol ', text(s.era), ', confinement ',
-          s.confinement == null ? 'none' : text(s.confinement)]),
-        td('Started', when(s.startedAt)),
-        td('Requests', count(s.requests)),
-        td('Read / written', bytes(s.bytesRead) + ' / ' + bytes(s.bytesWritten)),
-        td('Errors', count(errors), errors > 0 ? 'warm' : ''),
-        td('Denials', denials > 0 ? h('strong', {}, denials.toLocaleString() + ' refused') : '0',
-          denials > 0 ? 'hot' : ''),
-        td('Held now', [plural(s.uploads, 'upload'), plural(s.locks, 'lock'),
-          plural(s.watches, 'watch', 'watches')].join(', ')),
-        td('Grants', grants.length ? h('ul', { class: 'grants' }, grants.map((g) => {
-          const root = roots.find((r) => r.path === g.root);
+      return h('tr', { dataset: { sessionId: String(id), key: 's' + id, order: String(num(s.order) ?? '') } },
+        h('th', { scope: 'row', 'data-label': 'Server' }, named(s.server, s.order)),
+        td('Its access to your files', h('span', { class: 'reach reach-' + r.level }, r.words)),
+        td('Connected', when(s.startedAt)),
+        td('What it did', did(s), Number(s.denials) > 0 ? 'hot' : ''),
+        td('Allowed now', grants.length ? h('ul', { class: 'grants' }, grants.map((g) => {
+          const root = roots.find((x) => x.path === g.root);
           return h('li', { dataset: { grantId: String(g.id), key: 'g' + g.id } },
-            h('span', { class: 'grant-path' }, srv(String(g.path))),
-            h('span', { class: 'grant-root' }, ' in root ', root ? srv(root.name) : text(g.root)),
+            h('span', { class: 'grant-path' }, box(String(g.path), { max: PATH_MAX, middle: true })),
+            h('span', { class: 'grant-root' }, ' in ', root ? srv(root.name) : text(g.root)),
             ' ',
             h('button', { type: 'button', dataset: { action: 'revoke' } }, 'Revoke',
-              srOnly(' grant ' + g.id + ' of session ' + id)));
-        })) : 'none'),
+              srOnly(' grant ' + g.id + ' of ' + who)));
+        })) : 'nothing yet'),
         td('Actions', h('button', { type: 'button', class: 'danger', dataset: { action: 'end-session' } },
-          'End session', srOnly(' ' + id))));
+          'End session', srOnly(' of ' + who))),
+        td('Details', tech('Technical details', [
+          ...connectionFacts(s),
+          typeof s.server === 'string' ? ['Name in full', box(s.server, { block: true, cls: 'full' })] : null,
+          ['Requests', count(s.requests) + ' (errors ' + count(s.errors) + ', of them refusals ' + count(s.denials) + ')'],
+          ['Held now', [plural(s.uploads, 'unfinished upload'), plural(s.locks, 'kept lock'),
+            plural(s.watches, 'watch', 'watches')].join(', ')],
+        ])));
     });
   }
+
+  const CONSENT = { auto: 'without asking you', prompt: 'only once you approve', deny: 'never' };
 
   function rootRows(roots) {
     return roots.map((r) => {
       const action = r.paused ? 'resume' : 'pause';
       const tr = h('tr', { class: r.paused ? 'paused' : '' },
         h('th', { scope: 'row', 'data-label': 'Name' }, srv(r.name)),
-        td('Path', text(r.path)),
-        td('Mode', text(r.mode), r.mode === 'read-write' ? 'mode-rw-cell' : ''),
-        td('Consent', text(r.consent)),
-        td('State', r.paused ? h('strong', {}, 'paused') : 'active'),
+        td('Folder', text(r.path)),
+        td('Servers may', r.mode === 'read-write' ? 'read and change' : r.mode === 'read-only' ? 'read' : text(r.mode),
+          r.mode === 'read-write' ? 'mode-rw-cell' : ''),
+        td('Given to servers', Object.hasOwn(CONSENT, r.consent) ? CONSENT[r.consent] : text(r.consent)),
+        td('State', r.paused ? h('strong', {}, 'paused') : 'shared'),
         td('Action', h('button', { type: 'button', dataset: { action } },
           r.paused ? 'Resume' : 'Pause', srOnly(' root ', srv(r.name)))));
       tr.dataset.rootName = r.name; // text in a dataset value: never parsed as markup
@@ -643,15 +890,15 @@
   // ---------------------------------------------------------------- audit trail
 
   function renderAudit(a) {
-    const box = $('audit');
+    const dl = $('audit');
     const on = !!a && typeof a === 'object';
     $('audit-off').hidden = on;
-    box.hidden = !on;
-    if (!on) { box.dataset.chain = 'off'; return; }
+    dl.hidden = !on;
+    if (!on) { dl.dataset.chain = 'off'; return; }
     const c = a.chain && typeof a.chain === 'object' ? a.chain : {};
     const chain = c.intact === true ? 'intact' : c.intact === false ? 'broken' : 'unchecked';
-    box.dataset.chain = chain;
-    const set = (key, ...content) => fill(box.querySelector('[data-audit="' + key + '"]'), content);
+    dl.dataset.chain = chain;
+    const set = (key, ...content) => fill(dl.querySelector('[data-audit="' + key + '"]'), content);
     set('enabled', 'on');
     set('path', text(a.path));
     set('writable', a.writable === false ? h('strong', { class: 'bad' }, 'no: new records cannot be written') : 'yes');
@@ -672,50 +919,100 @@
 
   // ---------------------------------------------------------------- activity feed
 
-  const redacted = (hex) => h('span', { class: 'redacted' }, 'redacted ',
+  const redacted = (hex) => h('span', { class: 'redacted' }, 'a hidden path ',
     h('code', {}, srv(String(hex).slice(0, 8))), '…');
 
-  // The paths of a record, as text nodes: path (or its hash), a rename's new path, a
-  // consent request's paths, a consent answer's approved paths.
-  function pathsOf(r) {
+  // The paths of a record, each in its box (`full`: whole, for the details; else cut): path
+  // (or its hash), a rename's new path, a consent request's paths, a consent answer's
+  // approved paths.
+  function pathsOf(r, full) {
+    const show = (p) => (full ? box(String(p), { block: true, cls: 'full' }) : box(String(p), { max: PATH_MAX, middle: true }));
     const out = [];
-    if (typeof r.path === 'string') out.push(srv(r.path));
+    if (typeof r.path === 'string') out.push(show(r.path));
     else if (typeof r.pathSha256 === 'string') out.push(redacted(r.pathSha256));
-    if (typeof r.newPath === 'string') out.push(' → ', srv(r.newPath));
-    else if (typeof r.newPathSha256 === 'string') out.push(' → ', redacted(r.newPathSha256));
-    const lists = [[r.paths, srv], [r.approvedPaths, srv], [r.pathsSha256, redacted], [r.approvedSha256, redacted]];
-    for (const [list, show] of lists) {
+    if (typeof r.newPath === 'string') out.push(' to ', show(r.newPath));
+    else if (typeof r.newPathSha256 === 'string') out.push(' to ', redacted(r.newPathSha256));
+    const lists = [[r.paths, show], [r.approvedPaths, show], [r.pathsSha256, redacted], [r.approvedSha256, redacted]];
+    for (const [list, each] of lists) {
       if (!Array.isArray(list)) continue;
-      list.forEach((p, i) => out.push(out.length && i === 0 ? '; ' : i ? ', ' : '', show(String(p))));
+      list.forEach((p, i) => out.push(out.length && i === 0 ? '; ' : i ? ', ' : '', each(String(p))));
       const total = num(r.pathsCount);
       if (total !== null && total > list.length) out.push(' (and ' + (total - list.length) + ' more)');
     }
-    return out.length ? out : ['—'];
+    return out;
+  }
+
+  // What each request is, in words, and whether its path follows. A Map: the method is the
+  // server's string, and must not reach an object's own properties (`__proto__`).
+  const DOING = new Map([
+    ['roots/list', ['asked which folders it may use', false]],
+    ['files/read', ['read', true]],
+    ['files/list', ['listed the folder', true]],
+    ['files/checksum', ['checked what is in', true]],
+    ['files/write', ['wrote', true]],
+    ['files/create', ['created', true]],
+    ['files/delete', ['deleted', true]],
+    ['files/rename', ['renamed', true]],
+    ['files/unlock', ['unlocked', true]],
+    ['files/consent', ['asked you for', true]],
+    ['files/watch', ['started watching', true]],
+    ['files/unwatch', ['stopped watching', true]],
+    ['ping', ['checked that fsbroker answers', false]],
+  ]);
+
+  // Why a request failed, in words (its code is in the row's details).
+  const REASONS = new Map([
+    ['FILE_NOT_FOUND', 'not there'], ['INVALID_PATH', 'not a path it may use'],
+    ['IO_ERROR', 'the disk failed'], ['TIMEOUT', 'took too long'],
+    ['CONCURRENCY_CONFLICT', 'changed meanwhile'], ['QUOTA_EXCEEDED', 'over its limit'],
+    ['RATE_LIMITED', 'too many requests'], ['ALREADY_EXISTS', 'already there'],
+    ['CHECKSUM_MISMATCH', 'not what it expected'], ['FILE_LOCKED', 'locked'],
+    ['INVALID_PARAMS', 'a malformed request'], ['INVALID_REQUEST', 'a malformed request'],
+    ['PARSE_ERROR', 'a malformed request'], ['METHOD_NOT_FOUND', 'a request fsbroker does not know'],
+  ]);
+
+  function doing(r) {
+    const known = typeof r.method === 'string' && DOING.has(r.method) ? DOING.get(r.method) : null;
+    if (!known) return 'made a request fsbroker does not know';
+    const paths = known[1] ? pathsOf(r, false) : [];
+    return [known[0], paths.length ? [' ', paths] : ''];
+  }
+
+  // Whose a record is: its server, named as everywhere on the page.
+  function whose(r) {
+    const session = num(r.session);
+    if (session === null) return '—';
+    const order = num(r.order) ?? orders.get(session);
+    return named(r.server, order, SHORT_NAME_MAX);
   }
 
   function actText(r) {
     const n = (v) => (num(v) === null ? '?' : num(v));
+    const of = num(r.session) === null ? '' : ' of ' + label(num(r.order) ?? orders.get(num(r.session)));
     switch (r.event) {
-      case 'revoke-grant': return 'You revoked grant ' + n(r.grant);
-      case 'end-session': return 'You ended session ' + n(r.session);
-      case 'pause-root': return ['You paused root ', text(r.root)];
-      case 'resume-root': return ['You resumed root ', text(r.root)];
-      case 'consent-answer': return (r.granted ? 'You approved prompt ' : 'You denied prompt ') + n(r.prompt);
+      case 'revoke-grant': return 'You revoked grant ' + n(r.grant) + of;
+      case 'end-session': return 'You ended the session' + of;
+      case 'pause-root': return ['You paused ', text(r.root)];
+      case 'resume-root': return ['You resumed ', text(r.root)];
+      case 'consent-answer': return (r.granted ? 'You approved prompt ' : 'You denied prompt ') + n(r.prompt) + of;
       default: return ['Your act: ', text(r.event)];
     }
   }
 
   function addActivity(r) {
     const session = num(r.session);
-    if (session !== null) seenSessions.add(session);
+    if (session !== null) {
+      seenSessions.add(session);
+      if (num(r.order) !== null) orders.set(session, r.order);
+    }
     const time = h('td', { 'data-label': 'Time' });
     if (r.account === 'person' || typeof r.event === 'string') {
       newest = null;
       time.append(when(r.ts, true));
-      const where = pathsOf(r);
-      addRow(h('tr', { class: 'act' }, time, h('td', { 'data-label': 'Session' }, session === null ? '—' : String(session)),
-        h('td', { colspan: '5', class: 'act-text' }, h('strong', {}, actText(r)),
-          where[0] === '—' ? '' : [': ', where])), session);
+      const where = pathsOf(r, false);
+      addRow(h('tr', { class: 'act' }, time, h('td', { 'data-label': 'Server' }, session === null ? '—' : label(num(r.order) ?? orders.get(session))),
+        h('td', { colspan: '4', class: 'act-text' }, h('strong', {}, actText(r)),
+          where.length ? [': ', where] : '')), session);
       return;
     }
     const n = Math.max(1, num(r.count) || 1);
@@ -734,18 +1031,24 @@
       showCounts(newest);
       return;
     }
-    const cells = { time, bytes: h('td', { 'data-label': 'Bytes', class: 'num' }),
-      count: h('td', { 'data-label': 'Count', class: 'num' }) };
+    const cells = { time, bytes: h('td', { 'data-label': 'Amount', class: 'num' }),
+      count: h('td', { 'data-label': 'Times', class: 'num' }) };
     let result;
-    if (outcome === 'ok') result = 'ok';
-    else if (outcome === 'PERMISSION_DENIED') result = [h('span', { class: 'badge badge-refused' }, 'refused'), ' ', srv(outcome)];
-    else result = [h('span', { class: 'badge badge-failed' }, 'failed'), ' ', srv(outcome)];
+    if (outcome === 'ok') result = 'done';
+    else if (outcome === 'PERMISSION_DENIED') result = h('span', { class: 'badge badge-refused' }, 'refused');
+    else result = [h('span', { class: 'badge badge-failed' }, 'failed'), ' ', REASONS.get(outcome) || 'an error'];
     const also = num(r.alsoRefused);
+    const details = tech(doing(r), [
+      ['Request', typeof r.method === 'string' ? h('code', {}, box(r.method, { max: 64 })) : '—'],
+      session === null ? null : ['Session number', String(session)],
+      typeof r.server === 'string' ? ['Name in full', box(r.server, { block: true, cls: 'full' })] : null,
+      pathsOf(r, true).length ? ['Path in full', pathsOf(r, true)] : null,
+      ['Outcome', srv(outcome)],
+    ]);
     const row = h('tr', { class: outcome === 'ok' ? '' : outcome === 'PERMISSION_DENIED' ? 'refused' : 'failed' },
-      time, h('td', { 'data-label': 'Session' }, session === null ? '—' : String(session)),
-      h('td', { 'data-label': 'Method' }, text(r.method)),
-      h('td', { 'data-label': 'Path', class: 'path-cell' }, pathsOf(r)),
-      h('td', { 'data-label': 'Outcome' }, result,
+      time, h('td', { 'data-label': 'Server' }, whose(r)),
+      h('td', { 'data-label': 'What it did', class: 'path-cell' }, details),
+      h('td', { 'data-label': 'Result' }, result,
         also ? ' (and ' + also + ' more refused: too many requests)' : ''),
       cells.bytes, cells.count);
     newest = { key, row, cells, count: n, bytes: b, first, last,
@@ -764,7 +1067,7 @@
 
   function feedNote(message) {
     newest = null;
-    addRow(h('tr', { class: 'note' }, h('td', { colspan: '7' }, message)), null);
+    addRow(h('tr', { class: 'note' }, h('td', { colspan: '6' }, message)), null);
   }
 
   function addRow(row, session) {
@@ -810,12 +1113,13 @@
     if (sessions) lastOpen = sessions.map((s) => s.id);
     const select = $('feed-filter');
     const ids = [...seenSessions].sort((a, b) => a - b);
-    const sig = JSON.stringify([ids, lastOpen]);
+    const sig = JSON.stringify([ids, lastOpen, ids.map((id) => orders.get(id))]);
     if (select.dataset.sig === sig) return;
     select.dataset.sig = sig;
     const value = select.value;
-    select.replaceChildren(h('option', { value: '' }, 'All sessions'), ...ids.map((id) =>
-      h('option', { value: String(id) }, 'Session ' + id + (lastOpen.includes(id) ? '' : ' (ended)'))));
+    // Labels only: an option is plain text, where a server's name could not be boxed.
+    select.replaceChildren(h('option', { value: '' }, 'All servers'), ...ids.map((id) =>
+      h('option', { value: String(id) }, capital(labelOf(id)) + (lastOpen.includes(id) ? '' : ' (gone)'))));
     select.value = ids.includes(Number(value)) ? value : '';
   }
 
@@ -825,23 +1129,25 @@
     const btn = e.target instanceof Element ? e.target.closest('button[data-action]') : null;
     if (!btn) return;
     const action = btn.dataset.action;
-    if (action === 'approve-selected' || action === 'approve-all' || action === 'deny') {
+    if (action === 'approve-selected' || action === 'deny') {
       const card = btn.closest('[data-prompt-id]');
       if (card) answer(card, action);
     } else if (action === 'revoke') {
       const id = idIn(btn.closest('[data-grant-id]'), 'grantId');
       if (id !== null) post('/api/grants/' + id + '/revoke', undefined, 'Revoked grant ' + id + '.');
     } else if (action === 'end-session') {
-      const id = idIn(btn.closest('[data-session-id]'), 'sessionId');
+      const row = btn.closest('[data-session-id]');
+      const id = idIn(row, 'sessionId');
       if (id === null) return;
-      if (!window.confirm('End session ' + id + '? It loses all its access at once and its connection is closed.')) return;
-      post('/api/sessions/' + id + '/end', undefined, 'Ended session ' + id + '.');
+      const who = label(idIn(row, 'order'));
+      if (!window.confirm('End the session of ' + who + '? It loses all its access at once and its connection is closed.')) return;
+      post('/api/sessions/' + id + '/end', undefined, 'Ended the session of ' + who + '.');
     } else if (action === 'pause' || action === 'resume') {
       const row = btn.closest('[data-root-name]');
       const name = row && row.dataset.rootName;
       if (typeof name !== 'string') return;
       post('/api/roots/' + encodeURIComponent(name) + '/' + action, undefined,
-        [action === 'pause' ? 'Paused root ' : 'Resumed root ', srv(name), '.']);
+        [action === 'pause' ? 'Paused ' : 'Resumed ', srv(name), '.']);
     }
   });
 
