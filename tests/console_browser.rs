@@ -1596,6 +1596,12 @@ async fn save_prompt_screenshot(b: &Browser) {
         Engine::Firefox => "firefox",
     };
     let path = PathBuf::from(format!("{}-{engine}.png", prefix.to_string_lossy()));
+    // The card arrives with a short fade: the picture is of the card as it stays.
+    b.wait_js(
+        "the card's arrival drawn",
+        "document.getAnimations().length === 0",
+    )
+    .await;
     let png = b.c.screenshot().await.expect("a screenshot");
     png_size(&png);
     std::fs::write(&path, &png).expect("write the screenshot");
