@@ -114,7 +114,7 @@ impl Session {
 
     /// Whether the session's peer is a proxy that proved its link (`proxy --connect`).
     pub(crate) fn is_proxy_link(&self) -> bool {
-        self.state.transport() == crate::broker::Transport::Proxy
+        self.state.transport().is_proxy()
     }
 
     pub(crate) fn state(&self) -> &Arc<SessionState> {
@@ -170,7 +170,8 @@ impl Session {
     /// stands, so the name a person saw in one prompt is the name they see in the next), the
     /// revision its connection speaks (`protocolVersion`), the sandbox it started the
     /// server in (`confinement`, recorded in the audit log as the proxy's account), and that
-    /// its host has left (`hostLeft: true`: [`Session::host_left`]).
+    /// its host has left (`hostLeft: true`: [`Session::host_left`]), and that its server is a
+    /// remote one (`remote: true`, `proxy --url`: [`crate::broker::Transport::Remote`]).
     ///
     /// Only a proxy's link is heard: the note must carry the key of the shared broker's socket
     /// (`key`), which a proxy reads from the user's private runtime directory and a server,
@@ -188,6 +189,8 @@ impl Session {
             confinement: Option<serde_json::Value>,
             #[serde(default)]
             host_left: bool,
+            #[serde(default)]
+            remote: bool,
         }
         let ignore = |why: &str| {
             tracing::warn!(
@@ -220,8 +223,13 @@ impl Session {
         if self.broker.rate_limits().check_request(self.id()).is_err() {
             return ignore("the session is over its request rate");
         }
-        // A link that proves it is a proxy's is one.
-        self.set_transport(crate::broker::Transport::Proxy);
+        // A link that proves it is a proxy's is one; a remote server's says so (once said,
+        // it stays: the later notes are about the same server).
+        if peer.remote {
+            self.set_transport(crate::broker::Transport::Remote);
+        } else if !self.state.transport().is_proxy() {
+            self.set_transport(crate::broker::Transport::Proxy);
+        }
         if let Some(version) = &peer.protocol_version {
             self.set_modern(crate::jsonrpc::is_modern(version));
         }

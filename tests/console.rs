@@ -1595,3 +1595,46 @@ fn a_host_leaving_during_a_prompt_ends_the_proxy_cleanly() {
             && s["sessions"].as_array().is_some_and(Vec::is_empty)
     });
 }
+
+/// Rule: a remote server's session (`proxy --url`) is shown as one (`transport: "remote"`),
+/// with its own broker or linked to a shared one, so that the page does not tell the person
+/// it runs on this computer with their rights: it can only ask the broker for files. (It was
+/// shown as `proxy`, and its prompts warned of an unconfined local server.) No server needs
+/// to answer: the session exists from the proxy's start.
+#[test]
+fn a_remote_servers_session_is_shown_as_remote() {
+    let (_dir, base) = common::tempdir();
+    let root = base.join("r");
+    std::fs::create_dir(&root).unwrap();
+    let url_file = base.join("own.url");
+    // Nothing listens there: the host's first request would get the proxy's error.
+    let url = "http://127.0.0.1:9/mcp";
+    let mut own = Fsb::spawn(&[
+        "proxy",
+        "--root",
+        root.to_str().unwrap(),
+        "--console",
+        "--console-url-file",
+        url_file.to_str().unwrap(),
+        "--url",
+        url,
+    ]);
+    let console = Console::from_url_file(&url_file);
+    console.wait_state(WAIT, |s| s["sessions"][0]["transport"] == "remote");
+    own.close_stdin();
+    assert!(own.wait_exit(WAIT).is_some_and(|s| s.success()));
+
+    let shared = Setup::start(|b| {
+        std::fs::create_dir(b.join("open")).unwrap();
+        PolicyToml::new()
+            .root(RootToml::at(&b.join("open")).name("open"))
+            .unlimited()
+    });
+    let sock = shared.base.join("s.sock");
+    let mut linked = Fsb::spawn(&["proxy", "--connect", sock.to_str().unwrap(), "--url", url]);
+    shared
+        .console
+        .wait_state(WAIT, |s| s["sessions"][0]["transport"] == "remote");
+    linked.close_stdin();
+    assert!(linked.wait_exit(WAIT).is_some_and(|s| s.success()));
+}

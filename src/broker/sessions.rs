@@ -21,17 +21,26 @@ pub enum Transport {
     Socket,
     /// `fsbroker proxy`, in front of the server.
     Proxy,
+    /// `fsbroker proxy --url`, in front of a remote server: it runs on another computer and
+    /// cannot open this one's files itself, only ask the broker for them.
+    Remote,
 }
 
 impl Transport {
-    /// The name a console shows (`library`, `stdio`, `socket`, `proxy`).
+    /// The name a console shows (`library`, `stdio`, `socket`, `proxy`, `remote`).
     pub fn name(self) -> &'static str {
         match self {
             Transport::Library => "library",
             Transport::Stdio => "stdio",
             Transport::Socket => "socket",
             Transport::Proxy => "proxy",
+            Transport::Remote => "remote",
         }
+    }
+
+    /// Whether a proxy is in front of the server (local or remote).
+    pub fn is_proxy(self) -> bool {
+        matches!(self, Transport::Proxy | Transport::Remote)
     }
 }
 

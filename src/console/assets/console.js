@@ -318,6 +318,16 @@
           ' Nothing holds it to your answer, and it can reach your other files as well: only a ' +
           'confined server is held to what you approve.'] };
     }
+    if (s.transport === 'remote') {
+      return { reach: 'remote', level: 'ok', words: !paths
+        ? 'Runs on another computer: it can only ask fsbroker for files'
+        : [h('strong', {}, 'This server runs on another computer.'),
+          ' fsbroker reaches it over the network; it ' +
+          'cannot open your files itself. If you approve, it can ask fsbroker for ' +
+          (one && list[0].kind === 'file' ? 'this file' : 'what is there') + ', and fsbroker ' +
+          'holds it to ' + (ro ? 'reading only' : 'reading and changing') + ' and to what you ' +
+          'approve. What it reads leaves this computer.'] };
+    }
     if (s.transport === 'proxy') {
       const strict = conf === 'strict';
       const holds = ro ? 'reading only' : 'reading and changing';

@@ -109,7 +109,11 @@ pub struct ProxyOptions {
 /// Runs the proxy until the server exits; returns its exit code.
 pub async fn run(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     if let Link::Local(session) = &link {
-        session.set_transport(crate::broker::Transport::Proxy);
+        session.set_transport(if opts.remote.is_some() {
+            crate::broker::Transport::Remote
+        } else {
+            crate::broker::Transport::Proxy
+        });
         if let Some(confine) = &opts.confine {
             let mode = match confine.mode {
                 crate::policy::ConfineMode::Strict => "strict",
@@ -259,7 +263,7 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         host_reader,
         host_writer,
         to_host,
-    } = start_sides(link, &opts, &to_server, ending.clone(), person_ended).await?;
+    } = start_sides(link, &opts, false, &to_server, ending.clone(), person_ended).await?;
     let confined = opts.confine.is_some();
     let start = Arc::new(match &opts.confine {
         Some(confine) => Start::confined(Arc::clone(&init), tail, confine),
@@ -385,7 +389,7 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
         host_reader,
         host_writer,
         to_host,
-    } = start_sides(link, &opts, &to_server, ending, person_ended).await?;
+    } = start_sides(link, &opts, true, &to_server, ending, person_ended).await?;
     let closer = {
         let to_server = to_server.clone();
         tokio::spawn(async move {
@@ -426,10 +430,12 @@ struct Sides {
 }
 
 /// Starts the host's side and the broker's; the host's lines go to `to_server`, and `ending`
-/// is set once the host has gone (or the broker stops).
+/// is set once the host has gone (or the broker stops). `remote`: the server is a remote one
+/// (`--url`), which a shared broker is told.
 async fn start_sides(
     link: Link,
     opts: &ProxyOptions,
+    remote: bool,
     to_server: &mpsc::Sender<ToServer>,
     ending: tokio::sync::watch::Sender<bool>,
     person_ended: tokio::sync::watch::Sender<bool>,
@@ -470,8 +476,11 @@ async fn start_sides(
         // The link says at once that it is a proxy's (a console shows it so, and ending the
         // session ends the server); a shared broker records the confinement in its audit
         // log, as a local one does.
+        // A remote server's link says so: the console tells the person it cannot open this
+        // computer's files itself.
         let params = match &opts.confine {
             Some(confine) => serde_json::json!({ "confinement": confine.audit_record() }),
+            None if remote => serde_json::json!({ "remote": true }),
             None => serde_json::json!({}),
         };
         let line = super::peer_note(key.as_deref(), params);
