@@ -85,7 +85,10 @@ pub fn console_url_files() -> io::Result<Vec<(u32, PathBuf)>> {
         found.push((meta.modified().ok(), pid, entry.path()));
     }
     found.sort();
-    Ok(found.into_iter().map(|(_, pid, path)| (pid, path)).collect())
+    Ok(found
+        .into_iter()
+        .map(|(_, pid, path)| (pid, path))
+        .collect())
 }
 
 fn console_url_name(pid: u32) -> String {

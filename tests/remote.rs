@@ -317,7 +317,9 @@ fn an_expired_session_is_reported_to_the_host() {
         host.tool("expire_session", json!({}));
         // The proxy learns of it on its next request, or at once on its GET stream's
         // resumption: the call gets the error, or finds the proxy gone.
-        let id = host.fsb.send("tools/call", json!({"name": "sse_count", "arguments": {}}));
+        let id = host
+            .fsb
+            .send("tools/call", json!({"name": "sse_count", "arguments": {}}));
         while let Raw::Line(line) = host.fsb.next_line(Duration::from_secs(20)) {
             let r = line.value();
             if r["id"] != id {

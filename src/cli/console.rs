@@ -69,11 +69,17 @@ fn choose(pid: Option<u32>) -> Result<PathBuf, ExitCode> {
             );
             Err(ExitCode::FAILURE)
         }
-        1 => Ok(running.into_iter().next().map(|(_, f)| f).unwrap_or_default()),
+        1 => Ok(running
+            .into_iter()
+            .next()
+            .map(|(_, f)| f)
+            .unwrap_or_default()),
         n => {
             // The list goes to stdout (it is what was asked for); never a URL, whose ticket
             // is for the one console opened.
-            println!("{n} brokers have a console running; open one with `fsbroker console --pid PID`:");
+            println!(
+                "{n} brokers have a console running; open one with `fsbroker console --pid PID`:"
+            );
             println!("{:>8}  {:<22}  COMMAND", "PID", "ADDRESS");
             for (pid, file) in &running {
                 let address = crate::console::read_url_file(file)
@@ -101,7 +107,10 @@ fn command_line(pid: u32) -> String {
         .collect();
     let line = words.join(" ");
     // Control characters (a line break in an argument) would forge another row.
-    let line: String = line.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+    let line: String = line
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
     if line.chars().count() > WIDTH {
         let cut: String = line.chars().take(WIDTH - 1).collect();
         format!("{cut}…")
