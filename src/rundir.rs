@@ -13,9 +13,11 @@
 //! The directory is `/run/user/UID/fsbroker` when the system has a runtime directory for the
 //! user, else `/tmp/fsbroker-UID`. It is chosen from the user id alone, not from the
 //! environment, so two brokers sharing a log always find the same lock whatever `TMPDIR` or
-//! `XDG_RUNTIME_DIR` each was started with. `proxy --confine` never grants a server either
-//! place (both are shared directories its guard refuses), and the directory is refused unless
-//! it is a real directory owned by the user and closed to everyone else.
+//! `XDG_RUNTIME_DIR` each was started with; it still moves when `/run/user/UID` comes or goes
+//! (logind removes it at logout), so the files of every broker are protected in both places.
+//! `proxy --confine` never grants a server either place (both are shared directories its
+//! guard refuses), and the directory is refused unless it is a real directory owned by the
+//! user and closed to everyone else.
 
 // Ambient `std::fs` calls are allowed here (clippy.toml): the user's private runtime directory is the broker's own.
 #![allow(clippy::disallowed_methods)]
@@ -30,14 +32,15 @@ use crate::limits::KEY_WAIT_TRIES;
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use sha2::{Digest, Sha256};
 
-/// Where the directory is (it may not exist yet).
+/// Where the directory is (it may not exist yet): the first of [`places`] when the system
+/// has a runtime directory for the user, else the second.
 fn place() -> PathBuf {
     let uid = rustix::process::geteuid().as_raw();
-    let system = PathBuf::from(format!("/run/user/{uid}"));
-    if owned_dir(&system, uid) {
-        system.join("fsbroker")
+    let [system, tmp] = places();
+    if system.parent().is_some_and(|run| owned_dir(run, uid)) {
+        system
     } else {
-        PathBuf::from(format!("/tmp/fsbroker-{uid}"))
+        tmp
     }
 }
 
@@ -52,7 +55,8 @@ pub fn console_url_file() -> io::Result<PathBuf> {
 
 /// The URL files of the brokers running now that wrote theirs to the default place
 /// ([`console_url_file`]), each with its broker's process id, oldest first. A file whose
-/// broker is no longer running (killed before it could remove it) is left out, and removed.
+/// broker is no longer running (killed before it could remove it) is left out, but not
+/// removed: seen from another process namespace, a running broker looks gone too.
 pub fn console_url_files() -> io::Result<Vec<(u32, PathBuf)>> {
     let dir = dir()?;
     let mut found = Vec::new();
@@ -79,7 +83,6 @@ pub fn console_url_files() -> io::Result<Vec<(u32, PathBuf)>> {
             )
         });
         if !running {
-            let _ = std::fs::remove_file(entry.path());
             continue;
         }
         found.push((meta.modified().ok(), pid, entry.path()));
@@ -163,10 +166,24 @@ pub(crate) fn own_files(logs: &[PathBuf], socket: Option<&Path>) -> Vec<PathBuf>
 /// Every broker's files in the directory, as the starts of their names: the keys of shared
 /// brokers' sockets (`listen-…`) and the locks of audit logs (`audit-…`). A root that holds
 /// the directory (`/tmp`, `/run/user/UID`) must not hand another broker's key to a server,
-/// whichever broker it asks.
+/// whichever broker it asks. In both places the directory may be ([`places`]): a broker
+/// started after `/run/user/UID` went (logind removes it at logout) writes to the other.
 pub(crate) fn every_brokers_files() -> Vec<PathBuf> {
-    let dir = place();
-    vec![dir.join("listen-"), dir.join("audit-")]
+    places()
+        .into_iter()
+        .flat_map(|dir| [dir.join("listen-"), dir.join("audit-")])
+        .collect()
+}
+
+/// Both places the directory may be, whichever it is now: it moves when `/run/user/UID`
+/// comes or goes, and a broker's protection must cover another broker's files wherever
+/// that one put them.
+fn places() -> [PathBuf; 2] {
+    let uid = rustix::process::geteuid().as_raw();
+    [
+        PathBuf::from(format!("/run/user/{uid}/fsbroker")),
+        PathBuf::from(format!("/tmp/fsbroker-{uid}")),
+    ]
 }
 
 /// The consoles' files in the directory, as the start of their names: every broker's URL file
@@ -175,7 +192,10 @@ pub(crate) fn every_brokers_files() -> Vec<PathBuf> {
 /// rewritten through a temporary sibling (`NAME.RANDOM.tmp`) that carries it too; another
 /// broker's is as secret as this one's.
 pub(crate) fn console_files() -> Vec<PathBuf> {
-    vec![place().join(CONSOLE_URL_PREFIX)]
+    places()
+        .into_iter()
+        .map(|dir| dir.join(CONSOLE_URL_PREFIX))
+        .collect()
 }
 
 /// How the consoles' URL files in the directory are named: `console-PID.url`.
@@ -398,5 +418,30 @@ impl Drop for ProxyKey {
         if std::fs::read_to_string(&self.path).is_ok_and(|k| k == self.key) {
             let _ = std::fs::remove_file(&self.path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The other place is protected too: a broker started after `/run/user/UID` came or went
+    /// keeps its key and its console's URL there.
+    #[test]
+    fn every_brokers_files_are_protected_in_both_places() {
+        let protected: Vec<PathBuf> = every_brokers_files()
+            .into_iter()
+            .chain(console_files())
+            .collect();
+        for dir in places() {
+            for start in ["listen-", "audit-", "console-"] {
+                assert!(
+                    protected.contains(&dir.join(start)),
+                    "{}",
+                    dir.join(start).display()
+                );
+            }
+        }
+        assert!(places().contains(&place()));
     }
 }

@@ -1545,3 +1545,47 @@ fn a_get_stream_without_a_head_holds_up_nothing() {
     );
     fsb.kill_now();
 }
+
+/// Rule: a key in `--url`'s query never reaches stderr or the host, even when the server
+/// echoes it: in a refusal's message (a 400 naming the path it was asked) or in a redirect's
+/// `Location` (frameworks copy the query there), at the default log level and at `trace`.
+#[test]
+fn a_key_in_the_urls_query_is_never_shown_even_when_echoed() {
+    const KEY: &str = "k3yS3CRETvalue42";
+    for mode in ["echo", "redirect"] {
+        let server = Server::start(move |_req, stream| {
+            let path = format!("/mcp?api_key={KEY}");
+            if mode == "echo" {
+                let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": format!("bad request to {path}")}});
+                respond(
+                    stream,
+                    "400 Bad Request",
+                    &["Content-Type: application/json"],
+                    body.to_string().as_bytes(),
+                );
+            } else {
+                let location = format!("Location: http://127.0.0.1:1{path}");
+                respond(stream, "307 Temporary Redirect", &[&location], b"");
+            }
+        });
+        let url = format!("{}?api_key={KEY}", server.url);
+        let (_dir, mut fsb) = proxy(&url, &[], &[("RUST_LOG", "fsbroker=trace")]);
+        let r = initialize(&mut fsb);
+        let message = error_message(&r);
+        assert!(
+            message.contains(if mode == "echo" {
+                "HTTP 400"
+            } else {
+                "HTTP 307"
+            }),
+            "{mode}: {message}"
+        );
+        assert!(
+            !r.to_string().contains(KEY),
+            "{mode}: the host was shown the key: {r}"
+        );
+        fsb.end();
+        let log = fsb.log_text();
+        assert!(!log.contains(KEY), "{mode}: stderr shows the key: {log}");
+    }
+}

@@ -94,6 +94,53 @@ fn choose(pid: Option<u32>) -> Result<PathBuf, ExitCode> {
     }
 }
 
+/// A command line's words with what may be a secret hidden: a header's value (`--header
+/// NAME:VALUE`, a token) and a URL's credentials, query and fragment (`?api_key=…`).
+fn without_secrets(words: &[String]) -> Vec<String> {
+    let header = |value: &str| match value.split_once(':') {
+        Some((name, _)) => format!("{name}:…"),
+        None => "…".to_owned(),
+    };
+    let mut out = Vec::with_capacity(words.len());
+    let mut after_header = false;
+    for word in words {
+        let shown = if std::mem::take(&mut after_header) {
+            header(word)
+        } else if word == "--header" {
+            after_header = true;
+            word.clone()
+        } else if let Some(value) = word.strip_prefix("--header=") {
+            format!("--header={}", header(value))
+        } else if word.contains("://") {
+            url_without_secrets(word)
+        } else {
+            word.clone()
+        };
+        out.push(shown);
+    }
+    out
+}
+
+/// `text` up to its first `?` or `#` (then `?…`), without `user:password@`.
+fn url_without_secrets(text: &str) -> String {
+    let (bare, hidden) = match text.split_once(['?', '#']) {
+        Some((before, _)) => (before, true),
+        None => (text, false),
+    };
+    let mut shown = match bare.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            format!("{scheme}://{host}{path}")
+        }
+        None => bare.to_owned(),
+    };
+    if hidden {
+        shown.push_str("?…");
+    }
+    shown
+}
+
 /// A running process's command line, shortened to a line's width, from `/proc` (what a
 /// person recognises a broker by: `fsbroker proxy … -- npx -y SERVER`).
 fn command_line(pid: u32) -> String {
@@ -105,7 +152,7 @@ fn command_line(pid: u32) -> String {
         .filter(|w| !w.is_empty())
         .map(|w| String::from_utf8_lossy(w).into_owned())
         .collect();
-    let line = words.join(" ");
+    let line = without_secrets(&words).join(" ");
     // Control characters (a line break in an argument) would forge another row.
     let line: String = line
         .chars()
@@ -118,5 +165,35 @@ fn command_line(pid: u32) -> String {
         "?".to_owned()
     } else {
         line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listing_hides_headers_and_url_secrets() {
+        let words: Vec<String> = [
+            "fsbroker",
+            "proxy",
+            "--url",
+            "https://u:pw@h/mcp?api_key=SECRET",
+            "--header",
+            "Authorization:Bearer SECRET",
+            "--header=X-Key:SECRET",
+            "--console",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let shown = without_secrets(&words).join(" ");
+        assert!(
+            !shown.contains("SECRET") && !shown.contains("pw"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("https://h/mcp?…") && shown.contains("Authorization:…"),
+            "{shown}"
+        );
     }
 }

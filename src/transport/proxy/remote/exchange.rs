@@ -567,8 +567,16 @@ impl Remote {
             return failure;
         }
         if status.is_redirection() {
+            // Its query is not shown, whatever it holds: frameworks copy the request's query
+            // (a key) into the `Location` of a redirect that adds a slash.
             let location = header(LOCATION)
-                .map(|l| format!(" to {}", shown(&l)))
+                .map(|l| {
+                    let bare = match l.split_once(['?', '#']) {
+                        Some((before, _)) => format!("{before}?…"),
+                        None => l,
+                    };
+                    format!(" to {}", shown(&bare))
+                })
                 .unwrap_or_default();
             return Failure::Redirect {
                 url,

@@ -83,7 +83,7 @@ impl Http {
         ca_certs: &[PathBuf],
     ) -> Result<Http, RemoteError> {
         let uri: http::Uri = url.as_str().parse().map_err(|e| RemoteError::Url {
-            url: url.to_string(),
+            url: shown_url(url),
             reason: format!("{e}"),
         })?;
         let tls = tls_config(ca_certs)?;
@@ -110,7 +110,7 @@ impl Http {
             client,
             uri,
             url: shown_url(url).into(),
-            secrets: secrets(&headers),
+            secrets: secrets(&headers, url),
             headers,
         })
     }
@@ -160,12 +160,29 @@ impl Http {
 const SECRET_MIN: usize = 8;
 
 /// The strings [`Http::redact`] hides: each header value, the credential after its
-/// `Bearer `/`Basic ` scheme, and their percent-encoded forms (a URL quoting them), longest
-/// first so that a value goes whole before a part of it.
-fn secrets(headers: &HeaderMap) -> Vec<String> {
+/// `Bearer `/`Basic ` scheme, the URL's query and fragment (whole, and each value in them: a
+/// key in `?api_key=…`, which a server may echo in an error or a redirect's `Location`), and
+/// their percent-encoded forms (a URL quoting them), longest first so that a value goes whole
+/// before a part of it.
+fn secrets(headers: &HeaderMap, url: &url::Url) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for value in headers.values() {
-        let value = String::from_utf8_lossy(value.as_bytes()).trim().to_owned();
+    let mut from_url: Vec<String> = Vec::new();
+    for text in [url.query(), url.fragment()].into_iter().flatten() {
+        from_url.push(text.to_owned());
+        for (_, value) in url::form_urlencoded::parse(text.as_bytes()) {
+            from_url.push(value.into_owned());
+        }
+        // As written too: a value the server echoes undecoded.
+        from_url.extend(
+            text.split('&')
+                .filter_map(|pair| pair.split_once('=').map(|(_, v)| v.to_owned())),
+        );
+    }
+    let values = headers
+        .values()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
+        .chain(from_url);
+    for value in values {
         let mut parts = vec![value.clone()];
         if let Some((scheme, credential)) = value.split_once(' ') {
             if ["bearer", "basic"].contains(&scheme.to_ascii_lowercase().as_str()) {
@@ -208,6 +225,32 @@ pub(super) fn shown_url(url: &url::Url) -> String {
         text.push_str("?…");
     }
     text
+}
+
+/// A URL as given on the command line, for an error that refuses it: without its query and
+/// fragment (`?…`) or credentials (`user:password@`), and at most 200 characters, since it may
+/// not even parse.
+pub(super) fn shown_given(url: &str) -> String {
+    let (bare, hidden) = match url.split_once(['?', '#']) {
+        Some((before, _)) => (before, true),
+        None => (url, false),
+    };
+    let bare = match bare.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            format!("{scheme}://{host}{path}")
+        }
+        None => bare.to_owned(),
+    };
+    let mut shown: String = bare.chars().take(200).collect();
+    if shown.len() < bare.len() {
+        shown.push('…');
+    }
+    if hidden {
+        shown.push_str("?…");
+    }
+    shown
 }
 
 /// An error and its causes, as one line (hyper's own says only "client error (Connect)").
@@ -355,6 +398,37 @@ pub(super) fn user_header(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_url_is_shown_without_its_secrets() {
+        for given in [
+            "http://user:pw-SECRET@127.0.0.1:99999/mcp?api_key=SECRET",
+            "ftp://127.0.0.1/mcp#SECRET",
+        ] {
+            let shown = shown_given(given);
+            assert!(
+                !shown.contains("SECRET") && shown.ends_with("?…") == given.contains(['?', '#']),
+                "{given:?} became {shown:?}"
+            );
+        }
+        assert!(shown_given(&"x".repeat(70_000)).chars().count() <= 201);
+    }
+
+    #[test]
+    fn the_urls_query_is_redacted_in_every_form() {
+        let url =
+            url::Url::parse("http://127.0.0.1/mcp?team=blue&api_key=k3y%2FSECRET99#frag-SECRET")
+                .unwrap();
+        let http = Http::new(&url, HeaderMap::new(), &[]).unwrap();
+        for echo in [
+            "bad request to /mcp?team=blue&api_key=k3y%2FSECRET99",
+            "no such key k3y/SECRET99",
+            "fragment frag-SECRET",
+        ] {
+            let shown = http.redact(echo);
+            assert!(!shown.contains("SECRET"), "{echo:?} became {shown:?}");
+        }
+    }
 
     #[test]
     fn the_token_is_redacted_in_every_form() {

@@ -121,7 +121,7 @@ impl RemoteOptions {
     /// loopback is allowed, with a warning: its headers travel in the clear).
     pub fn new(url: &str) -> Result<RemoteOptions, RemoteError> {
         let bad = |reason: &str| RemoteError::Url {
-            url: url.to_owned(),
+            url: http::shown_given(url),
             reason: reason.to_owned(),
         };
         let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
