@@ -94,6 +94,11 @@ impl RateLimits {
         })
     }
 
+    /// Whether `bytes_per_second` limits anything (unlimited, nothing is ever owed).
+    pub(crate) fn limits_bytes(&self) -> bool {
+        self.bytes.is_some()
+    }
+
     /// Pays `bytes` from `session`'s budget, a burst-sized piece at a time, waiting as long
     /// as that takes (the caller bounds the wait).
     pub(crate) async fn pay(&self, session: u64, bytes: u64) {

@@ -331,6 +331,59 @@ fn the_byte_rate_bounds_what_the_disk_is_read_for() {
     );
 }
 
+/// Rule: small reads (64 KiB and under, the fast path) pay for what they may read before
+/// they read it, too: a flood of them at 64 KiB/s, with a `timeout_ms` short enough that
+/// paying runs out of time, reads the disk at the rate. Before, a small read read first and
+/// paid after, and one refused `TIMEOUT` while paying had read for nothing: 64 at once read
+/// 64 × 64 KiB per `timeout_ms`, whatever the rate (the hostile review of round 4 measured
+/// 20 times the limit).
+#[test]
+fn small_reads_pay_before_they_read() {
+    let (_t, root) = tempdir();
+    std::fs::write(root.join("f.bin"), vec![3u8; 1 << 20]).unwrap();
+    let (_p, mut b) = serve_policy(
+        &root,
+        "",
+        "bytes_per_second = 65536\nrequests_per_second = 0\ntimeout_ms = 500",
+    );
+    b.ok("ping", json!({}));
+    let before = bytes_read(b.pid());
+    let started = Instant::now();
+    let mut id = 0u64;
+    while started.elapsed() < Duration::from_secs(4) {
+        let mut lines = Vec::new();
+        for _ in 0..64 {
+            id += 1;
+            lines.extend(request_line(
+                id,
+                "files/read",
+                json!({"path": "r/f.bin", "encoding": "base64", "length": 65536, "offset": (id % 16) * 65536}),
+            ));
+        }
+        b.send_raw(&lines);
+        let (got, _) = collect(&mut b, 64);
+        for r in got.values() {
+            assert!(
+                r.get("result").is_some() || r["error"]["data"]["code"].is_string(),
+                "{r}"
+            );
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let read = bytes_read(b.pid()) - before;
+    println!(
+        "small reads: {id} requests in {secs:.1} s; the broker read {:.1} KiB",
+        read as f64 / 1024.0
+    );
+    // The rate for the time taken and the last requests' 0.5 s, its one-second burst, and
+    // the few reads that had paid when the flood stopped.
+    let bound = (secs + 0.5 + 1.0) * 65536.0 + f64::from(4 * 65536);
+    assert!(
+        (read as f64) < bound,
+        "at 64 KiB/s small reads read {read} bytes in {secs:.1} s"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. Timeouts
 // ---------------------------------------------------------------------------------------

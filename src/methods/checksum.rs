@@ -83,7 +83,14 @@ fn checksum(op: &Op, p: Params, rate: &RateLimits, session: u64) -> Result<Reply
     // A large file takes a while: the hash stops at the deadline (the caller has its
     // TIMEOUT by then) instead of holding a pool thread to the end.
     let go_on = || !deadline.expired();
-    let paced = || go_on() && rate.pay_blocking(session, digest::PIECE as u64, go_on);
+    // Each piece pays for what it will read: a whole piece, or the range's last bytes (a
+    // 10-byte file costs 10 bytes, not a piece).
+    let left = std::cell::Cell::new(len);
+    let paced = || {
+        let piece = left.get().min(digest::PIECE as u64);
+        left.set(left.get() - piece);
+        go_on() && rate.pay_blocking(session, piece, go_on)
+    };
     let hashed = digest::hash_range(&opened.file, p.offset, len, paced)
         .map_err(|e| Error::from_io(&e, &p.path))?;
     let Some((sha256, length)) = hashed else {

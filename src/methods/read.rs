@@ -76,17 +76,24 @@ enum Content {
 }
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
-    // The byte rate bounds what the disk is asked for, so it is asked before the work: a
-    // session whose budget is spent reads nothing; what a read read is paid after, waiting.
+    // The byte rate bounds what the disk is asked for, so it is paid before the work: a
+    // session whose budget is spent reads nothing, and a read reads only what it paid for.
     ctx.broker.rate_limits().admit_start(ctx.state.id)?;
     let budget = ctx
         .state
         .reserve_output(wanted(&ctx.policy, &params) / 3 * 4)
         .await;
     let bodies = Arc::clone(ctx.state.bodies());
-    let small = wanted(&ctx.policy, &params) <= crate::limits::MAX_INLINE_READ;
+    let wanted = wanted(&ctx.policy, &params);
+    let small = wanted <= crate::limits::MAX_INLINE_READ;
     // A big read pays for its bytes before it reads them, on its blocking thread (so a flood
-    // of big reads reads the disk at the rate); a small one, on the fast path, after.
+    // of big reads reads the disk at the rate); a small one before it starts, for all it may
+    // read (what EOF leaves unread is not given back): paid after, a read refused for time
+    // would have read for nothing, and a flood of them at any rate. Unlimited, the hot path
+    // awaits nothing.
+    if small && ctx.broker.rate_limits().limits_bytes() {
+        super::op::pay_bytes(ctx, (wanted as u64).saturating_sub(1024)).await?;
+    }
     let pay_first = (!small).then(|| (ctx.broker.rate_limits(), ctx.state.id));
     let work = move |op: &Op| read(op, params, &bodies, pay_first.as_ref());
     let mut reply = if small {
@@ -103,25 +110,6 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
         }
         permit
     });
-    let owed = if small {
-        reply.length.saturating_sub(1024)
-    } else {
-        0
-    };
-    // (Nothing owed, nothing to wait for: the 1 KiB reads of the hot path skip it.)
-    let paid = if owed > 0 {
-        super::op::pay_bytes(ctx, owed).await
-    } else {
-        Ok(())
-    };
-    if let Err(e) = paid {
-        // The server gets no content, so it must not be left holding a lock it never
-        // learned the id of.
-        if let Some(id) = &reply.lock_id {
-            let _ = ctx.broker.locks().unlock(id, ctx.state.id);
-        }
-        return Err(e);
-    }
     Ok(reply)
 }
 
