@@ -1518,27 +1518,75 @@ fn rename_across_two_roots() {
     assert_no_staging(&base);
 }
 
-#[test]
-fn rename_across_file_systems() {
-    let (_t, base) = tempdir();
+/// Two folders on different file systems (the temp dir and `/dev/shm`), or `None` with
+/// `SKIPPED` (a failure in CI) where there are no two.
+fn two_file_systems(base: &Path) -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
     let Ok(shm) = tempfile::Builder::new()
         .prefix("fsbroker-write-test")
         .tempdir_in("/dev/shm")
     else {
-        println!("SKIP: /dev/shm is not usable here");
-        return;
+        common::skipped("/dev/shm is not usable here");
+        return None;
     };
     let shm_root = shm.path().canonicalize().unwrap();
     let disk_root = base.join("disk");
     std::fs::create_dir(&disk_root).unwrap();
+    if std::fs::metadata(&disk_root).unwrap().dev() == std::fs::metadata(&shm_root).unwrap().dev() {
+        common::skipped("/dev/shm is on the same file system as the temp dir");
+        return None;
+    }
+    Some((shm, disk_root, shm_root))
+}
+
+/// Attack (the fourth hostile review): a move across file systems copies the whole file, and
+/// at 1 MiB/s the copy of 32 MiB must pay for it first: within `timeout_ms` it cannot, so the
+/// move is refused `TIMEOUT` before anything is read or written. (It copied 2 GB in 10 s.)
+#[test]
+fn a_move_across_file_systems_pays_the_byte_rate() {
+    let (_t, base) = tempdir();
+    let Some((_shm, disk_root, shm_root)) = two_file_systems(&base) else {
+        return;
+    };
+    std::fs::write(disk_root.join("big.bin"), vec![1u8; 32 << 20]).unwrap();
+    let policy = PolicyToml::new()
+        .root(RootToml::at(&disk_root).name("disk").rw())
+        .root(RootToml::at(&shm_root).name("shm").rw())
+        .unlimited_with("bytes_per_second = 1048576\ntimeout_ms = 1000")
+        .write_to(&base.join("policy.toml"));
+    let mut b = Fsb::spawn(&["serve", "--policy", policy.to_str().unwrap()]);
+    let e = b.err(
+        "files/rename",
+        json!({"oldPath": "disk/big.bin", "newPath": "shm/big.bin"}),
+    );
+    assert_eq!(code(&e), "TIMEOUT", "{e}");
+    assert_eq!(
+        std::fs::metadata(disk_root.join("big.bin")).unwrap().len(),
+        32 << 20
+    );
+    assert!(!shm_root.join("big.bin").exists());
+    assert_no_staging(&shm_root);
+    // A small one fits the rate and moves.
+    std::fs::write(disk_root.join("small.bin"), vec![2u8; 64 << 10]).unwrap();
+    b.ok(
+        "files/rename",
+        json!({"oldPath": "disk/small.bin", "newPath": "shm/small.bin"}),
+    );
+    assert_eq!(
+        std::fs::read(shm_root.join("small.bin")).unwrap().len(),
+        64 << 10
+    );
+}
+
+#[test]
+fn rename_across_file_systems() {
+    let (_t, base) = tempdir();
+    let Some((_shm, disk_root, shm_root)) = two_file_systems(&base) else {
+        return;
+    };
     let (dev_disk, dev_shm) = (
         std::fs::metadata(&disk_root).unwrap().dev(),
         std::fs::metadata(&shm_root).unwrap().dev(),
     );
-    if dev_disk == dev_shm {
-        println!("SKIP: /dev/shm is on the same file system as the temp dir");
-        return;
-    }
     let data = random_bytes(11, 3 * 1024 * 1024 + 5);
     std::fs::write(disk_root.join("big.bin"), &data).unwrap();
     std::fs::set_permissions(

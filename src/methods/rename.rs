@@ -16,6 +16,7 @@ use crate::locks::LockMode;
 use crate::methods::ping::Empty;
 use crate::sandbox::mutate::{self, Parent};
 use crate::sandbox::open;
+use crate::throttle::{self, RateLimits};
 
 /// `files/rename` parameters.
 #[derive(Debug, Deserialize)]
@@ -30,10 +31,14 @@ pub(crate) struct Params {
 }
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Empty>> {
-    ctx.owned().run(move |op| rename(op, &params)).await
+    let rate = ctx.broker.rate_limits();
+    let session = ctx.state.id;
+    ctx.owned()
+        .run(move |op| rename(op, &params, &rate, session))
+        .await
 }
 
-fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
+fn rename(op: &Op, p: &Params, rate: &RateLimits, session: u64) -> Result<Json<Empty>> {
     let (old_raw, new_raw) = (p.old_path.as_str(), p.new_path.as_str());
     let from = op.resolve(old_raw)?;
     let to = op.resolve(new_raw)?;
@@ -67,7 +72,16 @@ fn rename(op: &Op, p: &Params) -> Result<Json<Empty>> {
     match mutate::rename(&src, &dst, p.overwrite, deadline, old_raw, new_raw)? {
         Ok(()) => {}
         Err(rustix::io::Errno::XDEV) if kind.is_file() => {
-            copy_across(&src, &dst, p.overwrite, new_raw)?
+            // A copy reads the whole file: it pays for it as a read would, before reading (the
+            // byte rate bounds the disk work), within the request's time.
+            let pay = |bytes: u64| {
+                let go_on = || std::time::Instant::now() < deadline;
+                rate.pay_blocking(session, bytes, go_on)
+            };
+            copy_across(&src, &dst, p.overwrite, new_raw, pay).map_err(|e| match e {
+                Copied::Unpaid => throttle::timed_out(op.policy.limits().timeout),
+                Copied::Failed(e) => e,
+            })?
         }
         Err(rustix::io::Errno::XDEV) => {
             return Err(Error::new(
@@ -120,10 +134,33 @@ fn rename_error(e: rustix::io::Errno, overwrite: bool, old_raw: &str, new_raw: &
     }
 }
 
-/// Moves a regular file to another file system: copy into a staging file beside the target,
-/// commit it (without replacing unless `overwrite`), then remove the source.
-fn copy_across(src: &Parent, dst: &Parent, overwrite: bool, new_raw: &str) -> Result<()> {
+/// Why a move across file systems did not happen.
+enum Copied {
+    /// The byte rate was not paid in time: nothing was copied.
+    Unpaid,
+    Failed(Error),
+}
+
+impl From<Error> for Copied {
+    fn from(e: Error) -> Copied {
+        Copied::Failed(e)
+    }
+}
+
+/// Moves a regular file to another file system: pay for its bytes (`pay`: whether paid),
+/// copy into a staging file beside the target, commit it (without replacing unless
+/// `overwrite`), then remove the source.
+fn copy_across(
+    src: &Parent,
+    dst: &Parent,
+    overwrite: bool,
+    new_raw: &str,
+    pay: impl Fn(u64) -> bool,
+) -> std::result::Result<(), Copied> {
     let (mut file, meta) = src.open_existing(new_raw)?;
+    if !pay(meta.len()) {
+        return Err(Copied::Unpaid);
+    }
     let mut staged = dst.stage(new_raw)?;
     std::io::copy(&mut file, staged.file()).map_err(|e| Error::from_io(&e, new_raw))?;
     staged.finish(
@@ -142,5 +179,5 @@ fn copy_across(src: &Parent, dst: &Parent, overwrite: bool, new_raw: &str) -> Re
         })?;
     src.dir
         .remove_file(&src.name)
-        .map_err(|e| Error::from_io(&e, new_raw))
+        .map_err(|e| Error::from_io(&e, new_raw).into())
 }
