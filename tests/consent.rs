@@ -956,8 +956,7 @@ fn no_command_and_no_terminal_fails_closed_with_a_warning() {
 #[test]
 fn terminal_without_a_controlling_terminal_fails_closed() {
     if !have("setsid") {
-        eprintln!("skipped: util-linux setsid is not installed");
-        return;
+        return common::skipped("util-linux setsid is not installed");
     }
     let env = Env::new();
     for table in [Some("terminal = true\ntimeout_ms = 20000"), None] {
