@@ -53,7 +53,9 @@
 //!   server's Streamable HTTP client made to look like a child's stdin and stdout, with its
 //!   session, event streams and bounds), `relay.rs` (its queues), `eras/`
 //!   and `modern/` (the MCP 2026-07-28 era), `lenient/` (how the loosest host reader might
-//!   read a server's line, so that no reader can be handed one of the broker's methods).
+//!   read a server's line, so that no reader can be handed one of the broker's methods, and
+//!   its ids: `RequestId`, the one meaning of "the same id"), `pending.rs` (the one bounded
+//!   map of request ids every filter of the proxy keeps).
 //! - `host.rs`: the host's API, [`Session`] and [`Notifications`]; the transports use it too.
 //! - `methods/`: `mod.rs` is the table of every method (its name, what it does, its
 //!   handler); `call.rs` takes a request from arrival to answer (rate limit, dispatch, audit

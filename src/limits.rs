@@ -137,6 +137,11 @@ pub(crate) const MAX_MEMBERS: usize = 4096;
 /// once is unreadable anyway, and answered under at most a few of them.
 pub(crate) const MAX_IDS: usize = 8;
 
+/// How many of the server's requests the broker took the proxy remembers, so that the
+/// server's `notifications/cancelled` for one stays away from the host: a cancellation comes
+/// within the server's request timeout, long before this many more requests.
+pub(crate) const TAKEN_IDS: usize = 4096;
+
 /// How long a server told to end (SIGTERM) has before it is killed.
 pub const END_GRACE: Duration = Duration::from_secs(3);
 
@@ -419,6 +424,11 @@ pub(crate) const REMOTE_READS_KEPT: usize = 1024;
 /// Host requests the proxy answered with its own error whose ids it remembers, so that the
 /// server's late answer to one is not passed on as a second answer.
 pub(crate) const REMOTE_FAILED_KEPT: usize = 256;
+
+/// Host requests waiting for the remote server's answer at once; past this the next one is
+/// answered with the proxy's error instead of being sent. A host waits for its requests long
+/// before it has this many out: only a server that answers none of them gets near it.
+pub(crate) const REMOTE_PENDING: usize = 4096;
 
 /// Event streams the proxy follows at once that answer no host request (a stream opened for
 /// a notification or for the broker's answer, which nothing ends); past this a new one is

@@ -1,5 +1,5 @@
-//! Property tests of the crate's private layers: the line framer, the message parser, and
-//! the content codec. They are not part of the public surface, so their properties are
+//! Property tests of the crate's private layers: the line framer, the message parser, the
+//! content codec, and the proxy's one meaning of "the same request id". They are not part of the public surface, so their properties are
 //! checked here; the properties a host can see (the resolver, a session's answers, chunked
 //! reads) are in `tests/properties.rs`.
 
@@ -18,6 +18,7 @@ use crate::codec::{base64_into, utf8_prefix};
 use crate::error::ErrorKind;
 use crate::jsonrpc::{Incoming, parse};
 use crate::transport::framing::{Frame, LineReader};
+use crate::transport::{id_filters, same_request_id};
 
 /// Cases per property (or `PROPTEST_CASES`); nothing is persisted to disk.
 fn config(cases: u32) -> ProptestConfig {
@@ -370,5 +371,152 @@ proptest! {
         let reference = STANDARD.encode(&data);
         prop_assert_eq!(&out[prefix.len()..], reference.as_bytes());
         prop_assert_eq!(STANDARD.decode(&out[prefix.len()..]).ok(), Some(data));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request ids: every filter of the proxy pairs ids as `RequestId` does
+// ---------------------------------------------------------------------------------------------
+
+/// What an id stands for, before it is spelled.
+#[derive(Clone, Debug)]
+enum IdBase {
+    Int(i64),
+    Text(String),
+}
+
+fn id_base() -> impl Strategy<Value = IdBase> {
+    prop_oneof![
+        (-3i64..40).prop_map(IdBase::Int),
+        select(vec![
+            9_007_199_254_740_992i64,
+            9_007_199_254_740_993,
+            1_000_000_000_000_000_000,
+            i64::MAX,
+        ])
+        .prop_map(IdBase::Int),
+        "[ab1 _.x\u{661}\u{fffd}-]{0,4}".prop_map(IdBase::Text),
+        select(vec!["fsbroker-retry-0a-1", "a", "A", ""]).prop_map(|s| IdBase::Text(s.into())),
+    ]
+}
+
+/// `text` as a JSON string with every character escaped (`"\u0061"`).
+fn escaped(text: &str) -> String {
+    let units: String = text.encode_utf16().map(|u| format!("\\u{u:04x}")).collect();
+    format!("\"{units}\"")
+}
+
+/// The ways a peer may write `base` that some host reader takes for it, and a few near ones.
+fn id_spellings(base: &IdBase) -> Vec<String> {
+    match base {
+        IdBase::Int(n) => {
+            let digits = n.unsigned_abs().to_string();
+            let sign = if *n < 0 { "-" } else { "" };
+            // Arabic-Indic digits: Python's `int()` reads them.
+            let arabic: String = digits
+                .chars()
+                .map(|d| char::from_u32(0x660 + d.to_digit(10).unwrap_or(0)).unwrap_or('0'))
+                .collect();
+            let mut spellings = vec![
+                n.to_string(),
+                format!("{n}.0"),
+                format!("{n}e0"),
+                format!("{n}0e-1"),
+                format!("{sign}{digits}.000e+0"),
+                format!("\"{n}\""),
+                format!("\" {n}\\t\""),
+                format!("\"{n}.0\""),
+                format!("\"{n}e0\""),
+                format!("\"{n}\\u0000x\""),
+                escaped(&n.to_string()),
+                format!("\"{sign}{arabic}\""),
+                format!("{n}.5"),
+                format!("\"{n}a\""),
+            ];
+            if *n >= 0 {
+                spellings.push(format!("\"0x{n:x}\""));
+                spellings.push(format!("\"+{n}\""));
+            }
+            if *n == 0 {
+                spellings.extend(["-0".into(), "\"\"".into(), "-0.0".into()]);
+            }
+            spellings
+        }
+        IdBase::Text(text) => {
+            let json = serde_json::Value::String(text.clone()).to_string();
+            let body = &json[1..json.len() - 1];
+            vec![
+                json.clone(),
+                escaped(text),
+                format!("\"{body}\\ud800\""),
+                format!("\"{body}\\u0000tail\""),
+                format!("\"{body}\\ufffd\""),
+                format!("\"{body}z\""),
+            ]
+        }
+    }
+}
+
+/// Two spellings: of one base (`same`) or of two.
+fn id_pair() -> impl Strategy<Value = (String, String)> {
+    (
+        id_base(),
+        id_base(),
+        any::<bool>(),
+        any::<Index>(),
+        any::<Index>(),
+    )
+        .prop_map(|(first, second, same, i, j)| {
+            let a = id_spellings(&first);
+            let b = id_spellings(if same { &first } else { &second });
+            (i.get(&a).clone(), j.get(&b).clone())
+        })
+}
+
+/// A JSON number literal, or a line's bytes no JSON reader reads as one.
+fn id_literal() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "-?(0|[1-9][0-9]{0,2})(\\.[0-9]{1,3})?([eE][+-]?[0-9]{1,2})?",
+        // One token: a lenient scan ends an unquoted id at a blank.
+        "[0-9+.eExa\"\\\\-]{1,6}",
+        Just("null".to_owned()),
+        Just("1e400".to_owned()),
+        Just("[1]".to_owned()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    /// Every filter of the proxy that pairs messages by id (the stdio relay's `TakenIds` and
+    /// `Init`, the remote server's failed and pending ids, cancels, reads and session, the
+    /// eras' kept requests and unreadable ids, the lenient envelope), fed two spellings the
+    /// way the proxy feeds it, takes them for one exactly when `RequestId` does.
+    #[test]
+    fn every_id_filter_decides_as_request_id(
+        (a, b) in prop_oneof![id_pair(), (id_literal(), id_literal())],
+    ) {
+        let same = same_request_id(&a, &b);
+        for (filter, decided) in id_filters(&a, &b) {
+            if let Some(decided) = decided {
+                prop_assert_eq!(decided, same, "{} on {} and {}", filter, &a, &b);
+            }
+        }
+    }
+
+    /// Every spelling of an integer that a JavaScript or Python reader takes for it is one
+    /// id with it; and an integer id and any spelling of it that serde_json reads reach
+    /// every filter (none of them is left out by its reading).
+    #[test]
+    fn an_integer_is_one_id_however_it_is_spelled(n in -3i64..100_000, i in any::<Index>()) {
+        let spellings = id_spellings(&IdBase::Int(n));
+        let spelling = i.get(&spellings);
+        let near = *spelling == format!("{n}.5") || *spelling == format!("\"{n}a\"");
+        prop_assert_eq!(same_request_id(&n.to_string(), spelling), !near, "{}", spelling);
+        if serde_json::from_str::<serde_json::Value>(spelling).is_ok() {
+            for (filter, decided) in id_filters(&n.to_string(), spelling) {
+                prop_assert!(decided.is_some(), "{} never saw {}", filter, spelling);
+            }
+        }
     }
 }

@@ -619,6 +619,48 @@ fn the_servers_cancellation_of_a_request_the_broker_took_stays_away_from_the_hos
     assert_eq!(p.exit().code(), Some(0));
 }
 
+/// The cancellation of [`the_servers_cancellation_of_a_request_the_broker_took_stays_away_from_the_host`]
+/// with the id spelled as another number or as a string (`7.0`, `7e0`, `70e-1`, `"7"`, `" 7"`):
+/// every reader of numbers as doubles takes `7.0` for `7`, and the Python SDK's
+/// `coerce_request_id` takes `"7"` for it. It stays away from the host too (the relay used
+/// to compare a JSON round trip of the id, in which `7.0` and `"7"` are not `7`).
+#[test]
+fn a_respelled_cancellation_of_a_request_the_broker_took_stays_away_from_the_host() {
+    let fx = Fixture::new();
+    let mut p = fx.proxy(json!({}));
+    p.initialize();
+    p.initialized();
+    let mut lines = vec![r#"{"jsonrpc":"2.0","id":7,"method":"roots/list"}"#.to_owned()];
+    for spelling in ["7", "7.0", "7e0", "70e-1", r#""7""#, r#"" 7""#] {
+        lines.push(format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{spelling}}}}}"#
+        ));
+    }
+    // The host's own: a request of the server's it did get, then its cancellation.
+    lines.push(r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#.to_owned());
+    lines.push(
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":8}}"#
+            .to_owned(),
+    );
+    let result = p.tool(json!("raw-1"), "raw", json!({"lines": lines}));
+    assert_eq!(result["written"], json!(lines.len()));
+    let cancels: Vec<Value> = p
+        .received()
+        .iter()
+        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+        .filter(|m| m["method"] == "notifications/cancelled")
+        .map(|m| m["params"]["requestId"].clone())
+        .collect();
+    assert_eq!(
+        cancels,
+        vec![json!(8)],
+        "only the host's request's cancellation reaches it"
+    );
+    p.assert_host_saw_no_broker_traffic();
+    p.close_stdin();
+    assert_eq!(p.exit().code(), Some(0));
+}
+
 #[test]
 fn server_writing_non_json_is_relayed_verbatim() {
     let fx = Fixture::new();

@@ -1205,11 +1205,21 @@ fn a_request_answered_on_another_stream_frees_its_slot() {
 }
 
 /// The late answer of [`a_late_answer_after_the_proxys_error_is_dropped`], its id spelled
-/// another way a host's JSON reader takes for the same number (`1.0`, `1e0`, `10e-1`): still
-/// dropped, so the host never gets two answers for one request.
+/// another way a host's JSON reader takes for the same number (`1.0`, `1e0`, `10e-1`), or as
+/// a string the SDKs take for it (`"1"`: the TypeScript SDK pairs an answer by
+/// `Number(id)`, the Python SDK by `int(id)`): still dropped, so the host never gets two
+/// answers for one request. (The string spellings got through before `RequestId`: the
+/// remote's own key kept `"1"` apart from `1`.)
 #[test]
 fn a_late_answer_with_the_id_respelled_is_dropped() {
-    for spelling in ["{id}.0", "{id}e0", "{id}0e-1"] {
+    for spelling in [
+        "{id}.0",
+        "{id}e0",
+        "{id}0e-1",
+        "\"{id}\"",
+        "\" {id}\\t\"",
+        "\"{id}.0\"",
+    ] {
         let (tx, rx) = std::sync::mpsc::channel::<u64>();
         let rx = Mutex::new(rx);
         let server = Server::start(move |req, stream| match req.method.as_str() {
@@ -1256,8 +1266,12 @@ fn a_late_answer_with_the_id_respelled_is_dropped() {
             .iter()
             .filter_map(|l| {
                 let m: Value = serde_json::from_slice(l).ok()?;
-                (m["id"].as_f64() == Some(id as f64))
-                    .then(|| String::from_utf8_lossy(l).into_owned())
+                // The id as the TypeScript SDK pairs it: `Number(id)`.
+                let number = match &m["id"] {
+                    Value::String(s) => s.trim().parse().ok(),
+                    other => other.as_f64(),
+                };
+                (number == Some(id as f64)).then(|| String::from_utf8_lossy(l).into_owned())
             })
             .collect();
         assert_eq!(

@@ -7,6 +7,7 @@ pub(crate) mod framing;
 mod lenient;
 pub mod listen;
 pub(crate) mod modern;
+mod pending;
 pub(crate) mod pipe;
 pub mod proxy;
 mod relay;
@@ -31,3 +32,23 @@ pub(crate) fn peer_note(key: Option<&str>, mut params: serde_json::Value) -> Vec
     line
 }
 pub use serve::{ServeOptions, serve_connection, serve_stdio};
+
+/// For `properties.rs`: every filter of the proxy that pairs messages by id, and whether it
+/// takes the ids written `a` and `b` (JSON text) for one, fed each as the proxy feeds it;
+/// `None` where no message with them reaches the filter. Each must decide as
+/// [`same_request_id`] does.
+#[cfg(test)]
+pub(crate) fn id_filters(a: &str, b: &str) -> Vec<(&'static str, Option<bool>)> {
+    let mut filters = vec![("lenient_envelope", lenient::id_filter(a, b))];
+    filters.extend(eras::id_filters(a, b));
+    filters.extend(proxy::id_filters(a, b));
+    filters
+}
+
+/// For `properties.rs`: whether ids written `a` and `b` are one [`lenient::RequestId`]
+/// (`false` when either is no id).
+#[cfg(test)]
+pub(crate) fn same_request_id(a: &str, b: &str) -> bool {
+    let id = |t: &str| lenient::RequestId::parse(t.as_bytes());
+    id(a).is_some_and(|a| id(b) == Some(a))
+}

@@ -28,7 +28,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::sync::{Semaphore, mpsc};
 
-use super::lenient;
+use super::lenient::{self, RequestId};
 use super::modern::{self, Checked};
 use super::relay::ToServer;
 use crate::error::{Error, ErrorKind};
@@ -135,7 +135,7 @@ impl Eras {
                 line = modern::merge_responses(&line, &answers).unwrap_or(line);
             }
         }
-        let key = lenient::raw_id_key(id);
+        let key = RequestId::of_raw(id);
         if let Some(key) = key
             .filter(|_| modern::INPUT_METHODS.contains(&method) && line.len() <= MAX_KEPT_REQUEST)
         {
@@ -156,16 +156,12 @@ impl Eras {
         let Some(Value::Object(mut msg)) = modern::strict(&line) else {
             return line;
         };
-        let Some(key) = msg
-            .get("params")
-            .and_then(|p| p.get("requestId"))
-            .and_then(lenient::id_key)
-        else {
+        let Some(key) = cancelled_id(&msg) else {
             return line;
         };
         let mut state = self.state();
         state.take(&key);
-        let retried: Vec<String> = state
+        let retried: Vec<RequestId> = state
             .kept
             .iter()
             .filter(|(_, k)| k.host_key == key)
@@ -179,7 +175,12 @@ impl Eras {
             }
         }
         drop(state);
-        let Some(retry_id) = retry_id.and_then(|k| k.strip_prefix('s').map(str::to_owned)) else {
+        // The proxy's retry ids are strings no reader takes for a number.
+        let Some(retry_id) = retry_id
+            .as_ref()
+            .and_then(|k| k.as_text())
+            .map(str::to_owned)
+        else {
             return line;
         };
         if let Some(params) = msg.get_mut("params").and_then(Value::as_object_mut) {
@@ -223,7 +224,7 @@ impl Eras {
             }
             Checked::Input(ir) => ir,
         };
-        let kept = ir.key.as_deref().and_then(|k| self.state().take(k));
+        let kept = ir.key.as_ref().and_then(|k| self.state().take(k));
         if ir.broker_keys().is_empty() {
             // Only the host's input requests: the host answers them and retries itself.
             return match kept {
@@ -279,13 +280,12 @@ impl Eras {
             }
         }
         // One answer per distinct id, and few: a line may write its id any number of times.
-        let mut seen = std::collections::HashSet::new();
-        ids.retain(|id| lenient::id_key(id).is_some_and(|k| seen.insert(k)));
+        distinct(&mut ids);
         ids.truncate(MAX_UNREADABLE_IDS);
         let kept: Vec<Kept> = {
             let mut state = self.state();
             ids.iter()
-                .filter_map(lenient::id_key)
+                .filter_map(RequestId::of_value)
                 .filter_map(|k| state.take(&k))
                 .collect()
         };
@@ -371,4 +371,75 @@ impl Eras {
         frame.truncate(frame.trim_ascii_end().len());
         Some(frame)
     }
+}
+
+/// The request a host's `notifications/cancelled` (read as `msg`) cancels.
+fn cancelled_id(msg: &serde_json::Map<String, Value>) -> Option<RequestId> {
+    msg.get("params")
+        .and_then(|p| p.get("requestId"))
+        .and_then(RequestId::of_value)
+}
+
+/// `ids` without those that are no id, and each [`RequestId`] once (the first spelling).
+fn distinct(ids: &mut Vec<Value>) {
+    let mut seen = std::collections::HashSet::new();
+    ids.retain(|id| RequestId::of_value(id).is_some_and(|k| seen.insert(k)));
+}
+
+/// For `properties.rs` (through `transport::id_filters`): whether this era's filters take ids
+/// written `a` and `b` for one, each fed as the relay feeds it; `None` where no message with
+/// them reaches the filter.
+#[cfg(test)]
+pub(super) fn id_filters(a: &str, b: &str) -> Vec<(&'static str, Option<bool>)> {
+    // The host's request (`a`), kept as `host_request` keeps it.
+    let host = format!(r#"{{"jsonrpc":"2.0","id":{a},"method":"tools/call"}}"#);
+    let key = match jsonrpc::parse(host.as_bytes()) {
+        jsonrpc::Incoming::Request { id, .. } => RequestId::of_raw(id),
+        _ => None,
+    };
+    let kept = |key: RequestId| {
+        let mut state = EraState::default();
+        let kept = Kept {
+            host_id: RawValue::from_string("0".into()).ok()?,
+            host_key: key.clone(),
+            request: Vec::new(),
+            rounds: 0,
+        };
+        state.keep(key, kept).ok()?;
+        Some(state)
+    };
+    // The server's answer (`b`), as `server_message` reads it.
+    let answer = format!(r#"{{"jsonrpc":"2.0","id":{b},"result":{{}}}}"#);
+    let answered = key.clone().and_then(kept).and_then(|mut state| {
+        match modern::check_response(answer.as_bytes()) {
+            Checked::Plain(answer) => Some(answer.is_some_and(|k| state.take(&k).is_some())),
+            _ => None,
+        }
+    });
+    // The host's cancellation (`b`), as `cancelled` reads it.
+    let cancel = format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{b}}}}}"#
+    );
+    let cancelled = key.and_then(kept).and_then(|mut state| {
+        let Some(Value::Object(msg)) = modern::strict(cancel.as_bytes()) else {
+            return None;
+        };
+        Some(cancelled_id(&msg).is_some_and(|k| state.take(&k).is_some()))
+    });
+    // The ids of an unreadable message, each answered once.
+    let unreadable = match (serde_json::from_str(a), serde_json::from_str(b)) {
+        (Ok(a), Ok(b))
+            if RequestId::of_value(&a).is_some() && RequestId::of_value(&b).is_some() =>
+        {
+            let mut ids = vec![a, b];
+            distinct(&mut ids);
+            Some(ids.len() == 1)
+        }
+        _ => None,
+    };
+    vec![
+        ("eras kept (answered)", answered),
+        ("eras kept (cancelled)", cancelled),
+        ("eras unreadable ids", unreadable),
+    ]
 }

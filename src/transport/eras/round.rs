@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::state::Kept;
@@ -17,7 +16,7 @@ use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
 use crate::limits::{MAX_ANSWER_BYTES, MAX_BROKER_INPUTS};
 use crate::outgoing::Outgoing;
-use crate::transport::lenient;
+use crate::transport::lenient::RequestId;
 use crate::transport::modern;
 use crate::transport::relay::ToServer;
 
@@ -47,7 +46,7 @@ impl Eras {
                     .await;
                 return;
             };
-            let key = lenient::id_key(&Value::String(id)).unwrap_or_default();
+            let key = RequestId::of_text(&id);
             let retry = Kept {
                 rounds: kept.rounds + 1,
                 ..kept

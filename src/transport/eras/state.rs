@@ -13,26 +13,27 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde_json::value::RawValue;
 
 use crate::limits::{MAX_KEPT, MAX_KEPT_BYTES, MAX_STASHED, MAX_STASHED_BYTES};
+use crate::transport::lenient::RequestId;
+use crate::transport::pending::PendingIds;
 
 /// A host request the proxy may have to send again.
 pub(super) struct Kept {
     /// The host's id for it, as the host wrote it.
     pub(super) host_id: Box<RawValue>,
-    /// [`id_key`](crate::transport::lenient::id_key) of the host's id.
-    pub(super) host_key: String,
+    /// The host's id, as the peers pair ids.
+    pub(super) host_key: RequestId,
     /// The request as first sent, which each round sends again.
     pub(super) request: Vec<u8>,
     /// Rounds of input requests the broker has answered for it.
     pub(super) rounds: u32,
 }
 
-#[derive(Default)]
 pub(super) struct EraState {
     /// Whether the host's requests are of the 2026-07-28 era (the last one decides).
     pub(super) modern: bool,
-    /// Kept host requests by the [`id_key`](crate::transport::lenient::id_key) the server
-    /// answers under: the host's own id, or the proxy's retry id.
-    pub(super) kept: HashMap<String, Kept>,
+    /// Kept host requests by the id the server answers under: the host's own id, or the
+    /// proxy's retry id.
+    pub(super) kept: PendingIds<Kept>,
     /// Bytes of the requests in `kept`.
     kept_bytes: usize,
     /// The broker's input responses waiting for the host's retry, by
@@ -44,14 +45,27 @@ pub(super) struct EraState {
     stash_bytes: usize,
 }
 
+impl Default for EraState {
+    fn default() -> EraState {
+        EraState {
+            modern: false,
+            kept: PendingIds::new(MAX_KEPT),
+            kept_bytes: 0,
+            stash: HashMap::new(),
+            stash_order: VecDeque::new(),
+            stash_bytes: 0,
+        }
+    }
+}
+
 fn answers_bytes(answers: &BTreeMap<String, Box<RawValue>>) -> usize {
     answers.iter().map(|(k, v)| k.len() + v.get().len()).sum()
 }
 
 impl EraState {
     /// Keeps `kept` under `key`; gives it back when the bounds are reached.
-    pub(super) fn keep(&mut self, key: String, kept: Kept) -> Result<(), Kept> {
-        if self.kept.len() >= MAX_KEPT || self.kept_bytes + kept.request.len() > MAX_KEPT_BYTES {
+    pub(super) fn keep(&mut self, key: RequestId, kept: Kept) -> Result<(), Kept> {
+        if !self.kept.has_room_for(&key) || self.kept_bytes + kept.request.len() > MAX_KEPT_BYTES {
             tracing::warn!(
                 kept = self.kept.len(),
                 "too many host requests waiting; this one's input requests will not be answered by the broker"
@@ -59,13 +73,15 @@ impl EraState {
             return Err(kept);
         }
         self.kept_bytes += kept.request.len();
-        if let Some(old) = self.kept.insert(key, kept) {
+        if let Some(old) = self.kept.remove(&key) {
             self.kept_bytes -= old.request.len();
         }
+        // Room was made sure of: nothing is let go.
+        self.kept.insert(key, kept);
         Ok(())
     }
 
-    pub(super) fn take(&mut self, key: &str) -> Option<Kept> {
+    pub(super) fn take(&mut self, key: &RequestId) -> Option<Kept> {
         let kept = self.kept.remove(key)?;
         self.kept_bytes -= kept.request.len();
         Some(kept)

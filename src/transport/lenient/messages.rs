@@ -10,7 +10,7 @@ use serde::de::IgnoredAny;
 use serde_json::Value;
 
 use super::{
-    CONTROL_PREFIX, decode_escapes, fold_case, id_key, is_broker_method, is_claimed,
+    CONTROL_PREFIX, RequestId, decode_escapes, fold_case, is_broker_method, is_claimed,
     is_control_method, json_string, lenient_name, string_end, string_readings,
 };
 use crate::limits::MAX_IDS;
@@ -19,9 +19,11 @@ use crate::limits::MAX_IDS;
 /// a cut-off end), and whether it has a top-level `method` (may be a request), found by a
 /// scan that follows only strings and nesting, so the request it answers can still get an
 /// error. Member names are read as a lenient reader reads them ([`lenient_name`]: `"ID"` is
-/// an id). At most [`MAX_IDS`] ids, distinct; ids that do not parse (`NaN`) are left out.
+/// an id). At most [`MAX_IDS`] ids, distinct as [`RequestId`]s (`1` and `1.0` are one); ids
+/// that do not parse (`NaN`) are left out.
 pub(crate) fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
     let mut ids: Vec<Value> = Vec::new();
+    let mut seen: Vec<RequestId> = Vec::new();
     let mut method = false;
     let mut depth = 0usize;
     let mut expect_key = false;
@@ -55,8 +57,11 @@ pub(crate) fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
                                 .map_or(line.len(), |p| start + p),
                         };
                         if let Ok(id) = serde_json::from_slice::<Value>(&line[start..stop]) {
-                            if id_key(&id).is_some() && !ids.contains(&id) {
-                                ids.push(id);
+                            if let Some(key) = RequestId::of_value(&id) {
+                                if !seen.contains(&key) {
+                                    seen.push(key);
+                                    ids.push(id);
+                                }
                             }
                         }
                     }
@@ -75,6 +80,21 @@ pub(crate) fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
         i += 1;
     }
     (ids, method)
+}
+
+/// For `properties.rs` (through `transport::id_filters`): whether [`lenient_envelope`] takes
+/// ids written `a` and `b` for one (answers them once); `None` when either is not one JSON
+/// value (the scan may read it as part of another) or is read as no id.
+#[cfg(test)]
+pub(in crate::transport) fn id_filter(a: &str, b: &str) -> Option<bool> {
+    let ids = |line: String| lenient_envelope(line.as_bytes()).0.len();
+    for id in [a, b] {
+        serde_json::from_str::<IgnoredAny>(id).ok()?;
+        if ids(format!(r#"{{"id":{id}}}"#)) != 1 {
+            return None;
+        }
+    }
+    Some(ids(format!(r#"{{"id":{a},"id":{b}}}"#)) == 1)
 }
 
 fn skip_ws(line: &[u8], mut i: usize) -> usize {
@@ -282,6 +302,8 @@ mod tests {
             lenient_envelope(b"{\"a\":[{\"id\":1}],\"i\\u0064\" : \"q\\\"\" ,\"b\":\xff}");
         assert_eq!(ids, vec![serde_json::json!("q\"")]);
         assert!(lenient_envelope(br#"{"id":NaN}"#).0.is_empty());
+        let (ids, _) = lenient_envelope(br#"{"id":1,"id":1.0,"id":"1","id":"a","id":"a"}"#);
+        assert_eq!(ids, vec![serde_json::json!(1), serde_json::json!("a")]);
         assert!(lenient_envelope(br#"{"x":"\"id\":3"}"#).0.is_empty());
         let many: String = (0..20).map(|n| format!(r#""id":{n},"#)).collect();
         assert_eq!(

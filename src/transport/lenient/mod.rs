@@ -9,18 +9,21 @@
 //! (or the proxy's own)?" is asked here, of every reading at once:
 //!
 //! - this file: one name or one string literal, read each lenient way ([`lenient_name`],
-//!   [`string_readings`]), and ids compared as the peers compare them ([`id_key`]);
+//!   [`string_readings`]);
+//! - `id.rs`: a request id as the peers might take it ([`RequestId`]): two ids any reader
+//!   could take for one are one;
 //! - `messages.rs`: a line's messages at their top level (their methods, their ids), by
 //!   scans no line can escape;
 //! - `inputs.rs`: the input requests of an `input_required` result, at any depth.
 
+mod id;
 mod inputs;
 mod messages;
 
-use serde_json::Value;
-use serde_json::value::RawValue;
-
+pub(crate) use id::RequestId;
 pub(crate) use inputs::input_claims;
+#[cfg(test)]
+pub(super) use messages::id_filter;
 pub(super) use messages::names_broker_method;
 pub(crate) use messages::{lenient_envelope, message_methods};
 
@@ -89,29 +92,6 @@ fn fold_case(text: &str) -> String {
 /// Whether a method is the broker's or the proxy's own: never the host's.
 pub(super) fn is_claimed(method: &str) -> bool {
     is_broker_method(method) || is_control_method(method)
-}
-
-/// What identifies a JSON-RPC id the way the peers compare ids: strings by their decoded
-/// text, numbers by value (`3`, `3.0` and `3e0` are one id to JavaScript and to Python).
-/// `None` for anything that is not an id.
-pub(crate) fn id_key(id: &Value) -> Option<String> {
-    match id {
-        Value::String(s) => Some(format!("s{s}")),
-        Value::Number(n) => {
-            let f = n.as_f64()?;
-            if f.fract() == 0.0 && f.abs() < 1e18 {
-                Some(format!("n{}", f as i64))
-            } else {
-                Some(format!("n{f:?}"))
-            }
-        }
-        _ => None,
-    }
-}
-
-/// [`id_key`] of an id as written.
-pub(crate) fn raw_id_key(id: &RawValue) -> Option<String> {
-    id_key(&serde_json::from_str(id.get()).ok()?)
 }
 
 /// Just past the end of the string whose opening quote is at `start` (or the line's end).

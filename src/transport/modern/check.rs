@@ -15,15 +15,17 @@ use serde_json::value::RawValue;
 
 use super::skeleton::Skeleton;
 use super::{Members, members};
-use crate::transport::lenient::{id_key, input_claims, is_broker_method, is_claimed, lenient_name};
+use crate::transport::lenient::{
+    RequestId, input_claims, is_broker_method, is_claimed, lenient_name,
+};
 
 /// A result asking for input.
 #[derive(Debug)]
 pub(crate) struct InputRequired {
     /// The response's id as the server wrote it.
     pub id: Option<Box<RawValue>>,
-    /// [`id_key`] of that id.
-    pub key: Option<String>,
+    /// That id, as the peers pair ids.
+    pub key: Option<RequestId>,
     /// The input requests, by key, as the server wrote them.
     pub requests: BTreeMap<String, Box<RawValue>>,
     /// The method of each input request that names one (decoded).
@@ -62,9 +64,9 @@ impl InputRequired {
 /// What a message from the server is, to the proxy.
 #[derive(Debug)]
 pub(crate) enum Checked {
-    /// Anything but an `input_required` result: it may go to the host as written. Carries the
-    /// [`id_key`] of its id, if it has one.
-    Plain(Option<String>),
+    /// Anything but an `input_required` result: it may go to the host as written. Carries its
+    /// id, if it has one.
+    Plain(Option<RequestId>),
     /// Not JSON that reads one way only where it matters (a member written twice at the
     /// levels that decide where it goes, in any case; a deciding member spelled other than
     /// exactly; bytes that are not UTF-8, a lone surrogate, not an object, a result that is
@@ -88,8 +90,8 @@ pub(crate) enum Checked {
 /// Reads a message from the server for what matters to the host: whether it asks for input.
 ///
 /// It is read the way the peers' parsers read it, the most lenient of them included: escapes
-/// are decoded (`"input_\u0072equired"` is `input_required`), ids are compared by value
-/// ([`id_key`]), member names as a case-insensitive reader matches them ([`lenient_name`]:
+/// are decoded (`"input_\u0072equired"` is `input_required`), ids are compared as
+/// [`RequestId`]s (`1`, `1.0` and `"1"` are one), member names as a case-insensitive reader matches them ([`lenient_name`]:
 /// `"Result"`, `"InputRequests"` and `"Method"` are `result`, `inputRequests` and `method` to
 /// .NET's web defaults), and a member written twice where it decides anything (the message's,
 /// its result's, each input request's members, in any case; the input requests' keys as
@@ -136,7 +138,7 @@ pub(crate) fn check_response(line: &[u8]) -> Checked {
             broker,
         };
     }
-    let key = sk.ids.first().and_then(id_key);
+    let key = sk.ids.first().and_then(RequestId::of_value);
     let result = sk.result.unwrap_or_default();
     let asks = result.result_type.as_ref().and_then(Value::as_str) == Some("input_required");
     if claims.top {

@@ -16,10 +16,12 @@ use tokio::sync::mpsc;
 
 use super::broker::BrokerSide;
 use crate::jsonrpc::{self, Incoming};
+use crate::limits::TAKEN_IDS;
 use crate::outgoing::Outgoing;
 use crate::transport::eras::{Eras, Outputs};
 use crate::transport::framing::{Frame, LineReader};
-use crate::transport::lenient;
+use crate::transport::lenient::{self, RequestId};
+use crate::transport::pending::PendingIds;
 use crate::transport::relay::{Budget, ToServer};
 use crate::transport::serve::too_long;
 
@@ -151,14 +153,15 @@ impl Init {
         ids.pending.is_some() || ids.failed.is_some()
     }
 
-    /// What a response of the server's with `id` is to the host's `initialize`.
+    /// What a response of the server's with `id` is to the host's `initialize` (the same
+    /// [`RequestId`], however the server spelled it: the host takes it so).
     fn answer(&self, id: &RawValue) -> Answer {
         let mut ids = self.ids();
-        if ids.pending.as_deref().is_some_and(|p| p.get() == id.get()) {
+        if ids.pending.as_deref().is_some_and(|p| same_id(p, id)) {
             // Only the one answer matters; later responses are not parsed.
             ids.pending = None;
             Answer::Initialize
-        } else if ids.failed.as_deref().is_some_and(|f| f.get() == id.get()) {
+        } else if ids.failed.as_deref().is_some_and(|f| same_id(f, id)) {
             Answer::Late
         } else {
             Answer::Other
@@ -216,7 +219,7 @@ pub(super) async fn relay_server<R: AsyncRead + Unpin>(
 ) {
     let to_host = &relay.out.to_host;
     let budget = Budget::new();
-    let mut taken = TakenIds::default();
+    let mut taken = TakenIds::new();
     let mut reader = LineReader::new(output, max);
     while let Ok(Some(frame)) = reader.next_frame().await {
         let line = match frame {
@@ -282,34 +285,22 @@ pub(super) async fn relay_server<R: AsyncRead + Unpin>(
     }
 }
 
-/// The ids of the server's latest requests the broker took, in one spelling
-/// ([`canonical_id`]), so that the server's `notifications/cancelled` for them stays away
+/// The ids of the server's latest requests the broker took (the last [`TAKEN_IDS`]), so
+/// that the server's `notifications/cancelled` for them, however it spells the id, stays away
 /// from the host.
-#[derive(Default)]
-struct TakenIds {
-    set: std::collections::HashSet<String>,
-    order: std::collections::VecDeque<String>,
-}
-
-/// How many of the server's requests [`TakenIds`] remembers: a cancellation comes within the
-/// server's request timeout, long before this many more requests.
-const TAKEN_IDS: usize = 4096;
+struct TakenIds(PendingIds<()>);
 
 impl TakenIds {
+    fn new() -> TakenIds {
+        TakenIds(PendingIds::new(TAKEN_IDS))
+    }
+
     fn note(&mut self, line: &[u8]) {
         let Incoming::Request { id, .. } = jsonrpc::parse(line) else {
             return;
         };
-        let Some(id) = canonical_id(id.get()) else {
-            return;
-        };
-        if self.set.insert(id.clone()) {
-            self.order.push_back(id);
-            if self.order.len() > TAKEN_IDS {
-                if let Some(old) = self.order.pop_front() {
-                    self.set.remove(&old);
-                }
-            }
+        if let Some(id) = RequestId::of_raw(id) {
+            self.0.insert(id, ());
         }
     }
 
@@ -322,16 +313,14 @@ impl TakenIds {
         }
         params
             .and_then(|p| serde_json::from_str::<Cancelled>(p.get()).ok())
-            .and_then(|c| canonical_id(c.request_id.get()))
-            .is_some_and(|id| self.set.contains(&id))
+            .and_then(|c| RequestId::of_raw(c.request_id))
+            .is_some_and(|id| self.0.contains(&id))
     }
 }
 
-/// An id's one spelling: `"a"` and `"\u0061"` are the same id to the server.
-fn canonical_id(raw: &str) -> Option<String> {
-    serde_json::from_str::<Value>(raw)
-        .ok()
-        .map(|v| v.to_string())
+/// Whether two ids as written are one [`RequestId`].
+fn same_id(a: &RawValue, b: &RawValue) -> bool {
+    RequestId::of_raw(a).is_some_and(|a| RequestId::of_raw(b) == Some(a))
 }
 
 /// Where a line from the server goes.
@@ -427,4 +416,50 @@ fn learn_server_name(line: &[u8], init: &Init, broker: &mut BrokerSide) -> bool 
         broker.name_server(name);
     }
     true
+}
+
+/// For `properties.rs` (through `transport::id_filters`): whether this file's filters take
+/// ids written `a` and `b` for one, each fed as the relay feeds it; `None` where no message
+/// with them reaches the filter.
+#[cfg(test)]
+pub(super) fn id_filters(a: &str, b: &str) -> Vec<(&'static str, Option<bool>)> {
+    // The server's request the broker took (`a`), and its cancellation (`b`).
+    let taken = {
+        let request = format!(r#"{{"jsonrpc":"2.0","id":{a},"method":"roots/list"}}"#);
+        let cancel = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{b}}}}}"#
+        );
+        let mut taken = TakenIds::new();
+        match (
+            jsonrpc::parse(request.as_bytes()),
+            jsonrpc::parse(cancel.as_bytes()),
+        ) {
+            (Incoming::Request { .. }, Incoming::Notification { params, .. }) => {
+                taken.note(request.as_bytes());
+                Some(taken.cancels(params))
+            }
+            _ => None,
+        }
+    };
+    // The host's `initialize` (`a`), and a response of the server's (`b`), pending and then
+    // once the proxy answered it itself.
+    let initialize = format!(r#"{{"jsonrpc":"2.0","id":{a},"method":"initialize"}}"#);
+    let answer = RawValue::from_string(b.to_owned()).ok();
+    let init = |failed: bool| {
+        let Incoming::Request { id, .. } = jsonrpc::parse(initialize.as_bytes()) else {
+            return None;
+        };
+        let init = Init::default();
+        init.asked(id.to_owned());
+        if failed {
+            init.fail();
+        }
+        let answer = init.answer(answer.as_deref()?);
+        Some(matches!(answer, Answer::Initialize | Answer::Late))
+    };
+    vec![
+        ("lines.rs TakenIds", taken),
+        ("lines.rs Init (pending)", init(false)),
+        ("lines.rs Init (failed)", init(true)),
+    ]
 }

@@ -551,3 +551,12 @@ fn person_ends(link: &Link) -> (tokio::sync::watch::Sender<bool>, EndServer) {
     };
     (person_ended, ended)
 }
+
+/// For `properties.rs` (through `transport::id_filters`): the proxy's filters that pair
+/// messages by id, and whether each takes ids written `a` and `b` for one.
+#[cfg(test)]
+pub(super) fn id_filters(a: &str, b: &str) -> Vec<(&'static str, Option<bool>)> {
+    let mut filters = lines::id_filters(a, b);
+    filters.extend(remote::id_filters(a, b));
+    filters
+}

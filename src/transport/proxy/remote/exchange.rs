@@ -22,7 +22,8 @@ use super::sse::{Events, StreamError};
 use super::{Remote, header_value};
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
-use crate::limits::{REMOTE_RESUMES, REMOTE_RETRY, REMOTE_SIDE_STREAMS};
+use crate::limits::{REMOTE_PENDING, REMOTE_RESUMES, REMOTE_RETRY, REMOTE_SIDE_STREAMS};
+use crate::transport::lenient::RequestId;
 use crate::transport::modern;
 
 const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
@@ -131,9 +132,17 @@ impl Message {
         }
     }
 
-    /// The key of the host's request this message cancels.
-    pub(super) fn cancels(&self) -> Option<String> {
-        self.cancels.as_deref().map(id_key)
+    /// The host's request this message cancels.
+    pub(super) fn cancels(&self) -> Option<RequestId> {
+        self.cancels.as_deref().and_then(RequestId::of_raw)
+    }
+
+    /// The id of the host's request this message is, if it is one.
+    pub(super) fn request_id(&self) -> Option<RequestId> {
+        match &self.kind {
+            Kind::Request { id, .. } => RequestId::of_raw(id),
+            _ => None,
+        }
     }
 
     fn method(&self) -> Option<&str> {
@@ -196,6 +205,11 @@ pub(super) enum Failure {
         url: Arc<str>,
         resumed: &'static str,
     },
+    /// [`REMOTE_PENDING`] host requests wait for the server's answers: this one is not sent.
+    #[error(
+        "the MCP server at {url} has {REMOTE_PENDING} requests unanswered; this one was not sent"
+    )]
+    TooManyWaiting { url: Arc<str> },
 }
 
 impl Failure {
@@ -211,23 +225,22 @@ impl Remote {
     /// Sends `msg`; a request of the host's gets its answer, or an error, on the relay.
     pub(super) async fn exchange(self: Arc<Self>, msg: Message) {
         // The pump made the request pending (before its task, so that a cancel finds it).
-        let key = match &msg.kind {
-            Kind::Request { id, .. } => Some(id_key(id)),
-            _ => None,
-        };
-        let outcome = self.send(&msg, key.as_deref()).await;
+        let key = msg.request_id();
+        let outcome = self.send(&msg, key.as_ref()).await;
         match (&msg.kind, outcome) {
             (Kind::Request { id, .. }, outcome) => {
-                let key = key.as_deref().unwrap_or_default();
                 // The one place an unanswered request is settled: once, whichever came first.
                 // It is failed before its error is queued (which may wait for the host), so
-                // that the server's answer, coming meanwhile, is dropped.
-                {
+                // that the server's answer, coming meanwhile, is dropped. (An id that is no
+                // id, `null`, was never pending: no answer can be paired with it.)
+                if let Some(key) = key {
                     let mut ids = self.lock_ids();
-                    if ids.pending.remove(key).is_none() {
+                    if ids.pending.remove(&key).is_none() {
                         return;
                     }
-                    ids.fail(key.to_owned());
+                    ids.fail(key);
+                } else if outcome.is_ok() {
+                    return;
                 }
                 let mut failure = outcome.err().unwrap_or(Failure::NoAnswer {
                     url: Arc::clone(&self.http.url),
@@ -252,7 +265,7 @@ impl Remote {
     }
 
     /// The POST of `msg` and what it brings back.
-    async fn send(self: &Arc<Self>, msg: &Message, key: Option<&str>) -> Result<(), Failure> {
+    async fn send(self: &Arc<Self>, msg: &Message, key: Option<&RequestId>) -> Result<(), Failure> {
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(
@@ -262,7 +275,7 @@ impl Remote {
         let initialize =
             matches!(&msg.kind, Kind::Request { method, .. } if method == "initialize");
         if initialize {
-            self.session.begin(key.unwrap_or_default());
+            self.session.begin(key);
         } else {
             if let Kind::Request { .. } = msg.kind {
                 // Each host request decides the era, as the relay's `Eras` does.
@@ -286,7 +299,7 @@ impl Remote {
         let sent_id = headers.contains_key(SESSION_ID);
         // The broker's answer to a read of the server's: the read is settled now.
         let read = match &msg.kind {
-            Kind::Response { id } => self.lock_reads().answered(id.get()),
+            Kind::Response { id } => self.lock_reads().answered(id),
             _ => None,
         };
         let response = self
@@ -363,7 +376,11 @@ impl Remote {
 
     /// Follows a POST's event stream until the answer to `key` has come, resuming it (a GET
     /// with `Last-Event-ID`) when it drops before, at most [`REMOTE_RESUMES`] times in a row.
-    async fn follow_post(&self, mut events: Events, key: Option<&str>) -> Result<(), Failure> {
+    async fn follow_post(
+        &self,
+        mut events: Events,
+        key: Option<&RequestId>,
+    ) -> Result<(), Failure> {
         let mut last = None;
         let mut retry = REMOTE_RETRY;
         let mut attempts = 0;
@@ -399,7 +416,7 @@ impl Remote {
                     });
                 }
                 tokio::time::sleep(retry).await;
-                tracing::debug!(request = key, "resuming the server's stream");
+                tracing::debug!(request = %key, "resuming the server's stream");
                 match self.get(Some(&from)).await {
                     Ok(Some(events)) => break events,
                     Ok(None) => {
@@ -421,7 +438,7 @@ impl Remote {
     pub(super) async fn follow(
         &self,
         events: &mut Events,
-        key: Option<&str>,
+        key: Option<&RequestId>,
         settled: Option<&Notify>,
         last: &mut Option<String>,
         retry: &mut Duration,
@@ -606,7 +623,7 @@ impl Remote {
     /// The host's request `id` (already moved to the failed ones) gets `failure` as its
     /// answer (and stderr says why). Queued as it is: it is no answer of the server's, which
     /// the failed ones' would be dropped as.
-    async fn fail(&self, id: &RawValue, failure: &Failure) {
+    pub(super) async fn fail(&self, id: &RawValue, failure: &Failure) {
         if !matches!(failure, Failure::Unauthorized { .. }) {
             tracing::warn!(error = %failure, "a request to the server failed");
         }
@@ -619,30 +636,6 @@ impl Remote {
             let _ = self.inbound.send(frame).await;
         }
     }
-}
-
-/// A request id as the proxy keys it: a number that is whole and within ±2^53 as the
-/// integer (`2`, `2.0`, `2e0` and `20e-1` are one id to a host reading JSON numbers as
-/// doubles), a string as its decoded text, JSON-quoted (`"\u0061"` is `"a"`, and never the
-/// number); anything else as written.
-pub(super) fn id_key(id: &RawValue) -> String {
-    const EXACT: f64 = 9_007_199_254_740_992.0;
-    let text = id.get().trim();
-    if text.starts_with('"') {
-        if let Ok(s) = serde_json::from_str::<String>(text) {
-            return serde_json::Value::String(s).to_string();
-        }
-    } else if let Ok(n) = serde_json::from_str::<serde_json::Number>(text) {
-        if let Some(i) = n.as_i64().filter(|i| i.unsigned_abs() <= 1 << 53) {
-            return i.to_string();
-        }
-        if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() <= EXACT) {
-            // Whole and within ±2^53: the cast is exact.
-            #[allow(clippy::cast_possible_truncation)]
-            return (f as i64).to_string();
-        }
-    }
-    text.to_owned()
 }
 
 /// `Mcp-Name`'s value for `text`: as it is when it is printable ASCII without blanks at its
@@ -727,19 +720,6 @@ mod tests {
             Some("https://a.example/.well-known/oauth-protected-resource")
         );
         assert_eq!(resource_metadata("Bearer realm=x"), None);
-    }
-
-    #[test]
-    fn ids_spelled_differently_are_one_key() {
-        let key = |t: &str| id_key(&RawValue::from_string(t.to_owned()).unwrap());
-        for spelling in ["2", "2.0", "2e0", "20e-1", " 2 "] {
-            assert_eq!(key(spelling), "2", "{spelling}");
-        }
-        assert_eq!(key(r#""\u0061""#), r#""a""#);
-        assert_ne!(key(r#""2""#), key("2"));
-        assert_eq!(key("2.5"), "2.5");
-        assert_eq!(key("1e300"), "1e300");
-        assert_eq!(key("-3.0"), "-3");
     }
 
     #[test]

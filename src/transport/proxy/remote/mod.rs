@@ -22,7 +22,6 @@ mod reads;
 mod session;
 mod sse;
 
-use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -33,11 +32,13 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use crate::limits::{
     HOST_GONE_GRACE, OUTPUT_QUEUE, REMOTE_FAILED_KEPT, REMOTE_GOODBYE, REMOTE_IN_FLIGHT_MIN,
-    REMOTE_POSTS_AT_ONCE, REMOTE_SIDE_STREAMS,
+    REMOTE_PENDING, REMOTE_POSTS_AT_ONCE, REMOTE_SIDE_STREAMS,
 };
 use crate::outgoing::Outgoing;
+use crate::transport::lenient::RequestId;
+use crate::transport::pending::PendingIds;
 use crate::transport::relay::{Budget, ToServer};
-use exchange::{Kind, Message};
+use exchange::{Failure, Kind, Message};
 use http::Http;
 use reads::Reads;
 use session::Session;
@@ -335,23 +336,40 @@ impl Followers {
     }
 }
 
-/// The host's requests by [`exchange::id_key`]: one lock for both sets, so that a request
-/// leaves `pending` and enters `failed` at once (a late answer cannot pass in between).
-#[derive(Default)]
+/// The host's requests by [`RequestId`]: one lock for both maps, so that a request leaves
+/// `pending` and enters `failed` at once (a late answer cannot pass in between).
 struct Ids {
-    /// Sent (or waiting for a slot) and not yet answered.
-    pending: HashMap<String, Waiting>,
+    /// Sent (or waiting for a slot) and not yet answered, at most [`REMOTE_PENDING`].
+    pending: PendingIds<Waiting>,
     /// The last answered with the proxy's error (or cancelled by the host), at most
-    /// `limits::REMOTE_FAILED_KEPT`, whose late answers from the server are dropped.
-    failed: VecDeque<String>,
+    /// [`REMOTE_FAILED_KEPT`], whose late answers from the server are dropped.
+    failed: PendingIds<()>,
+}
+
+impl Default for Ids {
+    fn default() -> Ids {
+        Ids {
+            pending: PendingIds::new(REMOTE_PENDING),
+            failed: PendingIds::new(REMOTE_FAILED_KEPT),
+        }
+    }
 }
 
 impl Ids {
-    fn fail(&mut self, key: String) {
-        if self.failed.len() >= REMOTE_FAILED_KEPT {
-            self.failed.pop_front();
+    fn fail(&mut self, key: RequestId) {
+        self.failed.insert(key, ());
+    }
+
+    /// A response to `key` came: whether it goes on to the host (not when `key` was failed).
+    /// The request waiting for it is settled, and the follower of its own stream woken.
+    fn answered(&mut self, key: &RequestId) -> bool {
+        if self.failed.contains(key) {
+            return false;
         }
-        self.failed.push_back(key);
+        if let Some(waiting) = self.pending.remove(key) {
+            waiting.settled.notify_one();
+        }
+        true
     }
 }
 
@@ -434,8 +452,17 @@ impl Remote {
             if let Some(key) = msg.cancels() {
                 self.cancelled(&key);
             }
-            if let Kind::Request { id, .. } = &msg.kind {
-                self.expect(exchange::id_key(id));
+            let key = msg.request_id();
+            if let (Some(key), Kind::Request { id, .. }) = (&key, &msg.kind) {
+                if !self.expect(key.clone()) {
+                    // Answered here, on a task: the pump never waits for the host.
+                    let (me, id) = (Arc::clone(&self), id.clone());
+                    requests.spawn(async move {
+                        let url = Arc::clone(&me.http.url);
+                        me.fail(&id, &Failure::TooManyWaiting { url }).await;
+                    });
+                    continue;
+                }
             }
             let sent = match &msg.kind {
                 // The session is made here: nothing else goes before it is, and its GET
@@ -454,8 +481,7 @@ impl Remote {
                 // The pump never waits for room itself: the broker's answers behind a request
                 // must not wait for the requests ahead of them (a tool call may be waiting
                 // for exactly such an answer).
-                Kind::Request { id, .. } => {
-                    let key = exchange::id_key(id);
+                Kind::Request { .. } => {
                     let me = Arc::clone(&self);
                     let posts = Arc::clone(&posts);
                     let task = requests.spawn(async move {
@@ -466,7 +492,9 @@ impl Remote {
                         me.exchange(msg).await;
                         drop(permit);
                     });
-                    self.track(&key, task);
+                    if let Some(key) = &key {
+                        self.track(key, task);
+                    }
                     true
                 }
                 // Notifications and answers are taken at once (202): sent in order, so that
@@ -555,11 +583,13 @@ impl Remote {
                 Some(self.lock_reads().arrived(&id, params.as_deref(), line))
             }
             (Some(id), None) => {
-                let key = exchange::id_key(id);
-                let version = env.result.and_then(negotiated_version);
-                if !self.answered(&key, version.as_deref()) {
-                    tracing::debug!(id = %key, "a late answer to a request already failed was dropped");
-                    return None;
+                // An id that is no id (`null`) pairs with no request of the host's.
+                if let Some(key) = RequestId::of_raw(id) {
+                    let version = env.result.and_then(negotiated_version);
+                    if !self.answered(&key, version.as_deref()) {
+                        tracing::debug!(id = %key, "a late answer to a request already failed was dropped");
+                        return None;
+                    }
                 }
                 Some(self.lock_reads().input_requests(line))
             }
@@ -574,15 +604,9 @@ impl Remote {
     /// `false` for a request already answered with the proxy's error (its stream broke, say):
     /// it gets no second answer (the host may have reused the id). Checked and settled under
     /// one lock, so that the proxy's error and this answer cannot both go.
-    fn answered(&self, key: &str, version: Option<&str>) -> bool {
-        {
-            let mut ids = self.lock_ids();
-            if ids.failed.iter().any(|k| k == key) {
-                return false;
-            }
-            if let Some(waiting) = ids.pending.remove(key) {
-                waiting.settled.notify_one();
-            }
+    fn answered(&self, key: &RequestId, version: Option<&str>) -> bool {
+        if !self.lock_ids().answered(key) {
+            return false;
         }
         if let Some(version) = version {
             self.session.negotiated(key, version);
@@ -590,17 +614,23 @@ impl Remote {
         true
     }
 
-    /// The host's request `key` is about to be sent: its answer is waited for.
-    fn expect(&self, key: String) {
+    /// The host's request `key` is about to be sent: its answer is waited for. `false` when
+    /// [`REMOTE_PENDING`] others are waiting already: it is not sent.
+    fn expect(&self, key: RequestId) -> bool {
         let waiting = Waiting {
             settled: Arc::new(Notify::new()),
             task: None,
         };
-        self.lock_ids().pending.insert(key, waiting);
+        let mut ids = self.lock_ids();
+        if !ids.pending.has_room_for(&key) {
+            return false;
+        }
+        ids.pending.insert(key, waiting);
+        true
     }
 
     /// The task sending the host's request `key`, to end should the host cancel it.
-    fn track(&self, key: &str, task: AbortHandle) {
+    fn track(&self, key: &RequestId, task: AbortHandle) {
         if let Some(waiting) = self.lock_ids().pending.get_mut(key) {
             waiting.task = Some(task);
         }
@@ -609,7 +639,7 @@ impl Remote {
     /// The host cancelled its request `key`: its task ends (a stream the server never ends
     /// would hold its slot for good), and the server's answer, should it come, is dropped.
     /// The host expects no answer, so none is made.
-    fn cancelled(&self, key: &str) {
+    fn cancelled(&self, key: &RequestId) {
         let mut ids = self.lock_ids();
         let Some(waiting) = ids.pending.remove(key) else {
             return;
@@ -617,16 +647,16 @@ impl Remote {
         if let Some(task) = waiting.task {
             task.abort();
         }
-        ids.fail(key.to_owned());
+        ids.fail(key.clone());
     }
 
     /// Whether the host's request `key` still waits for its answer.
-    fn is_pending(&self, key: &str) -> bool {
-        self.lock_ids().pending.contains_key(key)
+    fn is_pending(&self, key: &RequestId) -> bool {
+        self.lock_ids().pending.contains(key)
     }
 
     /// What wakes the follower of `key`'s stream once `key` is answered elsewhere.
-    fn settled(&self, key: &str) -> Option<Arc<Notify>> {
+    fn settled(&self, key: &RequestId) -> Option<Arc<Notify>> {
         let ids = self.lock_ids();
         ids.pending.get(key).map(|w| Arc::clone(&w.settled))
     }
@@ -653,4 +683,69 @@ fn negotiated_version(result: &serde_json::value::RawValue) -> Option<String> {
 /// A header value the proxy makes from a message's text (a version, a method, a name).
 fn header_value(text: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(text).ok()
+}
+
+/// For `properties.rs` (through `transport::id_filters`): whether the remote server's filters
+/// take ids written `a` and `b` for one, each fed as the pump and `read_message` feed it;
+/// `None` where no message with them reaches the filter.
+#[cfg(test)]
+pub(super) fn id_filters(a: &str, b: &str) -> Vec<(&'static str, Option<bool>)> {
+    use serde_json::value::RawValue;
+    let raw = |t: &str| RawValue::from_string(t.to_owned()).ok();
+    // The host's request (`a`), as the pump reads it.
+    let host = Message::read(format!(r#"{{"jsonrpc":"2.0","id":{a},"method":"x"}}"#).into_bytes());
+    let key = host.request_id();
+    // The server's response (`b`), as `read_message` reads it: `Some(None)` when its id is
+    // no id (it is relayed as it is).
+    let answer = raw(b).map(|b| RequestId::of_raw(&b));
+    let waiting = || Waiting {
+        settled: Arc::new(Notify::new()),
+        task: None,
+    };
+    let failed = key.clone().zip(answer.clone()).map(|(key, answer)| {
+        let mut ids = Ids::default();
+        ids.fail(key);
+        answer.is_some_and(|answer| !ids.answered(&answer))
+    });
+    let pending = key.clone().zip(answer.clone()).map(|(key, answer)| {
+        let mut ids = Ids::default();
+        ids.pending.insert(key.clone(), waiting());
+        if let Some(answer) = answer {
+            ids.answered(&answer);
+        }
+        !ids.pending.contains(&key)
+    });
+    // The host's cancel (`b`), as the pump reads it.
+    let cancel = Message::read(
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{b}}}}}"#
+        )
+        .into_bytes(),
+    );
+    let cancelled = key
+        .clone()
+        .filter(|_| matches!(cancel.kind, Kind::Notification { .. }))
+        .map(|key| cancel.cancels() == Some(key));
+    // The server's `files/read` (`a`), and the broker's answer (`b`) on its way to the server.
+    let reads = raw(a).zip(raw(b)).map(|(a, b)| {
+        let mut reads = Reads::new(None);
+        reads.arrived(&a, None, Vec::new());
+        reads.answered(&b).is_some()
+    });
+    // The `initialize` (`a`) and a response negotiating a version (`b`).
+    let session = key.zip(answer).map(|(key, answer)| {
+        let session = Session::default();
+        session.begin(Some(&key));
+        if let Some(answer) = answer {
+            session.negotiated(&answer, "2025-06-18");
+        }
+        session.is_initialized()
+    });
+    vec![
+        ("remote failed ids", failed),
+        ("remote pending ids", pending),
+        ("remote cancel", cancelled),
+        ("remote reads", reads),
+        ("remote session's initialize", session),
+    ]
 }

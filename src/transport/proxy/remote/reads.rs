@@ -4,29 +4,29 @@
 //! the `length` of the server's later reads before the broker sees them. A smaller answer is
 //! legal: a read's `length` says how much came, and the next chunk starts after it.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::limits::{REMOTE_MIN_CHUNK, REMOTE_READS_KEPT};
+use crate::transport::lenient::RequestId;
+use crate::transport::pending::PendingIds;
 
 /// The reads waiting for their answers, and the clamp.
-#[derive(Default)]
 pub(super) struct Reads {
     /// The longest `length` the server's reads may ask for now.
     clamp: Option<u64>,
-    /// Each waiting read's path, by its id as written.
-    waiting: HashMap<String, String>,
-    /// The same ids, oldest first, to forget the oldest past [`REMOTE_READS_KEPT`].
-    order: VecDeque<String>,
+    /// Each waiting read's path, by its id; past [`REMOTE_READS_KEPT`] the oldest are
+    /// forgotten.
+    waiting: PendingIds<String>,
 }
 
 impl Reads {
     pub(super) fn new(clamp: Option<u64>) -> Reads {
         Reads {
             clamp,
-            ..Reads::default()
+            waiting: PendingIds::new(REMOTE_READS_KEPT),
         }
     }
 
@@ -44,18 +44,12 @@ impl Reads {
             length: Option<Value>,
         }
         let read: Option<Params> = params.and_then(|p| serde_json::from_str(p.get()).ok());
-        let key = id.get().to_owned();
-        if self.waiting.len() >= REMOTE_READS_KEPT {
-            if let Some(old) = self.order.pop_front() {
-                self.waiting.remove(&old);
-            }
-        }
         let path = read
             .as_ref()
             .and_then(|r| r.path.clone())
             .unwrap_or_default();
-        if self.waiting.insert(key.clone(), path).is_none() {
-            self.order.push_back(key);
+        if let Some(key) = RequestId::of_raw(id) {
+            self.waiting.insert(key, path);
         }
         let Some(clamp) = self.clamp else { return line };
         let asked = read.as_ref().and_then(|r| r.length.as_ref());
@@ -114,10 +108,8 @@ impl Reads {
     }
 
     /// The path of the read `id` answers, when it was one; it is forgotten.
-    pub(super) fn answered(&mut self, id: &str) -> Option<String> {
-        let path = self.waiting.remove(id)?;
-        self.order.retain(|k| k != id);
-        Some(path)
+    pub(super) fn answered(&mut self, id: &RawValue) -> Option<String> {
+        self.waiting.remove(&RequestId::of_raw(id)?)
     }
 
     /// The server refused an answer carrying `length` bytes of the file (`None`: unknown,
@@ -170,8 +162,8 @@ mod tests {
         let out: Value = serde_json::from_slice(&reads.arrived(&id(2), Some(&p), line)).unwrap();
         assert_eq!(out["params"]["length"], 8192);
         assert_eq!(out["id"], 2);
-        assert_eq!(reads.answered("2").as_deref(), Some("a"));
-        assert_eq!(reads.answered("2"), None);
+        assert_eq!(reads.answered(&id(2)).as_deref(), Some("a"));
+        assert_eq!(reads.answered(&id(2)), None);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::limits::{
     REMOTE_CONNECT, REMOTE_GOODBYE, REMOTE_MAX_RETRY, REMOTE_MIN_RETRY, REMOTE_RESUMES,
     REMOTE_RETRY,
 };
+use crate::transport::lenient::RequestId;
 
 pub(super) const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub(super) const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
@@ -34,8 +35,8 @@ struct State {
     id: Option<HeaderValue>,
     /// The version `initialize` negotiated.
     version: Option<HeaderValue>,
-    /// The id (as written) of the `initialize` waiting for its answer.
-    init: Option<String>,
+    /// The id of the `initialize` waiting for its answer.
+    init: Option<RequestId>,
     /// The server said the session is gone (404).
     expired: bool,
     /// The 2026-07-28 era's version, while the host's requests declare it.
@@ -48,9 +49,9 @@ impl Session {
     }
 
     /// A host's `initialize` (id `key`): a new session starts, in the 2025 era.
-    pub(super) fn begin(&self, key: &str) {
+    pub(super) fn begin(&self, key: Option<&RequestId>) {
         *self.state() = State {
-            init: Some(key.to_owned()),
+            init: key.cloned(),
             ..State::default()
         };
     }
@@ -66,9 +67,9 @@ impl Session {
     }
 
     /// The answer to `key` negotiated `version`; it counts when `key` is the `initialize`'s.
-    pub(super) fn negotiated(&self, key: &str, version: &str) {
+    pub(super) fn negotiated(&self, key: &RequestId, version: &str) {
         let mut state = self.state();
-        if state.init.as_deref() == Some(key) {
+        if state.init.as_ref() == Some(key) {
             state.init = None;
             state.version = header_value(version);
         }
