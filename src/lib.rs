@@ -60,8 +60,9 @@
 //! - `methods/`: `mod.rs` is the table of every method (its name, what it does, its
 //!   handler); `call.rs` takes a request from arrival to answer (rate limit, dispatch, audit
 //!   line); `op.rs` is an operation's runtime (resolve, authorize, lock, commit, inline or on
-//!   the pool); one file per method (`read.rs`, `write.rs`, ...) with its `Params`, result
-//!   and `handle`, in the order its checks run.
+//!   the pool); one file per method (`read.rs`, `list.rs`, ...) with its `Params`, result
+//!   and `handle`, in the order its checks run; `write/` is one folder (the method in
+//!   `mod.rs`; its content's decoding, `sha256`, a replace, a chunk, a new file's mode).
 //! - `consent/`: the one place that decides whether a session may touch a path now: grants
 //!   and the check (`grants.rs`), turns to ask (`turns.rs`), and the providers that ask a
 //!   person (`command.rs`, `terminal.rs`, and `desk.rs`: prompts waiting for a console).

@@ -4,7 +4,7 @@
 //! Once the first chunk (offset 0) has been answered, the rest may be sent without waiting for
 //! each answer. A chunk that arrives ahead of its turn waits for the ones before it — without
 //! a thread: it waits on the session's progress before it asks for a slot of the blocking
-//! pool (`methods/write.rs`), and only while a request that arrived before it is unanswered
+//! pool (`methods/write/chunk.rs`), and only while a request that arrived before it is unanswered
 //! (one that could be the chunk it needs), up to `timeout_ms`. Chunks sent in order therefore
 //! land in order however many are in flight, and a chunk whose predecessor will never come is
 //! answered `CONCURRENCY_CONFLICT` at once.
