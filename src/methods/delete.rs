@@ -11,7 +11,7 @@ use super::{Ctx, Op};
 use crate::error::Result;
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
-use crate::methods::ping::Empty;
+use crate::methods::Empty;
 use crate::sandbox::mutate;
 
 /// `files/delete` parameters.

@@ -215,6 +215,12 @@ pub(crate) trait PayloadBytes {
     }
 }
 
+/// The empty result, `{}`: `ping`'s, and that of every method that only acts.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct Empty {}
+
+impl PayloadBytes for Empty {}
+
 impl<T: PayloadBytes> ReplyInfo for jsonrpc::Json<T> {
     fn bytes(&self) -> u64 {
         self.0.payload_bytes()

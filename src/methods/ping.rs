@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use super::Ctx;
+use super::{Ctx, Empty};
 use crate::error::Result;
 use crate::jsonrpc::Json;
 
@@ -13,12 +13,6 @@ pub(crate) struct Params {
     #[serde(rename = "_meta", default)]
     _meta: Option<serde::de::IgnoredAny>,
 }
-
-/// The empty result.
-#[derive(Debug, serde::Serialize)]
-pub(crate) struct Empty {}
-
-impl super::PayloadBytes for Empty {}
 
 pub(crate) async fn handle(_ctx: &Ctx<'_>, _params: Params) -> Result<Json<Empty>> {
     Ok(Json(Empty {}))

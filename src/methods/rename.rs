@@ -13,7 +13,7 @@ use super::{Ctx, Op};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
-use crate::methods::ping::Empty;
+use crate::methods::Empty;
 use crate::sandbox::mutate::{self, Parent};
 use crate::sandbox::open;
 use crate::throttle::{self, RateLimits};

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use super::Ctx;
 use crate::error::Result;
 use crate::jsonrpc::Json;
-use crate::methods::ping::Empty;
+use crate::methods::Empty;
 
 /// `files/unlock` parameters.
 #[derive(Debug, Deserialize)]

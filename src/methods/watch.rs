@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::{Ctx, Op};
 use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
-use crate::methods::ping::Empty;
+use crate::methods::Empty;
 use crate::sandbox::open;
 use crate::watch::{Asker, EventSet, Spec, Subscriber};
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::audit_config;
+use super::file::expand;
 use super::{
     AuditConfig, ConfineConfig, ConsentConfig, ConsoleConfig, Limits, PolicyError, PolicyFile,
 };
@@ -433,20 +434,6 @@ fn refuse_writable_command(roots: &[Root], command: &[PathBuf]) -> Result<(), Po
         }
     }
     Ok(())
-}
-
-/// `~/x` → `$HOME/x`; a relative path → under `base` (the policy's directory) when given,
-/// else under the working directory (command-line roots).
-pub(super) fn expand(path: &Path, base: Option<&Path>) -> PathBuf {
-    if let Ok(rest) = path.strip_prefix("~") {
-        if let Some(home) = std::env::var_os("HOME") {
-            return PathBuf::from(home).join(rest);
-        }
-    }
-    match base {
-        Some(base) if path.is_relative() => base.join(path),
-        _ => path.to_path_buf(),
-    }
 }
 
 #[cfg(test)]

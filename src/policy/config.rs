@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::compiled::expand;
+use super::file::expand;
 use super::{AuditFile, ConfineMode, ConsoleFile, CopyTarget, OnRevoke, PolicyError, Provider};
 pub use crate::limits::MIN_AUDIT_BYTES;
 

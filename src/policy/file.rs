@@ -1,4 +1,5 @@
-//! The policy file as written: strict serde types, also the source of `policy schema`.
+//! The policy file as written: strict serde types, also the source of `policy schema`, and
+//! how a path written in it reads ([`expand`]).
 
 // Ambient `std::fs` calls are allowed here (clippy.toml): the policy file is the broker's own.
 #![allow(clippy::disallowed_methods)]
@@ -359,6 +360,20 @@ impl PolicyFile {
     pub fn json_schema() -> serde_json::Value {
         serde_json::to_value(schemars::schema_for!(PolicyFile))
             .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+    }
+}
+
+/// `~/x` → `$HOME/x`; a relative path → under `base` (the policy's directory) when given,
+/// else under the working directory (command-line roots).
+pub(super) fn expand(path: &Path, base: Option<&Path>) -> PathBuf {
+    if let Ok(rest) = path.strip_prefix("~") {
+        if let Some(home) = std::env::var_os("HOME") {
+            return PathBuf::from(home).join(rest);
+        }
+    }
+    match base {
+        Some(base) if path.is_relative() => base.join(path),
+        _ => path.to_path_buf(),
     }
 }
 
