@@ -39,7 +39,9 @@
 //!
 //! A message travels one way through layers that each do one thing, and each layer imports
 //! only the ones below it (`tests/layers.rs` checks every `crate::` path against its table of
-//! which module may use which, and the table for circles):
+//! which module may use which, and the table for circles; inside `policy/`, `transport/` and
+//! `methods/` the same for their files and folders; and that no folder's files use each
+//! other in a circle):
 //!
 //! ```text
 //! bytes ─► transport ─► host (Session) ─► methods: table ─► call ─► <method>.rs ─► op ─► sandbox ─► disk
