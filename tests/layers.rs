@@ -3,7 +3,7 @@
 //! and each edge must be one the table below allows. The table itself must have no circle.
 //!
 //! The same rule holds inside the folders that have layers of their own (`policy/`,
-//! `transport/`, `methods/`: [`INSIDE`]), and no folder of the library has files that use
+//! `transport/`, `methods/`, `transport/proxy/remote/`: [`INSIDE`]), and no folder of the library has files that use
 //! each other in a circle ([`KNOWN_CIRCLES`] lists the ones still to break).
 //!
 //! A new module goes into the table with what it may use; a new edge means deciding that the
@@ -134,6 +134,50 @@ const INSIDE: &[(&str, Table)] = &[
         ],
     ),
     (
+        // A remote server's client: its parts lean on those before them (as the methods on
+        // `Remote` each part adds call only those of the parts before it, which this scan
+        // of paths cannot see: `remote/mod.rs` says so).
+        "transport/proxy/remote",
+        &[
+            ("options", &[]),
+            ("http", &["options"]),
+            ("sse", &[]),
+            ("reads", &[]),
+            ("session", &[]),
+            ("failure", &["http", "sse"]),
+            ("requests", &[]),
+            ("inbound", &["failure", "reads"]),
+            ("streams", &["failure", "session", "sse"]),
+            (
+                "exchange",
+                &["failure", "http", "session", "sse", "streams"],
+            ),
+            ("pump", &["exchange", "failure"]),
+        ],
+    ),
+    (
+        // A remote server's client: its parts lean on those before them (as the methods on
+        // `Remote` each part adds call only those of the parts before it, which this scan
+        // of paths cannot see: `remote/mod.rs` says so).
+        "transport/proxy/remote",
+        &[
+            ("options", &[]),
+            ("http", &["options"]),
+            ("sse", &[]),
+            ("reads", &[]),
+            ("session", &[]),
+            ("failure", &["http", "sse"]),
+            ("requests", &[]),
+            ("inbound", &["failure", "reads"]),
+            ("streams", &["failure", "session", "sse"]),
+            (
+                "exchange",
+                &["failure", "http", "session", "sse", "streams"],
+            ),
+            ("pump", &["exchange", "failure"]),
+        ],
+    ),
+    (
         "methods",
         &[
             // An operation's runtime and a request's way to its answer; then one module per
@@ -160,7 +204,7 @@ const INSIDE: &[(&str, Table)] = &[
 /// Folders of the library whose files still use each other in a circle: debts to pay, each
 /// listed so that a new circle anywhere else fails, and so that this list shrinks (a folder
 /// listed here without a circle fails too).
-const KNOWN_CIRCLES: &[&str] = &["confine", "transport/proxy/remote", "watch"];
+const KNOWN_CIRCLES: &[&str] = &["confine", "watch"];
 
 /// Files that are the programs, not the library.
 fn is_program(rel: &Path) -> bool {

@@ -1,28 +1,26 @@
-//! One message to the remote server: its POST, with the era's headers, and what comes back
-//! (a JSON body, or an event stream followed, and resumed, until the request's answer). A
-//! request that gets no answer gets a JSON-RPC error instead, under its own id, naming the URL
-//! and why; an answer of the broker's the server refuses as too large (413) becomes an error
-//! for the server's request, and a clamp on its later reads.
+//! One message to the remote server ([`Message`], read as far as its POST needs): its POST,
+//! with the era's headers, and what comes back (a JSON body, or an event stream followed, and
+//! resumed, until the request's answer). A request that gets no answer gets a JSON-RPC error
+//! instead, under its own id, naming the URL and why; an answer of the broker's the server
+//! refuses as too large (413) becomes an error for the server's request, and a clamp on its
+//! later reads.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use ::http::header::{
-    ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, WWW_AUTHENTICATE,
-};
-use ::http::{Method, Response, StatusCode};
+use ::http::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use ::http::{Method, StatusCode};
 use bytes::Bytes;
-use hyper::body::Incoming;
 use serde_json::value::RawValue;
-use tokio::sync::Notify;
 
-use super::http::{BodyError, SendError, read_body};
-use super::session::{SESSION_ID, is_event_stream, retry_after};
+use super::failure::Failure;
+use super::http::read_body;
+use super::session::{SESSION_ID, is_event_stream};
 use super::sse::{Events, StreamError};
+use super::streams::NotFollowed;
 use super::{Remote, header_value};
 use crate::error::{Error, ErrorKind};
 use crate::jsonrpc;
-use crate::limits::{REMOTE_PENDING, REMOTE_RESUMES, REMOTE_RETRY, REMOTE_SIDE_STREAMS};
+use crate::limits::{REMOTE_RESUMES, REMOTE_RETRY, REMOTE_SIDE_STREAMS};
 use crate::transport::lenient::RequestId;
 use crate::transport::modern;
 
@@ -153,74 +151,6 @@ impl Message {
     }
 }
 
-/// Why a message got no answer from the server.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum Failure {
-    /// No response at all.
-    #[error(transparent)]
-    Send(#[from] SendError),
-    /// 404 for a request carrying the session's id.
-    #[error(
-        "the MCP server at {url} ended the session (HTTP 404 for its Mcp-Session-Id): it expired or the server restarted; the proxy ends, so that the host starts it again for a new session"
-    )]
-    Expired { url: Arc<str> },
-    /// 401.
-    #[error(
-        "the MCP server at {url} requires authorization (HTTP 401{metadata}); supply a token with --header-env Authorization=VAR, the environment variable VAR holding \"Bearer <token>\""
-    )]
-    Unauthorized { url: Arc<str>, metadata: String },
-    /// 3xx: redirects are not followed.
-    #[error(
-        "the MCP server at {url} answered HTTP {status}{location}; redirects are not followed: give the final URL with --url"
-    )]
-    Redirect {
-        url: Arc<str>,
-        status: u16,
-        location: String,
-    },
-    /// 413 for a host's message.
-    #[error(
-        "the MCP server at {url} refused a message of {len} bytes with HTTP 413 (Payload Too Large)"
-    )]
-    TooLarge { url: Arc<str>, len: usize },
-    /// Any other status that is not a success.
-    #[error("the MCP server at {url} answered HTTP {status}{detail}")]
-    Status {
-        url: Arc<str>,
-        status: u16,
-        detail: String,
-    },
-    /// 202 (or another success without a body) for a request.
-    #[error("the MCP server at {url} accepted the request (HTTP {status}) but sent no answer")]
-    NoBody { url: Arc<str>, status: u16 },
-    /// A JSON body that could not be read whole.
-    #[error("the MCP server at {url} sent {error}")]
-    Body { url: Arc<str>, error: BodyError },
-    /// An event stream that broke, or had an event too long.
-    #[error("the MCP server at {url}: {error}")]
-    Stream { url: Arc<str>, error: StreamError },
-    /// The stream ended (and could not be resumed) before the request's answer.
-    #[error("the MCP server at {url} closed the response stream without answering{resumed}")]
-    NoAnswer {
-        url: Arc<str>,
-        resumed: &'static str,
-    },
-    /// [`REMOTE_PENDING`] host requests wait for the server's answers: this one is not sent.
-    #[error(
-        "the MCP server at {url} has {REMOTE_PENDING} requests unanswered; this one was not sent"
-    )]
-    TooManyWaiting { url: Arc<str> },
-}
-
-impl Failure {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Failure::TooLarge { .. } => ErrorKind::QuotaExceeded,
-            _ => ErrorKind::Internal,
-        }
-    }
-}
-
 impl Remote {
     /// Sends `msg`; a request of the host's gets its answer, or an error, on the relay.
     pub(super) async fn exchange(self: Arc<Self>, msg: Message) {
@@ -336,7 +266,7 @@ impl Remote {
                         tracing::debug!(error = %e, "a stream that answers no request ended");
                     }
                 });
-                if let Err(super::NotFollowed::Full) = followed {
+                if let Err(NotFollowed::Full) = followed {
                     tracing::warn!(
                         "the server answered a notification or an answer with an event stream while {REMOTE_SIDE_STREAMS} such streams are open; it is closed unread"
                     );
@@ -362,16 +292,6 @@ impl Remote {
         }
         self.deliver(&body).await;
         Ok(())
-    }
-
-    /// The events of a response body, bounded by `max_line` and the bytes in flight.
-    pub(super) fn events(&self, body: Incoming) -> Events {
-        Events::new(
-            body,
-            self.max_line,
-            Arc::clone(&self.in_flight.bytes),
-            self.in_flight.size,
-        )
     }
 
     /// Follows a POST's event stream until the answer to `key` has come, resuming it (a GET
@@ -429,69 +349,6 @@ impl Remote {
                     Err(e) => tracing::debug!(error = %e, "the stream could not be resumed"),
                 }
             };
-        }
-    }
-
-    /// Relays a stream's events until it ends, or until `key` is answered (on this stream, or
-    /// on another: `settled` wakes it then). Keeps the last event id and the server's
-    /// `retry:`; says whether any message came.
-    pub(super) async fn follow(
-        &self,
-        events: &mut Events,
-        key: Option<&RequestId>,
-        settled: Option<&Notify>,
-        last: &mut Option<String>,
-        retry: &mut Duration,
-    ) -> Result<bool, StreamError> {
-        let mut got = false;
-        loop {
-            let next = match settled {
-                // Only the wait for the next event is given up, never a message half
-                // delivered.
-                Some(settled) => tokio::select! {
-                    next = events.next() => next,
-                    () = settled.notified() => {
-                        if key.is_some_and(|k| !self.is_pending(k)) {
-                            return Ok(got);
-                        }
-                        continue;
-                    }
-                },
-                None => events.next().await,
-            };
-            let Some(event) = next else {
-                return Ok(got);
-            };
-            let event = event?;
-            if let Some(id) = event.id {
-                *last = Some(id).filter(|i| !i.is_empty());
-            }
-            if let Some(ms) = event.retry {
-                *retry = retry_after(ms);
-            }
-            if event.event.as_deref().is_some_and(|e| e != "message") {
-                continue;
-            }
-            let Some(data) = event.data.filter(|d| !d.trim().is_empty()) else {
-                continue;
-            };
-            got = true;
-            self.deliver(data.as_bytes()).await;
-            if key.is_some_and(|k| !self.is_pending(k)) {
-                return Ok(got);
-            }
-        }
-    }
-
-    pub(super) fn stream_failure(&self, error: StreamError) -> Failure {
-        // The parser's words may quote the bytes it choked on.
-        let error = match error {
-            StreamError::Broken(why) => StreamError::Broken(shown(&self.http.redact(&why))),
-            other => other,
-        };
-        Failure::Stream {
-            url: Arc::clone(&self.http.url),
-            error,
         }
     }
 
@@ -562,80 +419,6 @@ impl Remote {
         }
         Ok(())
     }
-
-    /// The failure a status that is not a success stands for.
-    pub(super) async fn refusal(&self, response: Response<Incoming>) -> Failure {
-        let url = Arc::clone(&self.http.url);
-        let status = response.status();
-        let header = |name| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v: &HeaderValue| v.to_str().ok())
-                .map(|v| self.http.redact(v))
-        };
-        if status == StatusCode::UNAUTHORIZED {
-            let metadata = header(WWW_AUTHENTICATE)
-                .and_then(|h| resource_metadata(&h))
-                .map(|m| format!("; resource metadata: {}", shown(&m)))
-                .unwrap_or_default();
-            let failure = Failure::Unauthorized { url, metadata };
-            tracing::error!("{failure}");
-            return failure;
-        }
-        if status.is_redirection() {
-            // Its query is not shown, whatever it holds: frameworks copy the request's query
-            // (a key) into the `Location` of a redirect that adds a slash.
-            let location = header(LOCATION)
-                .map(|l| {
-                    let bare = match l.split_once(['?', '#']) {
-                        Some((before, _)) => format!("{before}?…"),
-                        None => l,
-                    };
-                    format!(" to {}", shown(&bare))
-                })
-                .unwrap_or_default();
-            return Failure::Redirect {
-                url,
-                status: status.as_u16(),
-                location,
-            };
-        }
-        // The server's own words, when its body is a JSON-RPC error (the SDKs say why they
-        // refuse a request that way): a few KiB at most, and shown as text.
-        let detail = read_body(response, 4096, &self.in_flight)
-            .await
-            .ok()
-            .and_then(|body| {
-                let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
-                let message = v.pointer("/error/message")?.as_str()?;
-                Some(shown(&self.http.redact(message)))
-            })
-            .map(|m| format!(": {m}"))
-            .unwrap_or_default();
-        Failure::Status {
-            url,
-            status: status.as_u16(),
-            detail,
-        }
-    }
-
-    /// The host's request `id` (already moved to the failed ones) gets `failure` as its
-    /// answer (and stderr says why). Queued as it is: it is no answer of the server's, which
-    /// the failed ones' would be dropped as.
-    pub(super) async fn fail(&self, id: &RawValue, failure: &Failure) {
-        if !matches!(failure, Failure::Unauthorized { .. }) {
-            tracing::warn!(error = %failure, "a request to the server failed");
-        }
-        let err = Error::new(failure.kind(), format!("fsbroker: {failure}"));
-        let mut line = jsonrpc::error_frame(Some(id), &err);
-        if line.last() != Some(&b'\n') {
-            line.push(b'\n');
-        }
-        if let Some(frame) = self.budget.frame(line).await {
-            let _ = self.inbound.send(frame).await;
-        }
-    }
 }
 
 /// `Mcp-Name`'s value for `text`: as it is when it is printable ASCII without blanks at its
@@ -676,32 +459,6 @@ fn read_length(line: &[u8]) -> Option<u64> {
     serde_json::from_slice::<Answer>(line).ok()?.result?.length
 }
 
-/// `resource_metadata="…"` of a `WWW-Authenticate: Bearer …` header.
-fn resource_metadata(header: &str) -> Option<String> {
-    let at = header.find("resource_metadata=")? + "resource_metadata=".len();
-    let rest = header[at..].trim_start();
-    let value = match rest.strip_prefix('"') {
-        Some(quoted) => &quoted[..quoted.find('"')?],
-        None => rest.split([',', ' ']).next()?,
-    };
-    Some(value.to_owned())
-}
-
-/// A server-made string, as the proxy shows it: no control characters, nor the invisible
-/// ones that reorder or hide text on a terminal (bidi controls, zero-width characters), at
-/// most 300 chars.
-fn shown(text: &str) -> String {
-    text.chars()
-        .filter(|&c| !c.is_control() && !invisible(c))
-        .take(300)
-        .collect()
-}
-
-/// Bidi embeddings, overrides and isolates, and zero-width characters.
-fn invisible(c: char) -> bool {
-    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
-}
-
 /// Whether a host's message is a 2026-07-28 retry carrying answers to input requests (the
 /// broker's among them).
 fn carries_input_responses(line: &[u8]) -> bool {
@@ -711,16 +468,6 @@ fn carries_input_responses(line: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn finds_the_resource_metadata() {
-        let h = r#"Bearer error="invalid_token", resource_metadata="https://a.example/.well-known/oauth-protected-resource""#;
-        assert_eq!(
-            resource_metadata(h).as_deref(),
-            Some("https://a.example/.well-known/oauth-protected-resource")
-        );
-        assert_eq!(resource_metadata("Bearer realm=x"), None);
-    }
 
     #[test]
     fn names_a_header_cannot_carry_are_base64() {

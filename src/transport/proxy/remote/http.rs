@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, HeaderMap, HeaderName, HeaderValue};
+use http::header::{CONTENT_LENGTH, HeaderMap};
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -13,24 +13,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::RemoteError;
+use super::options::{RemoteError, shown_url};
 use crate::limits::{REMOTE_BODY_IDLE, REMOTE_BODY_TOTAL, REMOTE_CONNECT, REMOTE_HEAD};
-
-/// Headers the protocol itself sets (or HTTP framing needs): a user's `--header` may not
-/// replace them, or the session, the era and the message's framing would be the user's guess.
-pub(super) const RESERVED: &[&str] = &[
-    "content-type",
-    "accept",
-    "mcp-session-id",
-    "mcp-protocol-version",
-    "mcp-method",
-    "mcp-name",
-    "last-event-id",
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-];
 
 /// One remote server's endpoint and the client that reaches it.
 pub(super) struct Http {
@@ -213,46 +197,6 @@ fn percent_encoded(text: &str) -> String {
     out
 }
 
-/// The URL as messages show it: without its query or fragment, which some services use for
-/// a key (`?api_key=…`); `?…` says one was there.
-pub(super) fn shown_url(url: &url::Url) -> String {
-    let mut shown = url.clone();
-    let hidden = shown.query().is_some() || shown.fragment().is_some();
-    shown.set_query(None);
-    shown.set_fragment(None);
-    let mut text = shown.to_string();
-    if hidden {
-        text.push_str("?…");
-    }
-    text
-}
-
-/// A URL as given on the command line, for an error that refuses it: without its query and
-/// fragment (`?…`) or credentials (`user:password@`), and at most 200 characters, since it may
-/// not even parse.
-pub(super) fn shown_given(url: &str) -> String {
-    let (bare, hidden) = match url.split_once(['?', '#']) {
-        Some((before, _)) => (before, true),
-        None => (url, false),
-    };
-    let bare = match bare.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-            format!("{scheme}://{host}{path}")
-        }
-        None => bare.to_owned(),
-    };
-    let mut shown: String = bare.chars().take(200).collect();
-    if shown.len() < bare.len() {
-        shown.push('…');
-    }
-    if hidden {
-        shown.push_str("?…");
-    }
-    shown
-}
-
 /// An error and its causes, as one line (hyper's own says only "client error (Connect)").
 fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
@@ -367,52 +311,10 @@ fn tls_config(ca_certs: &[PathBuf]) -> Result<rustls::ClientConfig, RemoteError>
         .with_no_client_auth())
 }
 
-/// A user's header, checked: a token name, a value without CR, LF or NUL, and not one the
-/// protocol sets. Errors name the header, never its value.
-pub(super) fn user_header(
-    name: &str,
-    value: &str,
-) -> Result<(HeaderName, HeaderValue), RemoteError> {
-    let bad = |reason: &str| RemoteError::Header {
-        name: name.to_owned(),
-        reason: reason.to_owned(),
-    };
-    if name.bytes().any(|b| b == b'\r' || b == b'\n')
-        || value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0)
-    {
-        return Err(bad("a header may not contain a line break"));
-    }
-    let parsed = HeaderName::from_bytes(name.trim().as_bytes())
-        .map_err(|_| bad("not a valid header name"))?;
-    if RESERVED.contains(&parsed.as_str()) {
-        return Err(bad(
-            "the proxy sets this header itself (the protocol's own headers, and HTTP framing, cannot be replaced)",
-        ));
-    }
-    let mut value = HeaderValue::from_str(value.trim())
-        .map_err(|_| bad("the value has bytes a header may not carry"))?;
-    value.set_sensitive(true);
-    Ok((parsed, value))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::options::user_header;
     use super::*;
-
-    #[test]
-    fn a_refused_url_is_shown_without_its_secrets() {
-        for given in [
-            "http://user:pw-SECRET@127.0.0.1:99999/mcp?api_key=SECRET",
-            "ftp://127.0.0.1/mcp#SECRET",
-        ] {
-            let shown = shown_given(given);
-            assert!(
-                !shown.contains("SECRET") && shown.ends_with("?…") == given.contains(['?', '#']),
-                "{given:?} became {shown:?}"
-            );
-        }
-        assert!(shown_given(&"x".repeat(70_000)).chars().count() <= 201);
-    }
 
     #[test]
     fn the_urls_query_is_redacted_in_every_form() {

@@ -1,20 +1,15 @@
 //! The era and, in the 2025 era, the session of `proxy --url`: the `Mcp-Session-Id` the
-//! `initialize` answer gives, the version it negotiates, the GET stream opened at once, its
-//! resumption, the expiry (a 404), and the `DELETE` at the end.
+//! `initialize` answer gives, the version it negotiates, and its expiry (a 404); the headers
+//! that carry them, and the waits a server's `retry:` may ask for. (The session's GET stream
+//! is `streams.rs`'s, its `DELETE` `pump.rs`'s.)
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use ::http::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
-use ::http::{Method, StatusCode};
+use ::http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use super::exchange::Failure;
-use super::sse::Events;
-use super::{Remote, header_value};
-use crate::limits::{
-    REMOTE_CONNECT, REMOTE_GOODBYE, REMOTE_MAX_RETRY, REMOTE_MIN_RETRY, REMOTE_RESUMES,
-    REMOTE_RETRY,
-};
+use super::header_value;
+use crate::limits::{REMOTE_MAX_RETRY, REMOTE_MIN_RETRY};
 use crate::transport::lenient::RequestId;
 
 pub(super) const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
@@ -129,128 +124,6 @@ impl Session {
         }
         if let Some(version) = &state.version {
             into.insert(PROTOCOL_VERSION, version.clone());
-        }
-    }
-}
-
-impl Remote {
-    /// Opens the session's GET stream (the server's requests and notifications outside any
-    /// POST), and follows it beside the pump, in place of any before it. Waits for its
-    /// headers, so that the server's requests on the next message (roots, on
-    /// `notifications/initialized`) have a stream to come on, but at most [`REMOTE_CONNECT`]:
-    /// a server that never sends them must not hold up the session (the task goes on
-    /// waiting, until the session ends). None in the 2026-07-28 era, which has no GET stream.
-    pub(super) async fn open_get_stream(self: Arc<Self>) {
-        if self.session.is_modern() || self.session.expired() || !self.session.is_initialized() {
-            return;
-        }
-        let (opened, head) = tokio::sync::oneshot::channel();
-        let follow = Arc::clone(&self).follow_get(opened);
-        if self.lock_followers().get(follow) {
-            let _ = tokio::time::timeout(REMOTE_CONNECT, head).await;
-        }
-    }
-
-    /// Opens and follows the GET stream (`opened` once its first GET is answered, however),
-    /// resuming it when it drops (with `Last-Event-ID` when its events had ids), at most
-    /// [`REMOTE_RESUMES`] times in a row without an event between.
-    async fn follow_get(self: Arc<Self>, opened: tokio::sync::oneshot::Sender<()>) {
-        let mut events = match self.get(None).await {
-            Ok(Some(events)) => Some(events),
-            Ok(None) => {
-                tracing::info!(url = %self.http.url, "the server offers no GET stream (405); its requests come on the POST streams");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the GET stream could not be opened; trying again");
-                None
-            }
-        };
-        let _ = opened.send(());
-        let mut last: Option<String> = None;
-        let mut retry = REMOTE_RETRY;
-        let mut attempts = 0;
-        loop {
-            if let Some(stream) = events.as_mut() {
-                match self.follow(stream, None, None, &mut last, &mut retry).await {
-                    Ok(got) if got => attempts = 0,
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %self.stream_failure(e), "the GET stream broke off");
-                    }
-                }
-            }
-            attempts += 1;
-            if attempts > REMOTE_RESUMES || self.session.expired() {
-                tracing::warn!(url = %self.http.url, "the GET stream is gone; the server's requests outside a POST will not arrive");
-                return;
-            }
-            tokio::time::sleep(retry).await;
-            events = match self.get(last.as_deref()).await {
-                Ok(Some(events)) => Some(events),
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::debug!(error = %e, "the GET stream could not be resumed");
-                    None
-                }
-            };
-        }
-    }
-
-    /// A GET of the endpoint (the GET stream, or a POST's stream resumed after `last`):
-    /// `None` when the server answers 405.
-    pub(super) async fn get(&self, last: Option<&str>) -> Result<Option<Events>, Failure> {
-        let mut headers = HeaderMap::new();
-        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-        self.session.headers(&mut headers);
-        if let Some(value) = last.and_then(header_value) {
-            headers.insert(LAST_EVENT_ID, value);
-        }
-        let sent_id = headers.contains_key(SESSION_ID);
-        let response = self
-            .http
-            .send(Method::GET, headers, bytes::Bytes::new())
-            .await?;
-        match response.status() {
-            StatusCode::METHOD_NOT_ALLOWED => Ok(None),
-            StatusCode::NOT_FOUND if sent_id => {
-                self.session_gone();
-                Err(Failure::Expired {
-                    url: Arc::clone(&self.http.url),
-                })
-            }
-            s if s.is_success() && is_event_stream(response.headers()) => {
-                Ok(Some(self.events(response.into_body())))
-            }
-            _ => Err(self.refusal(response).await),
-        }
-    }
-
-    /// Logs, once, that the server no longer knows the session.
-    pub(super) fn session_gone(&self) {
-        if self.session.expire() {
-            tracing::error!(url = %self.http.url, "the server ended the session (HTTP 404 for its Mcp-Session-Id): it expired or the server restarted; the proxy ends, so that the host starts it again for a new session");
-        }
-    }
-
-    /// Ends the session (`DELETE`), within [`REMOTE_GOODBYE`].
-    pub(super) async fn end_session(&self) {
-        if self.session.is_modern() || self.session.expired() || !self.session.has_id() {
-            return;
-        }
-        let mut headers = HeaderMap::new();
-        self.session.headers(&mut headers);
-        let sent = tokio::time::timeout(
-            REMOTE_GOODBYE,
-            self.http.send(Method::DELETE, headers, bytes::Bytes::new()),
-        )
-        .await;
-        match sent {
-            Ok(Ok(response)) => {
-                tracing::debug!(status = %response.status(), "the session was ended (DELETE)");
-            }
-            Ok(Err(e)) => tracing::debug!(error = %e, "the session's DELETE failed"),
-            Err(_) => tracing::debug!("the session's DELETE got no answer in time"),
         }
     }
 }
