@@ -189,14 +189,17 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
             reaped: Arc::clone(&reaped),
         }
     };
-    // Set once the server is to end: the host has gone (its EOF) or the broker stops (the
-    // server's stdin is then closed), or the server closed its stdout. A server that does not
-    // exit by itself is then ended ([`end_server`]).
-    let (ending, gone) = tokio::sync::watch::channel(false);
-    // The server is ended at once when a reload revokes access a confined server holds, or
-    // when the person ends its session (the console): a local session says so itself, a
-    // shared broker by a last note on the link ([`crate::host::ENDED_NOTIFICATION`]).
-    let (person_ended, ended) = person_ends(&link);
+    // `ending` is also set once the server closed its stdout. A server that does not exit by
+    // itself is then ended ([`end_server`]). It is ended at once when a reload revokes access
+    // a confined server holds, or when the person ends its session (`ended`).
+    let Plumbing {
+        to_server,
+        server_input,
+        ending,
+        gone,
+        person_ended,
+        ended,
+    } = plumbing(&link);
     let revocations = opts.end_server.take().filter(|_| opts.confine.is_some());
     // A confined server that does not answer `initialize` in time is ended too ([`Start::watch`]).
     let (start_failed, start_timed_out) = tokio::sync::oneshot::channel::<String>();
@@ -221,14 +224,10 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
             None => person_or_start.await,
         }
     }));
-    let stopped: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
-        Link::Local(session) => Box::pin(session.broker().stopped()),
-        Link::Remote(_) => Box::pin(std::future::pending()),
-    };
     let ender = tokio::spawn(end_server(
         revoked,
         wait_gone(gone.clone()),
-        stopped,
+        broker_stopped(&link),
         target,
     ));
     let tail = Arc::new(Tail::new());
@@ -251,10 +250,9 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
 
     // The server's stdin: host lines, broker answers and broker notifications, one writer
     // thread, which writes large read answers straight from their pages, as `serve` does.
-    let (to_server, server_rx) = mpsc::channel::<ToServer>(OUTPUT_QUEUE);
     let _server_writer = std::thread::Builder::new()
         .name("fsbroker-server-writer".into())
-        .spawn(move || write_frames(server_rx, BlockingWriter(server_in)))?;
+        .spawn(move || write_frames(server_input, BlockingWriter(server_in)))?;
 
     let Sides {
         mut broker,
@@ -307,10 +305,7 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
 
     // The server closed its stdout: it is exiting. Stop reading the host, let the host see
     // everything the server said, and return the server's exit code.
-    host_reader.abort();
-    // The relay's senders go too: the host's writer ends once every sender is gone.
-    drop(relay);
-    drop(to_server);
+    stop_relaying(&host_reader, relay, to_server);
     // The group is signalled only at the moment its leader is reaped: here, unless that was
     // done above.
     let just_reaped = if exited.is_some() { 0 } else { group };
@@ -336,13 +331,7 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     } else {
         watchdog.abort();
     }
-    // The server's requests still running finish, and are recorded, before the proxy ends
-    // (and its broker seals the log): a request past its commit point has acted.
-    broker.finish().await;
-    drop(to_host);
-    if let Ok(Err(e)) = host_writer.await {
-        tracing::debug!(error = %e, "host output");
-    }
+    finish(broker, to_host, host_writer).await;
     // A server ended for not starting in time may exit 0 on SIGTERM; the run failed.
     match exit_code(status) {
         0 if init.failed() => Ok(1),
@@ -362,11 +351,19 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
         ));
     }
     let url = remote.shown_url();
-    let (to_server, server_rx) = mpsc::channel::<ToServer>(OUTPUT_QUEUE);
-    let (ending, gone) = tokio::sync::watch::channel(false);
+    // The person ending the session (the console) ends the remote session, as the host's EOF
+    // does.
+    let Plumbing {
+        to_server,
+        server_input,
+        ending,
+        gone,
+        person_ended,
+        ended,
+    } = plumbing(&link);
     let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
-    if let Link::Local(session) = &link {
-        let stopped = session.broker().stopped();
+    if matches!(link, Link::Local(_)) {
+        let stopped = broker_stopped(&link);
         tokio::spawn(async move {
             stopped.await;
             stopping_tx.send_replace(true);
@@ -377,11 +374,8 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
         stopping,
         gone_at: std::sync::OnceLock::new(),
     };
-    let connected = remote::connect(remote, opts.max_line, server_rx, ends)
+    let connected = remote::connect(remote, opts.max_line, server_input, ends)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    // The person ending the session (the console) ends the remote session, as the host's EOF
-    // does: a local session says so itself, a shared broker by a last note on the link.
-    let (person_ended, ended) = person_ends(&link);
     let Sides {
         mut broker,
         relay,
@@ -400,16 +394,10 @@ async fn run_remote(link: Link, opts: ProxyOptions, remote: RemoteOptions) -> io
     };
     tracing::info!(url, "relaying to a remote MCP server");
     relay_server(connected.output, &relay, &mut broker, &init, opts.max_line).await;
-    host_reader.abort();
     closer.abort();
-    drop(relay);
-    drop(to_server);
+    stop_relaying(&host_reader, relay, to_server);
     let ended = connected.done.await;
-    broker.finish().await;
-    drop(to_host);
-    if let Ok(Err(e)) = host_writer.await {
-        tracing::debug!(error = %e, "host output");
-    }
+    finish(broker, to_host, host_writer).await;
     // A lost session ends the proxy non-zero, as a server that fails does: the host sees its
     // server exit and can start it again (the reason was logged when the 404 came).
     Ok(match ended {
@@ -449,18 +437,15 @@ async fn start_sides(
     // EOF: the server's stdin is closed and the server is ended ([`end_server`]) in time for
     // the broker to seal its log; the server's file requests are no longer taken.
     let stopping = Arc::new(AtomicBool::new(false));
-    let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match &link {
-        Link::Local(session) => {
-            let stopped = session.broker().stopped();
-            let flag = Arc::clone(&stopping);
-            tokio::spawn(async move {
-                stopped.await;
-                flag.store(true, Ordering::Release);
-            });
-            Box::pin(session.broker().stopped())
-        }
-        Link::Remote(_) => Box::pin(std::future::pending()),
-    };
+    let stop = broker_stopped(&link);
+    if matches!(link, Link::Local(_)) {
+        let stopped = broker_stopped(&link);
+        let flag = Arc::clone(&stopping);
+        tokio::spawn(async move {
+            stopped.await;
+            flag.store(true, Ordering::Release);
+        });
+    }
     // Makes the proxy's own ids (its questions to the broker, its retries) its own.
     let nonce = crate::random::hex(8);
     let (broker, asker) = BrokerSide::start(
@@ -527,6 +512,75 @@ async fn start_sides(
         host_writer,
         to_host,
     })
+}
+
+/// What either kind of server starts with, before the host's side and the broker's
+/// ([`start_sides`]) and before the server's own end is built.
+struct Plumbing {
+    /// The server's input: the host's lines, the broker's answers, the proxy's retries.
+    to_server: mpsc::Sender<ToServer>,
+    /// Its other end: for the writer of a child's stdin, or a remote server's pump.
+    server_input: mpsc::Receiver<ToServer>,
+    /// Set once the server is to end: the host has gone (its EOF) or the broker stops (the
+    /// server's input is then closed). `gone` sees it.
+    ending: tokio::sync::watch::Sender<bool>,
+    gone: tokio::sync::watch::Receiver<bool>,
+    /// Resolves, with the reason, when the person ends the session (the console): a local
+    /// session says so itself, a shared broker by a last note on the link, which the broker
+    /// side reports through `person_ended` ([`person_ends`], [`crate::host::ENDED_NOTIFICATION`]).
+    person_ended: tokio::sync::watch::Sender<bool>,
+    ended: EndServer,
+}
+
+fn plumbing(link: &Link) -> Plumbing {
+    let (to_server, server_input) = mpsc::channel::<ToServer>(OUTPUT_QUEUE);
+    let (ending, gone) = tokio::sync::watch::channel(false);
+    let (person_ended, ended) = person_ends(link);
+    Plumbing {
+        to_server,
+        server_input,
+        ending,
+        gone,
+        person_ended,
+        ended,
+    }
+}
+
+/// Resolves once the proxy's own broker stops (SIGTERM, SIGINT); never for a shared broker,
+/// whose stop is its own.
+fn broker_stopped(link: &Link) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    match link {
+        Link::Local(session) => Box::pin(session.broker().stopped()),
+        Link::Remote(_) => Box::pin(std::future::pending()),
+    }
+}
+
+/// The server's output has ended (or the remote session has): the host is no longer read,
+/// and the relay lets go of the server's input, which ends once what was queued for it is
+/// written; the host's writer ends once every sender of the host's output is gone.
+fn stop_relaying(
+    host_reader: &tokio::task::JoinHandle<()>,
+    relay: Relay,
+    to_server: mpsc::Sender<ToServer>,
+) {
+    host_reader.abort();
+    drop(relay);
+    drop(to_server);
+}
+
+/// The end either kind of server comes to: the server's requests still running finish, and
+/// are recorded, before the proxy ends (and its broker seals the log), since a request past
+/// its commit point has acted; then the host gets what is left for it.
+async fn finish(
+    broker: BrokerSide,
+    to_host: mpsc::Sender<Outgoing>,
+    host_writer: tokio::sync::oneshot::Receiver<io::Result<()>>,
+) {
+    broker.finish().await;
+    drop(to_host);
+    if let Ok(Err(e)) = host_writer.await {
+        tracing::debug!(error = %e, "host output");
+    }
 }
 
 /// Resolves, with the reason, when the person ends the session (the console): a local
