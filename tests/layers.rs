@@ -156,28 +156,6 @@ const INSIDE: &[(&str, Table)] = &[
         ],
     ),
     (
-        // A remote server's client: its parts lean on those before them (as the methods on
-        // `Remote` each part adds call only those of the parts before it, which this scan
-        // of paths cannot see: `remote/mod.rs` says so).
-        "transport/proxy/remote",
-        &[
-            ("options", &[]),
-            ("http", &["options"]),
-            ("sse", &[]),
-            ("reads", &[]),
-            ("session", &[]),
-            ("failure", &["http", "sse"]),
-            ("requests", &[]),
-            ("inbound", &["failure", "reads"]),
-            ("streams", &["failure", "session", "sse"]),
-            (
-                "exchange",
-                &["failure", "http", "session", "sse", "streams"],
-            ),
-            ("pump", &["exchange", "failure"]),
-        ],
-    ),
-    (
         "methods",
         &[
             // An operation's runtime and a request's way to its answer; then one module per
