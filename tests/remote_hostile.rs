@@ -10,7 +10,9 @@
 //! `a_get_stream_without_a_head_holds_up_nothing`,
 //! `the_servers_cancel_of_a_broker_request_does_not_reach_the_host` (known of the stdio
 //! proxy too), `a_late_answer_with_the_id_respelled_is_dropped`,
-//! `a_late_answer_while_the_host_is_slow_is_dropped`, `the_token_is_in_no_error_and_no_log`.
+//! `a_late_answer_while_the_host_is_slow_is_dropped`, `the_token_is_in_no_error_and_no_log`,
+//! `a_late_answer_in_a_batch_or_with_its_id_twice_is_dropped` and
+//! `an_answer_in_a_batch_settles_its_request` (F8 of a later review).
 //! The others held, and stay as regression tests.
 
 // Tests, benches and examples work on their own files with `std::fs` (clippy.toml keeps
@@ -21,7 +23,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -1280,6 +1282,220 @@ fn a_late_answer_with_the_id_respelled_is_dropped() {
             "{spelling}: request {id} got two answers: {answers:?}"
         );
     }
+}
+
+/// The late answer of [`a_late_answer_after_the_proxys_error_is_dropped`] in forms the
+/// proxy's strict reader refused and so passed on unread (the hostile review's F8): inside a
+/// batch (alone, and beside a notification that must still arrive), and with `id` written
+/// twice (JavaScript's and Python's readers keep the last, others the first) or in another
+/// case. None of them may reach the host: it gets one answer, the proxy's error.
+#[test]
+fn a_late_answer_in_a_batch_or_with_its_id_twice_is_dropped() {
+    const LATE: &str = r#""late":true"#;
+    // Every form is tried, and those that reached the host are named together.
+    let mut reached = Vec::new();
+    for form in [
+        r#"[{"jsonrpc":"2.0","id":{id},"result":{"late":true}}]"#,
+        r#"[{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"beside"}},{"jsonrpc":"2.0","id":{id},"result":{"late":true}}]"#,
+        r#"{"jsonrpc":"2.0","id":987654,"id":{id},"result":{"late":true}}"#,
+        r#"{"jsonrpc":"2.0","id":{id},"id":987654,"result":{"late":true}}"#,
+        r#"{"jsonrpc":"2.0","id":987654,"ID":{id},"result":{"late":true}}"#,
+        r#"{"jsonrpc":"2.0","id":{id},"method":"x","result":{"late":true}}"#,
+        r#"{"jsonrpc":"2.0","id":{id},"result":{"late":true,"x":NaN}}"#,
+    ] {
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let rx = Mutex::new(rx);
+        let server = Server::start(move |req, stream| match req.method.as_str() {
+            "GET" => {
+                if sse_head(stream).is_err() {
+                    return;
+                }
+                let Ok(id) = rx.lock().unwrap().recv_timeout(WAIT) else {
+                    return;
+                };
+                let late = form.replace("{id}", &id.to_string());
+                let note = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "after"}});
+                let _ = stream.write_all(format!("data: {late}\n\ndata: {note}\n\n").as_bytes());
+                hold(stream);
+            }
+            _ => {
+                if ordinary(req, stream).is_some() {
+                    return;
+                }
+                if sse_head(stream).is_ok() {
+                    let _ = stream.write_all(b": nothing\n\n");
+                }
+            }
+        });
+        let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
+        initialize(&mut fsb);
+        let id = fsb.send("tools/list", json!({}));
+        let r = fsb.response(id);
+        assert!(error_message(&r).contains("without answering"), "{r}");
+        tx.send(id).unwrap();
+        loop {
+            match fsb.next_line(WAIT) {
+                common::fsb::Raw::Line(l) if l.text().contains("\"after\"") => break,
+                common::fsb::Raw::Line(_) => {}
+                other => panic!("{form}: no notification after the late answer: {other:?}"),
+            }
+        }
+        fsb.end();
+        let lines: Vec<String> = fsb
+            .received()
+            .iter()
+            .map(|l| String::from_utf8_lossy(l).into_owned())
+            .collect();
+        if lines.iter().any(|l| l.contains(LATE)) {
+            reached.push(form);
+        }
+        if form.contains("beside") {
+            assert!(
+                lines.iter().any(|l| l.contains("\"beside\"")),
+                "{form}: the batch's notification was lost: {lines:?}"
+            );
+        }
+    }
+    assert!(
+        reached.is_empty(),
+        "the late answer reached the host in these forms: {reached:#?}"
+    );
+}
+
+/// The answer to a pending request, sent as a one-message batch in the POST's JSON body:
+/// it settles the request, so the host gets that answer and not also the proxy's error
+/// ("the server answered without answering"). Before, a batch was passed on unread and the
+/// request stayed pending: the host got two answers.
+#[test]
+fn an_answer_in_a_batch_settles_its_request() {
+    let server = Server::start(|req, stream| {
+        if ordinary(req, stream).is_some() {
+            return;
+        }
+        let id = req.json()["id"].clone();
+        let batch = json!([{"jsonrpc": "2.0", "id": id, "result": {"tools": []}}]).to_string();
+        respond(
+            stream,
+            "200 OK",
+            &["Content-Type: application/json"],
+            batch.as_bytes(),
+        );
+    });
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
+    initialize(&mut fsb);
+    let id = fsb.send("tools/list", json!({}));
+    // A second request, answered the same way, after the first's answer (and its error, if
+    // any) was queued.
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "id": "second", "method": "tools/list"}));
+    loop {
+        match fsb.next_line(WAIT) {
+            common::fsb::Raw::Line(l) if l.text().contains("\"second\"") => break,
+            common::fsb::Raw::Line(_) => {}
+            other => panic!("no answer to the second request: {other:?}"),
+        }
+    }
+    fsb.end();
+    let answers: Vec<String> = fsb
+        .received()
+        .iter()
+        .filter_map(|l| {
+            let m: Value = serde_json::from_slice(l).ok()?;
+            let one = |m: &Value| m["id"] == json!(id);
+            (one(&m) || m.as_array().is_some_and(|b| b.iter().any(one)))
+                .then(|| String::from_utf8_lossy(l).into_owned())
+        })
+        .collect();
+    assert_eq!(answers.len(), 1, "request {id} got {answers:?}");
+    assert!(answers[0].starts_with('['), "{answers:?}");
+}
+
+/// More host requests than the proxy keeps waiting for the server (`REMOTE_PENDING`, 4096)
+/// against a server that answers none until the test lets it: the first 64 are sent (the
+/// POSTs at once) and held, the other 4032 wait for a POST of their own and count as
+/// pending too, so the 4097th, pipelined behind them, gets the proxy's error at once and is
+/// never sent. Once the server answers, every request of the burst gets its answer, and a
+/// second burst of 4096 is taken whole (its 4097th refused again): no slot of the first
+/// burst stayed taken.
+#[test]
+fn requests_past_the_pending_bound_are_refused_and_their_slots_come_back() {
+    // `REMOTE_PENDING` in src/limits.rs.
+    const PENDING: usize = 4096;
+    let holding = Arc::new(AtomicBool::new(true));
+    let held = Arc::clone(&holding);
+    let server = Server::start(move |req, stream| {
+        if ordinary(req, stream).is_some() {
+            return;
+        }
+        // No answer, not even its head, while the test holds the server.
+        let end = Instant::now() + 2 * WAIT;
+        while held.load(Ordering::SeqCst) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        answer_json(req, json!({"tools": []}), stream, &[]);
+    });
+    let (_dir, mut fsb) = proxy(&server.url, &[], &[]);
+    initialize(&mut fsb);
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    for round in ["a", "b"] {
+        holding.store(true, Ordering::SeqCst);
+        let over = format!("{round}-over");
+        let mut burst = Vec::new();
+        for n in 0..PENDING {
+            let id = format!("{round}{n}");
+            burst.extend(
+                json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"})
+                    .to_string()
+                    .bytes(),
+            );
+            burst.push(b'\n');
+        }
+        burst.extend(
+            json!({"jsonrpc": "2.0", "id": over, "method": "tools/list"})
+                .to_string()
+                .bytes(),
+        );
+        burst.push(b'\n');
+        fsb.send_raw(&burst);
+        let r = fsb.answer(&json!(over), WAIT);
+        assert!(
+            error_message(&r).contains("requests unanswered; this one was not sent"),
+            "{round}: {r}"
+        );
+        holding.store(false, Ordering::SeqCst);
+        let mut answered = std::collections::HashSet::new();
+        while answered.len() < PENDING {
+            let m = match fsb.next_line(WAIT) {
+                common::fsb::Raw::Line(l) => l.json.clone().unwrap_or_default(),
+                other => panic!(
+                    "{round}: {} of {PENDING} answered, then {other:?}",
+                    answered.len()
+                ),
+            };
+            let Some(id) = m["id"].as_str().filter(|id| id.starts_with(round)) else {
+                continue;
+            };
+            assert!(m.get("result").is_some(), "{round}: {m}");
+            assert!(
+                answered.insert(id.to_owned()),
+                "{round}: {id} answered twice"
+            );
+        }
+    }
+    let id = json!("after");
+    fsb.send_msg(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}));
+    let r = fsb.answer(&id, WAIT);
+    assert!(r.get("result").is_some(), "{r}");
+    fsb.end();
+    let sent: Vec<Value> = server
+        .seen()
+        .iter()
+        .map(|req| req.json()["id"].clone())
+        .filter(|id| id.as_str().is_some_and(|id| id.ends_with("-over")))
+        .collect();
+    assert!(
+        sent.is_empty(),
+        "requests past the bound were sent: {sent:?}"
+    );
 }
 
 /// A server that answers 401 to everything after `initialize` (the GET stream too): each host

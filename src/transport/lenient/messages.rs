@@ -82,6 +82,111 @@ pub(crate) fn lenient_envelope(line: &[u8]) -> (Vec<Value>, bool) {
     (ids, method)
 }
 
+/// A message's top-level members as the loosest reader might take them ([`any_message`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Envelope {
+    /// Its ids, distinct as [`RequestId`]s, at most [`MAX_IDS`]: more than one when `id` is
+    /// written twice (JavaScript and Python keep the last, other readers the first) or in
+    /// another case (`"ID"`, which a case-insensitive reader takes).
+    pub(crate) ids: Vec<RequestId>,
+    /// A member reads as `method`.
+    pub(crate) method: bool,
+    /// A member reads as `result` or `error`.
+    pub(crate) outcome: bool,
+}
+
+impl Envelope {
+    /// Whether some reader may take it for an answer: it has a `result` or an `error` (a
+    /// reader that looks for those first takes one even beside a `method`), or no `method`.
+    pub(crate) fn may_answer(&self) -> bool {
+        self.outcome || !self.method
+    }
+}
+
+/// Whether `found` holds of a message of `line`: an object at the top level, or in a
+/// top-level array (a batch), each read when it ends (or when the line does). Found by a scan
+/// that follows only strings and nesting, so lines no parser reads (a `NaN`, a cut-off end,
+/// two messages on one line, bytes that are not UTF-8) hide no message from it; member names
+/// are read as [`lenient_name`] reads them, each way [`string_readings`] decodes them, and an
+/// id as [`RequestId::parse`] reads it. Stops at the first message `found` holds of.
+pub(crate) fn any_message(line: &[u8], mut found: impl FnMut(&Envelope) -> bool) -> bool {
+    // The depth at which messages' members are: inside the batch when the line opens one.
+    let level = match line.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'[') => 2,
+        _ => 1,
+    };
+    let mut message: Option<Envelope> = None;
+    let mut depth = 0usize;
+    let mut expect_key = false;
+    let mut i = 0;
+    while i < line.len() {
+        match line[i] {
+            b'"' => {
+                let end = string_end(line, i);
+                let key = expect_key && depth == level;
+                expect_key = false;
+                if let Some(env) = message.as_mut().filter(|_| key) {
+                    let names = string_readings(&line[i..end]);
+                    let is = |name: &str| names.iter().any(|n| lenient_name(n) == name);
+                    env.method |= is("method");
+                    env.outcome |= is("result") || is("error");
+                    if is("id") {
+                        let id = member_value(line, end).and_then(RequestId::parse);
+                        if let Some(id) = id {
+                            if !env.ids.contains(&id) && env.ids.len() < MAX_IDS {
+                                env.ids.push(id);
+                            }
+                        }
+                    }
+                }
+                i = end;
+                continue;
+            }
+            b'{' => {
+                depth += 1;
+                if depth == level {
+                    message = Some(Envelope::default());
+                }
+                expect_key = depth == level;
+            }
+            b'[' => depth += 1,
+            b'}' | b']' => {
+                if depth == level {
+                    if let Some(env) = message.take() {
+                        if found(&env) {
+                            return true;
+                        }
+                    }
+                }
+                depth = depth.saturating_sub(1);
+            }
+            b',' => expect_key = depth == level,
+            _ => {}
+        }
+        i += 1;
+    }
+    message.is_some_and(|env| found(&env))
+}
+
+/// The value written after the member name that ends at `end` (its colon, blanks around),
+/// as far as an id can be one: a string literal, or a token up to the next `,`, `}`, `]` or
+/// blank. `None` without a colon.
+fn member_value(line: &[u8], end: usize) -> Option<&[u8]> {
+    let at = skip_ws(line, end);
+    if line.get(at) != Some(&b':') {
+        return None;
+    }
+    let start = skip_ws(line, at + 1);
+    let stop = match line.get(start) {
+        Some(b'"') => string_end(line, start),
+        _ => line[start..]
+            .iter()
+            .position(|b| matches!(b, b',' | b'}' | b']') || b.is_ascii_whitespace())
+            .map_or(line.len(), |p| start + p),
+    };
+    Some(&line[start..stop])
+}
+
 /// For `properties.rs` (through `transport::id_filters`): whether [`lenient_envelope`] takes
 /// ids written `a` and `b` for one (answers them once); `None` when either is not one JSON
 /// value (the scan may read it as part of another) or is read as no id.
@@ -310,6 +415,49 @@ mod tests {
             lenient_envelope(format!("{{{many}}}").as_bytes()).0.len(),
             MAX_IDS
         );
+    }
+
+    #[test]
+    fn every_message_and_every_spelling_of_its_id_is_read() {
+        let all = |line: &[u8]| {
+            let mut seen = Vec::new();
+            any_message(line, |env| {
+                seen.push(env.clone());
+                false
+            });
+            seen
+        };
+        let n = |v: f64| RequestId::of_value(&serde_json::json!(v)).unwrap();
+        let one = |ids: Vec<RequestId>, method, outcome| Envelope {
+            ids,
+            method,
+            outcome,
+        };
+        assert_eq!(
+            all(br#"{"id":11,"i\u0064":10.0,"ID":"10","result":{"id":3}}"#),
+            [one(vec![n(11.0), n(10.0)], false, true)]
+        );
+        assert_eq!(
+            all(br#" [{"id":1,"method":"x"},[{"id":2}],{"error":{},"id":"3"}]"#),
+            [
+                one(vec![n(1.0)], true, false),
+                one(vec![n(3.0)], false, true)
+            ]
+        );
+        // Lines no parser reads: a `NaN`, two messages, a cut-off end.
+        assert_eq!(
+            all(br#"{"x":NaN,"id":4}{"Result":1,"id":5"#),
+            [
+                one(vec![n(4.0)], false, false),
+                one(vec![n(5.0)], false, true)
+            ]
+        );
+        assert!(
+            all(br#"{"id":null,"method":"x","params":{"id":6}}"#)[0]
+                .ids
+                .is_empty()
+        );
+        assert!(any_message(br#"[{"id":7},{"id":8}]"#, |env| env.ids == [n(7.0)]));
     }
 
     #[test]

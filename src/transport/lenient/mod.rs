@@ -25,7 +25,7 @@ pub(crate) use inputs::input_claims;
 #[cfg(test)]
 pub(super) use messages::id_filter;
 pub(super) use messages::names_broker_method;
-pub(crate) use messages::{lenient_envelope, message_methods};
+pub(crate) use messages::{any_message, lenient_envelope, message_methods};
 
 /// Whether a method is the broker's to answer ([`crate::methods::is_broker_method`]), as a
 /// lenient reader might dispatch it ([`lenient_name`]): a host that matches methods loosely

@@ -35,34 +35,93 @@ impl Remote {
         };
         let _ = self.inbound.send(frame).await;
     }
-    /// What the proxy learns from a message of the server's on its way to the relay.
+    /// What the proxy learns from a line of the server's on its way to the relay, and what of
+    /// it goes on: a batch's messages are each read as one sent alone would be.
+    ///
+    /// A batch is kept a batch, less the messages that must not go on: the host (or the
+    /// relay, which refuses a batch naming a method of the broker's) sees what the server
+    /// sent, and its other messages (a notification, an answer to another request) still
+    /// count. A batch left with none is dropped whole: an empty array is no JSON-RPC message.
     fn read_message(&self, line: Vec<u8>) -> Option<Vec<u8>> {
-        #[derive(serde::Deserialize)]
-        struct Envelope<'a> {
-            #[serde(borrow)]
-            id: Option<&'a serde_json::value::RawValue>,
-            method: Option<String>,
-            #[serde(borrow)]
-            params: Option<&'a serde_json::value::RawValue>,
-            #[serde(borrow)]
-            result: Option<&'a serde_json::value::RawValue>,
+        let batch = line.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+        let elements = batch
+            .then(|| serde_json::from_slice::<Vec<&RawValue>>(&line).ok())
+            .flatten();
+        let Some(elements) = elements.filter(|e| !e.is_empty()) else {
+            return self.read_one(line);
+        };
+        let mut kept: Vec<Vec<u8>> = Vec::with_capacity(elements.len());
+        let mut changed = false;
+        for element in elements {
+            let written = element.get().as_bytes();
+            match self.read_one(written.to_vec()) {
+                Some(read) => {
+                    changed |= read != written;
+                    kept.push(read);
+                }
+                None => changed = true,
+            }
         }
-        let Ok(env) = serde_json::from_slice::<Envelope>(&line) else {
+        if !changed {
+            return Some(line);
+        }
+        if kept.is_empty() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(line.len());
+        out.push(b'[');
+        for (n, message) in kept.iter().enumerate() {
+            if n > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(message);
+        }
+        out.push(b']');
+        Some(out)
+    }
+
+    /// One message (or a line no parser reads), read as the host's reader will read it.
+    ///
+    /// Its members are read the way JavaScript's `JSON.parse` and Python's `json` read them,
+    /// the last of a name written twice winning (serde's derive refuses such a line, which
+    /// used to go on unread, so a late answer written `{"id":11,"id":10,…}` reached the host).
+    /// Before that, every reading of it that may be an answer ([`any_message`](crate::transport::lenient::any_message)) is
+    /// checked: one under an id the proxy already answered itself is dropped, and so is one
+    /// whose id reads more than one way (written twice, or in another case): the proxy
+    /// cannot know which request the host pairs it with, and pairing it with the other would
+    /// give that one two answers.
+    fn read_one(&self, line: Vec<u8>) -> Option<Vec<u8>> {
+        let env = serde_json::from_slice::<LastWins>(&line).ok();
+        let method = env.as_ref().and_then(|e| e.method);
+        let method = method.and_then(|m| serde_json::from_str::<Option<String>>(m.get()).ok());
+        let (id, method) = match env.as_ref() {
+            Some(env) => (env.id, method.flatten()),
+            None => (None, None),
+        };
+        // An id that is no id (`null`) pairs with no request of the host's.
+        let answers = match (id, &method) {
+            (Some(id), None) => RequestId::of_raw(id),
+            _ => None,
+        };
+        if !self.admit(&line, answers.as_ref()) {
+            tracing::debug!(
+                "a message of the server's the host may take for a second answer (to a request already failed, or under an id that reads two ways) was dropped"
+            );
+            return None;
+        }
+        let Some(env) = env else {
             return Some(line);
         };
-        match (env.id, env.method.as_deref()) {
+        match (env.id, method.as_deref()) {
             (Some(id), Some("files/read")) => {
                 let (id, params) = (id.to_owned(), env.params.map(ToOwned::to_owned));
                 Some(self.lock_reads().arrived(&id, params.as_deref(), line))
             }
-            (Some(id), None) => {
-                // An id that is no id (`null`) pairs with no request of the host's.
-                if let Some(key) = RequestId::of_raw(id) {
-                    let version = env.result.and_then(negotiated_version);
-                    if !self.answered(&key, version.as_deref()) {
-                        tracing::debug!(id = %key, "a late answer to a request already failed was dropped");
-                        return None;
-                    }
+            (Some(_), None) => {
+                if let (Some(key), Some(version)) =
+                    (&answers, env.result.and_then(negotiated_version))
+                {
+                    self.session.negotiated(key, &version);
                 }
                 Some(self.lock_reads().input_requests(line))
             }
@@ -90,12 +149,50 @@ impl Remote {
     }
 }
 
-/// `result.protocolVersion` of an `initialize` answer.
-fn negotiated_version(result: &serde_json::value::RawValue) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Init {
-        #[serde(rename = "protocolVersion")]
-        version: Option<String>,
+/// `result.protocolVersion` of an `initialize` answer (the last, if written twice).
+fn negotiated_version(result: &RawValue) -> Option<String> {
+    let result: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(result.get()).ok()?;
+    Some(result.get("protocolVersion")?.as_str()?.to_owned())
+}
+
+/// A message's members as JavaScript's and Python's readers keep them: the last of each name
+/// (serde's derive refuses a name written twice). Values as written.
+#[derive(Default)]
+struct LastWins<'a> {
+    id: Option<&'a RawValue>,
+    method: Option<&'a RawValue>,
+    params: Option<&'a RawValue>,
+    result: Option<&'a RawValue>,
+}
+
+impl<'de> serde::Deserialize<'de> for LastWins<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = LastWins<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON-RPC message")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<LastWins<'de>, A::Error> {
+                let mut env = LastWins::default();
+                while let Some(name) = map.next_key::<String>()? {
+                    let value: &'de RawValue = map.next_value()?;
+                    let slot = match name.as_str() {
+                        "id" => &mut env.id,
+                        "method" => &mut env.method,
+                        "params" => &mut env.params,
+                        "result" => &mut env.result,
+                        _ => continue,
+                    };
+                    *slot = Some(value);
+                }
+                Ok(env)
+            }
+        }
+        de.deserialize_map(Members)
     }
-    serde_json::from_str::<Init>(result.get()).ok()?.version
 }

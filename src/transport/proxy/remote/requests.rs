@@ -9,7 +9,7 @@ use tokio::task::AbortHandle;
 
 use super::Remote;
 use crate::limits::{REMOTE_FAILED_KEPT, REMOTE_PENDING};
-use crate::transport::lenient::RequestId;
+use crate::transport::lenient::{self, RequestId};
 use crate::transport::pending::PendingIds;
 
 /// The host's requests by [`RequestId`]: one lock for both maps, so that a request leaves
@@ -59,21 +59,21 @@ pub(super) struct Waiting {
 }
 
 impl Remote {
-    /// A response to `key` came: it is no longer waited for (its own stream, if it is still
-    /// being followed, is let go); when it answers the session's `initialize`, its
-    /// `protocolVersion` is the session's from now on.
+    /// Whether a line of the server's (one message, or what of one no parser reads) goes on
+    /// towards the host, and, when it does and it answers `answer`, that request is settled:
+    /// no longer waited for, and its own stream, if it is still being followed, let go.
     ///
-    /// `false` for a request already answered with the proxy's error (its stream broke, say):
-    /// it gets no second answer (the host may have reused the id). Checked and settled under
-    /// one lock, so that the proxy's error and this answer cannot both go.
-    pub(super) fn answered(&self, key: &RequestId, version: Option<&str>) -> bool {
-        if !self.lock_ids().answered(key) {
-            return false;
-        }
-        if let Some(version) = version {
-            self.session.negotiated(key, version);
-        }
-        true
+    /// Not when some reading of it ([`lenient::any_message`]) may be an answer under an id
+    /// the proxy already answered with its own error (its stream broke, say: the host may
+    /// have reused the id), or under an id that reads more than one way. Checked and settled
+    /// under one lock, so that the proxy's error and this answer cannot both go.
+    pub(super) fn admit(&self, line: &[u8], answer: Option<&RequestId>) -> bool {
+        let mut ids = self.lock_ids();
+        let refused = lenient::any_message(line, |env| {
+            env.may_answer()
+                && (env.ids.len() > 1 || env.ids.iter().any(|id| ids.failed.contains(id)))
+        });
+        !refused && answer.is_none_or(|key| ids.answered(key))
     }
     /// The host's request `key` is about to be sent: its answer is waited for. `false` when
     /// [`REMOTE_PENDING`] others are waiting already: it is not sent.
