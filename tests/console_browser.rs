@@ -593,6 +593,9 @@ in_each_browser!(a_claimed_name_stays_a_quoted_value_in_its_box);
 in_each_browser!(servers_are_named_and_described_in_plain_words);
 in_each_browser!(the_prompt_says_what_approving_lets_the_server_do);
 in_each_browser!(one_approve_button_and_folder_advice_only_for_folders);
+in_each_browser!(a_second_click_does_not_answer_the_prompt_that_moved_up);
+in_each_browser!(a_deceptive_folder_path_is_shown_escaped_and_sent_as_asked);
+in_each_browser!(a_folder_with_a_line_break_in_its_name_can_be_approved);
 
 // ---------------------------------------------------------------------------------------------
 // Brokers
@@ -900,6 +903,7 @@ async fn prompts_are_approved_narrowed_and_denied_on_the_page(engine: Engine) {
         // One path, narrowed to a folder beneath it by editing, answered from the keyboard.
         let id = ask(&mut server, &docs, "only the inner folder, please", &["a"]);
         let card = b.armed_card().await;
+        b.click(&format!("{card} button[data-action=narrow]")).await;
         let input = b
             .find(&format!("{card} input[data-path-input=\"0\"]"))
             .await;
@@ -2043,7 +2047,7 @@ async fn one_approve_button_and_folder_advice_only_for_folders(engine: Engine) {
         assert!(
             seen["text"]
                 .as_str()
-                .is_some_and(|t| t.contains("change a folder below to a folder inside it")),
+                .is_some_and(|t| t.contains("choose “Allow only a folder inside it”")),
             "{seen:#}"
         );
         b.click(&format!("{card} [data-action=deny]")).await;
@@ -2058,6 +2062,290 @@ async fn one_approve_button_and_folder_advice_only_for_folders(engine: Engine) {
         assert_eq!(seen["inputs"], 1, "only the folder can be narrowed: {seen:#}");
         b.click(&format!("{card} [data-action=deny]")).await;
         server.response(id);
+    })
+    .await;
+}
+
+/// Slows the page's reads of `/api/state` by `ms` (the page calls the global `fetch`), so that
+/// what the page does between two reads shows; the acts (`POST`s) go at once.
+async fn slow_state_reads(b: &Browser, ms: u64) {
+    b.js(&format!(
+        "if (!window.realFetch) window.realFetch = window.fetch;
+         window.fetch = (url, init) => String(url).startsWith('/api/state')
+           ? new Promise((done) => setTimeout(done, {ms})).then(() => window.realFetch(url, init))
+           : window.realFetch(url, init);
+         return true;"
+    ))
+    .await;
+}
+
+/// A click as a pointer makes it, dispatched at a point of the viewport, with the page's
+/// `event.detail` (1: a single click, 2: the second of a double click).
+const CLICK_AT: &str = "const clickAt = (el, x, y, detail) => el.dispatchEvent(new MouseEvent('click', \
+     {bubbles: true, cancelable: true, view: window, clientX: x, clientY: y, detail}));";
+
+/// Rule: a click meant for the prompt just answered never answers the one that moves up into
+/// its place. Two sessions' prompts of the same shape, A above B; the page's state reads are
+/// slowed (the page used to arm a moved card only at its next read); A's Approve is clicked,
+/// and once A's card is gone a second click lands at the same point, on B's Approve: B stays
+/// pending and the page says why. The second click of a double click (`detail` 2) answers
+/// nothing even on an armed card; a single click there, once B is armed, approves it (the
+/// dispatched click is one the page does act on). A status line was already shown (an
+/// earlier answer's), as a person who answered before sees it.
+async fn a_second_click_does_not_answer_the_prompt_that_moved_up(engine: Engine) {
+    let Some(b) = Browser::start(engine).await else {
+        return;
+    };
+    let s = Shared::start(prompt_policy);
+    finish(&b, async {
+        let docs = s.base.join("docs");
+        let mut first = s.session();
+        let mut second = s.session();
+        b.open_console(&s.console).await;
+
+        let earlier = ask(&mut first, &docs, "same words", &["a/inner"]);
+        let card = b.armed_card().await;
+        b.click(&format!("{card} [data-action=approve-selected]")).await;
+        first.response(earlier);
+        b.wait_gone("the earlier card gone", &card).await;
+
+        let a = ask(&mut first, &docs, "same words", &["a"]);
+        b.wait_js(
+            "A's card",
+            "document.querySelectorAll('#prompts [data-prompt-id]').length === 1",
+        )
+        .await;
+        let bid = ask(&mut second, &docs, "same words", &["b"]);
+        b.wait_js(
+            "A's and B's cards, armed",
+            "document.querySelectorAll('#prompts [data-prompt-id][data-armed=\"true\"]').length === 2",
+        )
+        .await;
+        let ids = b
+            .js("return [...document.querySelectorAll('#prompts [data-prompt-id]')].map((c) => c.dataset.promptId);")
+            .await;
+        let (a_card, b_card) = (ids[0].as_str().expect("A's id"), ids[1].as_str().expect("B's id"));
+        slow_state_reads(&b, 1500).await;
+
+        let script = format!(
+            "{CLICK_AT}
+             const done = arguments[arguments.length - 1];
+             const a = '#prompts [data-prompt-id=\"{a_card}\"]';
+             const btn = document.querySelector(a + ' [data-action=approve-selected]');
+             const r = btn.getBoundingClientRect();
+             const x = r.left + r.width / 2, y = r.top + r.height / 2;
+             clickAt(btn, x, y, 1);
+             const start = performance.now();
+             (function wait() {{
+               if (document.querySelector(a)) {{
+                 if (performance.now() - start > 10000) done({{error: 'A stayed'}});
+                 else setTimeout(wait, 5);
+                 return;
+               }}
+               setTimeout(() => {{
+                 const under = document.elementFromPoint(x, y);
+                 const button = under && under.closest('button');
+                 const card = under && under.closest('[data-prompt-id]');
+                 const seen = {{action: button && button.dataset.action,
+                   card: card && card.dataset.promptId, armed: card && card.dataset.armed}};
+                 if (under) clickAt(under, x, y, 1);
+                 seen.status = document.getElementById('status').textContent;
+                 done(seen);
+               }}, 100);
+             }})();"
+        );
+        let seen = b
+            .c
+            .execute_async(&script, Vec::new())
+            .await
+            .expect("the two clicks");
+        assert_eq!(
+            seen["action"], "approve-selected",
+            "the second click is on an Approve: {seen}"
+        );
+        assert_eq!(seen["card"], b_card, "B's card took A's place: {seen}");
+        assert_eq!(
+            first.response(a)["result"],
+            json!({"granted": true, "approvedPaths": [docs.join("a")]})
+        );
+        // Had the click answered, B's answer would be on its way: the state reads it gone.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let state = s.console.state();
+        let pending: Vec<u64> = state["prompts"]
+            .as_array()
+            .expect("prompts")
+            .iter()
+            .filter_map(|p| p["id"].as_u64())
+            .collect();
+        assert_eq!(
+            pending,
+            vec![b_card.parse::<u64>().expect("B's id")],
+            "B is still pending: {state}"
+        );
+        let status = b
+            .js("return document.getElementById('status').textContent;")
+            .await;
+        assert!(
+            status
+                .as_str()
+                .is_some_and(|t| t.contains("has just appeared or moved: nothing was sent")),
+            "the page says the press did nothing: {status} ({seen})"
+        );
+
+        // The second click of a double click, on B armed: nothing.
+        let b_sel = format!("#prompts [data-prompt-id=\"{b_card}\"]");
+        b.wait_js(
+            "B armed again",
+            &format!("document.querySelector('{b_sel}').dataset.armed === 'true'"),
+        )
+        .await;
+        let press = |detail: u8| {
+            format!(
+                "{CLICK_AT}
+                 const btn = document.querySelector('{b_sel} [data-action=approve-selected]');
+                 const r = btn.getBoundingClientRect();
+                 clickAt(btn, r.left + r.width / 2, r.top + r.height / 2, {detail});
+                 return true;"
+            )
+        };
+        b.js(&press(2)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            s.console.state()["prompts"].as_array().map(Vec::len),
+            Some(1),
+            "a double click's second click answers nothing"
+        );
+        b.js(&press(1)).await;
+        assert_eq!(
+            second.response(bid)["result"],
+            json!({"granted": true, "approvedPaths": [docs.join("b")]})
+        );
+    })
+    .await;
+}
+
+/// Checks that no text, attribute or field value on the page holds `raw` characters, and
+/// that every character of `marked` is shown inside a box's mark (`.nonascii`).
+async fn nothing_shown_raw(b: &Browser, raw: &[char], marked: &[char]) {
+    let raw: String = raw.iter().collect();
+    let marked: String = marked.iter().collect();
+    let found = b
+        .js(&format!(
+            "const raw = [...{raw}], marked = [...{marked}];
+             const bad = [];
+             const has = (t, set) => set.some((c) => String(t).includes(c));
+             for (const el of document.body.querySelectorAll('*')) {{
+               for (const a of el.attributes) if (has(a.value, raw.concat(marked))) bad.push('attribute ' + a.name);
+               if ((el instanceof HTMLInputElement || el instanceof HTMLTextAreaElement) && has(el.value, raw.concat(marked)))
+                 bad.push('the value of ' + el.id);
+             }}
+             const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+             for (let n = walk.nextNode(); n; n = walk.nextNode()) {{
+               if (has(n.data, raw)) bad.push('text ' + JSON.stringify(n.data));
+               if (has(n.data, marked) && !n.parentElement.closest('.nonascii')) bad.push('unmarked ' + JSON.stringify(n.data));
+             }}
+             return bad;",
+            raw = json!(raw),
+            marked = json!(marked),
+        ))
+        .await;
+    assert_eq!(found, json!([]), "shown raw");
+}
+
+/// Rule: a folder's path that would read as another in a text field (U+202E turns
+/// `docs/` U+202E `txt.emdaer` into `docs/readme.txt`, a zero-width space hides after `b`, a Cyrillic
+/// `о` passes for a Latin one) is never put in a field or shown unescaped anywhere on the
+/// page, before or after its field is opened; what Approve will send is shown escaped; and
+/// approving without changing the field sends exactly the paths asked for.
+async fn a_deceptive_folder_path_is_shown_escaped_and_sent_as_asked(engine: Engine) {
+    let Some(b) = Browser::start(engine).await else {
+        return;
+    };
+    let s = Shared::start(prompt_policy);
+    finish(&b, async {
+        let docs = s.base.join("docs");
+        let names = ["\u{202E}txt.emdaer", "b\u{200B}", "n\u{043E}tes"];
+        for name in names {
+            std::fs::create_dir(docs.join(name)).expect("make the folder");
+        }
+        let mut server = s.session();
+        b.open_console(&s.console).await;
+        let id = ask(&mut server, &docs, "my folders", &names);
+        let card = b.armed_card().await;
+        let (raw, marked) = (['\u{202E}', '\u{200B}'], ['\u{043E}']);
+        nothing_shown_raw(&b, &raw, &marked).await;
+
+        b.click(&format!(
+            "{card} button[data-action=narrow][data-narrow=\"0\"]"
+        ))
+        .await;
+        let sent = b
+            .js(&format!(
+                "const el = document.querySelector('{card} [data-path-sent=\"0\"]');
+                 return {{text: el.textContent, shown: el.offsetParent !== null,
+                   field: document.querySelector('{card} input[data-path-input=\"0\"]').value}};"
+            ))
+            .await;
+        assert_eq!(sent["shown"], true, "{sent}");
+        assert_eq!(
+            sent["field"], "",
+            "the field does not hold the path: {sent}"
+        );
+        let text = sent["text"].as_str().expect("what is sent");
+        assert!(
+            text.contains("the folder asked for") && text.ends_with("/docs/⟨U+202E⟩txt.emdaer"),
+            "{sent}"
+        );
+        nothing_shown_raw(&b, &raw, &marked).await;
+
+        let card = b.armed_card().await;
+        b.click(&format!("{card} [data-action=approve-selected]"))
+            .await;
+        let answer = server.response(id);
+        let asked: Vec<PathBuf> = names.iter().map(|n| docs.join(n)).collect();
+        assert_eq!(
+            answer["result"],
+            json!({"granted": true, "approvedPaths": asked}),
+            "{answer}"
+        );
+    })
+    .await;
+}
+
+/// Rule: a folder whose name holds a line break (which a text field drops) is approved as
+/// asked.
+async fn a_folder_with_a_line_break_in_its_name_can_be_approved(engine: Engine) {
+    let Some(b) = Browser::start(engine).await else {
+        return;
+    };
+    let s = Shared::start(prompt_policy);
+    finish(&b, async {
+        let docs = s.base.join("docs");
+        std::fs::create_dir(docs.join("two\nlines")).expect("make the folder");
+        let mut server = s.session();
+        b.open_console(&s.console).await;
+        let id = ask(&mut server, &docs, "that one", &["two\nlines"]);
+        let card = b.armed_card().await;
+        b.click(&format!("{card} [data-action=approve-selected]"))
+            .await;
+        b.wait_js(
+            "the page's word on it",
+            "document.getElementById('status').textContent !== ''",
+        )
+        .await;
+        let status = b
+            .js("return document.getElementById('status').textContent;")
+            .await;
+        assert!(
+            status.as_str().is_some_and(|t| t.starts_with("Approved")),
+            "the page said {status}"
+        );
+        let answer = server.response(id);
+        assert_eq!(
+            answer["result"],
+            json!({"granted": true, "approvedPaths": [docs.join("two\nlines")]}),
+            "{answer}"
+        );
     })
     .await;
 }

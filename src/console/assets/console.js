@@ -28,11 +28,16 @@
  *                                (the whole string is under the nearest details)
  *   #prompts [data-prompt-id=N]  one consent prompt card, oldest first
  *     [data-armed=true|false]    on the card: presses are ignored for 600 ms after it appears
- *                                or moves (wait for data-armed=true before pressing)
+ *                                or moves in the layout (a card above it added, answered or
+ *                                grown, the status line changed), and the second click of a
+ *                                double click never answers (wait for data-armed=true)
  *     [data-action=approve-selected|deny]  the one Approve button, and Deny
  *     input[type=checkbox][data-path-index=I]  ticked: send path I (only when several are asked)
- *     input[data-path-input=I]   folder I as it will be sent (the person may narrow it; only
- *                                for a folder)
+ *     button[data-action=narrow][data-narrow=I]  shows folder I's field (only for a folder)
+ *     input[data-path-input=I]   a folder to send instead of folder I (this one or one inside
+ *                                it); unchanged, the path asked is sent exactly as asked; it
+ *                                holds the asked path only when that is printable ASCII
+ *     [data-path-sent=I]         what Approve sends for folder I, in a box
  *     [data-countdown]           "… denied automatically in 42 s"
  *     [data-verdict]             what approving lets the server do; data-reach=unconfined,
  *                                strict, best-effort, direct or gone
@@ -77,6 +82,8 @@
   const orders = new Map();    // session id -> its number in the order of connection
   const drawn = {};            // section -> JSON it was last drawn from, to skip redraws
   const posting = new Set();   // URLs of acts in flight, so a double press sends once
+  const places = new WeakMap(); // prompt card -> where it sat in the layout when last armed
+  const timers = new WeakMap(); // prompt card -> the timer that arms it
 
   // ---------------------------------------------------------------- building nodes
 
@@ -136,6 +143,7 @@
     '\\u180b-\\u180f\\u2800\\u3164\\ufe00-\\ufe0f\\uffa0\\u{e0100}-\\u{e01ef}';
   const ESCAPED_RE = new RegExp('^[' + HIDDEN + '\\p{Zs}\\p{Me}]$', 'u');
   const MARK_RE = /^\p{M}$/u;
+  const PLAIN_RE = /^[\x20-\x7e]*$/; // what a box shows as it is
 
   // `text` as pieces {kind, text, size}: kind 'plain' (printable ASCII, and line breaks when
   // `lines`), 'esc' (one character, as its escape) or 'wide' (a run outside ASCII); size: the
@@ -358,6 +366,8 @@
     const el = $('status');
     el.className = 'status ' + (kind === 'error' ? 'status-error' : 'status-ok');
     el.replaceChildren(h('span', {}, parts));
+    // The line sits above the prompts: if it grows or shrinks, every card moves.
+    settle();
   }
 
   function setConn(words, kind) {
@@ -617,13 +627,10 @@
     for (const card of [...cards.children]) {
       if (!ids.has(idIn(card, 'promptId'))) focusLost = removeCard(card) || focusLost;
     }
-    // A card that moved (one above it went) is under the pointer by surprise: arm it anew.
-    [...cards.children].forEach((card, at) => {
-      if (places.get(card) !== at) { places.set(card, at); arm(card); }
-    });
     const n = ids.size;
     $('prompts-empty').hidden = n > 0;
     $('prompts-count').textContent = n ? '(' + n + ' waiting)' : '';
+    settle();
     document.title = (n ? '(' + n + ') ' : '') + 'fsbroker console';
     if (n && !ticker) ticker = setInterval(tick, 1000);
     if (!n && ticker) { clearInterval(ticker); ticker = 0; }
@@ -635,18 +642,29 @@
       // Take the focus only when the person is not in the middle of something else.
       // Never a button: a key pressed to scroll must not answer the prompt.
       if (!a || a === document.body || a === document.documentElement) {
-        cards.querySelector('h3').focus();
+        focusOn(cards.querySelector('h3'));
         return;
       }
     }
-    if (focusLost) (cards.querySelector('h3') || $('prompts-h')).focus();
+    if (focusLost) focusOn(cards.querySelector('h3') || $('prompts-h'));
   }
 
-  // Removes a card; says whether it held the focus.
+  // Focuses `el`. A focus that scrolls the page moves every card under the pointer, though
+  // none moved in the layout: they are all armed anew.
+  function focusOn(el) {
+    const x = window.scrollX, y = window.scrollY;
+    el.focus();
+    if (window.scrollX !== x || window.scrollY !== y) for (const card of $('prompts').children) arm(card);
+  }
+
+  // Removes a card; says whether it held the focus. The cards below it move up into its
+  // place, under the pointer that just answered it: they are armed anew at once, not at the
+  // next read of the state.
   function removeCard(card) {
     const had = card.contains(document.activeElement);
     prompts.delete(idIn(card, 'promptId'));
     card.remove();
+    settle();
     return had;
   }
 
@@ -678,7 +696,7 @@
       dataset: { promptId: String(id), armed: 'false' } });
     const what = (x) => ({ folder: 'Folder', file: 'File' }[x.kind] || 'Path');
     // Narrowing applies to a folder only: a file has nothing inside it to pick.
-    const hint = [folders ? 'To allow less, change a folder below to a folder inside it (never above it).' : '',
+    const hint = [folders ? 'To allow less, choose “Allow only a folder inside it” under a folder.' : '',
       several ? ' Untick a path to leave it out.' : ''].join('').trim();
     const fields = h('fieldset', { class: 'paths' },
       h('legend', {}, several ? 'The ' + paths.length + ' paths it asks for'
@@ -687,12 +705,27 @@
     paths.forEach((x, i) => {
       const cb = several ? h('input', { type: 'checkbox', id: hid + '-cb' + i, checked: true,
         dataset: { pathIndex: String(i) } }) : null;
-      let input = null;
+      let narrow = null;
       if (x.kind === 'folder') {
-        input = h('input', { type: 'text', id: hid + '-in' + i, dir: 'ltr', spellcheck: 'false',
-          autocomplete: 'off', autocapitalize: 'off', 'aria-describedby': hid + '-hint',
+        // The path asked for is sent as it was asked (a text field would drop a line break
+        // from it), unless the person changes the field. The field shows the path only when
+        // it reads as itself there: a field cannot escape or mark characters as the box does,
+        // so U+202E, a zero-width space or a Cyrillic о would show another path.
+        const input = h('input', { type: 'text', id: hid + '-in' + i, dir: 'ltr', spellcheck: 'false',
+          autocomplete: 'off', autocapitalize: 'off', 'aria-describedby': hid + '-sent' + i,
+          placeholder: 'the full path of a folder inside it',
           class: 'path-input', dataset: { pathInput: String(i) } });
-        input.value = x.path;
+        if (PLAIN_RE.test(x.path)) input.defaultValue = x.path;
+        narrow = [
+          h('button', { type: 'button', class: 'narrow-toggle', 'aria-expanded': 'false',
+            'aria-controls': hid + '-narrow' + i, dataset: { action: 'narrow', narrow: String(i) } },
+          'Allow only a folder inside it…'),
+          h('div', { class: 'narrow', id: hid + '-narrow' + i, hidden: true },
+            h('label', { for: input.id, class: 'path-label' },
+              'Folder to allow instead: this one, or one inside it'),
+            input,
+            h('div', { class: 'path-sent', id: hid + '-sent' + i, dataset: { pathSent: String(i) } })),
+        ];
       }
       const rw = x.mode === 'read-write';
       const name = [what(x), ' ', box(x.path, { max: PATH_MAX, middle: true })];
@@ -704,7 +737,7 @@
             rw ? 'shared to read and change' : 'shared read-only')),
         hasEscapes(x.path) ? h('p', { class: 'warn' }, 'This path holds invisible, spacing or ' +
           'direction-changing characters, shown above as ⟨U+…⟩.') : null,
-        input ? [h('label', { for: input.id, class: 'path-label' }, 'Folder to allow (this one, or one inside it)'), input] : null));
+        narrow));
     });
     const name = typeof p.server === 'string' && p.server !== '';
     const order = p.sessionOrder;
@@ -733,14 +766,30 @@
   }
 
   // A card that appears or moves shifts the page: for ARM_MS its buttons ignore presses, so
-  // a click meant for something else, or a key press meant for the button that had the
-  // focus, does not answer it.
-  const places = new WeakMap(); // card -> its index when last armed
-  const timers = new WeakMap();
+  // a click meant for something else (the card answered a moment ago, whose place it took),
+  // or a key press meant for the button that had the focus, does not answer it.
   function arm(card) {
     card.dataset.armed = 'false';
     clearTimeout(timers.get(card));
     timers.set(card, setTimeout(() => { card.dataset.armed = 'true'; }, ARM_MS));
+  }
+
+  // Where a card sits in the page's layout. Offsets, not the bounding box: the arrival
+  // animation's transform would make a card seem to move after it was armed.
+  function placeOf(card) {
+    let x = 0, y = 0;
+    for (let e = card; e; e = e.offsetParent) { x += e.offsetLeft; y += e.offsetTop; }
+    return x + ',' + y;
+  }
+
+  // Arms anew every card that is not where it was armed, whatever moved it: a card above it
+  // added, answered or grown, the status line, a window resized. Called after each change
+  // the page makes, by a ResizeObserver for the rest, and once more when a card is pressed.
+  function settle() {
+    for (const card of $('prompts').children) {
+      const at = placeOf(card);
+      if (places.get(card) !== at) { places.set(card, at); arm(card); }
+    }
   }
 
   // What the broker itself knows of the asking session (not the server's claims): what
@@ -771,6 +820,8 @@
         : 'Time is up: denied automatically.';
       el.classList.toggle('urgent', left <= 10);
     }
+    // A countdown that wraps onto another line moves the cards below it.
+    settle();
   }
 
   // Like the broker's check (consent/desk.rs): the path asked for or a folder beneath it,
@@ -781,10 +832,35 @@
     return path === asked || path.startsWith(asked.endsWith('/') ? asked : asked + '/');
   }
 
+  // The path I of a card to send: the one asked for, exactly, unless the person opened its
+  // field and changed what it held.
+  function toSend(card, i, asked) {
+    const input = card.querySelector('input[data-path-input="' + i + '"]');
+    if (!input || input.closest('[hidden]') || input.value === input.defaultValue) return asked;
+    let path = input.value;
+    while (path.length > 1 && path.endsWith('/')) path = path.slice(0, -1);
+    return path;
+  }
+
+  // Under a folder's field: what Approve sends for it, escaped as every server string is.
+  function showSent(card, i) {
+    const data = prompts.get(idIn(card, 'promptId'));
+    const el = card.querySelector('[data-path-sent="' + i + '"]');
+    if (!data || !el) return;
+    const asked = data.paths[i];
+    const path = toSend(card, i, asked);
+    if (path === asked) fill(el, 'Approve sends the folder asked for: ', box(path, { block: true, cls: 'full' }));
+    else if (within(path, asked)) fill(el, 'Approve sends: ', box(path, { block: true, cls: 'full' }));
+    else fill(el, 'Approve refuses this: it is not the folder asked for or a folder inside it.');
+    settle();
+  }
+
   async function answer(card, action) {
     const id = idIn(card, 'promptId');
     const data = prompts.get(id);
     if (id === null || !data) return;
+    // A move nothing reported yet (the observer runs once a frame) counts at the press.
+    settle();
     if (card.dataset.armed !== 'true') {
       say('This prompt has just appeared or moved: nothing was sent. Read it first.', 'error');
       return;
@@ -800,8 +876,7 @@
         const cb = card.querySelector('input[type="checkbox"][data-path-index="' + i + '"]');
         if (cb && !cb.checked) continue;
         const input = card.querySelector('input[data-path-input="' + i + '"]');
-        let path = input ? input.value : data.paths[i];
-        while (path.length > 1 && path.endsWith('/')) path = path.slice(0, -1);
+        const path = toSend(card, i, data.paths[i]);
         if (!within(path, data.paths[i])) {
           say('Path ' + (i + 1) + ' must be the folder asked for, or a folder inside it.', 'error');
           if (input) input.focus();
@@ -823,7 +898,7 @@
     if (ok) answered.add(id);
     if (ok && card.isConnected) {
       const cards = $('prompts');
-      if (removeCard(card)) (cards.querySelector('h3') || $('prompts-h')).focus();
+      if (removeCard(card)) focusOn(cards.querySelector('h3') || $('prompts-h'));
     }
   }
 
@@ -1140,8 +1215,22 @@
     if (!btn) return;
     const action = btn.dataset.action;
     if (action === 'approve-selected' || action === 'deny') {
+      // The second click of a double click lands where the first one's card was, which may
+      // by then be the next card's button: it answers nothing.
+      if (e.detail > 1) return;
       const card = btn.closest('[data-prompt-id]');
       if (card) answer(card, action);
+    } else if (action === 'narrow') {
+      const card = btn.closest('[data-prompt-id]');
+      const i = idIn(btn, 'narrow');
+      const panel = card && i !== null ? card.querySelector('[data-path-sent="' + i + '"]').parentElement : null;
+      if (!panel) return;
+      const open = panel.hidden;
+      panel.hidden = !open;
+      btn.setAttribute('aria-expanded', String(open));
+      btn.textContent = open ? 'Allow the whole folder asked for' : 'Allow only a folder inside it…';
+      showSent(card, i);
+      if (open) panel.querySelector('input').focus();
     } else if (action === 'revoke') {
       const id = idIn(btn.closest('[data-grant-id]'), 'grantId');
       if (id !== null) post('/api/grants/' + id + '/revoke', undefined, 'Revoked grant ' + id + '.');
@@ -1161,6 +1250,13 @@
     }
   });
 
+  document.addEventListener('input', (e) => {
+    const t = e.target;
+    if (t instanceof HTMLInputElement && t.dataset.pathInput !== undefined) {
+      showSent(t.closest('[data-prompt-id]'), idIn(t, 'pathInput'));
+    }
+  });
+
   document.addEventListener('change', (e) => {
     const t = e.target;
     if (t instanceof HTMLInputElement && t.type === 'checkbox' && t.dataset.pathIndex !== undefined) {
@@ -1169,10 +1265,15 @@
       const i = idIn(t, 'pathIndex');
       const input = [...card.querySelectorAll('input[data-path-input]')].find((el) => idIn(el, 'pathInput') === i);
       if (input) input.disabled = !t.checked;
+      const toggle = [...card.querySelectorAll('button[data-narrow]')].find((el) => idIn(el, 'narrow') === i);
+      if (toggle) toggle.disabled = !t.checked;
     } else if (t === $('feed-filter')) {
       for (const row of $('feed').rows) row.hidden = !shownByFilter(row);
     }
   });
+
+  // Whatever else reflows the page (a window resized, a font loaded) arms the moved cards too.
+  if (typeof ResizeObserver === 'function') new ResizeObserver(settle).observe(document.body);
 
   setConn('connecting', 'wait');
   if (takeKey()) { load(); connect(); }
