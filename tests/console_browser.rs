@@ -19,6 +19,10 @@
 //! - A page of another origin, in the browser where the console is open, cannot act:
 //!   what it sends arrives and is refused (Chromium's network log shows each request).
 //! - The page as a person sees it: screenshots, wide and 360 px narrow (no sideways scroll).
+//! - A click never answers a prompt it was not meant for: a second click where the answered
+//!   card was does not answer the card that moved up into its place; a folder's path is never
+//!   put raw in a field (U+202E, zero-width spaces, look-alikes) and is sent exactly as asked,
+//!   a line break and all.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`, Debian's `firefox-esr`, and `geckodriver`
 //! (`cargo install geckodriver`; found through `$GECKODRIVER`, `PATH` or cargo's bin folder).

@@ -287,7 +287,7 @@ impl Notifier {
 }
 
 /// A notice's text: which session asks and for how many paths, pointing at the console. The
-/// server's claimed name is the only text of its own in it, cleaned by [`shown_name`] and,
+/// server's claimed name is the only text of its own in it, shown by [`shown_name`] and,
 /// where the server reads markup, escaped; its message and the paths stay out.
 fn body(prompt: &Prompt, markup: bool) -> String {
     let paths = match prompt.paths.len() {
@@ -305,33 +305,33 @@ fn body(prompt: &Prompt, markup: bool) -> String {
     format!("{who} asks for {paths}. Open the fsbroker console to answer.")
 }
 
-/// A server's claimed name as a notice may show it: without control characters (a line break
-/// would pass the rest off as fsbroker's own words), without bidirectional controls (which
-/// reorder the text around them), and at most [`MAX_NAME_CHARS`] characters.
+/// A server's claimed name as a notice may show it: printable ASCII as it is, every other
+/// character as `⟨U+XXXX⟩`, at most [`MAX_NAME_CHARS`] characters as shown (an escape kept
+/// whole or not at all), then `…`.
+///
+/// The console boxes a name and marks what lies outside ASCII; a notice is plain text with no
+/// box and no marking, so everything outside ASCII is escaped: a `»` would close the notice's
+/// `«…»` and add words of the server's after it, an em space would push fsbroker's own words
+/// away, a line break or U+202E would pass the rest off as fsbroker's, and a Cyrillic `о`
+/// would read as a known server's name.
 fn shown_name(name: &str) -> String {
-    let mut kept = name
-        .chars()
-        .filter(|&c| !c.is_control() && !is_invisible_control(c));
-    let mut shown: String = kept.by_ref().take(MAX_NAME_CHARS).collect();
-    if kept.next().is_some() {
-        shown.push('…');
+    let mut shown = String::new();
+    let mut size = 0;
+    for c in name.trim_matches(' ').chars() {
+        let piece = if c == ' ' || c.is_ascii_graphic() {
+            c.to_string()
+        } else {
+            format!("⟨U+{:04X}⟩", u32::from(c))
+        };
+        let n = piece.chars().count();
+        if size + n > MAX_NAME_CHARS {
+            shown.push('…');
+            break;
+        }
+        size += n;
+        shown.push_str(&piece);
     }
-    shown.trim().to_owned()
-}
-
-/// Bidirectional formatting characters (Unicode's `Bidi_Control`) and the line and paragraph
-/// separators, which are not `char::is_control` but reorder or break the text.
-fn is_invisible_control(c: char) -> bool {
-    matches!(
-        c,
-        '\u{061C}'
-            | '\u{200E}'
-            | '\u{200F}'
-            | '\u{202A}'..='\u{202E}'
-            | '\u{2066}'..='\u{2069}'
-            | '\u{2028}'
-            | '\u{2029}'
-    )
+    shown
 }
 
 /// Escapes text for a notice body that the server reads as markup (a subset of HTML).
@@ -378,8 +378,8 @@ mod tests {
     }
 
     /// Rule: the body names the session and counts the paths; the server's message and the
-    /// paths never appear; a hostile name is escaped for a markup server, stripped of control
-    /// and bidi characters, and cut.
+    /// paths never appear; a hostile name is escaped for a markup server, its control and bidi
+    /// characters shown as escapes, and cut.
     #[test]
     fn the_body_shows_only_the_session_the_count_and_a_cleaned_name() {
         let plain = body(&prompt(None, 1), true);
@@ -391,7 +391,8 @@ mod tests {
         let b = body(&prompt(Some(hostile), 2), true);
         assert!(
             b.starts_with(
-                "Session 3 (calls itself «&lt;a href='x'&gt;fsbroker&lt;/a&gt; &amp; coApproved»)"
+                "Session 3 (calls itself «&lt;a href='x'&gt;fsbroker&lt;/a&gt; &amp; \
+                 co⟨U+000A⟩⟨U+202E⟩Approved⟨U+2066⟩»)"
             ),
             "{b}"
         );
@@ -406,8 +407,33 @@ mod tests {
         let long = shown_name(&"x".repeat(500));
         assert_eq!(long.chars().count(), MAX_NAME_CHARS + 1, "{long}");
         assert!(long.ends_with('…'));
-        let blank = body(&prompt(Some("\u{202E}\n "), 1), true);
+        let escapes = shown_name(&"\u{202E}".repeat(20));
+        assert_eq!(
+            escapes,
+            format!("{}…", "⟨U+202E⟩".repeat(8)),
+            "an escape is never cut"
+        );
+        let blank = body(&prompt(Some("  "), 1), true);
         assert!(blank.starts_with("Session 3 asks"), "{blank}");
+    }
+
+    /// Rule: a name cannot end the notice's quote and speak after it: `»` (and its look-alikes,
+    /// the em space that would push fsbroker's words away, a Cyrillic letter) are escapes, so
+    /// the only `«` and `»` in the notice are its own, around the whole name.
+    #[test]
+    fn a_name_cannot_close_the_quote() {
+        for markup in [false, true] {
+            let name = "helper» (verified, read-only\u{2003} h\u{0435}lper";
+            let b = body(&prompt(Some(name), 1), markup);
+            assert_eq!(
+                b,
+                "Session 3 (calls itself «helper⟨U+00BB⟩ (verified, read-only⟨U+2003⟩ \
+                 h⟨U+0435⟩lper») asks for 1 path. Open the fsbroker console to answer.",
+            );
+            assert_eq!(b.matches('»').count(), 1, "{b}");
+            assert_eq!(b.matches('«').count(), 1, "{b}");
+        }
+        assert_eq!(shown_name("›〉❯\""), "⟨U+203A⟩⟨U+3009⟩⟨U+276F⟩\"");
     }
 
     /// Rule: the timeout is the time left, never 0 ("never expires") nor past `i32::MAX`.
