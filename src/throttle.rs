@@ -14,8 +14,15 @@
 //! its first KiB must fit now (else `RATE_LIMITED`, and nothing is read), and the rest is
 //! paid as it is read, waiting, never refused. A refusal after the work would charge
 //! nothing for it, and a server asking again at once would read the disk at any rate.
+//!
+//! That wait happens on the async side, before the work takes a slot of the blocking pool
+//! ([`Prepaid`]): a session waiting out its own rate must not hold pool threads the other
+//! sessions need. The work then pays on its thread only for bytes beyond what was paid
+//! ahead (a file that grew in between), which is rare and short.
 
+use std::cell::Cell;
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
@@ -155,6 +162,41 @@ impl RateLimits {
             l.retain_recent();
             l.shrink_to_fit();
         }
+    }
+}
+
+/// Bytes a request paid on the async side before its blocking work (`methods::op::prepay`),
+/// and how the work pays for what it reads beyond them. Moves with the work to its thread.
+#[derive(Debug)]
+pub(crate) struct Prepaid {
+    rate: Arc<RateLimits>,
+    session: u64,
+    left: Cell<u64>,
+}
+
+impl Prepaid {
+    /// `paid` bytes of `session` paid ahead under `rate`.
+    pub(crate) fn new(rate: Arc<RateLimits>, session: u64, paid: u64) -> Prepaid {
+        Prepaid {
+            rate,
+            session,
+            left: Cell::new(paid),
+        }
+    }
+
+    /// Pays for `bytes` the work is about to read: from what was paid ahead first, the rest
+    /// on this thread, waiting while `go_on()` (whether it was paid).
+    pub(crate) fn pay(&self, bytes: u64, go_on: impl Fn() -> bool) -> bool {
+        let ahead = bytes.min(self.left.get());
+        self.left.set(self.left.get() - ahead);
+        let rest = bytes - ahead;
+        rest == 0 || self.rate.pay_blocking(self.session, rest, go_on)
+    }
+
+    /// Whether `bytes` are paid for already, or cost nothing (no byte rate): work that
+    /// would otherwise wait on its thread hands the payment back to the async side instead.
+    pub(crate) fn covers(&self, bytes: u64) -> bool {
+        !self.rate.limits_bytes() || bytes <= self.left.get()
     }
 }
 

@@ -384,6 +384,136 @@ fn small_reads_pay_before_they_read() {
     );
 }
 
+/// The threads of `pid` sleeping in `clock_nanosleep` now: what waiting out a byte rate on a
+/// thread of the blocking pool looks like (tokio's own waits are `epoll_wait` and `futex`).
+fn threads_sleeping(pid: u32) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    const CLOCK_NANOSLEEP: &str = "230";
+    #[cfg(target_arch = "aarch64")]
+    const CLOCK_NANOSLEEP: &str = "115";
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("syscall"))
+                .is_ok_and(|s| s.split(' ').next() == Some(CLOCK_NANOSLEEP))
+        })
+        .count()
+}
+
+/// Attack (issue 41, round 4 review): a server under a byte rate floods big reads and
+/// checksums, each admitted by the budget's first KiB, so that each then waits out the rate.
+/// The wait must happen off the blocking pool: before, each waited on a pool thread, asleep,
+/// and one session held six of the broker's eight threads until `timeout_ms`, leaving the
+/// other sessions two. Now no pool thread sleeps for the rate (the fast path's watchdog may
+/// tick: at most one thread).
+#[test]
+fn waiting_out_the_byte_rate_holds_no_pool_thread() {
+    let (_t, root) = tempdir();
+    std::fs::write(root.join("f.bin"), vec![5u8; 4 << 20]).unwrap();
+    let (_p, mut b) = serve_policy(
+        &root,
+        "",
+        "bytes_per_second = 65536\nrequests_per_second = 0\ntimeout_ms = 3000\nmax_chunk_size = 4194304",
+    );
+    b.ok("ping", json!({}));
+    let mut lines = Vec::new();
+    for id in 1..=24u64 {
+        let (method, params) = if id % 2 == 0 {
+            (
+                "files/read",
+                json!({"path": "r/f.bin", "encoding": "base64", "length": 2 << 20}),
+            )
+        } else {
+            ("files/checksum", json!({"path": "r/f.bin"}))
+        };
+        lines.extend(request_line(id, method, params));
+    }
+    b.send_raw(&lines);
+    let mut most = 0;
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        most = most.max(threads_sleeping(b.pid()));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("threads asleep for the byte rate, at most: {most}");
+    let (got, _) = collect(&mut b, 24);
+    let waited = got
+        .values()
+        .filter(|r| r["error"]["code"] == TIMEOUT)
+        .count();
+    println!("{waited} of 24 waited out the rate until timeout_ms");
+    assert!(waited >= 2, "the flood never waited for the rate: {got:?}");
+    assert!(
+        most <= 1,
+        "{most} threads of the broker slept waiting out a session's byte rate"
+    );
+    // The session goes on.
+    b.ok("ping", json!({}));
+}
+
+/// Attack (issue 41, round 4 review, F2): `files/write` with `append` copies the file as it
+/// is into its staging file, reading all of it from the disk. That read pays the byte rate
+/// as a read would, before it is done. Before, a flood of one-byte appends to a 1 MiB file
+/// read a mebibyte a request at any rate.
+#[test]
+fn an_append_pays_for_the_file_it_copies() {
+    let (_t, root) = tempdir();
+    let original = vec![7u8; 1 << 20];
+    std::fs::write(root.join("log.bin"), &original).unwrap();
+    let (_p, mut b) = serve_policy(
+        &root,
+        "mode = \"read-write\"",
+        "bytes_per_second = 65536\nrequests_per_second = 0\ntimeout_ms = 500",
+    );
+    b.ok("ping", json!({}));
+    let before = bytes_read(b.pid());
+    let started = Instant::now();
+    let mut id = 0u64;
+    let mut appended = 0usize;
+    while started.elapsed() < Duration::from_secs(3) {
+        let mut lines = Vec::new();
+        for _ in 0..16 {
+            id += 1;
+            lines.extend(request_line(
+                id,
+                "files/write",
+                json!({"path": "r/log.bin", "content": "x", "append": true}),
+            ));
+        }
+        b.send_raw(&lines);
+        let (got, _) = collect(&mut b, 16);
+        for r in got.values() {
+            match r.get("result") {
+                Some(_) => appended += 1,
+                None => assert!(
+                    [RATE_LIMITED, TIMEOUT].contains(&r["error"]["code"].as_i64().unwrap_or(0)),
+                    "{r}"
+                ),
+            }
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let read = bytes_read(b.pid()) - before;
+    println!(
+        "appends: {id} requests in {secs:.1} s, {appended} appended; the broker read {:.1} KiB",
+        read as f64 / 1024.0
+    );
+    // The rate for the time taken, its one-second burst, and one copy that had paid.
+    let bound = (secs + 1.0) * 65536.0 + f64::from(1 << 20) + 65536.0;
+    assert!(
+        (read as f64) < bound,
+        "at 64 KiB/s appends read {read} bytes in {secs:.1} s"
+    );
+    // Nothing half-written: the file is the original and whole appends.
+    let now = std::fs::read(root.join("log.bin")).unwrap();
+    assert_eq!(&now[..1 << 20], &original[..]);
+    assert_eq!(now.len(), (1 << 20) + appended);
+    assert!(now[1 << 20..].iter().all(|&c| c == b'x'));
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. Timeouts
 // ---------------------------------------------------------------------------------------

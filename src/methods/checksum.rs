@@ -10,8 +10,9 @@ use crate::digest;
 use crate::error::{Error, Result};
 use crate::jsonrpc::Json;
 use crate::locks::LockMode;
-use crate::sandbox::open;
-use crate::throttle::{self, RateLimits};
+use crate::sandbox::open::{self, RegularFile};
+use crate::throttle::{self, Prepaid};
+use std::time::Instant;
 
 /// `files/checksum` parameters.
 #[derive(Debug, Deserialize)]
@@ -56,40 +57,45 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, p: Params) -> Result<Json<Reply>> {
     }
     // The bytes hashed count against the session's byte rate as a read's would: the rate
     // bounds how much of the person's disk a server reads, whatever it does with it. So a
-    // spent budget refuses before any work, and the hash is paced as it goes, each piece
-    // paid before it is read.
-    let rate = ctx.broker.rate_limits();
-    rate.admit_start(ctx.state.id)?;
-    let session = ctx.state.id;
+    // spent budget refuses before any work, and the range is paid for before it is hashed,
+    // waiting on this side, not on a thread of the pool.
+    ctx.broker.rate_limits().admit_start(ctx.state.id)?;
+    let started = Instant::now();
+    let (path, offset, length) = (p.path.clone(), p.offset, p.length);
+    let probe = move |op: &Op| Ok(range(&op.open_readable(&path)?.1, offset, length));
+    let prepaid = super::op::prepay(ctx, started, probe).await?;
     let reply = ctx
-        .owned()
-        .run(move |op| checksum(op, p, &rate, session))
+        .owned_since(started)
+        .run(move |op| checksum(op, p, &prepaid))
         .await?;
     Ok(Json(reply))
 }
 
-fn checksum(op: &Op, p: Params, rate: &RateLimits, session: u64) -> Result<Reply> {
-    let target = op.resolve(&p.path)?;
-    let opened = open::open_regular(&target, &p.path)?;
-    op.authorize(target.root(), &opened.real, &p.path)?;
+/// Bytes of `opened` the hash covers.
+fn range(opened: &RegularFile, offset: u64, length: Option<u64>) -> u64 {
+    let size = opened.meta.len();
+    size.saturating_sub(offset).min(length.unwrap_or(u64::MAX))
+}
+
+fn checksum(op: &Op, p: Params, prepaid: &Prepaid) -> Result<Reply> {
+    let (target, opened) = op.open_readable(&p.path)?;
     // A shared lock, as a read takes: an upload or a kept lock of another session makes this
     // FILE_LOCKED rather than a hash of half-written bytes.
-    let _lock = op.lock(&target.root().join(&opened.real), LockMode::Shared, &p.path)?;
+    let key = target.root().join(&opened.real);
+    let _lock = op.lock(&key, LockMode::Shared, &p.path)?;
+    let len = range(&opened, p.offset, p.length);
     let size = opened.meta.len();
-    let len = size
-        .saturating_sub(p.offset)
-        .min(p.length.unwrap_or(u64::MAX));
     let deadline = &op.deadline;
     // A large file takes a while: the hash stops at the deadline (the caller has its
     // TIMEOUT by then) instead of holding a pool thread to the end.
     let go_on = || !deadline.expired();
-    // Each piece pays for what it will read: a whole piece, or the range's last bytes (a
-    // 10-byte file costs 10 bytes, not a piece).
+    // Each piece draws on what was paid ahead (only a file grown since pays here): a whole
+    // piece, or the range's last bytes (a 10-byte file costs 10 bytes, not a piece).
     let left = std::cell::Cell::new(len);
     let paced = || {
         let piece = left.get().min(digest::PIECE as u64);
         left.set(left.get() - piece);
-        go_on() && rate.pay_blocking(session, piece, go_on)
+        go_on() && prepaid.pay(piece, go_on)
     };
     let hashed = digest::hash_range(&opened.file, p.offset, len, paced)
         .map_err(|e| Error::from_io(&e, &p.path))?;

@@ -15,7 +15,7 @@ use crate::locks::{LockGuard, LockMode, LockTable};
 use crate::policy::Policy;
 use crate::sandbox::{self, Resolved, Root};
 use crate::session::SessionState;
-use crate::throttle::{self, Deadline};
+use crate::throttle::{self, Deadline, Prepaid};
 
 /// What a handler sees: the policy snapshot for this request and the session.
 pub(crate) struct Ctx<'a> {
@@ -231,6 +231,18 @@ impl Op {
         }
     }
 
+    /// The regular file at `raw`, opened, if this session may read it: resolved, opened
+    /// without following a link out, and authorized where it really is.
+    pub(super) fn open_readable(
+        &self,
+        raw: &str,
+    ) -> Result<(Resolved, sandbox::open::RegularFile)> {
+        let target = self.resolve(raw)?;
+        let opened = sandbox::open::open_regular(&target, raw)?;
+        self.authorize(target.root(), &opened.real, raw)?;
+        Ok((target, opened))
+    }
+
     /// Locks `key` for this operation (`FILE_LOCKED` at once if another session holds it).
     pub(super) fn lock(
         &self,
@@ -293,6 +305,44 @@ pub(super) async fn pay_bytes(ctx: &Ctx<'_>, bytes: u64) -> Result<()> {
     tokio::time::timeout(limit, rate.pay(ctx.state.id, bytes))
         .await
         .map_err(|_| throttle::timed_out(limit))
+}
+
+/// Pays ahead, on the async side, for what blocking work will read: `probe` (run as small
+/// work: resolve, authorize, look at the size) says how many bytes, and they are waited for
+/// here, before the work takes a slot of the pool, within the request's time (which counts
+/// from `started`). The work draws on what was paid ([`Prepaid::pay`]). Unlimited, nothing
+/// is probed or paid.
+pub(super) async fn prepay<F>(ctx: &Ctx<'_>, started: Instant, probe: F) -> Result<Prepaid>
+where
+    F: FnOnce(&Op) -> Result<u64> + Send + 'static,
+{
+    let rate = ctx.broker.rate_limits();
+    let session = ctx.state.id;
+    if !rate.limits_bytes() {
+        return Ok(Prepaid::new(rate, session, 0));
+    }
+    // A probe that fails pays nothing, and the work then fails the same way. The probe
+    // authorizes before it looks at a size, so how long an answer took never tells the size
+    // of a file the session may not see. It runs on the pool, not inline: stuck inline, the
+    // watchdog would answer the request while this went on to the work.
+    let bytes = match ctx.owned_since(started).run(probe).await {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == ErrorKind::Timeout => return Err(e),
+        Err(_) => 0,
+    };
+    pay_ahead(ctx, started, bytes).await
+}
+
+/// Pays `bytes` ahead for blocking work, waiting here within the request's time (which
+/// counts from `started`); see [`prepay`].
+pub(super) async fn pay_ahead(ctx: &Ctx<'_>, started: Instant, bytes: u64) -> Result<Prepaid> {
+    let rate = ctx.broker.rate_limits();
+    let limit = ctx.policy.limits().timeout;
+    let until = tokio::time::Instant::from_std(started + limit);
+    tokio::time::timeout_at(until, rate.pay(ctx.state.id, bytes))
+        .await
+        .map_err(|_| throttle::timed_out(limit))?;
+    Ok(Prepaid::new(rate, ctx.state.id, bytes))
 }
 
 pub(super) fn no_consent(raw: &str) -> Error {

@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -18,8 +19,8 @@ use crate::jsonrpc::WriteResult;
 use crate::locks::LockMode;
 use crate::outgoing::{Body, BodyPool};
 use crate::policy::Policy;
-use crate::sandbox::open;
-use crate::throttle::{self, RateLimits};
+use crate::sandbox::open::{self, RegularFile};
+use crate::throttle::{self, Prepaid};
 
 /// `files/read` parameters.
 #[derive(Debug, Deserialize)]
@@ -94,12 +95,19 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
     if small && ctx.broker.rate_limits().limits_bytes() {
         super::op::pay_bytes(ctx, (wanted as u64).saturating_sub(1024)).await?;
     }
-    let pay_first = (!small).then(|| (ctx.broker.rate_limits(), ctx.state.id));
-    let work = move |op: &Op| read(op, params, &bodies, pay_first.as_ref());
     let mut reply = if small {
+        let work = move |op: &Op| read(op, params, &bodies, None);
         ctx.owned_inline().run_small(work).await?
     } else {
-        ctx.owned().run(work).await?
+        let started = Instant::now();
+        let (path, offset) = (params.path.clone(), params.offset);
+        let probe = move |op: &Op| {
+            let (_, opened) = op.open_readable(&path)?;
+            Ok(to_read(&opened, offset, wanted as u64).saturating_sub(1024))
+        };
+        let prepaid = super::op::prepay(ctx, started, probe).await?;
+        let work = move |op: &Op| read(op, params, &bodies, Some(&prepaid));
+        ctx.owned_since(started).run(work).await?
     };
     // Reserved for what was asked; keep only what the answer holds (a 10-byte file read with
     // the default length must not hold a megabyte of the budget while it waits to be sent).
@@ -113,6 +121,11 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
     Ok(reply)
 }
 
+/// Bytes a read of `opened` from `offset` will read when it asks for `wanted`.
+fn to_read(opened: &RegularFile, offset: u64, wanted: u64) -> u64 {
+    opened.meta.len().saturating_sub(offset).min(wanted)
+}
+
 /// Bytes a request asks for, capped by the policy.
 fn wanted(policy: &Policy, p: &Params) -> usize {
     let limits = policy.limits();
@@ -121,24 +134,14 @@ fn wanted(policy: &Policy, p: &Params) -> usize {
         .min(limits.max_chunk_size as u64) as usize
 }
 
-fn read(
-    op: &Op,
-    p: Params,
-    bodies: &Arc<BodyPool>,
-    pay_first: Option<&(Arc<RateLimits>, u64)>,
-) -> Result<Reply> {
-    let target = op.resolve(&p.path)?;
-    let opened = open::open_regular(&target, &p.path)?;
-    op.authorize(target.root(), &opened.real, &p.path)?;
-    if let Some((rate, session)) = pay_first {
-        // Before the lock: a read that runs out of time waiting to pay holds nothing.
-        let to_read = opened
-            .meta
-            .len()
-            .saturating_sub(p.offset)
-            .min(wanted(&op.policy, &p) as u64);
+fn read(op: &Op, p: Params, bodies: &Arc<BodyPool>, prepaid: Option<&Prepaid>) -> Result<Reply> {
+    let (target, opened) = op.open_readable(&p.path)?;
+    if let Some(prepaid) = prepaid {
+        // Before the lock: a read that runs out of time waiting to pay holds nothing. Paid
+        // ahead as a rule; here only what a file that grew since adds.
+        let to_read = to_read(&opened, p.offset, wanted(&op.policy, &p) as u64);
         let go_on = || !op.deadline.expired();
-        if !rate.pay_blocking(*session, to_read.saturating_sub(1024), go_on) {
+        if !prepaid.pay(to_read.saturating_sub(1024), go_on) {
             return Err(throttle::timed_out(op.policy.limits().timeout));
         }
     }

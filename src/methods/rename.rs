@@ -16,7 +16,9 @@ use crate::locks::LockMode;
 use crate::methods::Empty;
 use crate::sandbox::mutate::{self, Parent};
 use crate::sandbox::open;
-use crate::throttle::{self, RateLimits};
+use crate::throttle::{self, Prepaid};
+use std::sync::Arc;
+use std::time::Instant;
 
 /// `files/rename` parameters.
 #[derive(Debug, Deserialize)]
@@ -31,14 +33,36 @@ pub(crate) struct Params {
 }
 
 pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Json<Empty>> {
-    let rate = ctx.broker.rate_limits();
-    let session = ctx.state.id;
-    ctx.owned()
-        .run(move |op| rename(op, &params, &rate, session))
-        .await
+    let started = Instant::now();
+    let params = Arc::new(params);
+    let unpaid = Prepaid::new(ctx.broker.rate_limits(), ctx.state.id, 0);
+    let first = Arc::clone(&params);
+    let moved = ctx
+        .owned_since(started)
+        .run(move |op| rename(op, &first, &unpaid, true))
+        .await?;
+    match moved {
+        Moved::Done => Ok(Json(Empty {})),
+        // Across file systems, and the copy not paid for: it is paid here, off the pool, and
+        // the move tried again (nothing was changed by the first try).
+        Moved::PayFirst(bytes) => {
+            let prepaid = super::op::pay_ahead(ctx, started, bytes).await?;
+            ctx.owned_since(started)
+                .run(move |op| rename(op, &params, &prepaid, false))
+                .await?;
+            Ok(Json(Empty {}))
+        }
+    }
 }
 
-fn rename(op: &Op, p: &Params, rate: &RateLimits, session: u64) -> Result<Json<Empty>> {
+/// What a try at a rename did.
+enum Moved {
+    Done,
+    /// Nothing: the move is a copy of this many bytes, to be paid for first.
+    PayFirst(u64),
+}
+
+fn rename(op: &Op, p: &Params, prepaid: &Prepaid, may_hand_back: bool) -> Result<Moved> {
     let (old_raw, new_raw) = (p.old_path.as_str(), p.new_path.as_str());
     let from = op.resolve(old_raw)?;
     let to = op.resolve(new_raw)?;
@@ -64,7 +88,7 @@ fn rename(op: &Op, p: &Params, rate: &RateLimits, session: u64) -> Result<Json<E
     // checking its tree first would tell a directory holding denied files from an empty one.
     if src.key == dst.key {
         src.check_change("renamed", old_raw)?;
-        return Ok(Json(Empty {}));
+        return Ok(Moved::Done);
     }
     let _dst_lock = op.lock(&dst.key, LockMode::Exclusive, new_raw)?;
     op.commit()?;
@@ -73,15 +97,24 @@ fn rename(op: &Op, p: &Params, rate: &RateLimits, session: u64) -> Result<Json<E
         Ok(()) => {}
         Err(rustix::io::Errno::XDEV) if kind.is_file() => {
             // A copy reads the whole file: it pays for it as a read would, before reading (the
-            // byte rate bounds the disk work), within the request's time.
+            // byte rate bounds the disk work), within the request's time; ahead, off the pool,
+            // on the first try, here only for what the file grew since.
             let pay = |bytes: u64| {
+                if may_hand_back && !prepaid.covers(bytes) {
+                    return Err(Copied::PayFirst(bytes));
+                }
                 let go_on = || std::time::Instant::now() < deadline;
-                rate.pay_blocking(session, bytes, go_on)
+                match prepaid.pay(bytes, go_on) {
+                    true => Ok(()),
+                    false => Err(Copied::Unpaid),
+                }
             };
-            copy_across(&src, &dst, p.overwrite, new_raw, pay).map_err(|e| match e {
-                Copied::Unpaid => throttle::timed_out(op.policy.limits().timeout),
-                Copied::Failed(e) => e,
-            })?
+            match copy_across(&src, &dst, p.overwrite, new_raw, pay) {
+                Ok(()) => {}
+                Err(Copied::PayFirst(bytes)) => return Ok(Moved::PayFirst(bytes)),
+                Err(Copied::Unpaid) => return Err(throttle::timed_out(op.policy.limits().timeout)),
+                Err(Copied::Failed(e)) => return Err(e),
+            }
         }
         Err(rustix::io::Errno::XDEV) => {
             return Err(Error::new(
@@ -94,7 +127,7 @@ fn rename(op: &Op, p: &Params, rate: &RateLimits, session: u64) -> Result<Json<E
     }
     dst.sync().map_err(|e| e.or_path(new_raw))?;
     src.sync().map_err(|e| e.or_path(old_raw))?;
-    Ok(Json(Empty {}))
+    Ok(Moved::Done)
 }
 
 fn rename_error(e: rustix::io::Errno, overwrite: bool, old_raw: &str, new_raw: &str) -> Error {
@@ -138,6 +171,8 @@ fn rename_error(e: rustix::io::Errno, overwrite: bool, old_raw: &str, new_raw: &
 enum Copied {
     /// The byte rate was not paid in time: nothing was copied.
     Unpaid,
+    /// Not paid for ahead: nothing was copied, and the async side pays this many bytes.
+    PayFirst(u64),
     Failed(Error),
 }
 
@@ -147,7 +182,7 @@ impl From<Error> for Copied {
     }
 }
 
-/// Moves a regular file to another file system: pay for its bytes (`pay`: whether paid),
+/// Moves a regular file to another file system: pay for its bytes (`pay`),
 /// copy into a staging file beside the target, commit it (without replacing unless
 /// `overwrite`), then remove the source.
 fn copy_across(
@@ -155,12 +190,10 @@ fn copy_across(
     dst: &Parent,
     overwrite: bool,
     new_raw: &str,
-    pay: impl Fn(u64) -> bool,
+    pay: impl Fn(u64) -> std::result::Result<(), Copied>,
 ) -> std::result::Result<(), Copied> {
     let (mut file, meta) = src.open_existing(new_raw)?;
-    if !pay(meta.len()) {
-        return Err(Copied::Unpaid);
-    }
+    pay(meta.len())?;
     let mut staged = dst.stage(new_raw)?;
     std::io::copy(&mut file, staged.file()).map_err(|e| Error::from_io(&e, new_raw))?;
     staged.finish(

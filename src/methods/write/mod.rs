@@ -31,6 +31,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::jsonrpc::Json;
 use crate::sandbox::mutate::{self, Parent};
 use crate::sandbox::{Resolved, open};
+use crate::throttle::Prepaid;
 use check::Check;
 use chunk::{await_turn, chunk};
 use content::{Data, content_of, decode, decoded_estimate};
@@ -122,6 +123,19 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params<'_>) -> Result<Json<Rep
     }
     // After the turn, so that chunks take the byte rate in their order.
     super::op::admit_bytes(ctx, payload as u64).await?;
+    // An append copies the file as it is into the staging file: that reads the disk, and is
+    // paid for as a read would be, ahead, off the pool.
+    let started = std::time::Instant::now();
+    let prepaid = if p.append {
+        let path = p.path.clone();
+        let probe = move |op: &Op| {
+            let current = existing(&writable_parent(op, &path)?, &path)?;
+            Ok(current.map_or(0, |(_, meta)| meta.len()))
+        };
+        super::op::prepay(ctx, started, probe).await?
+    } else {
+        Prepaid::new(ctx.broker.rate_limits(), ctx.state.id, 0)
+    };
     let request = Request {
         path: p.path,
         data,
@@ -133,19 +147,14 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params<'_>) -> Result<Json<Rep
         keep_locked: p.keep_locked,
         check,
     };
-    ctx.owned()
-        .run(move |op| write(op, request))
+    ctx.owned_since(started)
+        .run(move |op| write(op, request, &prepaid))
         .await
         .map(Json)
 }
 
-fn write(op: &Op, p: Request) -> Result<Reply> {
+fn write(op: &Op, p: Request, prepaid: &Prepaid) -> Result<Reply> {
     let raw = p.path.as_str();
-    let target = op.resolve(raw)?;
-    mutate::require_writable(&target, raw)?;
-    if target.is_root() {
-        return Err(Error::new(ErrorKind::InvalidPath, "the root is a directory").with_path(raw));
-    }
     if p.append && p.offset.is_some() {
         return Err(Error::invalid_params(
             "append and offset cannot be combined",
@@ -155,15 +164,27 @@ fn write(op: &Op, p: Request) -> Result<Reply> {
     if p.last {
         op.check_keep_quota(p.keep_locked, raw)?;
     }
-    let parent = parent_following_inner_link(&target, raw)?;
-    op.authorize(target.root(), &parent.real, raw)?;
+    let parent = writable_parent(op, raw)?;
     // Checked again where the content is committed; here, so that an upload onto a path it
     // may never commit to is refused at its first chunk.
     parent.check_change("written", raw)?;
     match p.offset {
-        None => replace(op, &p, &parent, data, raw),
+        None => replace(op, &p, &parent, data, raw, prepaid),
         Some(offset) => chunk(op, &p, parent, offset, data, raw),
     }
+}
+
+/// The parent of a file this session may write at `raw`: in a writable root, not the root,
+/// and authorized where it really is.
+fn writable_parent(op: &Op, raw: &str) -> Result<Parent> {
+    let target = op.resolve(raw)?;
+    mutate::require_writable(&target, raw)?;
+    if target.is_root() {
+        return Err(Error::new(ErrorKind::InvalidPath, "the root is a directory").with_path(raw));
+    }
+    let parent = parent_following_inner_link(&target, raw)?;
+    op.authorize(target.root(), &parent.real, raw)?;
+    Ok(parent)
 }
 
 /// Opens the target's parent. A symlink at the target that stays inside the root is written

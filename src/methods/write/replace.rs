@@ -9,6 +9,7 @@ use crate::locks::LockMode;
 use crate::methods::Op;
 use crate::sandbox::mutate::Parent;
 use crate::sandbox::open;
+use crate::throttle::{self, Prepaid};
 
 pub(super) fn replace(
     op: &Op,
@@ -16,6 +17,7 @@ pub(super) fn replace(
     parent: &Parent,
     data: &[u8],
     raw: &str,
+    prepaid: &Prepaid,
 ) -> Result<Reply> {
     let checked = match &p.check {
         Check::Expect(expected) => {
@@ -39,6 +41,9 @@ pub(super) fn replace(
     let size = kept + data.len() as u64;
     if size > max_file {
         return Err(too_large(size, max_file, raw));
+    }
+    if p.append && !prepaid.pay(kept, || !op.deadline.expired()) {
+        return Err(throttle::timed_out(op.policy.limits().timeout));
     }
     let mut staged = parent.stage(raw)?;
     if let (true, Some((file, _))) = (p.append, current.as_ref()) {
