@@ -352,3 +352,66 @@ fn an_install_past_the_start_timeout_tells_the_host() {
     assert!(!status.success(), "{status}");
     drop(held);
 }
+
+/// What the host got on stdout within `limit`: every line, raw.
+fn lines_within(fsb: &mut Fsb, limit: Duration) -> Vec<String> {
+    let until = Instant::now() + limit;
+    let mut lines = Vec::new();
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        match fsb.next_line(left) {
+            common::fsb::Raw::Line(l) => lines.push(l.text()),
+            _ => break,
+        }
+    }
+    lines
+}
+
+/// Attack (round 4 review, F8 on stdio): a confined server answers the host's `initialize`
+/// in a form the proxy's strict reader does not take for an answer, but the host's may: in a
+/// batch, or with its id written twice. A batch that answers it settles the start (before,
+/// the proxy did not see the answer, ended the working server at `--start-timeout` and gave
+/// the host a second answer, an error). An id written twice, one of them the
+/// `initialize`'s, cannot be paired for sure: it is not relayed, and the host gets the one
+/// answer the start's time limit makes.
+#[test]
+fn an_answer_to_initialize_the_strict_reader_does_not_take_is_paired_as_the_host_would() {
+    let result = r#"{"protocolVersion": "2025-06-18", "capabilities": {}, "serverInfo": {"name": "odd", "version": "0"}}"#;
+    for (form, answer) in [
+        (
+            "batch",
+            format!(r#"[{{"jsonrpc": "2.0", "id": "init", "result": {result}}}]"#),
+        ),
+        (
+            "id twice",
+            format!(r#"{{"jsonrpc": "2.0", "id": "other", "id": "init", "result": {result}}}"#),
+        ),
+    ] {
+        let (_t, dir) = tempdir();
+        let script = format!(
+            "import sys, time\n\
+             sys.stdin.readline()\n\
+             sys.stdout.write({answer:?} + '\\n')\n\
+             sys.stdout.flush()\n\
+             time.sleep(600)\n"
+        );
+        let mut fsb = host(&dir, &["--confine", "--start-timeout", "2"], &script, &[]);
+        let got = lines_within(&mut fsb, Duration::from_secs(5));
+        let answers = got.iter().filter(|l| l.contains("\"init\"")).count();
+        assert_eq!(
+            answers, 1,
+            "{form}: the host got {answers} answers: {got:?}"
+        );
+        let log = fsb.log_text();
+        match form {
+            "batch" => {
+                assert!(got[0].starts_with('['), "{form}: {got:?}");
+                assert!(!log.contains("did not answer initialize"), "{form}: {log}");
+                fsb.assert_alive("the proxy");
+            }
+            _ => assert!(
+                got[0].contains("did not answer initialize within 2 s"),
+                "{form}: {got:?}"
+            ),
+        }
+    }
+}

@@ -169,6 +169,41 @@ impl Init {
     }
 }
 
+impl Init {
+    /// A line no strict reader takes (a batch, an id written twice, a member no parser
+    /// reads) that a host's reader may still take for the answer to its `initialize`: read as
+    /// the host may read it ([`lenient::any_message`]). Whether it is relayed. Not when it may
+    /// answer the `initialize` the proxy answered already (the host would get two answers),
+    /// nor when its id reads two ways and one is the pending `initialize`'s (the proxy cannot
+    /// tell whether the host takes it for the answer; the start's time limit answers instead).
+    /// One that answers the pending one settles it: the host has its answer.
+    fn irregular_answer(&self, line: &[u8]) -> bool {
+        let mut ids = self.ids();
+        let is = |raw: &Option<Box<RawValue>>, key: &RequestId| {
+            raw.as_deref()
+                .and_then(RequestId::of_raw)
+                .is_some_and(|id| &id == key)
+        };
+        let mut settles = false;
+        let refused = lenient::any_message(line, |env| {
+            if !env.may_answer() {
+                return false;
+            }
+            let pending = env.ids.iter().any(|k| is(&ids.pending, k));
+            let failed = env.ids.iter().any(|k| is(&ids.failed, k));
+            settles |= pending;
+            failed || (pending && env.ids.len() > 1)
+        });
+        if refused {
+            return false;
+        }
+        if settles {
+            ids.pending = None;
+        }
+        true
+    }
+}
+
 /// `initialize` with `params.capabilities.roots` declaring brokering (other capabilities, and
 /// other members of `roots`, untouched). Members are kept as raw JSON, so numbers and
 /// strings pass through exactly as the host wrote them; only the order of the members of the
@@ -257,6 +292,14 @@ pub(super) async fn relay_server<R: AsyncRead + Unpin>(
             Incoming::Response if !learn_server_name(&line, init, broker) => {
                 tracing::warn!(
                     "the server answered initialize after the proxy had answered it; not relayed"
+                );
+                continue;
+            }
+            Incoming::Invalid { .. } if init.awaited() && !init.irregular_answer(&line) => {
+                tracing::warn!(
+                    "the server answered initialize in a form the proxy cannot pair with it \
+                     (in a batch, or with its id written twice) after the proxy had answered \
+                     it, or ambiguously; not relayed"
                 );
                 continue;
             }
