@@ -160,6 +160,34 @@ fn only_the_token_holder_on_the_right_host_gets_in() {
         assert_eq!(rebound.status, 421, "Host {host}: {rebound:?}");
         assert!(!rebound.body.contains("csrf"), "{rebound:?}");
     }
+    // Two `Host`s, the console's first (a proxy in between may take the other), and a
+    // target in absolute form naming another host (which HTTP/1.1 says wins over `Host`):
+    // refused too (round 4 review).
+    let twice = c.request(
+        "GET",
+        "/api/state",
+        &[
+            ("Host", &c.host),
+            ("Host", &format!("evil.example:{port}")),
+            ("Authorization", &bearer),
+        ],
+        None,
+    );
+    assert_eq!(twice.status, 421, "{twice:?}");
+    let absolute = c.request(
+        "GET",
+        &format!("http://evil.example:{port}/api/state"),
+        &[("Host", &c.host), ("Authorization", &bearer)],
+        None,
+    );
+    assert_eq!(absolute.status, 421, "{absolute:?}");
+    let own_absolute = c.request(
+        "GET",
+        &format!("http://{}/api/state", c.host),
+        &[("Host", &c.host), ("Authorization", &bearer)],
+        None,
+    );
+    assert_eq!(own_absolute.status, 200, "{own_absolute:?}");
     let localhost = c.request(
         "GET",
         "/api/state",

@@ -145,8 +145,17 @@ pub(crate) async fn check(
 ) -> Response {
     let guard = &shared.guard;
     let headers = request.headers();
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    if !host.is_some_and(|h| guard.hosts.iter().any(|ok| ok == h)) {
+    // One `Host`, the console's own; and a target in absolute form (which HTTP/1.1 says
+    // wins over `Host`) names it too. A second `Host` could be the one something between
+    // the browser and here reads.
+    let own = |h: &str| guard.hosts.iter().any(|ok| ok == h);
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let host = match (hosts.next(), hosts.next()) {
+        (Some(h), None) => h.to_str().ok(),
+        _ => None,
+    };
+    let target = request.uri().authority().is_none_or(|a| own(a.as_str()));
+    if !host.is_some_and(own) || !target {
         return refuse(
             StatusCode::MISDIRECTED_REQUEST,
             "this console answers only to its own address (Host)",
