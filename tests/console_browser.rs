@@ -600,6 +600,7 @@ in_each_browser!(one_approve_button_and_folder_advice_only_for_folders);
 in_each_browser!(a_second_click_does_not_answer_the_prompt_that_moved_up);
 in_each_browser!(a_deceptive_folder_path_is_shown_escaped_and_sent_as_asked);
 in_each_browser!(a_folder_with_a_line_break_in_its_name_can_be_approved);
+in_each_browser!(a_stray_or_double_click_never_widens_a_narrowed_folder);
 
 // ---------------------------------------------------------------------------------------------
 // Brokers
@@ -2348,6 +2349,103 @@ async fn a_folder_with_a_line_break_in_its_name_can_be_approved(engine: Engine) 
         assert_eq!(
             answer["result"],
             json!({"granted": true, "approvedPaths": [docs.join("two\nlines")]}),
+            "{answer}"
+        );
+    })
+    .await;
+}
+
+/// Rule: the narrowing controls are guarded as Approve is, and what Approve sends stays in
+/// view. A folder narrowed to one inside it, then its toggle double-clicked: the first click
+/// hides the field, the second does nothing; the narrowing is kept, and "Approve sends: …"
+/// (escaped, in its box) is shown with the field hidden. Opened again, a click on "Allow the
+/// whole folder asked for" as the card moves does nothing either. Approve sends the narrowed
+/// folder. (The page used to send the whole folder whenever the field was hidden, hid what
+/// Approve sends with it, and toggled on any click.)
+async fn a_stray_or_double_click_never_widens_a_narrowed_folder(engine: Engine) {
+    let Some(b) = Browser::start(engine).await else {
+        return;
+    };
+    let s = Shared::start(prompt_policy);
+    finish(&b, async {
+        let docs = s.base.join("docs");
+        let mut server = s.session();
+        b.open_console(&s.console).await;
+        let id = ask(&mut server, &docs, "my folder", &["a"]);
+        let card = b.armed_card().await;
+        let toggle = format!("{card} button[data-action=narrow][data-narrow=\"0\"]");
+        b.click(&toggle).await;
+        let input = b.find(&format!("{card} input[data-path-input=\"0\"]")).await;
+        input.clear().await.expect("clear the path");
+        let inner = common::path_str(&docs.join("a/inner"));
+        input.send_keys(&inner).await.expect("type the narrower path");
+        let look = format!(
+            "const el = document.querySelector('{card} [data-path-sent=\"0\"]');
+             return {{text: el.textContent, shown: el.offsetParent !== null,
+               boxed: el.querySelector('.box') !== null,
+               open: !document.querySelector('{card} #' + document.querySelector('{toggle}')
+                 .getAttribute('aria-controls')).hidden,
+               status: document.getElementById('status').textContent}};"
+        );
+        let seen = b.js(&look).await;
+        assert_eq!(seen["text"], json!(format!("Approve sends: {inner}")), "{seen}");
+
+        b.armed_card().await;
+        b.js(&format!(
+            "{CLICK_AT}
+             const btn = document.querySelector('{toggle}');
+             const r = btn.getBoundingClientRect();
+             const x = r.left + r.width / 2, y = r.top + r.height / 2;
+             clickAt(btn, x, y, 1);
+             clickAt(document.elementFromPoint(x, y) || btn, x, y, 2);
+             return true;"
+        ))
+        .await;
+        let seen = b.js(&look).await;
+        assert_eq!(seen["open"], false, "the first click hid the field, the second did nothing: {seen}");
+        assert_eq!(seen["shown"], true, "what Approve sends is shown with the field hidden: {seen}");
+        assert_eq!(seen["boxed"], true, "{seen}");
+        assert_eq!(
+            seen["text"],
+            json!(format!("Approve sends: {inner}")),
+            "the narrowing is kept: {seen}"
+        );
+
+        // Opened again; "Allow the whole folder asked for" clicked as the card moves down (the
+        // block pushing it stays, so no later move re-arms the card after it is pressed).
+        b.armed_card().await;
+        b.click(&toggle).await;
+        b.js(&format!(
+            "{CLICK_AT}
+             const pad = document.createElement('div');
+             pad.style.height = '40px';
+             document.body.prepend(pad);
+             const btn = document.querySelector('{card} button[data-action=widen][data-widen=\"0\"]');
+             const r = btn.getBoundingClientRect();
+             clickAt(btn, r.left + r.width / 2, r.top + r.height / 2, 1);
+             return true;"
+        ))
+        .await;
+        let seen = b.js(&look).await;
+        assert_eq!(seen["open"], true, "{seen}");
+        assert_eq!(
+            seen["text"],
+            json!(format!("Approve sends: {inner}")),
+            "a click on a card that moved changes nothing: {seen}"
+        );
+        assert!(
+            seen["status"]
+                .as_str()
+                .is_some_and(|t| t.contains("nothing was changed")),
+            "the page says why: {seen}"
+        );
+
+        b.armed_card().await;
+        b.click(&format!("{card} [data-action=approve-selected]")).await;
+        let answer = server.response(id);
+        assert_eq!(
+            answer["result"],
+            json!({"granted": true, "approvedPaths": [docs.join("a/inner")]}),
             "{answer}"
         );
     })

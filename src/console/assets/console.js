@@ -33,11 +33,16 @@
  *                                double click never answers (wait for data-armed=true)
  *     [data-action=approve-selected|deny]  the one Approve button, and Deny
  *     input[type=checkbox][data-path-index=I]  ticked: send path I (only when several are asked)
- *     button[data-action=narrow][data-narrow=I]  shows folder I's field (only for a folder)
+ *     button[data-action=narrow][data-narrow=I]  shows or hides folder I's field (only for a
+ *                                folder); it never changes what is sent; guarded as Approve is
+ *     [data-narrow-panel=I]      folder I's field and its button[data-action=widen][data-widen=I]
+ *                                ("Allow the whole folder asked for": undoes the change, guarded)
  *     input[data-path-input=I]   a folder to send instead of folder I (this one or one inside
  *                                it); unchanged, the path asked is sent exactly as asked; it
- *                                holds the asked path only when that is printable ASCII
- *     [data-path-sent=I]         what Approve sends for folder I, in a box
+ *                                holds the asked path only when that is printable ASCII; a
+ *                                change stays when the field is hidden
+ *     [data-path-sent=I]         what Approve sends for folder I, in a box, shown whether the
+ *                                field is or not
  *     [data-countdown]           "… denied automatically in 42 s"
  *     [data-verdict]             what approving lets the server do; data-reach=unconfined,
  *                                strict, best-effort, direct or gone
@@ -716,15 +721,23 @@
           placeholder: 'the full path of a folder inside it',
           class: 'path-input', dataset: { pathInput: String(i) } });
         if (PLAIN_RE.test(x.path)) input.defaultValue = x.path;
+        // The toggle only shows or hides the field: it never changes what Approve sends (a
+        // stray click on it must not widen a narrowed folder); "Allow the whole folder asked
+        // for" in the field's panel does. What Approve sends is shown under it, open or closed.
         narrow = [
           h('button', { type: 'button', class: 'narrow-toggle', 'aria-expanded': 'false',
             'aria-controls': hid + '-narrow' + i, dataset: { action: 'narrow', narrow: String(i) } },
           'Allow only a folder inside it…'),
-          h('div', { class: 'narrow', id: hid + '-narrow' + i, hidden: true },
-            h('label', { for: input.id, class: 'path-label' },
-              'Folder to allow instead: this one, or one inside it'),
-            input,
-            h('div', { class: 'path-sent', id: hid + '-sent' + i, dataset: { pathSent: String(i) } })),
+          h('div', { class: 'narrow', id: hid + '-narrow' + i, hidden: true,
+            dataset: { narrowPanel: String(i) } },
+          // Before the field: Tab from the field goes on to Approve.
+          h('button', { type: 'button', class: 'narrow-toggle',
+            dataset: { action: 'widen', widen: String(i) } }, 'Allow the whole folder asked for'),
+          h('label', { for: input.id, class: 'path-label' },
+            'Folder to allow instead: this one, or one inside it'),
+          input),
+          h('div', { class: 'path-sent', id: hid + '-sent' + i, dataset: { pathSent: String(i) } },
+            sentLine(x.path, x.path)),
         ];
       }
       const rw = x.mode === 'read-write';
@@ -833,38 +846,49 @@
   }
 
   // The path I of a card to send: the one asked for, exactly, unless the person opened its
-  // field and changed what it held.
+  // field and changed what it held (hiding the field again keeps the change: only "Allow the
+  // whole folder asked for" undoes it).
   function toSend(card, i, asked) {
     const input = card.querySelector('input[data-path-input="' + i + '"]');
-    if (!input || input.closest('[hidden]') || input.value === input.defaultValue) return asked;
+    if (!input || input.value === input.defaultValue) return asked;
     let path = input.value;
     while (path.length > 1 && path.endsWith('/')) path = path.slice(0, -1);
     return path;
   }
 
-  // Under a folder's field: what Approve sends for it, escaped as every server string is.
+  // What Approve sends for a folder, in words and a box, escaped as every server string is.
+  function sentLine(path, asked) {
+    if (path === asked) return ['Approve sends the folder asked for: ', box(path, { block: true, cls: 'full' })];
+    if (within(path, asked)) return ['Approve sends: ', box(path, { block: true, cls: 'full' })];
+    return 'Approve refuses this: it is not the folder asked for or a folder inside it.';
+  }
+
+  // Under a folder, whether its field is shown or not: what Approve sends for it.
   function showSent(card, i) {
     const data = prompts.get(idIn(card, 'promptId'));
     const el = card.querySelector('[data-path-sent="' + i + '"]');
     if (!data || !el) return;
     const asked = data.paths[i];
-    const path = toSend(card, i, asked);
-    if (path === asked) fill(el, 'Approve sends the folder asked for: ', box(path, { block: true, cls: 'full' }));
-    else if (within(path, asked)) fill(el, 'Approve sends: ', box(path, { block: true, cls: 'full' }));
-    else fill(el, 'Approve refuses this: it is not the folder asked for or a folder inside it.');
+    fill(el, sentLine(toSend(card, i, asked), asked));
     settle();
   }
 
+  // Whether a press on a card's control counts: not the second click of a double click (it
+  // lands where the first one's card was, which may by then be another card's control), and
+  // only on a card armed (in place for ARM_MS; a move nothing reported yet counts now).
+  function pressCounts(e, card, what) {
+    if (e.detail > 1) return false;
+    settle();
+    if (card.dataset.armed === 'true') return true;
+    say('This prompt has just appeared or moved: ' + what + ' Read it first.', 'error');
+    return false;
+  }
+
+  // Answers a card; the press was checked (pressCounts).
   async function answer(card, action) {
     const id = idIn(card, 'promptId');
     const data = prompts.get(id);
     if (id === null || !data) return;
-    // A move nothing reported yet (the observer runs once a frame) counts at the press.
-    settle();
-    if (card.dataset.armed !== 'true') {
-      say('This prompt has just appeared or moved: nothing was sent. Read it first.', 'error');
-      return;
-    }
     let body, done;
     if (action === 'deny') {
       body = { deny: true };
@@ -1215,22 +1239,24 @@
     if (!btn) return;
     const action = btn.dataset.action;
     if (action === 'approve-selected' || action === 'deny') {
-      // The second click of a double click lands where the first one's card was, which may
-      // by then be the next card's button: it answers nothing.
-      if (e.detail > 1) return;
       const card = btn.closest('[data-prompt-id]');
-      if (card) answer(card, action);
-    } else if (action === 'narrow') {
+      if (card && pressCounts(e, card, 'nothing was sent.')) answer(card, action);
+    } else if (action === 'narrow' || action === 'widen') {
+      // Guarded as Approve is: a stray click must not change what Approve sends, nor hide it.
       const card = btn.closest('[data-prompt-id]');
-      const i = idIn(btn, 'narrow');
-      const panel = card && i !== null ? card.querySelector('[data-path-sent="' + i + '"]').parentElement : null;
-      if (!panel) return;
-      const open = panel.hidden;
+      const i = idIn(btn, action);
+      const panel = card && i !== null ? card.querySelector('[data-narrow-panel="' + i + '"]') : null;
+      const toggle = card && i !== null ? card.querySelector('button[data-narrow="' + i + '"]') : null;
+      if (!panel || !toggle || !pressCounts(e, card, 'nothing was changed.')) return;
+      const input = panel.querySelector('input');
+      if (action === 'widen') input.value = input.defaultValue;
+      const open = action === 'narrow' && panel.hidden;
       panel.hidden = !open;
-      btn.setAttribute('aria-expanded', String(open));
-      btn.textContent = open ? 'Allow the whole folder asked for' : 'Allow only a folder inside it…';
+      toggle.setAttribute('aria-expanded', String(open));
+      toggle.textContent = open ? 'Hide the field' : 'Allow only a folder inside it…';
       showSent(card, i);
-      if (open) panel.querySelector('input').focus();
+      if (open) input.focus();
+      else if (action === 'widen') toggle.focus();
     } else if (action === 'revoke') {
       const id = idIn(btn.closest('[data-grant-id]'), 'grantId');
       if (id !== null) post('/api/grants/' + id + '/revoke', undefined, 'Revoked grant ' + id + '.');
