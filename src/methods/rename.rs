@@ -17,6 +17,7 @@ use crate::methods::Empty;
 use crate::sandbox::mutate::{self, Parent};
 use crate::sandbox::open;
 use crate::throttle::{self, Prepaid};
+use std::io::Read;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -195,7 +196,19 @@ fn copy_across(
     let (mut file, meta) = src.open_existing(new_raw)?;
     pay(meta.len())?;
     let mut staged = dst.stage(new_raw)?;
-    std::io::copy(&mut file, staged.file()).map_err(|e| Error::from_io(&e, new_raw))?;
+    // What was paid for; a file another program changes meanwhile is not moved, since
+    // removing the source would lose what the copy missed.
+    let copied = std::io::copy(&mut (&mut file).take(meta.len()), staged.file())
+        .map_err(|e| Error::from_io(&e, new_raw))?;
+    let now = file.metadata().map_err(|e| Error::from_io(&e, new_raw))?;
+    if copied != meta.len() || now.len() != meta.len() {
+        return Err(Error::new(
+            ErrorKind::ConcurrencyConflict,
+            "the file changed while it was being moved; nothing was moved",
+        )
+        .with_path(new_raw)
+        .into());
+    }
     staged.finish(
         std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
         new_raw,

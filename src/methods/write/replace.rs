@@ -47,7 +47,9 @@ pub(super) fn replace(
     }
     let mut staged = parent.stage(raw)?;
     if let (true, Some((file, _))) = (p.append, current.as_ref()) {
-        let mut src = file;
+        // What was paid for and checked against max_file_size: a file another program
+        // grows meanwhile is appended to as it was when it was locked.
+        let mut src = std::io::Read::take(file, kept);
         std::io::copy(&mut src, staged.file()).map_err(|e| Error::from_io(&e, raw))?;
     }
     staged.write(data, raw)?;

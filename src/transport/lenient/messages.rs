@@ -103,20 +103,20 @@ impl Envelope {
     }
 }
 
-/// Whether `found` holds of a message of `line`: an object at the top level, or in a
-/// top-level array (a batch), each read when it ends (or when the line does). Found by a scan
-/// that follows only strings and nesting, so lines no parser reads (a `NaN`, a cut-off end,
-/// two messages on one line, bytes that are not UTF-8) hide no message from it; member names
-/// are read as [`lenient_name`] reads them, each way [`string_readings`] decodes them, and an
-/// id as [`RequestId::parse`] reads it. Stops at the first message `found` holds of.
+/// Whether `found` holds of a message of `line`: an object no other object holds (at the
+/// top level, in a batch, in arrays in arrays, or one of several values on the line), each
+/// read when it ends (or when the line does). Found by a scan that follows only strings and
+/// nesting, so lines no parser reads (a `NaN`, a cut-off end, two values on one line, a
+/// byte-order mark or a comment before them, bytes that are not UTF-8) hide no message from
+/// it; member names are read as [`lenient_name`] reads them, each way [`string_readings`]
+/// decodes them, and an id as [`RequestId::parse`] reads it. Stops at the first message
+/// `found` holds of.
 pub(crate) fn any_message(line: &[u8], mut found: impl FnMut(&Envelope) -> bool) -> bool {
-    // The depth at which messages' members are: inside the batch when the line opens one.
-    let level = match line.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'[') => 2,
-        _ => 1,
-    };
     let mut message: Option<Envelope> = None;
     let mut depth = 0usize;
+    // The depth of the open message's members (a reader that flattens arrays, or reads
+    // one value after another, may take any object outside another for a message).
+    let mut level = 0usize;
     let mut expect_key = false;
     let mut i = 0;
     while i < line.len() {
@@ -144,8 +144,9 @@ pub(crate) fn any_message(line: &[u8], mut found: impl FnMut(&Envelope) -> bool)
             }
             b'{' => {
                 depth += 1;
-                if depth == level {
+                if message.is_none() {
                     message = Some(Envelope::default());
+                    level = depth;
                 }
                 expect_key = depth == level;
             }
@@ -157,10 +158,11 @@ pub(crate) fn any_message(line: &[u8], mut found: impl FnMut(&Envelope) -> bool)
                             return true;
                         }
                     }
+                    level = 0;
                 }
                 depth = depth.saturating_sub(1);
             }
-            b',' => expect_key = depth == level,
+            b',' => expect_key = message.is_some() && depth == level,
             _ => {}
         }
         i += 1;
@@ -441,8 +443,23 @@ mod tests {
             all(br#" [{"id":1,"method":"x"},[{"id":2}],{"error":{},"id":"3"}]"#),
             [
                 one(vec![n(1.0)], true, false),
+                one(vec![n(2.0)], false, false),
                 one(vec![n(3.0)], false, true)
             ]
+        );
+        // A batch after an object, an object after a batch, a byte-order mark and a comment
+        // before a batch, arrays in arrays (the round 4 review's forms).
+        assert_eq!(
+            all(br#"{"method":"n"}[{"id":9,"result":1}] {"id":10,"result":1}"#),
+            [
+                one(vec![], true, false),
+                one(vec![n(9.0)], false, true),
+                one(vec![n(10.0)], false, true)
+            ]
+        );
+        assert_eq!(
+            all(b"\xef\xbb\xbf/**/[[[{\"id\":11,\"result\":1}]]]"),
+            [one(vec![n(11.0)], false, true)]
         );
         // Lines no parser reads: a `NaN`, two messages, a cut-off end.
         assert_eq!(

@@ -26,6 +26,18 @@ impl Remote {
         if line.iter().all(u8::is_ascii_whitespace) {
             return;
         }
+        // What goes on is one JSON value. Anything else no host can use as JSON-RPC, and a
+        // lenient reader (one that reads value after value, skips a byte-order mark or a
+        // comment, or splits lines at U+2028 or a form feed) could find in it an answer the
+        // proxy cannot pair with its request (round 4 review).
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&line).is_err() {
+            tracing::warn!(
+                len = line.len(),
+                "a message of the server's that is not one JSON value was not relayed"
+            );
+            return;
+        }
+        let line = escape_line_separators(line);
         let Some(mut line) = self.read_message(line) else {
             return;
         };
@@ -54,6 +66,12 @@ impl Remote {
         let mut changed = false;
         for element in elements {
             let written = element.get().as_bytes();
+            // A message is an object; an array in a batch is none, and a reader that
+            // flattens it would find messages the proxy did not pair.
+            if written.first() != Some(&b'{') {
+                changed = true;
+                continue;
+            }
             match self.read_one(written.to_vec()) {
                 Some(read) => {
                     changed |= read != written;
@@ -147,6 +165,37 @@ impl Remote {
             let _ = self.inbound.send(frame).await;
         }
     }
+}
+
+/// `line` (one JSON value) with U+2028, U+2029 and U+0085 written as escapes: JSON allows
+/// them raw only inside strings, where the escape means the same, and a host that splits
+/// lines where Python's `str.splitlines` does would cut the message there.
+fn escape_line_separators(line: Vec<u8>) -> Vec<u8> {
+    const SEPARATORS: [(&[u8], &[u8]); 3] = [
+        ("\u{2028}".as_bytes(), b"\\u2028"),
+        ("\u{2029}".as_bytes(), b"\\u2029"),
+        ("\u{85}".as_bytes(), b"\\u0085"),
+    ];
+    if !SEPARATORS
+        .iter()
+        .any(|(raw, _)| line.windows(raw.len()).any(|w| w == *raw))
+    {
+        return line;
+    }
+    let mut out = Vec::with_capacity(line.len() + 16);
+    let mut i = 0;
+    'bytes: while i < line.len() {
+        for (raw, escaped) in SEPARATORS {
+            if line[i..].starts_with(raw) {
+                out.extend_from_slice(escaped);
+                i += raw.len();
+                continue 'bytes;
+            }
+        }
+        out.push(line[i]);
+        i += 1;
+    }
+    out
 }
 
 /// `result.protocolVersion` of an `initialize` answer (the last, if written twice).
