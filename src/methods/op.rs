@@ -297,16 +297,6 @@ pub(super) async fn admit_bytes(ctx: &Ctx<'_>, bytes: u64) -> Result<()> {
     }
 }
 
-/// Pays `bytes` already read from the session's byte budget, waiting as long as that takes
-/// within the request's time limit (`TIMEOUT` past it).
-pub(super) async fn pay_bytes(ctx: &Ctx<'_>, bytes: u64) -> Result<()> {
-    let limit = ctx.policy.limits().timeout;
-    let rate = ctx.broker.rate_limits();
-    tokio::time::timeout(limit, rate.pay(ctx.state.id, bytes))
-        .await
-        .map_err(|_| throttle::timed_out(limit))
-}
-
 /// Pays ahead, on the async side, for what blocking work will read: `probe` (run as small
 /// work: resolve, authorize, look at the size) says how many bytes, and they are waited for
 /// here, before the work takes a slot of the pool, within the request's time (which counts

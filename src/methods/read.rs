@@ -93,7 +93,7 @@ pub(crate) async fn handle(ctx: &Ctx<'_>, params: Params) -> Result<Reply> {
     // would have read for nothing, and a flood of them at any rate. Unlimited, the hot path
     // awaits nothing.
     if small && ctx.broker.rate_limits().limits_bytes() {
-        super::op::pay_bytes(ctx, (wanted as u64).saturating_sub(1024)).await?;
+        super::op::pay_ahead(ctx, Instant::now(), (wanted as u64).saturating_sub(1024)).await?;
     }
     let mut reply = if small {
         let work = move |op: &Op| read(op, params, &bodies, None);
