@@ -34,6 +34,8 @@ pub(crate) struct SessionState {
     pub(crate) roots_changed: std::sync::atomic::AtomicBool,
     wake: Arc<tokio::sync::Notify>,
     peer: Mutex<Option<String>>,
+    /// The managed policy's SHA-256 last put on one of this session's audit lines.
+    managed_noted: Mutex<Option<String>>,
     /// Whether the peer speaks MCP 2026-07-28 (results then carry `resultType`).
     modern: std::sync::atomic::AtomicBool,
     /// Refusals over the request rate since the last one written to the audit log, and when
@@ -116,6 +118,7 @@ impl SessionState {
             roots_changed: std::sync::atomic::AtomicBool::new(false),
             wake: Arc::clone(&wake),
             peer: Mutex::new(None),
+            managed_noted: Mutex::new(None),
             modern: std::sync::atomic::AtomicBool::new(false),
             roots_offered: Default::default(),
             confinement_recorded: Default::default(),
@@ -268,6 +271,19 @@ impl SessionState {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .0
+    }
+
+    /// The managed policy's SHA-256 (`current`) when this session's audit lines have not
+    /// carried it yet: its first line, and the first after the managed policy changed, say
+    /// which rules were in force.
+    pub(crate) fn managed_to_note(&self, current: Option<&str>) -> Option<String> {
+        let current = current?;
+        let mut noted = self.managed_noted.lock().unwrap_or_else(|e| e.into_inner());
+        if noted.as_deref() == Some(current) {
+            return None;
+        }
+        *noted = Some(current.to_owned());
+        Some(current.to_owned())
     }
 
     /// The MCP server's name, when the transport learned it.

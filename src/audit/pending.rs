@@ -19,6 +19,7 @@ pub(crate) struct PendingLine {
     paths: NamedPaths,
     server: Option<String>,
     started: Instant,
+    managed: Option<String>,
 }
 
 /// The paths a request names, read leniently from its params: everything else is ignored,
@@ -51,7 +52,13 @@ impl PendingLine {
             paths,
             server,
             started,
+            managed: None,
         }
+    }
+
+    /// Puts the managed policy's SHA-256 on this line (see [`Record::managed`]).
+    pub(crate) fn note_managed(&mut self, sha256: String) {
+        self.managed = Some(sha256);
     }
 
     /// Names the server as its transport knows it now: a name learnt while the request ran
@@ -85,6 +92,7 @@ impl PendingLine {
             duration: self.started.elapsed(),
             server: self.server.as_deref(),
             also_refused,
+            managed: self.managed.as_deref(),
         }
     }
 }

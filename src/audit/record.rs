@@ -38,6 +38,9 @@ pub struct Record<'a> {
     /// Refusals over the session's request rate folded into this line (`alsoRefused`): they
     /// came since the session's previous such line, and got no line of their own.
     pub also_refused: u64,
+    /// The SHA-256 of the managed policy in force (`managedPolicySha256`), on a session's
+    /// first line and on its first line after the managed policy changed.
+    pub managed: Option<&'a str>,
 }
 
 impl AuditLog {
@@ -123,6 +126,9 @@ pub(crate) fn fields(r: &Record<'_>, redact: bool) -> Fields {
     }
     if r.also_refused > 0 {
         fields.insert("alsoRefused", Value::from(r.also_refused));
+    }
+    if let Some(sha) = r.managed {
+        fields.insert("managedPolicySha256", Value::from(sha));
     }
     fields.insert("outcome", Value::from(r.outcome));
     fields.insert("bytes", Value::from(r.bytes));

@@ -60,6 +60,9 @@ pub struct RootState {
     pub consent: ConsentMode,
     /// Whether the person paused it: withdrawn from every session until resumed.
     pub paused: bool,
+    /// The rules the managed policy sets on it, in the person's words: set by their
+    /// organisation, which they cannot lift (they can still pause the root).
+    pub managed: Vec<String>,
 }
 
 impl Broker {
@@ -127,7 +130,9 @@ impl Broker {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        self.configured()
+        let configured = self.configured();
+        let managed = configured.managed();
+        configured
             .roots()
             .iter()
             .map(|r| RootState {
@@ -136,6 +141,7 @@ impl Broker {
                 mode: r.mode(),
                 consent: r.consent(),
                 paused: paused.iter().any(|p| p == r.path()),
+                managed: managed.map(|m| managed_words(m, r)).unwrap_or_default(),
             })
             .collect()
     }
@@ -271,4 +277,30 @@ fn path_value(path: &str, redact: bool) -> Value {
     } else {
         Value::from(crate::audit::cap(path, crate::limits::MAX_LOGGED_PATH))
     }
+}
+
+/// What the managed policy `m` sets on `root`, one rule a line, as the person reads it.
+fn managed_words(m: &crate::policy::Managed, root: &crate::sandbox::Root) -> Vec<String> {
+    let mut out = Vec::new();
+    if m.read_only_at(root.path()).is_some() {
+        out.push("servers may only read it".to_owned());
+    }
+    if m.consent_at(root.path()).is_some() {
+        out.push("servers get it only once you approve".to_owned());
+    }
+    for (at, mode, consent) in root.managed_parts() {
+        if at.is_empty() {
+            continue;
+        }
+        if mode == Mode::ReadOnly {
+            out.push(format!("servers may only read {at}"));
+        }
+        if consent == ConsentMode::Prompt {
+            out.push(format!("servers get {at} only once you approve"));
+        }
+    }
+    for glob in root.managed_deny().patterns() {
+        out.push(format!("servers never see {glob}"));
+    }
+    out
 }

@@ -46,8 +46,32 @@ impl Broker {
         // the file the policy in force was read from, nothing changed and nothing is
         // withdrawn.
         let stamp = old.source().and_then(stamp);
-        let new = match Policy::load(old.source(), &self.overrides) {
-            Ok(new) => new,
+        let new = match Policy::load_narrowed(old.source(), &self.overrides) {
+            Ok((new, refused)) => {
+                for no in refused {
+                    tracing::warn!(
+                        rule = %no.rule,
+                        "{} ({}): left out of the policy in force",
+                        no.reason,
+                        crate::policy::MANAGED_PATH
+                    );
+                }
+                new
+            }
+            // The managed policy cannot be trusted or read, or it requires what this broker
+            // cannot give (an audit log it does not keep): nothing may be served without it.
+            Err(e @ (PolicyError::Managed { .. } | PolicyError::Narrowed(_))) => {
+                let current = self.policy();
+                if !current.roots().is_empty() {
+                    tracing::error!(
+                        error = %e,
+                        roots = current.roots().len(),
+                        "withdrawing every root until the managed policy can be applied"
+                    );
+                    self.apply(current.without_roots());
+                }
+                return Err(e);
+            }
             Err(e @ PolicyError::Held { .. }) => {
                 let same = stamp.is_some()
                     && stamp == *self.read_stamp.lock().unwrap_or_else(|e| e.into_inner());
@@ -212,12 +236,29 @@ impl Broker {
     /// Watches the policy file (if the policy came from one) and reloads it on every change,
     /// after a short quiet period (editors write in several steps). Returns the watcher, which
     /// stops when dropped.
+    ///
+    /// The managed policy ([`crate::policy::MANAGED_PATH`]) is watched too, when its folder
+    /// exists, whether or not the broker has a policy file: an administrator's change applies
+    /// at once.
+    #[allow(clippy::disallowed_methods)] // a `stat` of /etc/fsbroker, the administrator's
     pub fn watch_policy(self: &Arc<Self>) -> Option<PolicyWatcher> {
-        let file = self.policy().source()?.to_path_buf();
-        match PolicyWatcher::start(Arc::downgrade(self), &file) {
+        let mut files: Vec<PathBuf> = self
+            .policy()
+            .source()
+            .map(Path::to_path_buf)
+            .into_iter()
+            .collect();
+        let managed = Path::new(crate::policy::MANAGED_PATH);
+        if managed.parent().is_some_and(Path::is_dir) {
+            files.push(managed.to_path_buf());
+        }
+        if files.is_empty() {
+            return None;
+        }
+        match PolicyWatcher::start(Arc::downgrade(self), &files) {
             Ok(w) => Some(w),
             Err(e) => {
-                tracing::warn!(path = %file.display(), error = %e, "cannot watch the policy file; reload with SIGHUP");
+                tracing::warn!(files = ?files, error = %e, "cannot watch the policy files; reload with SIGHUP");
                 None
             }
         }
@@ -233,6 +274,10 @@ impl Broker {
                 .map(str::trim)
                 .filter(|l| !l.is_empty())
                 .collect();
+            if matches!(e, PolicyError::Managed { .. } | PolicyError::Narrowed(_)) {
+                // Said by `reload`: every root is withdrawn until it can be applied.
+                return;
+            }
             if matches!(e, PolicyError::Held { .. }) {
                 // Said by `withdraw_all`: the roots are withdrawn, not kept.
                 tracing::debug!(error = %flat.join(" "), "policy reload failed");
@@ -254,7 +299,14 @@ fn signature(p: &Policy) -> Vec<(PathBuf, String, String)> {
             (
                 r.path().to_path_buf(),
                 r.name().to_owned(),
-                format!("{:?} {:?} {:?}", r.mode(), r.consent(), r.deny().patterns()),
+                format!(
+                    "{:?} {:?} {:?} {:?} {:?}",
+                    r.mode(),
+                    r.consent(),
+                    r.deny().patterns(),
+                    r.managed_deny().patterns(),
+                    r.managed_parts()
+                ),
             )
         })
         .collect()
@@ -273,15 +325,17 @@ impl std::fmt::Debug for PolicyWatcher {
 
 impl PolicyWatcher {
     #[allow(clippy::disallowed_methods)] // the policy file, the broker's own
-    fn start(broker: Weak<Broker>, file: &Path) -> notify::Result<PolicyWatcher> {
+    fn start(broker: Weak<Broker>, files: &[PathBuf]) -> notify::Result<PolicyWatcher> {
         use notify::{EventKind, Watcher};
         // Watch directories, not the file: editors replace a file by renaming a new one over
         // it, which a watch on the old inode would never see. A policy that is a symlink is
         // watched where it is and where it leads (dotfile managers link configs).
-        let mut places: Vec<PathBuf> = vec![file.to_path_buf()];
-        if let Ok(target) = std::fs::canonicalize(file) {
-            if target != file {
-                places.push(target);
+        let mut places: Vec<PathBuf> = files.to_vec();
+        for file in files {
+            if let Ok(target) = std::fs::canonicalize(file) {
+                if &target != file {
+                    places.push(target);
+                }
             }
         }
         let names: Vec<std::ffi::OsString> = places
@@ -299,7 +353,13 @@ impl PolicyWatcher {
                 ev.kind,
                 EventKind::Modify(notify::event::ModifyKind::Metadata(_))
             );
-            if metadata
+            // Except the managed policy's: only root can change its mode or owner, and a
+            // change that makes it unsafe must withdraw the roots at once.
+            let managed = ev
+                .paths
+                .iter()
+                .any(|p| p == Path::new(crate::policy::MANAGED_PATH));
+            if (metadata && !managed)
                 || !matches!(
                     ev.kind,
                     EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)

@@ -419,7 +419,24 @@ enum PolicyCommand {
         file: PathBuf,
     },
     /// Print the JSON Schema of policy files, for editors (e.g. taplo, Even Better TOML).
-    Schema,
+    /// With --managed, the schema of the administrator's managed policy
+    /// (/etc/fsbroker/managed.toml).
+    Schema {
+        /// The managed policy's schema instead.
+        #[arg(long)]
+        managed: bool,
+    },
+    /// Print the rules a broker started with these options would run with, each marked with
+    /// where it comes from: [managed] (your organisation's managed policy,
+    /// /etc/fsbroker/managed.toml, which no flag or user policy can lift), [policy] (the
+    /// policy file), [flag] (the command line) or [default]. What the managed policy refuses
+    /// is listed too (exit 1 then, as `serve` would not start).
+    ///
+    /// Example: fsbroker policy explain --policy ~/.config/fsbroker/policy.toml --root ~/src/project
+    Explain {
+        #[command(flatten)]
+        serve: ServeArgs,
+    },
 }
 
 /// What `fsbroker --version` prints after the name: the version, and the MCP revisions the
@@ -449,7 +466,8 @@ pub(crate) fn main() -> ExitCode {
             confine_fetch,
             command,
         }) => confine::check(&serve, &confine_fetch, &command),
-        Command::Policy(PolicyCommand::Schema) => policy::schema(),
+        Command::Policy(PolicyCommand::Schema { managed }) => policy::schema(managed),
+        Command::Policy(PolicyCommand::Explain { serve }) => policy::explain(&serve),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(

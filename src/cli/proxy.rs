@@ -13,14 +13,49 @@ use super::running::{load_policy, runtime, start};
 
 /// Runs `fsbroker proxy`.
 pub(super) fn run(args: ProxyArgs) -> ExitCode {
+    // The administrator's bounds hold for every proxy, the relays of `--connect` included
+    // (whose broker is another process): read first, and no proxy starts without them.
+    let managed = match fsbroker::policy::Managed::system() {
+        Ok(m) => m,
+        Err(e) => return refuse(&e.to_string()),
+    };
     let remote = match remote(&args) {
         Ok(r) => r,
         Err(e) => return refuse(&e),
     };
+    if let (Some(m), Some(r)) = (&managed, &remote) {
+        let url = url::Url::parse(r.url()).map_err(|e| e.to_string());
+        if let Some(no) = url.as_ref().ok().and_then(|u| m.refuse_url(u)) {
+            return refuse(&fsbroker::policy::PolicyError::Narrowed(no).to_string());
+        }
+    }
     // No server process to confine: the policy's `[confine] mode` does not apply either.
     let flag = match remote {
         Some(_) => Some(fsbroker::policy::ConfineMode::Off),
         None => args.confine.map(fsbroker::policy::ConfineMode::from),
+    };
+    // A relay confines only when asked on its own command line (the policy's mode is the
+    // shared broker's); a proxy with a broker of its own, as its policy says.
+    let mode = match (&args.connect, remote.is_some()) {
+        (_, true) => None,
+        (Some(_), false) => Some(flag.unwrap_or(fsbroker::policy::ConfineMode::Off)),
+        (None, false) => match load_policy(&args.serve) {
+            Ok(policy) => Some(fsbroker::confine::mode(flag, &policy)),
+            Err(e) => return refuse(&e),
+        },
+    };
+    if let (Some(m), Some(mode)) = (&managed, mode) {
+        if let Some(no) = m.refuse_confinement(mode) {
+            return refuse(&fsbroker::policy::PolicyError::Narrowed(no).to_string());
+        }
+    }
+    // What the server would run, checked against `[servers] allow` once a launcher is
+    // resolved (below); checked here too when nothing will resolve it.
+    let allowed = |command: &[std::ffi::OsString]| -> Result<(), String> {
+        match managed.as_ref().and_then(|m| m.refuse_command(command)) {
+            Some(no) => Err(fsbroker::policy::PolicyError::Narrowed(no).to_string()),
+            None => Ok(()),
+        }
     };
     let mut opts = transport::proxy::ProxyOptions {
         command: args.command,
@@ -65,6 +100,10 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
                     Err(NotStarted::Answered) => return Ok(1),
                 }
             }
+            if let Err(e) = allowed(&opts.command) {
+                refuse(&e);
+                return Ok(1);
+            }
             let code = rt.block_on(transport::proxy::run(
                 transport::proxy::Link::Remote(path.clone()),
                 opts,
@@ -103,6 +142,11 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
                 Ok(None) => {}
                 Err(NotStarted::Refused(e)) => return refuse(&e),
                 Err(NotStarted::Answered) => return ExitCode::FAILURE,
+            }
+            if opts.remote.is_none() {
+                if let Err(e) = allowed(&opts.command) {
+                    return refuse(&e);
+                }
             }
             let code = running
                 .run(transport::proxy::run(

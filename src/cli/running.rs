@@ -20,7 +20,7 @@ pub(super) struct Running<W> {
     _console: Option<crate::console::Console>,
 }
 
-fn overrides(args: &ServeArgs) -> Overrides {
+pub(super) fn overrides(args: &ServeArgs) -> Overrides {
     Overrides {
         roots: args.roots.clone(),
         read_write: args.read_write,
@@ -75,7 +75,9 @@ fn start_console(
 ) -> Result<Option<crate::console::Console>, String> {
     let policy = broker.policy();
     let config = policy.console();
-    let addr = match (args.console, config.enabled) {
+    // The managed policy may require the console, whatever the flags and policy say.
+    let required = policy.managed().is_some_and(|m| m.file.console.required);
+    let addr = match (args.console, config.enabled || required) {
         (Some(addr), _) => addr,
         (None, true) => config
             .addr

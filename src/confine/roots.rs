@@ -137,6 +137,39 @@ pub(super) fn root_grants(policy: &Policy) -> RootGrants {
                 mine
             ));
         }
+        let parts = root.managed_parts();
+        if access == Access::ReadWrite && parts.iter().any(|(_, mode, _)| *mode == Mode::ReadOnly) {
+            // As with fsbroker's own files: the kernel cannot keep part of a writable tree
+            // read-only, so the whole root is granted read-only.
+            access = Access::Read;
+            inexpressible.push(format!(
+                "root {} holds paths your organisation made read-only ([roots] read_only): \
+                 granted read-only to the server, writes only through files/*",
+                root.name()
+            ));
+        }
+        for (at, _, consent) in &parts {
+            if *consent == ConsentMode::Prompt {
+                inexpressible.push(format!(
+                    "root {}: {} needs the person's consent ([roots] consent of the managed \
+                     policy), which the kernel cannot ask for (the server can open it itself; \
+                     through files/* it is asked)",
+                    root.name(),
+                    if at.is_empty() {
+                        "all of it".to_owned()
+                    } else {
+                        format!("{at:?}")
+                    }
+                ));
+            }
+        }
+        for glob in root.managed_deny().patterns() {
+            inexpressible.push(format!(
+                "root {}: the managed deny glob {glob:?} is not enforced by the kernel (the \
+                 server can open such paths itself; through files/* they stay refused)",
+                root.name()
+            ));
+        }
         for glob in root.deny().patterns() {
             inexpressible.push(format!(
                 "root {}: deny glob {glob:?} is not enforced by the kernel (the server can \

@@ -215,6 +215,7 @@ fn build_state(shared: &Shared) -> Value {
                     ConsentMode::Deny => "deny",
                 },
                 "paused": r.paused,
+                "managed": r.managed,
             })
         })
         .collect();

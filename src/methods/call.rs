@@ -50,13 +50,21 @@ pub(crate) async fn call(
     let recorded = audit.is_some() || (broker.wants_events() && is_broker_method(method));
     let line = recorded.then(|| {
         let name = known.map_or_else(|| Cow::Owned(method.to_owned()), |m| Cow::Borrowed(m.name));
-        PendingLine::begin(
+        let mut line = PendingLine::begin(
             state.id,
             name,
             params.map(RawValue::get),
             state.peer_name(),
             started,
-        )
+        );
+        if audit.is_some() {
+            let policy = broker.policy();
+            let managed = policy.managed().map(|m| m.sha256.as_str());
+            if let Some(sha) = state.managed_to_note(managed) {
+                line.note_managed(sha);
+            }
+        }
+        line
     });
     if let (Some(log), Some(late), Some(line), "files/read") = (audit, late, &line, method) {
         late.audit_with(LateAudit {

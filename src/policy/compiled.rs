@@ -11,10 +11,11 @@ use std::time::Duration;
 use super::config::audit_config;
 use super::file::expand;
 use super::{
-    AuditConfig, ConfineConfig, ConsentConfig, ConsoleConfig, Limits, PolicyError, PolicyFile,
+    AuditConfig, ConfineConfig, ConsentConfig, ConsoleConfig, CopyConfig, CopyKind, Limits,
+    Managed, Narrowing, PolicyError, PolicyFile,
 };
 use crate::sandbox::protected::{self, Protected, ProtectedSpec};
-use crate::sandbox::{ConsentMode, Mode, Root, RootSpec};
+use crate::sandbox::{ConsentMode, DenySet, Mode, Root, RootSpec, Shadow};
 
 /// Roots and switches from the command line, merged into a policy (docs/protocol.md,
 /// `fsbroker serve`).
@@ -49,6 +50,7 @@ pub struct Policy {
     console: ConsoleConfig,
     source: Option<PathBuf>,
     protected: Arc<Protected>,
+    managed: Option<Arc<Managed>>,
 }
 
 impl Policy {
@@ -74,7 +76,27 @@ impl Policy {
     /// assert!(Policy::load(Some(&file), &Overrides::default()).is_err());
     /// # Ok(()) }
     /// ```
+    ///
+    /// The machine's managed policy ([`super::MANAGED_PATH`]) bounds the result: anything the
+    /// file or the overrides ask for beyond it is [`PolicyError::Narrowed`], naming the rule,
+    /// and a managed policy that is there but cannot be trusted is [`PolicyError::Managed`].
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Policy, PolicyError> {
+        let (policy, refused) = Policy::load_narrowed(file, overrides)?;
+        match refused.into_iter().next() {
+            Some(first) => Err(PolicyError::Narrowed(first)),
+            None => Ok(policy),
+        }
+    }
+
+    /// [`Policy::load`] for a reload: what the managed policy refuses is left out (a root
+    /// outside `[roots] within` is dropped, a mode or consent narrowed, a limit lowered) and
+    /// returned, so that narrowing the managed policy revokes instead of failing. What cannot
+    /// be left out (a required audit log the broker does not keep) is still an error.
+    pub fn load_narrowed(
+        file: Option<&Path>,
+        overrides: &Overrides,
+    ) -> Result<(Policy, Vec<Narrowing>), PolicyError> {
+        let managed = Managed::system()?;
         let (parsed, base) = match file {
             Some(path) => {
                 let parsed = PolicyFile::load(path)?;
@@ -83,57 +105,131 @@ impl Policy {
             }
             None => (PolicyFile::default(), None),
         };
-        Policy::compile_from(&parsed, base.as_deref(), file, overrides)
+        Policy::compile_from(&parsed, base.as_deref(), file, overrides, managed)
     }
 
-    /// Compiles parsed policy text; relative root paths are taken from `base`.
+    /// Compiles parsed policy text; relative root paths are taken from `base`. The machine's
+    /// managed policy applies as in [`Policy::load`].
     pub fn compile(
         file: &PolicyFile,
         base: Option<&Path>,
         overrides: &Overrides,
     ) -> Result<Policy, PolicyError> {
-        Policy::compile_from(file, base, None, overrides)
+        Policy::compile_under(file, base, overrides, Managed::system()?)
+    }
+
+    /// [`Policy::compile`] under the managed policy `managed` instead of the machine's
+    /// (what `fsbroker policy explain` and tests use to show a managed file's effect).
+    pub fn compile_under(
+        file: &PolicyFile,
+        base: Option<&Path>,
+        overrides: &Overrides,
+        managed: Option<Managed>,
+    ) -> Result<Policy, PolicyError> {
+        let (policy, refused) = Policy::compile_from(file, base, None, overrides, managed)?;
+        match refused.into_iter().next() {
+            Some(first) => Err(PolicyError::Narrowed(first)),
+            None => Ok(policy),
+        }
     }
 
     /// [`Policy::compile`] for the policy file at `source`, which is protected with the rest
-    /// of what the broker trusts.
+    /// of what the broker trusts, under `managed`; what it refuses is left out and returned.
     fn compile_from(
         file: &PolicyFile,
         base: Option<&Path>,
         source: Option<&Path>,
         overrides: &Overrides,
-    ) -> Result<Policy, PolicyError> {
-        let mut specs: Vec<RootSpec> = Vec::new();
+        managed: Option<Managed>,
+    ) -> Result<(Policy, Vec<Narrowing>), PolicyError> {
+        let mut refused: Vec<Narrowing> = Vec::new();
+        // Each spec with whether its mode and consent were asked for, or are defaults.
+        let mut specs: Vec<(RootSpec, bool, bool)> = Vec::new();
         for entry in &file.root {
-            specs.push(RootSpec {
-                path: expand(&entry.path, base),
-                name: entry.name.clone(),
-                mode: entry.mode,
-                consent: entry.consent,
-                deny: entry.deny.clone(),
-            });
+            specs.push((
+                RootSpec {
+                    path: expand(&entry.path, base),
+                    name: entry.name.clone(),
+                    mode: entry.mode,
+                    consent: entry.consent,
+                    deny: entry.deny.clone(),
+                },
+                entry.mode == Mode::ReadWrite,
+                entry.consent == ConsentMode::Auto,
+            ));
         }
         for dir in &overrides.roots {
-            specs.push(RootSpec {
-                path: expand(dir, None),
-                name: None,
-                mode: if overrides.read_write {
-                    Mode::ReadWrite
-                } else {
-                    Mode::ReadOnly
+            specs.push((
+                RootSpec {
+                    path: expand(dir, None),
+                    name: None,
+                    mode: if overrides.read_write {
+                        Mode::ReadWrite
+                    } else {
+                        Mode::ReadOnly
+                    },
+                    consent: ConsentMode::Auto,
+                    deny: Vec::new(),
                 },
-                consent: ConsentMode::Auto,
-                deny: Vec::new(),
-            });
+                overrides.read_write,
+                false,
+            ));
         }
         if let Some(consent) = overrides.consent {
-            for spec in &mut specs {
+            for (spec, _, auto_asked) in &mut specs {
                 spec.consent = consent;
+                *auto_asked = consent == ConsentMode::Auto;
             }
         }
+        let managed_deny = match &managed {
+            Some(m) => DenySet::new(&m.file.roots.deny)?,
+            None => DenySet::default(),
+        };
         let mut roots: Vec<Root> = Vec::with_capacity(specs.len());
-        for spec in &specs {
-            let root = Root::open(spec)?;
+        for (spec, writable_asked, auto_asked) in &specs {
+            let mut root = Root::open(spec)?;
+            if let Some(m) = &managed {
+                if let Some(no) = m.refuse_root(root.path()) {
+                    refused.push(no);
+                    continue;
+                }
+                let read_only = m.read_only_at(root.path());
+                if let Some(rule) = read_only.filter(|_| *writable_asked) {
+                    refused.push(Narrowing {
+                        rule: "[roots] read_only".into(),
+                        reason: format!(
+                            "root {} asks to be read-write, and {} is read-only",
+                            root.path().display(),
+                            rule.display()
+                        ),
+                    });
+                }
+                let prompt = m.consent_at(root.path());
+                if let Some(rule) = prompt.filter(|_| *auto_asked) {
+                    refused.push(Narrowing {
+                        rule: "[roots] consent".into(),
+                        reason: format!(
+                            "root {} asks for consent \"auto\", and everything in {} needs the \
+                             person's consent",
+                            root.path().display(),
+                            rule.display()
+                        ),
+                    });
+                }
+                root.narrow(
+                    if read_only.is_some() {
+                        Mode::ReadOnly
+                    } else {
+                        root.mode()
+                    },
+                    if prompt.is_some() {
+                        ConsentMode::Prompt
+                    } else {
+                        root.consent()
+                    },
+                    managed_deny.clone(),
+                );
+            }
             if let Some(other) = roots.iter().find(|r| r.name() == root.name()) {
                 return Err(PolicyError::DuplicateName {
                     name: root.name().to_owned(),
@@ -180,7 +276,18 @@ impl Policy {
             (None, Some(a)) => Some(audit_config(expand(&a.path, base), Some(a), base)?),
             (None, None) => None,
         };
-        let limits = Limits::from_file(&file.limits)?;
+        let limits = match &managed {
+            Some(m) => {
+                let (capped, above) = m.cap_limits(&file.limits);
+                refused.extend(above);
+                Limits::from_file(&capped)?
+            }
+            None => Limits::from_file(&file.limits)?,
+        };
+        let audit = match &managed {
+            Some(m) => managed_audit(m, audit)?,
+            None => audit,
+        };
         let command = protected::command_files(&consent.command);
         let mut own: Vec<PathBuf> = source.map(Path::to_path_buf).into_iter().collect();
         own.extend(command.iter().cloned());
@@ -218,7 +325,23 @@ impl Policy {
                 .map(|r| r.configured_path().to_path_buf())
                 .collect(),
         }));
-        crate::sandbox::link(&mut roots, &protected);
+        let shadows: Vec<Shadow> = managed
+            .iter()
+            .flat_map(|m| {
+                let read_only = m.read_only().iter().map(|p| Shadow {
+                    path: p.clone(),
+                    mode: Mode::ReadOnly,
+                    consent: ConsentMode::Auto,
+                });
+                let consent = m.consent().iter().map(|p| Shadow {
+                    path: p.clone(),
+                    mode: Mode::ReadWrite,
+                    consent: ConsentMode::Prompt,
+                });
+                read_only.chain(consent).collect::<Vec<_>>()
+            })
+            .collect();
+        crate::sandbox::link(&mut roots, &shadows, &protected);
         refuse_writable_command(&roots, &command)?;
         let confine = ConfineConfig {
             mode: file.confine.mode,
@@ -228,7 +351,7 @@ impl Policy {
             fetch: file.confine.fetch.clone(),
             on_revoke: file.confine.on_revoke,
         };
-        Ok(Policy {
+        let policy = Policy {
             roots: roots.into_iter().map(Arc::new).collect(),
             limits,
             consent,
@@ -237,7 +360,14 @@ impl Policy {
             console,
             source: source.map(Path::to_path_buf),
             protected,
-        })
+            managed: managed.map(Arc::new),
+        };
+        Ok((policy, refused))
+    }
+
+    /// The managed policy in force, if the machine has one.
+    pub fn managed(&self) -> Option<&Arc<Managed>> {
+        self.managed.as_ref()
     }
 
     /// What an operator should hear about this policy although it loads: each writable root
@@ -367,6 +497,7 @@ impl Policy {
             console: self.console.clone(),
             source: self.source.clone(),
             protected: Arc::clone(&self.protected),
+            managed: self.managed.clone(),
         }
     }
 
@@ -404,6 +535,51 @@ impl Policy {
     pub fn source(&self) -> Option<&Path> {
         self.source.as_deref()
     }
+}
+
+/// The audit log under the managed policy's `[audit]`: a log it requires but the broker does
+/// not keep, or a copy it requires that the log does not have, is refused (never left out:
+/// the broker cannot start a log a reload asks for); `require_copies` is forced on.
+fn managed_audit(
+    managed: &Managed,
+    audit: Option<AuditConfig>,
+) -> Result<Option<AuditConfig>, PolicyError> {
+    let rules = &managed.file.audit;
+    let required = rules.required || !rules.copies.is_empty();
+    let Some(mut audit) = audit else {
+        if required {
+            return Err(PolicyError::Narrowed(Narrowing {
+                rule: "[audit] required".into(),
+                reason: "this broker would keep no audit log: give it one with --audit FILE or \
+                         an [audit] table in the policy"
+                    .into(),
+            }));
+        }
+        return Ok(None);
+    };
+    for kind in &rules.copies {
+        let has = audit.copies.iter().any(|c| {
+            matches!(
+                (c, kind),
+                (CopyConfig::Syslog { .. }, CopyKind::Syslog)
+                    | (CopyConfig::Journald { .. }, CopyKind::Journald)
+            )
+        });
+        if !has {
+            return Err(PolicyError::Narrowed(Narrowing {
+                rule: "[audit] copies".into(),
+                reason: format!(
+                    "the audit log must also go to {0}, and this one does not: set `{0} = true` \
+                     in the policy's [audit] table",
+                    kind.name()
+                ),
+            }));
+        }
+    }
+    if rules.require_copies {
+        audit.require_copies = true;
+    }
+    Ok(Some(audit))
 }
 
 /// Refuses a consent command that runs a file a server could write: it would run the

@@ -9,6 +9,7 @@ mod compiled;
 mod config;
 mod file;
 mod limits;
+mod managed;
 
 use std::path::PathBuf;
 
@@ -22,6 +23,10 @@ pub use file::{
     OnRevoke, PolicyFile, Provider, Registry, RootEntry,
 };
 pub use limits::Limits;
+pub use managed::{
+    AllowedServer, CopyKind, MANAGED_PATH, Managed, ManagedAudit, ManagedConfine, ManagedConsole,
+    ManagedFile, ManagedLimits, ManagedRemote, ManagedRoots, ManagedServers, Narrowing,
+};
 
 /// Why a policy could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +90,19 @@ pub enum PolicyError {
         /// What is wrong.
         reason: String,
     },
+    /// The managed policy (`/etc/fsbroker/managed.toml`) is there but cannot be trusted or
+    /// read: not owned by root, writable by another user, a link, or not a valid managed
+    /// policy. Nothing runs without it (and a running broker withdraws every root).
+    #[error("managed policy {path}: {reason}; fsbroker does not run without it")]
+    Managed {
+        /// The managed policy file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The person asked for more than the managed policy allows.
+    #[error("refused by the managed policy {}, {}: {}", managed::MANAGED_PATH, .0.rule, .0.reason)]
+    Narrowed(Narrowing),
     /// A limit is out of range or inconsistent with another.
     #[error("[limits] {key}: {reason}")]
     Limit {

@@ -10,7 +10,7 @@ use super::RootError;
 /// (`literal_separator`), and against every ancestor of that path: denying `secrets` also
 /// denies `secrets/key.pem`. A pattern `dir/**` also denies `dir` itself, so that a denied
 /// tree is hidden, not shown as an empty directory.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct DenySet {
     set: GlobSet,
     patterns: Vec<String>,

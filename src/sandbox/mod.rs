@@ -22,7 +22,7 @@ pub use protected::{forget_written, protect_written};
 pub(crate) use resolve::join_display;
 pub use resolve::{MAX_WALK_DEPTH, Resolved, resolve};
 pub(crate) use root::link;
-pub use root::{ConsentMode, Mode, Root, RootSpec};
+pub use root::{ConsentMode, Mode, Root, RootSpec, Shadow};
 
 use std::path::PathBuf;
 

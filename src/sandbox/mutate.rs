@@ -20,7 +20,7 @@ use std::sync::Arc;
 use cap_fs_ext::{DirExt, OpenOptionsFollowExt, OpenOptionsMaybeDirExt};
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 
-use super::open::{check_not_denied, denied, real_rel};
+use super::open::{check_not_denied, denied_in, real_rel};
 use super::protected::cap_id_of;
 use super::{Mode, Resolved, Root, STAGING_MARK, STAGING_SUFFIX};
 use crate::error::{Error, ErrorKind, Result};
@@ -51,6 +51,10 @@ pub(crate) struct Parent {
     pub key: PathBuf,
 }
 
+/// The refusal of a change where the managed policy's `[roots] read_only` holds.
+pub(crate) const MANAGED_READ_ONLY: &str =
+    "read-only by your organisation's managed policy ([roots] read_only)";
+
 /// Refuses mutations of a root that is read-only itself, before any work. The mode of every
 /// root covering where the entry really is decides later, in [`Parent::check_change`], after
 /// the checks that say more (a root nested in this one is "the root itself", not merely
@@ -64,6 +68,7 @@ pub(crate) fn require_writable(target: &Resolved, raw: &str) -> Result<()> {
             ErrorKind::PermissionDenied,
             match target.root().protected().change(&target.absolute(), None) {
                 Some(verdict) => verdict.reason("changed"),
+                None if target.root().read_only_by_managed("") => MANAGED_READ_ONLY.to_owned(),
                 None => "read-only root".to_owned(),
             },
         )
@@ -105,7 +110,7 @@ pub(crate) fn open_parent(target: &Resolved, raw: &str) -> Result<Parent> {
         format!("{real_parent}/{name}")
     };
     if root.is_denied(&real) {
-        return Err(denied(raw));
+        return Err(denied_in(root, &real, raw));
     }
     Ok(Parent {
         root: Arc::clone(root),
@@ -139,10 +144,15 @@ impl Parent {
             );
         }
         if self.root.is_denied(&real) {
-            return Err(denied(raw));
+            return Err(denied_in(&self.root, &real, raw));
         }
         if self.root.mode_at(&real) == Mode::ReadOnly {
-            return Err(Error::new(ErrorKind::PermissionDenied, "read-only root").with_path(raw));
+            let why = if self.root.read_only_by_managed(&real) {
+                MANAGED_READ_ONLY
+            } else {
+                "read-only root"
+            };
+            return Err(Error::new(ErrorKind::PermissionDenied, why).with_path(raw));
         }
         Ok(())
     }

@@ -53,11 +53,11 @@ pub(crate) fn check_not_denied(target: &Resolved, raw: &str) -> Result<()> {
         return Ok(());
     }
     if root.is_denied(target.rel()) {
-        return Err(denied(raw));
+        return Err(denied_in(root, target.rel(), raw));
     }
     if let Ok(real) = target.real(raw) {
         if root.is_denied(real.rel()) {
-            return Err(denied(raw));
+            return Err(denied_in(root, real.rel(), raw));
         }
         if root.protected().is_own_file(&real.absolute(), None) {
             return Err(protected(raw));
@@ -69,6 +69,18 @@ pub(crate) fn check_not_denied(target: &Resolved, raw: &str) -> Result<()> {
 /// The refusal of a path denied by a glob.
 pub(crate) fn denied(raw: &str) -> Error {
     Error::new(ErrorKind::PermissionDenied, "denied by policy").with_path(raw)
+}
+
+/// The refusal of `rel` in `root`, denied by a glob: one of the managed policy's says so.
+pub(crate) fn denied_in(root: &super::Root, rel: &str, raw: &str) -> Error {
+    if root.denied_by_managed(rel) {
+        return Error::new(
+            ErrorKind::PermissionDenied,
+            "denied by your organisation's managed policy ([roots] deny)",
+        )
+        .with_path(raw);
+    }
+    denied(raw)
 }
 
 /// The refusal of one of fsbroker's own files.
@@ -105,7 +117,7 @@ pub(crate) fn open_regular(target: &Resolved, raw: &str) -> Result<RegularFile> 
     }
     let real = real_rel(root, &file, raw)?;
     if root.is_denied(&real) {
-        return Err(denied(raw));
+        return Err(denied_in(root, &real, raw));
     }
     if root
         .protected()
@@ -143,7 +155,7 @@ pub(crate) fn open_dir(target: &Resolved, raw: &str) -> Result<(Dir, String)> {
     let real = {
         let real = real_rel(root, &opened, raw)?;
         if root.is_denied(&real) {
-            return Err(denied(raw));
+            return Err(denied_in(root, &real, raw));
         }
         real
     };

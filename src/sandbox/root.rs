@@ -70,8 +70,24 @@ pub struct Root {
     mode: Mode,
     consent: ConsentMode,
     deny: DenySet,
+    /// The managed policy's `[roots] deny` globs (docs/policy.md, "The managed policy"):
+    /// kept apart from the person's so that a refusal can name whose rule it was.
+    managed_deny: DenySet,
     overlaps: Vec<Overlap>,
     protected: Arc<Protected>,
+}
+
+/// A managed rule over part of the disk that is not a root (`[roots] read_only` and
+/// `[roots] consent`): it applies to every root that covers any of it, as a root nested there
+/// would, and is never served itself.
+#[derive(Debug, Clone)]
+pub struct Shadow {
+    /// The folder or file it covers (absolute, as written: never resolved through links).
+    pub path: PathBuf,
+    /// `ReadOnly` for a `[roots] read_only` path.
+    pub mode: Mode,
+    /// `Prompt` for a `[roots] consent` path.
+    pub consent: ConsentMode,
 }
 
 /// Another root of the same policy that covers all of this one, or a part of it.
@@ -81,6 +97,8 @@ struct Overlap {
     mode: Mode,
     consent: ConsentMode,
     deny: DenySet,
+    /// A managed [`Shadow`], not another root.
+    managed: bool,
 }
 
 #[derive(Debug)]
@@ -111,15 +129,25 @@ impl Overlap {
 
 /// Tells each root which others overlap it and what fsbroker protects, once every root of a
 /// policy is open.
-pub(crate) fn link(roots: &mut [Root], protected: &Arc<Protected>) {
-    let shapes: Vec<(PathBuf, Mode, ConsentMode, DenySet)> = roots
+pub(crate) fn link(roots: &mut [Root], shadows: &[Shadow], protected: &Arc<Protected>) {
+    let shapes: Vec<(PathBuf, Mode, ConsentMode, DenySet, bool)> = roots
         .iter()
-        .map(|r| (r.path.clone(), r.mode, r.consent, r.deny.clone()))
+        .map(|r| {
+            // Both sets were compiled once already, so together they compile too.
+            let both = [r.deny.patterns(), r.managed_deny.patterns()].concat();
+            let deny = DenySet::new(&both).unwrap_or_else(|_| r.deny.clone());
+            (r.path.clone(), r.mode, r.consent, deny, false)
+        })
+        .chain(
+            shadows
+                .iter()
+                .map(|s| (s.path.clone(), s.mode, s.consent, DenySet::default(), true)),
+        )
         .collect();
     for root in roots.iter_mut() {
         root.protected = Arc::clone(protected);
         root.overlaps.clear();
-        for (path, mode, consent, deny) in &shapes {
+        for (path, mode, consent, deny, managed) in &shapes {
             let place = if let Ok(at) = root.path.strip_prefix(path) {
                 Place::Outer(at.to_string_lossy().into_owned())
             } else if let Ok(at) = path.strip_prefix(&root.path) {
@@ -127,7 +155,7 @@ pub(crate) fn link(roots: &mut [Root], protected: &Arc<Protected>) {
             } else {
                 continue;
             };
-            if matches!(&place, Place::Outer(at) | Place::Inner(at) if at.is_empty()) {
+            if !managed && matches!(&place, Place::Outer(at) | Place::Inner(at) if at.is_empty()) {
                 continue; // the root itself
             }
             root.overlaps.push(Overlap {
@@ -135,6 +163,7 @@ pub(crate) fn link(roots: &mut [Root], protected: &Arc<Protected>) {
                 mode: *mode,
                 consent: *consent,
                 deny: deny.clone(),
+                managed: *managed,
             });
         }
     }
@@ -182,9 +211,56 @@ impl Root {
             mode: spec.mode,
             consent: spec.consent,
             deny,
+            managed_deny: DenySet::default(),
             overlaps: Vec::new(),
             protected: Arc::default(),
         })
+    }
+
+    /// Narrows this root by the managed policy: its mode and consent (never widened), and
+    /// deny globs added to its own.
+    pub(crate) fn narrow(&mut self, mode: Mode, consent: ConsentMode, deny: DenySet) {
+        if mode == Mode::ReadOnly {
+            self.mode = Mode::ReadOnly;
+        }
+        if consent_rank(consent) > consent_rank(self.consent) {
+            self.consent = consent;
+        }
+        self.managed_deny = deny;
+    }
+
+    /// The managed policy's deny globs on this root.
+    pub fn managed_deny(&self) -> &DenySet {
+        &self.managed_deny
+    }
+
+    /// The managed rules over parts of this root (`[roots] read_only`, `[roots] consent`):
+    /// each path inside the root (relative, `""` for all of it), its mode and its consent.
+    pub fn managed_parts(&self) -> Vec<(String, Mode, ConsentMode)> {
+        self.overlaps
+            .iter()
+            .filter(|o| o.managed)
+            .map(|o| {
+                let at = match &o.place {
+                    Place::Inner(at) => at.clone(),
+                    Place::Outer(_) => String::new(),
+                };
+                (at, o.mode, o.consent)
+            })
+            .collect()
+    }
+
+    /// Whether the managed policy made `rel` read-only (a `[roots] read_only` path), so that
+    /// a refusal can say whose rule it is.
+    pub fn read_only_by_managed(&self, rel: &str) -> bool {
+        self.overlaps
+            .iter()
+            .any(|o| o.managed && o.mode == Mode::ReadOnly && o.there(rel).is_some())
+    }
+
+    /// Whether a managed deny glob covers `rel`.
+    pub fn denied_by_managed(&self, rel: &str) -> bool {
+        self.managed_deny.is_denied(rel)
     }
 
     /// The root's unique name: the first segment of `NAME/rel` paths.
@@ -227,6 +303,7 @@ impl Root {
     /// this root's globs or by those of another root covering it.
     pub fn is_denied(&self, rel: &str) -> bool {
         self.deny.is_denied(rel)
+            || self.managed_deny.is_denied(rel)
             || self.overlaps.iter().any(|o| {
                 !o.deny.is_empty() && o.there(rel).is_some_and(|there| o.deny.is_denied(&there))
             })
@@ -240,7 +317,9 @@ impl Root {
 
     /// Whether any deny glob can apply beneath this root (so callers can skip the work).
     pub fn has_deny(&self) -> bool {
-        !self.deny.is_empty() || self.overlaps.iter().any(|o| !o.deny.is_empty())
+        !self.deny.is_empty()
+            || !self.managed_deny.is_empty()
+            || self.overlaps.iter().any(|o| !o.deny.is_empty())
     }
 
     /// The mode at `rel`: read-only when this root or any root covering `rel` is.
@@ -260,17 +339,12 @@ impl Root {
     /// The consent mode at `rel`: the strictest of this root's and of every root covering
     /// `rel` (`deny` over `prompt` over `auto`).
     pub fn consent_at(&self, rel: &str) -> ConsentMode {
-        let strictness = |c: ConsentMode| match c {
-            ConsentMode::Auto => 0,
-            ConsentMode::Prompt => 1,
-            ConsentMode::Deny => 2,
-        };
         self.overlaps
             .iter()
             .filter(|o| o.there(rel).is_some())
             .map(|o| o.consent)
             .chain(std::iter::once(self.consent))
-            .max_by_key(|c| strictness(*c))
+            .max_by_key(|c| consent_rank(*c))
             .unwrap_or(self.consent)
     }
 
@@ -294,6 +368,15 @@ impl Root {
         url::Url::from_file_path(&self.path)
             .map(String::from)
             .unwrap_or_else(|()| format!("file://{}", self.path.display()))
+    }
+}
+
+/// How strict a consent mode is: `deny` over `prompt` over `auto`.
+fn consent_rank(c: ConsentMode) -> u8 {
+    match c {
+        ConsentMode::Auto => 0,
+        ConsentMode::Prompt => 1,
+        ConsentMode::Deny => 2,
     }
 }
 

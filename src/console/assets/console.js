@@ -978,12 +978,22 @@
 
   const CONSENT = { auto: 'without asking you', prompt: 'only once you approve', deny: 'never' };
 
+  // The managed policy's rules on a root: the person's organisation set them, and no one at
+  // this desk can lift them (pausing still works). Server-made strings never become markup.
+  function orgRules(rules) {
+    const list = Array.isArray(rules) ? rules.filter((x) => typeof x === 'string') : [];
+    if (list.length === 0) return '';
+    return h('div', { class: 'org-rules' },
+      h('strong', {}, 'Set by your organisation:'),
+      h('ul', {}, ...list.map((x) => h('li', {}, text(x)))));
+  }
+
   function rootRows(roots) {
     return roots.map((r) => {
       const action = r.paused ? 'resume' : 'pause';
       const tr = h('tr', { class: r.paused ? 'paused' : '' },
         h('th', { scope: 'row', 'data-label': 'Name' }, srv(r.name)),
-        td('Folder', text(r.path)),
+        td('Folder', [text(r.path), orgRules(r.managed)]),
         td('Servers may', r.mode === 'read-write' ? 'read and change' : r.mode === 'read-only' ? 'read' : text(r.mode),
           r.mode === 'read-write' ? 'mode-rw-cell' : ''),
         td('Given to servers', Object.hasOwn(CONSENT, r.consent) ? CONSENT[r.consent] : text(r.consent)),
