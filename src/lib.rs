@@ -98,7 +98,9 @@
 //! - [`confine`]: `proxy --confine`, the Landlock domain and seccomp filter a server runs in,
 //!   and its launcher (`confine::launch`: npx, npm installs, uvx, uv run, pipx run, venvs)
 //!   resolved to the installation it runs.
-//! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`Policy`].
+//! - [`policy`]: the TOML file ([`policy::PolicyFile`]) compiled into a [`Policy`], bounded by
+//!   the administrator's managed policy (`managed.rs`: [`policy::Managed`], read only from
+//!   `/etc/fsbroker/managed.toml`, which the person cannot widen).
 //! - Built only for tests and fuzzing: `properties.rs` (property tests of the private
 //!   layers) and `fuzzing.rs` (what `cargo fuzz` may ask of them).
 //! - Not in the library: `main.rs`, `cli/`, `bench/` and `console/` are the binary's: the

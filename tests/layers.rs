@@ -28,7 +28,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("digest", &[]),
     ("rundir", &["limits", "random"]),
     ("sandbox", &["error", "limits", "random"]),
-    ("policy", &["error", "limits", "rundir", "sandbox"]),
+    (
+        "policy",
+        &["digest", "error", "limits", "rundir", "sandbox"],
+    ),
     ("throttle", &["error", "policy"]),
     (
         "consent",
@@ -108,7 +111,9 @@ const INSIDE: &[(&str, Table)] = &[
             ("file", &[]),
             ("limits", &["file"]),
             ("config", &["file"]),
-            ("compiled", &["config", "file", "limits"]),
+            // The administrator's bounds, applied as the rest is compiled.
+            ("managed", &["file", "limits"]),
+            ("compiled", &["config", "file", "limits", "managed"]),
         ],
     ),
     (

@@ -414,9 +414,17 @@ impl From<ConsentArg> for ConsentMode {
 enum PolicyCommand {
     /// Validate a policy: syntax, unknown keys, roots that exist and open, names, globs,
     /// limits. Prints a summary and exits 0, or names the problem and exits 1.
+    ///
+    /// With --managed, FILE is an administrator's managed policy (what
+    /// /etc/fsbroker/managed.toml holds), checked before it is deployed: its keys, paths,
+    /// globs, ceilings and URLs, and (for a file already at /etc/fsbroker/managed.toml) that
+    /// it is owned by root and writable by no one else.
     Check {
         /// The policy file.
         file: PathBuf,
+        /// FILE is a managed policy.
+        #[arg(long)]
+        managed: bool,
     },
     /// Print the JSON Schema of policy files, for editors (e.g. taplo, Even Better TOML).
     /// With --managed, the schema of the administrator's managed policy
@@ -454,7 +462,14 @@ pub(crate) fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Proxy(args) => proxy::run(args),
-        Command::Policy(PolicyCommand::Check { file }) => policy::check(file),
+        Command::Policy(PolicyCommand::Check {
+            file,
+            managed: false,
+        }) => policy::check(file),
+        Command::Policy(PolicyCommand::Check {
+            file,
+            managed: true,
+        }) => policy::check_managed(file),
         Command::Audit(AuditCommand::Verify { files, head }) => {
             audit::verify(&files, head.as_deref())
         }

@@ -1,6 +1,6 @@
 //! `fsbroker policy check` and `policy schema`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use fsbroker::policy::{Overrides, Policy, PolicyFile};
@@ -44,6 +44,98 @@ pub(super) fn check(file: PathBuf) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs `fsbroker policy check --managed FILE`: a managed policy checked before it is deployed.
+#[allow(clippy::disallowed_methods)] // the administrator's file, named on the command line
+pub(super) fn check_managed(file: PathBuf) -> ExitCode {
+    use fsbroker::policy::{MANAGED_PATH, Managed};
+    let at_system_path = std::fs::canonicalize(&file).is_ok_and(|p| p == Path::new(MANAGED_PATH));
+    let loaded = if at_system_path {
+        // Where brokers read it: checked as they check it, owner and mode included.
+        Managed::system().and_then(|m| {
+            m.ok_or_else(|| fsbroker::policy::PolicyError::Managed {
+                path: file.clone(),
+                reason: "it disappeared while being checked".into(),
+            })
+        })
+    } else {
+        std::fs::read(&file)
+            .map_err(|source| fsbroker::policy::PolicyError::Read {
+                path: file.clone(),
+                source,
+            })
+            .and_then(|bytes| Managed::from_bytes(bytes, &file))
+    };
+    match loaded {
+        Ok(m) => {
+            let f = &m.file;
+            let mut text = format!(
+                "{}: ok, a managed policy (sha256 {})\n",
+                file.display(),
+                m.sha256
+            );
+            if let Some(within) = m.within() {
+                text += &format!("  roots within: {}\n", paths(within));
+            }
+            if !m.read_only().is_empty() {
+                text += &format!("  read-only: {}\n", paths(m.read_only()));
+            }
+            if !m.consent().is_empty() {
+                text += &format!("  consent always: {}\n", paths(m.consent()));
+            }
+            if !f.roots.deny.is_empty() {
+                text += &format!("  deny: {}\n", f.roots.deny.join(" "));
+            }
+            for (key, ceiling) in f.limits.entries() {
+                text += &format!("  [limits] {key} at most {ceiling}\n");
+            }
+            if f.audit.required || !f.audit.copies.is_empty() {
+                let copies: Vec<&str> = f.audit.copies.iter().map(|c| c.name()).collect();
+                text += &format!(
+                    "  audit required{}\n",
+                    if copies.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", with copies to {}", copies.join(", "))
+                    }
+                );
+            }
+            if f.confine.required != fsbroker::policy::ConfineMode::Off {
+                text += &format!("  confinement required: {:?}\n", f.confine.required);
+            }
+            if let Some(list) = &f.servers.allow {
+                let list: Vec<String> = list
+                    .iter()
+                    .map(|a| a.path().display().to_string())
+                    .collect();
+                text += &format!("  servers allowed: {}\n", list.join(", "));
+            }
+            if let Some(list) = &f.remote.allow {
+                text += &format!("  remote servers allowed: {}\n", list.join(", "));
+            }
+            if f.console.required {
+                text += "  console required\n";
+            }
+            if !at_system_path {
+                text += &format!(
+                    "  deploy it as {MANAGED_PATH}, owned by root, mode 0644 (writable by root only)\n"
+                );
+            }
+            print(&text)
+        }
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn paths(list: &[PathBuf]) -> String {
+    list.iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Runs `fsbroker policy schema [--managed]`.

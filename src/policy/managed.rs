@@ -322,9 +322,19 @@ impl Managed {
         if bytes.len() as u64 > MAX_POLICY_BYTES {
             return Err(bad(format!("larger than {MAX_POLICY_BYTES} bytes")));
         }
+        Managed::from_bytes(bytes, path).map(Some)
+    }
+
+    /// A managed policy from the bytes of its file (`origin` names it in errors), its
+    /// SHA-256 taken of exactly those bytes: what `policy check --managed` checks before a
+    /// file is deployed.
+    pub fn from_bytes(bytes: Vec<u8>, origin: &Path) -> Result<Managed, PolicyError> {
         let sha256 = crate::digest::sha256_hex(&bytes);
-        let text = String::from_utf8(bytes).map_err(|_| bad("not UTF-8 text".into()))?;
-        Managed::parse(&text, path, sha256).map(Some)
+        let text = String::from_utf8(bytes).map_err(|_| PolicyError::Managed {
+            path: origin.to_owned(),
+            reason: "not UTF-8 text".into(),
+        })?;
+        Managed::parse(&text, origin, sha256)
     }
 
     /// Parses and checks managed policy text; `origin` names it in errors.
