@@ -544,7 +544,8 @@ fn policy_explain_marks_where_each_rule_comes_from_and_the_console_can_be_requir
     ] {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
-    // The console is on although no flag asked for it.
+    // The console is on although no flag asked for it, and shows the person which rules
+    // their organisation set on each root.
     let (_u, udir) = common::tempdir();
     let url = udir.join("console.url");
     let mut b = etc.start(&["serve", "--root", s(&a), "--console-url-file", s(&url)]);
@@ -553,6 +554,42 @@ fn policy_explain_marks_where_each_rule_comes_from_and_the_console_can_be_requir
         b.log_text().contains("fsbroker: console at"),
         "{}",
         b.log_text()
+    );
+    let console = common::console::Console::from_url_file(&url);
+    let state = console.state();
+    assert_eq!(
+        state["roots"][0]["managed"],
+        json!(["servers may only read locked", "servers never see **/.env"]),
+        "{state}"
+    );
+}
+
+#[test]
+fn a_running_server_the_managed_policy_no_longer_allows_is_ended() {
+    let (_t, home) = person();
+    let a = home.join("a");
+    let Some(etc) = Etc::new(Some("[roots]\ndeny = [\"**/.env\"]\n")) else {
+        return;
+    };
+    // An unconfined server (nothing required yet) that runs until it is ended.
+    let mut p = etc.start(&["proxy", "--root", s(&a), "--", "sleep", "300"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(p.alive(), "{}", p.log_text());
+    let at = Instant::now();
+    rewrite(&p, "[confine]\nrequired = \"best-effort\"\n");
+    let status = p.wait_exit(Duration::from_secs(10));
+    let took = at.elapsed();
+    assert!(
+        status.is_some(),
+        "the server was not ended: {}",
+        p.log_text()
+    );
+    // The reload's quiet period, the SIGTERM and the proxy's exit: well inside the bound.
+    assert!(took < REVOKE_WITHIN, "ended after {took:?}");
+    assert!(
+        p.log_text().contains("[confine] required"),
+        "{}",
+        p.log_text()
     );
 }
 

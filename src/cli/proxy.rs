@@ -147,6 +147,16 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
                 if let Err(e) = allowed(&opts.command) {
                     return refuse(&e);
                 }
+                let mode = opts
+                    .confine
+                    .as_ref()
+                    .map_or(fsbroker::policy::ConfineMode::Off, |c| c.mode);
+                opts.end_server = managed_revocations(
+                    &running.broker,
+                    opts.command.clone(),
+                    mode,
+                    opts.end_server.take(),
+                );
             }
             let code = running
                 .run(transport::proxy::run(
@@ -317,6 +327,54 @@ fn confine_in_time(
             }
         }
     })
+}
+
+/// `inner` (the confinement's revocations, if any), ended too when the managed policy changes
+/// so that the running server is no longer allowed: it now requires more confinement than the
+/// server has (`[confine] required`), or no longer lists its program (`[servers] allow`).
+fn managed_revocations(
+    broker: &Arc<Broker>,
+    command: Vec<std::ffi::OsString>,
+    mode: fsbroker::policy::ConfineMode,
+    inner: Option<transport::proxy::EndServer>,
+) -> Option<transport::proxy::EndServer> {
+    let weak = Arc::downgrade(broker);
+    let mut changes = broker.policy_changes();
+    let command = Arc::new(command);
+    let managed = async move {
+        loop {
+            if changes.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let Some(broker) = weak.upgrade() else {
+                return std::future::pending().await;
+            };
+            let Some(m) = broker.policy().managed().cloned() else {
+                continue;
+            };
+            let command = Arc::clone(&command);
+            // The program's hash may be read: off the async threads.
+            let refused = tokio::task::spawn_blocking(move || {
+                m.refuse_confinement(mode)
+                    .or_else(|| m.refuse_command(&command))
+            })
+            .await
+            .ok()
+            .flatten();
+            if let Some(no) = refused {
+                return fsbroker::policy::PolicyError::Narrowed(no).to_string();
+            }
+        }
+    };
+    Some(Box::pin(async move {
+        match inner {
+            Some(inner) => tokio::select! {
+                why = inner => why,
+                why = managed => why,
+            },
+            None => managed.await,
+        }
+    }))
 }
 
 /// A future that resolves, with the reason, when a reload takes away access the confined

@@ -93,7 +93,8 @@ pub struct ProxyOptions {
     /// The kernel sandbox to start the server in (`--confine`).
     pub confine: Option<crate::confine::Confinement>,
     /// Resolves, with the reason, when the server must be ended (a reload took away access a
-    /// confined server holds): it is sent SIGTERM, then SIGKILL after [`END_GRACE`].
+    /// confined server holds, or the managed policy no longer allows the server): it is sent
+    /// SIGTERM, then SIGKILL after [`END_GRACE`].
     pub end_server: Option<EndServer>,
     /// A remote server to reach over Streamable HTTP instead of starting `command`
     /// (`--url`); `confine` does not apply to it.
@@ -190,7 +191,8 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
     };
     // `ending` is also set once the server closed its stdout. A server that does not exit by
     // itself is then ended ([`end_server`]). It is ended at once when a reload revokes access
-    // a confined server holds, or when the person ends its session (`ended`).
+    // a confined server holds or the managed policy no longer allows it, or when the person
+    // ends its session (`ended`).
     let Plumbing {
         to_server,
         server_input,
@@ -199,7 +201,7 @@ async fn run_child(link: Link, mut opts: ProxyOptions) -> io::Result<i32> {
         person_ended,
         ended,
     } = plumbing(&link);
-    let revocations = opts.end_server.take().filter(|_| opts.confine.is_some());
+    let revocations = opts.end_server.take();
     // A confined server that does not answer `initialize` in time is ended too ([`Start::watch`]).
     let (start_failed, start_timed_out) = tokio::sync::oneshot::channel::<String>();
     let start_timed_out = async move {
