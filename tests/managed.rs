@@ -277,6 +277,16 @@ allow = ["https://mcp.example.com/team/mcp"]
         &["serve", "--policy", s(&good), "--root", s(&b)],
         "[roots] within",
     );
+    // Paths a confined server would be given beyond its roots are bounded as roots are.
+    let extra = policy(&format!("[confine]\nwrite = [\"{}\"]\n", b.display()));
+    etc.refused(&["serve", "--policy", s(&extra)], "[roots] within");
+    let extra = policy(&format!("[confine]\nread = [\"{}\"]\n", b.display()));
+    etc.refused(&["serve", "--policy", s(&extra)], "[roots] within");
+    let extra = policy(&format!(
+        "[confine]\nwrite = [\"{}\"]\n",
+        a.join("locked").display()
+    ));
+    etc.refused(&["serve", "--policy", s(&extra)], "[roots] read_only");
     // A mode: read-write where the administrator said read-only.
     let locked = a.join("locked");
     etc.refused(

@@ -343,10 +343,27 @@ impl Policy {
             .collect();
         crate::sandbox::link(&mut roots, &shadows, &protected);
         refuse_writable_command(&roots, &command)?;
+        let mut confine_read: Vec<PathBuf> =
+            file.confine.read.iter().map(|p| expand(p, base)).collect();
+        let mut confine_write: Vec<PathBuf> =
+            file.confine.write.iter().map(|p| expand(p, base)).collect();
+        if let Some(m) = &managed {
+            // Paths a confined server is given beyond its roots are roots to it: bounded as
+            // roots are.
+            for (write, paths) in [(false, &mut confine_read), (true, &mut confine_write)] {
+                paths.retain(|p| match m.refuse_confine_path(p, write) {
+                    None => true,
+                    Some(no) => {
+                        refused.push(no);
+                        false
+                    }
+                });
+            }
+        }
         let confine = ConfineConfig {
             mode: file.confine.mode,
-            read: file.confine.read.iter().map(|p| expand(p, base)).collect(),
-            write: file.confine.write.iter().map(|p| expand(p, base)).collect(),
+            read: confine_read,
+            write: confine_write,
             net: file.confine.net,
             fetch: file.confine.fetch.clone(),
             on_revoke: file.confine.on_revoke,

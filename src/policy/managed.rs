@@ -453,6 +453,27 @@ impl Managed {
         })
     }
 
+    /// Why `[confine] read` (or `write`, when `write`) may not name `path`: a path a confined
+    /// server is given beyond its roots is a root to it, bounded by `[roots] within` (and,
+    /// for writing, by `[roots] read_only`). Compared where it leads, as a root is.
+    pub fn refuse_confine_path(&self, path: &Path, write: bool) -> Option<Narrowing> {
+        let key = if write { "write" } else { "read" };
+        let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let (rule, why) = if let Some(no) = self.refuse_root(&real) {
+            (no.rule, no.reason)
+        } else {
+            let ro = self.read_only_at(&real).filter(|_| write)?;
+            (
+                "[roots] read_only".to_owned(),
+                format!("{} is read-only", ro.display()),
+            )
+        };
+        Some(Narrowing {
+            rule,
+            reason: format!("[confine] {key} = {}: {why}", path.display()),
+        })
+    }
+
     /// Whether everything at `path` (canonical) is read-only by a `[roots] read_only` rule.
     pub fn read_only_at(&self, path: &Path) -> Option<&Path> {
         self.read_only
