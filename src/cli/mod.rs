@@ -4,9 +4,11 @@
 //! This file holds the flags (clap's definitions, hence every `--help` text) and the dispatch;
 //! each subcommand's body is a file of its own: `serve.rs`, `proxy.rs`, `policy.rs`,
 //! `audit.rs`, `confine.rs` and `bench.rs` (the flags into `crate::bench`'s options), with
-//! what `serve` and `proxy` share (a broker, its runtime, the stop signals) in `running.rs`
-//! and the log's set-up in `logging.rs`. It uses the library through its public API only.
+//! what `serve` and `proxy` share (a broker, its runtime, the stop signals) in `running.rs`,
+//! the log's set-up in `logging.rs`, and systemd's socket activation and readiness for
+//! `serve --listen` in `activation.rs`. It uses the library through its public API only.
 
+mod activation;
 mod audit;
 mod bench;
 mod confine;

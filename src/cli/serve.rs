@@ -25,10 +25,40 @@ fn unlikely_socket(path: &std::path::Path) -> Option<String> {
 
 /// Runs `fsbroker serve`.
 pub(super) fn run(args: ServeArgs) -> ExitCode {
+    // First, while the process has one thread and no descriptor of its own: a socket systemd
+    // handed over (socket activation), and its variables unset.
+    let handed = match super::activation::take_listening_socket() {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("fsbroker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     if let Some(why) = args.listen.as_deref().and_then(unlikely_socket) {
         eprintln!("fsbroker: {why}");
         return ExitCode::FAILURE;
     }
+    // Checked before anything starts (a console, the policy's watcher), so that a unit that
+    // hands the wrong socket fails at once and says why.
+    let socket = match (&args.listen, handed) {
+        (Some(path), Some(fd)) => match transport::listen::Socket::handed(fd, path) {
+            Ok(socket) => Some(socket),
+            Err(e) => {
+                eprintln!("fsbroker: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        (Some(path), None) => Some(transport::listen::Socket::bind(path)),
+        (None, Some(_)) => {
+            eprintln!(
+                "fsbroker: systemd handed over a listening socket (LISTEN_FDS), but `serve` \
+                 was not given --listen PATH: add --listen with the socket unit's ListenStream= \
+                 path"
+            );
+            return ExitCode::FAILURE;
+        }
+        (None, None) => None,
+    };
     raise_descriptor_limit();
     let running = match start(&args) {
         Ok(r) => r,
@@ -40,8 +70,11 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     let opts = running.options(&args);
     let broker = Arc::clone(&running.broker);
     let result = running.run(async move {
-        match &args.listen {
-            Some(path) => transport::listen::listen(broker, path, opts).await,
+        match socket {
+            Some(socket) => {
+                transport::listen::listen_on(broker, socket, opts, super::activation::notify_ready)
+                    .await
+            }
             None => transport::serve_stdio(Arc::new(broker.session()), opts).await,
         }
     });

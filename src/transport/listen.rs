@@ -2,14 +2,17 @@
 //!
 //! Each connection is one session of the same broker, so locks, rate limits by session, the
 //! watcher and the audit log are shared by every server a host runs. The socket is created
-//! owner-only: other users of the machine cannot connect.
+//! owner-only: other users of the machine cannot connect. It may also be handed over ready
+//! made, by systemd's socket activation ([`Socket::handed`]): then it is checked to be such a
+//! socket, at the same path, and left where it is at exit.
 
 // Ambient `std::fs` calls are allowed here (clippy.toml): the socket is the broker's own file.
 #![allow(clippy::disallowed_methods)]
 
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,16 +34,222 @@ use crate::limits::BACKOFF;
 /// same way (a descriptor kept in reserve makes room to accept it and say so), and `accept`
 /// errors are waited out.
 pub async fn listen(broker: Arc<Broker>, path: &Path, opts: ServeOptions) -> io::Result<()> {
-    let listener = bind_private(path)?;
-    let _cleanup = RemoveOnDrop(path.to_path_buf());
+    listen_on(broker, Socket::bind(path), opts, || {}).await
+}
+
+/// Where a shared broker's socket comes from: bound by the broker itself, or handed over
+/// listening already (systemd's socket activation). Either way it is at one path, which the
+/// broker protects as its own file (the policy's `listen`) and names the proxies' key after.
+#[derive(Debug)]
+pub struct Socket {
+    path: PathBuf,
+    handed: Option<std::os::unix::net::UnixListener>,
+}
+
+impl Socket {
+    /// A socket the broker binds at `path` when it starts serving (owner-only, and only once
+    /// it listens), and removes when it stops: what [`listen`] does.
+    pub fn bind(path: &Path) -> Socket {
+        Socket {
+            path: path.to_path_buf(),
+            handed: None,
+        }
+    }
+
+    /// A listening socket handed over at `fd` (by systemd: `LISTEN_FDS`), which must be
+    /// `path`'s: a listening Unix stream socket, bound to `path` (compared canonically),
+    /// whose file belongs to this user and is writable by nobody else (so only this user can
+    /// connect, as with a socket the broker binds). Anything else is refused with what it is.
+    ///
+    /// The descriptor is made close-on-exec, so no program the broker starts (a consent
+    /// command) inherits it. The broker never binds it again nor removes its file: the
+    /// socket is the service manager's, which keeps it listening across the broker's restarts.
+    pub fn handed(fd: OwnedFd, path: &Path) -> io::Result<Socket> {
+        check_handed(&fd, path)?;
+        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
+            .map_err(|e| handed_error(&fd, path, format!("cannot be made close-on-exec: {e}")))?;
+        let listener = std::os::unix::net::UnixListener::from(fd);
+        // Shared with the service manager's copy (one open file description), which polls it
+        // and does not mind: tokio needs it non-blocking.
+        listener.set_nonblocking(true)?;
+        Ok(Socket {
+            path: path.to_path_buf(),
+            handed: Some(listener),
+        })
+    }
+
+    /// The socket's path (`--listen PATH`).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether it was handed over (and so is not the broker's to remove).
+    pub fn is_handed(&self) -> bool {
+        self.handed.is_some()
+    }
+}
+
+/// Checks that a handed descriptor is the listening socket at `path` ([`Socket::handed`]).
+fn check_handed(fd: &OwnedFd, path: &Path) -> io::Result<()> {
+    use rustix::net::{AddressFamily, SocketType, sockopt};
+    let refuse = |why: String| Err(handed_error(fd, path, why));
+    let kind = match sockopt::socket_type(fd) {
+        Ok(kind) => kind,
+        Err(rustix::io::Errno::NOTSOCK) => {
+            return refuse(format!("is not a socket but {}", file_kind(fd)));
+        }
+        Err(e) => return refuse(format!("cannot be inspected (SO_TYPE): {e}")),
+    };
+    let domain = sockopt::socket_domain(fd)
+        .map_err(|e| handed_error(fd, path, format!("cannot be inspected (SO_DOMAIN): {e}")))?;
+    if domain != AddressFamily::UNIX {
+        let name = match domain {
+            AddressFamily::INET => "an IPv4 (AF_INET)".to_owned(),
+            AddressFamily::INET6 => "an IPv6 (AF_INET6)".to_owned(),
+            other => format!("an address family {}", other.as_raw()),
+        };
+        return refuse(format!("is {name} socket, not a Unix (AF_UNIX) one"));
+    }
+    if kind != SocketType::STREAM {
+        let name = match kind {
+            SocketType::DGRAM => "a datagram (SOCK_DGRAM)".to_owned(),
+            SocketType::SEQPACKET => "a sequenced-packet (SOCK_SEQPACKET)".to_owned(),
+            other => format!("a type {}", other.as_raw()),
+        };
+        return refuse(format!(
+            "is {name} Unix socket, not a stream (SOCK_STREAM) one"
+        ));
+    }
+    match sockopt::socket_acceptconn(fd) {
+        Ok(true) => {}
+        Ok(false) => {
+            return refuse(
+                "is a Unix stream socket that is not listening (SO_ACCEPTCONN is off)".to_owned(),
+            );
+        }
+        Err(e) => return refuse(format!("cannot be inspected (SO_ACCEPTCONN): {e}")),
+    }
+    let addr = rustix::net::getsockname(fd)
+        .map_err(|e| handed_error(fd, path, format!("has no address (getsockname): {e}")))?;
+    let bound = rustix::net::SocketAddrUnix::try_from(addr)
+        .ok()
+        .and_then(|a| {
+            a.path_bytes()
+                .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
+        });
+    let Some(bound) = bound else {
+        return refuse(format!(
+            "is bound to no path (an abstract or unnamed socket), not to {}",
+            path.display()
+        ));
+    };
+    // Canonically: the unit may name the socket through a link, or relative to the directory
+    // both processes share.
+    let canonical = |p: &Path| {
+        std::fs::canonicalize(p).map_err(|e| {
+            handed_error(
+                fd,
+                path,
+                format!(
+                    "is bound to {}, which cannot be resolved: {e}",
+                    bound.display()
+                ),
+            )
+        })
+    };
+    let at = canonical(&bound)?;
+    let wanted = std::fs::canonicalize(path).map_err(|e| {
+        handed_error(
+            fd,
+            path,
+            format!(
+                "is bound to {}, and {} cannot be resolved: {e}",
+                bound.display(),
+                path.display()
+            ),
+        )
+    })?;
+    if at != wanted {
+        return refuse(format!(
+            "is bound to {}, not to {}: the socket unit's ListenStream= and --listen must name \
+             the same socket",
+            bound.display(),
+            path.display()
+        ));
+    }
+    // As owner-only as a socket the broker binds (0600): connecting takes write permission.
+    let meta = std::fs::metadata(&at)
+        .map_err(|e| handed_error(fd, path, format!("{}: {e}", at.display())))?;
+    let uid = rustix::process::geteuid().as_raw();
+    if meta.uid() != uid {
+        return refuse(format!(
+            "has its file {} owned by user {}, not by this user ({uid})",
+            at.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return refuse(format!(
+            "has its file {} writable by others (mode {:04o}), so other users could connect: \
+             set SocketMode=0600 in the socket unit",
+            at.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// What a descriptor that is not a socket is, for the error that refuses it.
+fn file_kind(fd: &OwnedFd) -> &'static str {
+    use rustix::fs::FileType;
+    match rustix::fs::fstat(fd).map(|st| FileType::from_raw_mode(st.st_mode)) {
+        Ok(FileType::RegularFile) => "a regular file",
+        Ok(FileType::Directory) => "a directory",
+        Ok(FileType::Fifo) => "a pipe or FIFO",
+        Ok(FileType::CharacterDevice) => "a character device",
+        Ok(FileType::BlockDevice) => "a block device",
+        Ok(FileType::Symlink) => "a symbolic link",
+        _ => "something else",
+    }
+}
+
+fn handed_error(fd: &OwnedFd, path: &Path, why: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "--listen {}: the socket handed over (descriptor {}) {why}",
+            path.display(),
+            fd.as_raw_fd()
+        ),
+    )
+}
+
+/// Serves `broker` on `socket` until the process is stopped, as [`listen`] does; `ready` is
+/// called once, when the socket accepts connections and the proxies' key is written (when a
+/// service manager may be told the broker is ready: `sd_notify(READY=1)`).
+pub async fn listen_on(
+    broker: Arc<Broker>,
+    socket: Socket,
+    opts: ServeOptions,
+    ready: impl FnOnce(),
+) -> io::Result<()> {
+    let path = socket.path.as_path();
+    // Kept to the end: the socket file goes with it, when it is the broker's own.
+    let (listener, remove_at_exit) = match socket.handed {
+        // The service manager's socket: neither bound again nor removed at exit.
+        Some(handed) => (UnixListener::from_std(handed)?, None),
+        None => (bind_private(path)?, Some(RemoveOnDrop(path.to_path_buf()))),
+    };
     // The proxies that connect here prove their link with a key (see `crate::rundir`). It is
     // made once the socket is this broker's, so a broker that loses a race for the path never
     // replaces the winner's; a proxy that connects in between waits for it
     // (`ProxyKey::read`).
     broker.accept_proxies(crate::rundir::ProxyKey::create(path)?);
-    tracing::info!(path = %path.display(), "listening");
+    tracing::info!(path = %path.display(), handed = remove_at_exit.is_none(), "listening");
+    ready();
     // Stopping (SIGTERM, SIGINT: see `cli`) ends accepting; each connection then stops
-    // taking requests, finishes those it took, and the socket file is removed.
+    // taking requests, finishes those it took, and the socket file is removed (unless it was
+    // handed over: it stays, listening, in the service manager's hands).
     let stop = broker.stopped();
     tokio::pin!(stop);
     let mut connections = tokio::task::JoinSet::new();
