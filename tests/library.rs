@@ -8,7 +8,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The command-line-only dependencies a host that turns off default features must not get.
-const CLI_ONLY: [&str; 4] = ["clap", "clap_complete", "indicatif", "tracing-subscriber"];
+const CLI_ONLY: [&str; 5] = [
+    "clap",
+    "clap_complete",
+    "clap_mangen",
+    "indicatif",
+    "tracing-subscriber",
+];
 
 fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));

@@ -3,10 +3,11 @@
 //!
 //! This file holds the flags (clap's definitions, hence every `--help` text) and the dispatch;
 //! each subcommand's body is a file of its own: `serve.rs`, `proxy.rs`, `policy.rs`,
-//! `audit.rs`, `confine.rs` and `bench.rs` (the flags into `crate::bench`'s options), with
-//! what `serve` and `proxy` share (a broker, its runtime, the stop signals) in `running.rs`,
-//! the log's set-up in `logging.rs`, and systemd's socket activation and readiness for
-//! `serve --listen` in `activation.rs`. It uses the library through its public API only.
+//! `audit.rs`, `confine.rs`, `bench.rs` (the flags into `crate::bench`'s options) and
+//! `man.rs` (the man pages made from these definitions), with what `serve` and `proxy` share
+//! (a broker, its runtime, the stop signals) in `running.rs`, the log's set-up in
+//! `logging.rs`, and systemd's socket activation and readiness for `serve --listen` in
+//! `activation.rs`. It uses the library through its public API only.
 
 mod activation;
 mod audit;
@@ -14,6 +15,7 @@ mod bench;
 mod confine;
 mod console;
 mod logging;
+mod man;
 mod policy;
 mod proxy;
 mod running;
@@ -101,6 +103,14 @@ enum Command {
     ///
     /// Example: fsbroker bench --size 1GiB --chunk-size 256KiB,1MiB,8MiB --compare-sftp --compare-mcp 'rust-mcp-filesystem {dir}'
     Bench(BenchArgs),
+    /// Write a man page for fsbroker and each of its subcommands (fsbroker.1,
+    /// fsbroker-serve.1, ...) into DIR, from these same definitions. For packagers
+    /// (dist/debian/build), hence hidden from `--help`, the man pages and completions.
+    #[command(hide = true)]
+    GenerateMan {
+        /// An existing directory; pages already there are overwritten.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -485,17 +495,35 @@ pub(crate) fn main() -> ExitCode {
         }) => confine::check(&serve, &confine_fetch, &command),
         Command::Policy(PolicyCommand::Schema { managed }) => policy::schema(managed),
         Command::Policy(PolicyCommand::Explain { serve }) => policy::explain(&serve),
+        Command::GenerateMan { dir } => {
+            man::generate(<Cli as clap::CommandFactory>::command(), &dir)
+        }
         Command::Completions { shell } => {
             let mut out = Vec::new();
-            clap_complete::generate(
-                shell,
-                &mut <Cli as clap::CommandFactory>::command(),
-                "fsbroker",
-                &mut out,
-            );
+            clap_complete::generate(shell, &mut completed_command(), "fsbroker", &mut out);
             print(&String::from_utf8_lossy(&out))
         }
     }
+}
+
+/// The command line that completion scripts offer: `Cli` without its hidden subcommands
+/// (`generate-man`), which clap_complete's scripts would offer too (it leaves hidden ones out
+/// of `--help` and man pages only). Its texts, top-level flags and every visible
+/// subcommand, with all of theirs, are `Cli`'s own.
+fn completed_command() -> clap::Command {
+    let cli = <Cli as clap::CommandFactory>::command();
+    let mut visible = clap::Command::new("fsbroker")
+        .version(VERSION)
+        .propagate_version(true)
+        .args(cli.get_arguments().cloned())
+        .subcommands(cli.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
+    if let Some(about) = cli.get_about() {
+        visible = visible.about(about.clone());
+    }
+    if let Some(long_about) = cli.get_long_about() {
+        visible = visible.long_about(long_about.clone());
+    }
+    visible
 }
 
 /// Writes command output to stdout; a reader that went away (`| head`) is not an error.
