@@ -22,13 +22,14 @@ use common::registry::output_within;
 
 /// A man page for the program and for every subcommand, nested ones included, by the name
 /// `man` finds it by. `generate-man` is hidden and has none; neither has clap's `help`.
-const MAN_PAGES: [&str; 14] = [
+const MAN_PAGES: [&str; 15] = [
     "fsbroker",
     "fsbroker-serve",
     "fsbroker-proxy",
     "fsbroker-policy",
     "fsbroker-policy-check",
     "fsbroker-policy-schema",
+    "fsbroker-policy-explain",
     "fsbroker-audit",
     "fsbroker-audit-verify",
     "fsbroker-audit-head",

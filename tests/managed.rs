@@ -610,3 +610,61 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+
+/// The Debian package's conffile (`dist/debian/managed.toml`) ships every rule commented out;
+/// with its rules uncommented it must be a valid managed policy, so that the example an
+/// administrator starts from works as written.
+#[test]
+fn the_shipped_example_uncommented_is_a_valid_managed_policy() {
+    let shipped = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("dist/debian/managed.toml"),
+    )
+    .unwrap();
+    // A rule is a commented line that starts a table, sets a key, or continues a list.
+    let rule = |l: &str| {
+        let rest = l.trim_start_matches("# ");
+        l.starts_with("# ")
+            && (rest.starts_with('[')
+                || rest.starts_with("  {")
+                || rest.starts_with("  \"")
+                || rest.starts_with(']')
+                || rest
+                    .split_once(" = ")
+                    .is_some_and(|(k, _)| k.chars().all(|c| c.is_ascii_lowercase() || c == '_')))
+    };
+    let uncommented: String = shipped
+        .lines()
+        .map(|l| if rule(l) { &l[2..] } else { l })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        uncommented.contains("\n[roots]\n") && uncommented.contains("\nwithin = "),
+        "{uncommented}"
+    );
+    let (_t, dir) = common::tempdir();
+    let file = dir.join("managed.toml");
+    std::fs::write(&file, &uncommented).unwrap();
+    let out = Command::new(bin())
+        .args(["policy", "check", "--managed", s(&file)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{uncommented}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "roots within:",
+        "read-only:",
+        "consent always:",
+        "[limits] max_file_size at most 104857600",
+        "audit required, with copies to syslog",
+        "confinement required",
+        "servers allowed: /usr/bin/mcp-server-git, /opt/acme/mcp-server",
+        "remote servers allowed: https://mcp.example.com/",
+        "console required",
+    ] {
+        assert!(text.contains(want), "missing {want:?}:\n{text}");
+    }
+}
