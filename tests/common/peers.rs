@@ -26,7 +26,8 @@ pub fn node() -> String {
     std::env::var("NODE").unwrap_or_else(|_| "node".to_owned())
 }
 
-const NPM_PACKAGES: [&str; 6] = [
+const NPM_PACKAGES: [&str; 7] = [
+    "@anthropic-ai/claude-code",
     "@modelcontextprotocol/sdk",
     "@modelcontextprotocol/server-filesystem",
     "@modelcontextprotocol/server",
