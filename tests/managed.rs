@@ -172,6 +172,9 @@ fn person() -> (tempfile::TempDir, PathBuf) {
         std::fs::write(dir.join("notes.txt"), "notes").unwrap();
         std::fs::write(dir.join(".env"), "SECRET=1").unwrap();
         std::fs::write(dir.join("locked/plan.txt"), "plan").unwrap();
+        std::fs::create_dir_all(dir.join(".ssh")).unwrap();
+        std::fs::write(dir.join(".ssh/id"), "KEY").unwrap();
+        std::fs::write(dir.join("run.sh"), "exit 0\n").unwrap();
     }
     (t, home)
 }
@@ -226,12 +229,16 @@ fn an_unsafe_or_broken_managed_file_stops_the_broker_and_an_absent_one_changes_n
 fn the_person_cannot_widen_any_managed_rule_from_their_policy_or_flags() {
     let (_t, home) = person();
     let (a, b) = (home.join("a"), home.join("b"));
+    let (pt, pdir) = common::tempdir();
+    let log = pdir.join("audit.jsonl");
+    let sock = pdir.join("syslog.sock");
+    let _sock = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
     let managed = format!(
         r#"[roots]
 within = ["{a}"]
 read_only = ["{a}/locked"]
 consent = ["{a}/locked"]
-deny = ["**/.env"]
+deny = ["**/.env", "**/.ssh/**"]
 
 [limits]
 max_file_size = 1000
@@ -240,25 +247,24 @@ bytes_per_second = 1000000
 [audit]
 required = true
 copies = ["syslog"]
+syslog_socket = "{sock}"
 
 [confine]
 required = "best-effort"
+net = false
 
 [servers]
-allow = ["/bin/true"]
+allow = ["/bin/true", {{ path = "{a}/run.sh", interpreter = "/bin/sh" }}]
 
 [remote]
 allow = ["https://mcp.example.com/team/mcp"]
 "#,
-        a = a.display()
+        a = a.display(),
+        sock = sock.display()
     );
     let Some(etc) = Etc::new(Some(&managed)) else {
         return;
     };
-    let (pt, pdir) = common::tempdir();
-    let log = pdir.join("audit.jsonl");
-    let sock = pdir.join("syslog.sock");
-    let _sock = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
     let audit = format!(
         "[audit]\npath = \"{}\"\nsyslog = \"{}\"\n",
         log.display(),
@@ -287,6 +293,33 @@ allow = ["https://mcp.example.com/team/mcp"]
         a.join("locked").display()
     ));
     etc.refused(&["serve", "--policy", s(&extra)], "[roots] read_only");
+    // A root inside a folder a managed deny glob covers (the glob sees no path inside it).
+    etc.refused(
+        &["serve", "--policy", s(&good), "--root", s(&a.join(".ssh"))],
+        "[roots] deny",
+    );
+    // The network, and keeping revoked access, for a confined server.
+    let net = policy("[confine]\nnet = true\n");
+    etc.refused(&["serve", "--policy", s(&net)], "[confine] net");
+    let keep = policy("[confine]\non_revoke = \"keep\"\n");
+    etc.refused(&["serve", "--policy", s(&keep)], "[confine] on_revoke");
+    // The required copy sent to a socket of the person's own.
+    let own = pdir.join("own.sock");
+    let _own = std::os::unix::net::UnixDatagram::bind(&own).unwrap();
+    let elsewhere = pdir.join("elsewhere.toml");
+    std::fs::write(
+        &elsewhere,
+        format!(
+            "[audit]\npath = \"{}\"\nsyslog = \"{}\"\n",
+            log.display(),
+            own.display()
+        ),
+    )
+    .unwrap();
+    etc.refused(
+        &["serve", "--policy", s(&elsewhere), "--root", s(&a)],
+        "[audit] copies",
+    );
     // A mode: read-write where the administrator said read-only.
     let locked = a.join("locked");
     etc.refused(
@@ -359,12 +392,51 @@ allow = ["https://mcp.example.com/team/mcp"]
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let err = etc.refused(&refs, "[servers] allow");
     assert!(err.contains("is not one of the allowed servers"), "{err}");
+    // An allowed program as the first argument of another never makes that other allowed,
+    // and the allowed script runs only as its interpreter's very first argument.
+    let script = a.join("run.sh");
+    let evil = pdir.join("evil");
+    std::fs::write(&evil, "#!/bin/sh\necho EVIL RAN >&2\n").unwrap();
+    std::fs::set_permissions(&evil, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for server in [
+        vec![s(&evil), "/bin/true"],
+        vec![s(&evil), s(&script)],
+        vec!["/bin/sh", "-e", s(&script)],
+        vec!["/bin/bash", s(&script)],
+    ] {
+        let mut extra = vec!["--confine", "--"];
+        extra.extend(server.iter().copied());
+        let args = proxy(&extra);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        etc.refused(&refs, "[servers] allow");
+    }
+    let args = proxy(&["--confine", "--", "sh", s(&script)]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, err) = etc.run(&refs);
+    assert!(status.success(), "the allowed script was refused: {err}");
+    // The tests' switch that pretends an older kernel, lowering required confinement.
+    let args = proxy(&["--confine", "--", "/bin/true"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = Command::new("unshare")
+        .args(etc.argv(&refs))
+        .env("FSBROKER_LANDLOCK_ABI", "0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("[confine] required"),
+        "{err}"
+    );
     for url in [
         "https://mcp.example.com/other",
         "https://mcp.example.com/team/mcpx",
         "http://mcp.example.com/team/mcp",
         "https://mcp.example.com:8443/team/mcp",
         "https://mcp.example.com.evil.test/team/mcp",
+        "https://mcp.example.com/team/mcp/..%2fadmin",
+        "https://mcp.example.com/team/mcp/%2E%2E/admin",
+        "https://mcp.example.com//team/mcp",
     ] {
         let args = proxy(&["--url", url]);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -667,4 +739,96 @@ fn the_shipped_example_uncommented_is_a_valid_managed_policy() {
     ] {
         assert!(text.contains(want), "missing {want:?}:\n{text}");
     }
+}
+
+/// A folder above a managed read-only or consent-only path cannot be moved or deleted
+/// through files/*: that would take its files out of the rule (the hostile pass renamed
+/// `team` to `team2` and wrote `team2/contracts`).
+#[test]
+fn moving_or_deleting_a_folder_above_a_managed_path_is_refused() {
+    let (_t, home) = person();
+    let a = home.join("a");
+    let managed = format!("[roots]\nread_only = [\"{}/locked\"]\n", a.display());
+    let Some(etc) = Etc::new(Some(&managed)) else {
+        return;
+    };
+    let mut b = etc.start(&["serve", "--root", s(&home), "--read-write"]);
+    let name = home.file_name().unwrap().to_str().unwrap().to_owned();
+    let e = b.err(
+        "files/rename",
+        json!({"oldPath": format!("{name}/a"), "newPath": format!("{name}/a2")}),
+    );
+    assert_eq!(common::code(&e), "PERMISSION_DENIED", "{e}");
+    let e = b.err(
+        "files/delete",
+        json!({"path": format!("{name}/a"), "recursive": true}),
+    );
+    assert_eq!(common::code(&e), "PERMISSION_DENIED", "{e}");
+    let e = b.err(
+        "files/rename",
+        json!({"oldPath": format!("{name}/a/locked"), "newPath": format!("{name}/b/locked2")}),
+    );
+    assert_eq!(common::code(&e), "PERMISSION_DENIED", "{e}");
+    assert!(a.join("locked/plan.txt").exists());
+    // The control: a folder above nothing managed moves.
+    b.ok(
+        "files/rename",
+        json!({"oldPath": format!("{name}/b"), "newPath": format!("{name}/b2")}),
+    );
+}
+
+/// A policy file the person breaks must not freeze the administrator's rules: when the
+/// managed policy changes while the person's policy does not load, every root is withdrawn.
+#[test]
+fn a_broken_policy_file_cannot_freeze_a_managed_narrowing() {
+    let (_t, home) = person();
+    let (a, b_dir) = (home.join("a"), home.join("b"));
+    let Some(etc) = Etc::new(Some(&format!(
+        "[roots]\nwithin = [\"{}\"]\n",
+        home.display()
+    ))) else {
+        return;
+    };
+    let (_p, pdir) = common::tempdir();
+    let user = pdir.join("policy.toml");
+    std::fs::write(
+        &user,
+        format!("[[root]]\npath = \"{}\"\nconsent = \"auto\"\n", a.display()),
+    )
+    .unwrap();
+    let mut b = etc.start(&["serve", "--policy", s(&user)]);
+    assert_eq!(
+        b.ok("roots/list", json!({}))["roots"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    std::fs::write(&user, "not toml [[[\n").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // The broken file alone keeps the policy in force (no notification).
+    assert_eq!(
+        b.ok("roots/list", json!({}))["roots"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let at = Instant::now();
+    rewrite(
+        &b,
+        &format!("[roots]\nwithin = [\"{}\"]\n", b_dir.display()),
+    );
+    let Some((when, _)) = b.next_notification(Duration::from_secs(10)) else {
+        panic!("the managed narrowing was frozen: {}", b.log_text())
+    };
+    assert!(when.duration_since(at) < REVOKE_WITHIN);
+    assert!(
+        b.ok("roots/list", json!({}))["roots"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{}",
+        b.log_text()
+    );
 }

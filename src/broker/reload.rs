@@ -84,7 +84,30 @@ impl Broker {
                 self.withdraw_all();
                 return Err(e);
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                // The person's policy does not load, so the previous one would stay in force:
+                // not if the managed policy changed meanwhile, or a broken policy file would
+                // freeze the administrator's rules. Then every root is withdrawn until both
+                // load.
+                let managed_now = crate::policy::Managed::system();
+                let in_force = old.managed().map(|m| m.sha256.as_str());
+                let changed = match &managed_now {
+                    Ok(now) => now.as_ref().map(|m| m.sha256.as_str()) != in_force,
+                    Err(_) => true,
+                };
+                if changed {
+                    let current = self.policy();
+                    if !current.roots().is_empty() {
+                        tracing::error!(
+                            error = %e,
+                            "the policy file does not load and the managed policy changed: \
+                             withdrawing every root until the policy file loads"
+                        );
+                        self.apply(current.without_roots());
+                    }
+                }
+                return Err(e);
+            }
         };
         *self.read_stamp.lock().unwrap_or_else(|e| e.into_inner()) = stamp;
         self.held.store(false, Ordering::Release);

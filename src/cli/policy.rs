@@ -343,12 +343,32 @@ pub(super) fn explain(args: &super::ServeArgs) -> ExitCode {
         );
     }
     out += "\n";
+    let c = policy.confine();
+    for (key, paths) in [("read", &c.read), ("write", &c.write)] {
+        for p in paths {
+            out += &format!(
+                "  a confined server may also {key} {} [policy]\n",
+                p.display()
+            );
+        }
+    }
+    if c.net {
+        out += "  a confined server may use the network [policy]\n";
+    } else if m.is_some_and(|m| m.file.confine.net == Some(false)) {
+        out += "  no network for confined servers [managed: [confine] net]\n";
+    }
+    if c.on_revoke == fsbroker::policy::OnRevoke::Keep {
+        out += "  a confined server keeps revoked access until it restarts [policy]\n";
+    }
     match m.and_then(|m| m.file.servers.allow.as_ref()) {
         Some(list) => {
             out += "servers allowed (proxy -- SERVER) [managed: [servers] allow]:\n";
             for s in list {
                 out += &format!(
-                    "  {}{}\n",
+                    "  {}{}{}\n",
+                    s.interpreter()
+                        .map(|i| format!("{} ", i.display()))
+                        .unwrap_or_default(),
                     s.path().display(),
                     s.sha256()
                         .map(|h| format!(" (sha256 {h})"))

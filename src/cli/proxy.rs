@@ -48,6 +48,22 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
         if let Some(no) = m.refuse_confinement(mode) {
             return refuse(&fsbroker::policy::PolicyError::Narrowed(no).to_string());
         }
+        // The tests' way to pretend an older kernel would lower the confinement the
+        // administrator requires (down to none).
+        if m.file.confine.required != fsbroker::policy::ConfineMode::Off
+            && std::env::var_os(fsbroker::confine::kernel::ABI_ENV).is_some()
+        {
+            return refuse(
+                &fsbroker::policy::PolicyError::Narrowed(fsbroker::policy::Narrowing {
+                    rule: "[confine] required".into(),
+                    reason:
+                        "FSBROKER_LANDLOCK_ABI is set: it lowers the confinement the server must \
+                         run with; unset it"
+                            .into(),
+                })
+                .to_string(),
+            );
+        }
     }
     // What the server would run, checked against `[servers] allow` once a launcher is
     // resolved (below); checked here too when nothing will resolve it.

@@ -320,9 +320,17 @@ impl Policy {
                 .chain(crate::rundir::console_files())
                 .chain(crate::rundir::every_brokers_files())
                 .collect(),
+            // A folder the managed policy makes read-only or consent-only is kept where it is
+            // as a root is: moving or deleting a folder above it would take its files out of
+            // the rule.
             roots: roots
                 .iter()
                 .map(|r| r.configured_path().to_path_buf())
+                .chain(
+                    managed
+                        .iter()
+                        .flat_map(|m| m.read_only().iter().chain(m.consent()).cloned()),
+                )
                 .collect(),
         }));
         let shadows: Vec<Shadow> = managed
@@ -360,13 +368,35 @@ impl Policy {
                 });
             }
         }
+        let mut on_revoke = file.confine.on_revoke;
+        let mut net = file.confine.net;
+        if let Some(m) = &managed {
+            if on_revoke == super::OnRevoke::Keep {
+                refused.push(Narrowing {
+                    rule: "[confine] on_revoke".into(),
+                    reason: "[confine] on_revoke = \"keep\" would let a confined server keep \
+                             access the managed policy takes back: under a managed policy a \
+                             server is ended when its access is revoked"
+                        .into(),
+                });
+                on_revoke = super::OnRevoke::End;
+            }
+            if net && m.file.confine.net == Some(false) {
+                refused.push(Narrowing {
+                    rule: "[confine] net".into(),
+                    reason: "[confine] net = true: confined servers may not have the network"
+                        .into(),
+                });
+                net = false;
+            }
+        }
         let confine = ConfineConfig {
             mode: file.confine.mode,
             read: confine_read,
             write: confine_write,
-            net: file.confine.net,
+            net,
             fetch: file.confine.fetch.clone(),
-            on_revoke: file.confine.on_revoke,
+            on_revoke,
         };
         let policy = Policy {
             roots: roots.into_iter().map(Arc::new).collect(),
@@ -575,20 +605,22 @@ fn managed_audit(
         return Ok(None);
     };
     for kind in &rules.copies {
-        let has = audit.copies.iter().any(|c| {
-            matches!(
-                (c, kind),
-                (CopyConfig::Syslog { .. }, CopyKind::Syslog)
-                    | (CopyConfig::Journald { .. }, CopyKind::Journald)
-            )
+        // The copy must go where the administrator's collector listens: one to a socket of
+        // the person's own would leave no record off the disk.
+        let want = rules.socket(*kind);
+        let has = audit.copies.iter().any(|c| match (c, kind) {
+            (CopyConfig::Syslog { socket, .. }, CopyKind::Syslog)
+            | (CopyConfig::Journald { socket }, CopyKind::Journald) => *socket == want,
+            _ => false,
         });
         if !has {
             return Err(PolicyError::Narrowed(Narrowing {
                 rule: "[audit] copies".into(),
                 reason: format!(
-                    "the audit log must also go to {0}, and this one does not: set `{0} = true` \
-                     in the policy's [audit] table",
-                    kind.name()
+                    "the audit log must also go to {0} at {1}, and this one does not: set \
+                     `{0} = \"{1}\"` in the policy's [audit] table",
+                    kind.name(),
+                    want.display()
                 ),
             }));
         }

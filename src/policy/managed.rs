@@ -125,6 +125,14 @@ pub struct ManagedAudit {
     /// Requests are refused while a copy cannot be delivered (`[audit] require_copies`).
     #[serde(default)]
     pub require_copies: bool,
+    /// The socket a required syslog copy must go to (default `/dev/log`): a copy to a socket
+    /// of the person's own would leave the machine no record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syslog_socket: Option<PathBuf>,
+    /// The socket a required journald copy must go to (default
+    /// `/run/systemd/journal/socket`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journald_socket: Option<PathBuf>,
 }
 
 /// A copy of the audit log that leaves the file.
@@ -149,6 +157,22 @@ impl CopyKind {
     }
 }
 
+impl ManagedAudit {
+    /// The socket a required copy of `kind` must be sent to.
+    pub fn socket(&self, kind: CopyKind) -> PathBuf {
+        match kind {
+            CopyKind::Syslog => self
+                .syslog_socket
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/dev/log")),
+            CopyKind::Journald => self
+                .journald_socket
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/run/systemd/journal/socket")),
+        }
+    }
+}
+
 /// `[confine]`: the least confinement a proxy's server may run with.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -158,6 +182,10 @@ pub struct ManagedConfine {
     /// proxy refuses to start. Unset, or `"off"`: no requirement.
     #[serde(default)]
     pub required: ConfineMode,
+    /// `false`: no policy may give a confined server the network (`[confine] net = true` is
+    /// refused). Unset: the person's policy decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<bool>,
 }
 
 /// `[servers]`: the programs a proxy may start.
@@ -165,8 +193,9 @@ pub struct ManagedConfine {
 #[serde(deny_unknown_fields)]
 pub struct ManagedServers {
     /// Unset: any. Otherwise the program the proxy runs (its absolute path with every link
-    /// resolved, after a launcher such as `npx -y` is resolved to the installation it runs),
-    /// or the script an interpreter is given as its first argument, must be one of these.
+    /// resolved, after a launcher such as `npx -y` is resolved to the installation it runs)
+    /// must be one of these; an entry with an `interpreter` allows that interpreter running
+    /// exactly that script as its first argument.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow: Option<Vec<AllowedServer>>,
 }
@@ -177,12 +206,18 @@ pub struct ManagedServers {
 pub enum AllowedServer {
     /// Its absolute path.
     Path(PathBuf),
-    /// Its absolute path and the SHA-256 of its contents.
-    Pinned {
-        /// The absolute path.
+    /// Its absolute path, and optionally the SHA-256 of its contents and the interpreter it
+    /// is a script of.
+    Entry {
+        /// The program, or the script when `interpreter` is set.
         path: PathBuf,
         /// The file's SHA-256, hex.
-        sha256: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sha256: Option<String>,
+        /// The interpreter that runs `path` (`/usr/bin/node`): the command must be exactly
+        /// this program with `path` as its first argument.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        interpreter: Option<PathBuf>,
     },
 }
 
@@ -190,7 +225,7 @@ impl AllowedServer {
     /// The path allowed.
     pub fn path(&self) -> &Path {
         match self {
-            AllowedServer::Path(p) | AllowedServer::Pinned { path: p, .. } => p,
+            AllowedServer::Path(p) | AllowedServer::Entry { path: p, .. } => p,
         }
     }
 
@@ -198,7 +233,15 @@ impl AllowedServer {
     pub fn sha256(&self) -> Option<&str> {
         match self {
             AllowedServer::Path(_) => None,
-            AllowedServer::Pinned { sha256, .. } => Some(sha256),
+            AllowedServer::Entry { sha256, .. } => sha256.as_deref(),
+        }
+    }
+
+    /// The interpreter `path` is a script of, if any.
+    pub fn interpreter(&self) -> Option<&Path> {
+        match self {
+            AllowedServer::Path(_) => None,
+            AllowedServer::Entry { interpreter, .. } => interpreter.as_deref(),
         }
     }
 }
@@ -224,7 +267,7 @@ pub struct ManagedConsole {
 
 /// A managed policy in force: what it says, checked, with its paths made absolute for the
 /// user the broker runs as.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Managed {
     /// The file's SHA-256 (hex): which rules were in force, for the audit log.
     pub sha256: String,
@@ -234,6 +277,7 @@ pub struct Managed {
     read_only: Vec<PathBuf>,
     consent: Vec<PathBuf>,
     remote: Option<Vec<url::Url>>,
+    deny: crate::sandbox::DenySet,
 }
 
 /// Something the person asked for that a managed rule does not allow.
@@ -369,7 +413,7 @@ impl Managed {
             .iter()
             .map(|p| absolute("[roots] consent", p))
             .collect::<Result<Vec<_>, _>>()?;
-        crate::sandbox::DenySet::new(&file.roots.deny)
+        let deny = crate::sandbox::DenySet::new(&file.roots.deny)
             .map_err(|e| bad(format!("[roots] deny: {e}")))?;
         for (key, ceiling) in file.limits.entries() {
             if ceiling == 0 && ZERO_IS_UNLIMITED.contains(&key) {
@@ -401,6 +445,12 @@ impl Managed {
             ),
         };
         for server in file.servers.allow.iter().flatten() {
+            if server.interpreter().is_some_and(|i| !i.is_absolute()) {
+                return Err(bad(format!(
+                    "[servers] allow: the interpreter of {} is not an absolute path",
+                    server.path().display()
+                )));
+            }
             if !server.path().is_absolute() {
                 return Err(bad(format!(
                     "[servers] allow: {} is not an absolute path",
@@ -423,6 +473,7 @@ impl Managed {
             read_only,
             consent,
             remote,
+            deny,
         };
         // The ceilings must leave limits a broker can run with (no timeout of 0).
         let (capped, _) = managed.cap_limits(&LimitsFile::default());
@@ -439,6 +490,16 @@ impl Managed {
     /// Why a root at `path` (canonical) may not be a root, if it lies outside every
     /// `[roots] within` folder.
     pub fn refuse_root(&self, path: &Path) -> Option<Narrowing> {
+        if self.denied_at(path) {
+            return Some(Narrowing {
+                rule: "[roots] deny".into(),
+                reason: format!(
+                    "root {} lies in a path a managed deny glob covers ({})",
+                    path.display(),
+                    self.file.roots.deny.join(" ")
+                ),
+            });
+        }
         let within = self.within.as_ref()?;
         if within.iter().any(|w| path.starts_with(w)) {
             return None;
@@ -472,6 +533,16 @@ impl Managed {
             rule,
             reason: format!("[confine] {key} = {}: {why}", path.display()),
         })
+    }
+
+    /// Whether a `[roots] deny` glob covers `path` (absolute) itself, matched against the
+    /// path below `/`: a root, or a path given to a confined server, inside a denied folder
+    /// would otherwise be served whole (a glob only sees paths inside a root).
+    pub fn denied_at(&self, path: &Path) -> bool {
+        path.strip_prefix("/")
+            .ok()
+            .and_then(|rel| rel.to_str())
+            .is_some_and(|rel| self.deny.is_denied(rel))
     }
 
     /// Whether everything at `path` (canonical) is read-only by a `[roots] read_only` rule.
@@ -586,12 +657,19 @@ impl Managed {
                 .map(|s| s.filter(|s| !s.is_empty()).map(str::to_owned).collect())
                 .unwrap_or_default()
         };
-        let ok = allowed.iter().any(|a| {
-            a.scheme() == url.scheme()
-                && a.host() == url.host()
-                && a.port_or_known_default() == url.port_or_known_default()
-                && segments(url).starts_with(&segments(a))
-        });
+        // A path whose separators or dots are percent-encoded, or with an empty segment, may
+        // mean another path to the server (or a proxy in front of it) than its segments say.
+        let path = url.path().to_ascii_lowercase();
+        let disguised = ["%2f", "%2e", "%5c"].iter().any(|e| path.contains(e))
+            || path.contains("//")
+            || path.contains('\\');
+        let ok = !disguised
+            && allowed.iter().any(|a| {
+                a.scheme() == url.scheme()
+                    && a.host() == url.host()
+                    && a.port_or_known_default() == url.port_or_known_default()
+                    && segments(url).starts_with(&segments(a))
+            });
         if ok {
             return None;
         }
@@ -612,7 +690,8 @@ impl Managed {
     }
 
     /// Why the proxy may not start `command` (the program and arguments it would run), if
-    /// `[servers] allow` lists neither its program nor the script it is given.
+    /// `[servers] allow` does not list it: its program, or (for an entry with an
+    /// `interpreter`) that interpreter with exactly that script as its first argument.
     pub fn refuse_command(&self, command: &[std::ffi::OsString]) -> Option<Narrowing> {
         let allowed = self.file.servers.allow.as_ref()?;
         let refuse = |reason: String| {
@@ -631,54 +710,50 @@ impl Managed {
                     .unwrap_or_default()
             ));
         };
-        // The script an interpreter runs, when it is the first argument.
+        // The script, only as the very first argument: an option before it (`node -e …`)
+        // would run something else.
         let script = command
             .get(1)
-            .map(Path::new)
-            .filter(|p| !p.to_string_lossy().starts_with('-'))
             .and_then(|p| std::fs::canonicalize(p).ok())
             .filter(|p| p.is_file());
+        // An entry is compared where it leads (`/bin/true` is `/usr/bin/true` on a merged
+        // /usr), as the program is.
+        let same = |a: &Path, b: &Path| a == b || std::fs::canonicalize(a).is_ok_and(|p| p == b);
         let mut mismatch = None;
-        for candidate in std::iter::once(&program).chain(script.as_ref()) {
-            // An entry is compared where it leads (`/bin/true` is `/usr/bin/true` on a merged
-            // /usr), as the program is.
-            let leads = |a: &&AllowedServer| {
-                a.path() == candidate
-                    || std::fs::canonicalize(a.path()).is_ok_and(|p| &p == candidate)
+        for entry in allowed {
+            let file = match entry.interpreter() {
+                None if same(entry.path(), &program) => &program,
+                Some(interp) if same(interp, &program) => match &script {
+                    Some(s) if same(entry.path(), s) => s,
+                    _ => continue,
+                },
+                _ => continue,
             };
-            for entry in allowed.iter().filter(leads) {
-                match entry.sha256() {
-                    None => return None,
-                    Some(want) => match std::fs::read(candidate) {
-                        Ok(bytes)
-                            if crate::digest::sha256_hex(&bytes).eq_ignore_ascii_case(want) =>
-                        {
-                            return None;
-                        }
-                        Ok(_) => {
-                            mismatch = Some(format!(
-                                "{} is allowed only with the SHA-256 {want}, and its contents \
-                                 differ",
-                                candidate.display()
-                            ))
-                        }
-                        Err(e) => {
-                            mismatch = Some(format!("cannot read {}: {e}", candidate.display()))
-                        }
-                    },
+            // Not pinned: allowed by its path alone.
+            let want = entry.sha256()?;
+            match std::fs::read(file) {
+                Ok(bytes) if crate::digest::sha256_hex(&bytes).eq_ignore_ascii_case(want) => {
+                    return None;
                 }
+                Ok(_) => {
+                    mismatch = Some(format!(
+                        "{} is allowed only with the SHA-256 {want}, and its contents differ",
+                        file.display()
+                    ))
+                }
+                Err(e) => mismatch = Some(format!("cannot read {}: {e}", file.display())),
             }
         }
         refuse(mismatch.unwrap_or_else(|| {
             format!(
                 "{} is not one of the allowed servers ({})",
-                match &script {
-                    Some(s) => format!("neither {} nor {}", program.display(), s.display()),
-                    None => program.display().to_string(),
-                },
+                program.display(),
                 allowed
                     .iter()
-                    .map(|a| a.path().display().to_string())
+                    .map(|a| match a.interpreter() {
+                        Some(i) => format!("{} {}", i.display(), a.path().display()),
+                        None => a.path().display().to_string(),
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             )
