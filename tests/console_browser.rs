@@ -196,52 +196,78 @@ impl Browser {
         let (browser, driver_program) = engine.programs()?;
         let profile = tempfile::tempdir().expect("a temp dir for the browser's profile");
         let log = profile.path().join("driver.log");
-        let log_file = std::fs::File::create(&log).expect("the driver's log file");
-        let port = free_port();
-        let mut command = Command::new(&driver_program);
-        match engine {
-            Engine::Chromium => {
-                command
-                    .arg(format!("--port={port}"))
-                    .arg(format!("--log-path={}", log.display()))
-                    .stderr(Stdio::null());
+        // A port found free may be taken again before the driver binds it (another test's
+        // console or driver), and then a connection to it reaches that other server: the
+        // driver is waited for until its own log says it listens on the port, and started
+        // again on another port if it could not bind.
+        let mut started = None;
+        for _ in 0..5 {
+            let log_file = std::fs::File::create(&log).expect("the driver's log file");
+            let port = free_port();
+            let mut command = Command::new(&driver_program);
+            let listening = match engine {
+                Engine::Chromium => {
+                    command
+                        .arg(format!("--port={port}"))
+                        .arg(format!("--log-path={}", log.display()))
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null());
+                    format!("ChromeDriver was started successfully on port {port}")
+                }
+                Engine::Firefox => {
+                    // geckodriver logs to stderr; a Marionette port of 0 lets Firefox pick a
+                    // free one, so tests running side by side never collide.
+                    // It says where it listens on stdout.
+                    command
+                        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                        .args(["--marionette-port", "0"])
+                        .stdout(log_file.try_clone().expect("the driver's log file"))
+                        .stderr(log_file);
+                    format!("Listening on 127.0.0.1:{port}")
+                }
+            };
+            let mut child = command
+                .stdin(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {}: {e}", driver_program.display()));
+            let end = Instant::now() + WAIT;
+            let up = loop {
+                let said = std::fs::read_to_string(&log).unwrap_or_default();
+                if said.contains(&listening) {
+                    break true;
+                }
+                if let Ok(Some(_)) = child.try_wait() {
+                    break false;
+                }
+                assert!(
+                    Instant::now() < end,
+                    "{} never said it listens on {port}: {said}",
+                    driver_program.display()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            if up {
+                started = Some((child, port));
+                break;
             }
-            Engine::Firefox => {
-                // geckodriver logs to stderr; a Marionette port of 0 lets Firefox pick a
-                // free one, so tests running side by side never collide.
-                command
-                    .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-                    .args(["--marionette-port", "0"])
-                    .stderr(log_file);
-            }
+            eprintln!(
+                "{} could not listen on {port}, trying another port: {}",
+                driver_program.display(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
         }
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", driver_program.display()));
-        let mut driver = Driver {
+        let (child, port) = started.unwrap_or_else(|| {
+            panic!(
+                "{} could not listen on any of 5 ports",
+                driver_program.display()
+            )
+        });
+        let driver = Driver {
             child,
             port,
             profile,
         };
-        let end = Instant::now() + WAIT;
-        while TcpStream::connect(("127.0.0.1", driver.port)).is_err() {
-            if let Ok(Some(status)) = driver.child.try_wait() {
-                panic!(
-                    "{} exited ({status}): {}",
-                    driver_program.display(),
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            assert!(
-                Instant::now() < end,
-                "{} never listened on {port}",
-                driver_program.display()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
         let data_dir = driver.profile.path().join("profile");
         let mut caps = serde_json::Map::new();
         // Dialogs stay open until the test handles them, so an alert a page should never
