@@ -79,44 +79,18 @@ impl Rsyslogd {
     /// writing each message's MSG alone, one per line, to `out`. Returns once the socket
     /// exists.
     fn start(program: &Path, dir: &Path, socket: &Path, out: &Path) -> Rsyslogd {
-        let config = dir.join("rsyslog.conf");
-        std::fs::write(
-            &config,
-            format!(
-                r#"global(workDirectory="{work}" maxMessageSize="64k")
+        let config = format!(
+            r#"global(workDirectory="{work}" maxMessageSize="64k")
 module(load="imuxsock" SysSock.Use="off")
 input(type="imuxsock" Socket="{socket}" UseSpecialParser="off" ParseHostname="on")
 template(name="body" type="string" string="%msg%\n")
 action(type="omfile" file="{out}" template="body")
 "#,
-                work = s(dir),
-                socket = s(socket),
-                out = s(out),
-            ),
-        )
-        .unwrap();
-        let stderr = dir.join("rsyslogd.stderr");
-        let child = Command::new(program)
-            .args(["-n", "-f", s(&config), "-i", s(&dir.join("rsyslogd.pid"))])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
-        let mut r = Rsyslogd { child, stderr };
-        let end = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            if let Ok(Some(status)) = r.child.try_wait() {
-                panic!("rsyslogd exited ({status}): {}", r.log());
-            }
-            assert!(
-                Instant::now() < end,
-                "rsyslogd made no socket in 10 s: {}",
-                r.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        r
+            work = s(dir),
+            socket = s(socket),
+            out = s(out),
+        );
+        Rsyslogd::run(program, dir, "rsyslog", &config, socket)
     }
 
     /// What rsyslogd said on stderr.

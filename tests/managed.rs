@@ -605,27 +605,20 @@ fn policy_explain_marks_where_each_rule_comes_from_and_the_console_can_be_requir
     let Some(etc) = Etc::new(Some(&managed)) else {
         return;
     };
-    let out = Command::new("unshare")
-        .args(etc.argv(&["policy", "explain", "--root", s(&a), "--read-write"]))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let mut explain = Command::new("unshare");
+    explain.args(etc.argv(&["policy", "explain", "--root", s(&a), "--read-write"]));
+    prints_every(
+        explain,
+        &[
+            "managed policy: /etc/fsbroker/managed.toml (sha256 ",
+            "mode read-write [flag --read-write]",
+            "locked: read-only [managed: [roots] read_only]",
+            "deny **/.env [managed: [roots] deny]",
+            "timeout_ms = 5000 [managed: ceiling 5000]",
+            "max_file_size = 1073741824 [default]",
+            "console: on [managed: [console] required]",
+        ],
     );
-    for want in [
-        "managed policy: /etc/fsbroker/managed.toml (sha256 ",
-        "mode read-write [flag --read-write]",
-        "locked: read-only [managed: [roots] read_only]",
-        "deny **/.env [managed: [roots] deny]",
-        "timeout_ms = 5000 [managed: ceiling 5000]",
-        "max_file_size = 1073741824 [default]",
-        "console: on [managed: [console] required]",
-    ] {
-        assert!(text.contains(want), "missing {want:?} in:\n{text}");
-    }
     // The console is on although no flag asked for it, and shows the person which rules
     // their organisation set on each root.
     let (_u, udir) = common::tempdir();
@@ -675,6 +668,20 @@ fn a_running_server_the_managed_policy_no_longer_allows_is_ended() {
     );
 }
 
+/// Runs `command`, asserting it succeeds and prints each of `wants` on stdout.
+fn prints_every(mut command: Command, wants: &[&str]) {
+    let out = command.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in wants {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(bytes)
@@ -716,29 +723,22 @@ fn the_shipped_example_uncommented_is_a_valid_managed_policy() {
     let (_t, dir) = common::tempdir();
     let file = dir.join("managed.toml");
     std::fs::write(&file, &uncommented).unwrap();
-    let out = Command::new(bin())
-        .args(["policy", "check", "--managed", s(&file)])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{uncommented}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let mut check = Command::new(bin());
+    check.args(["policy", "check", "--managed", s(&file)]);
+    prints_every(
+        check,
+        &[
+            "roots within:",
+            "read-only:",
+            "consent always:",
+            "[limits] max_file_size at most 104857600",
+            "audit required, with copies to syslog",
+            "confinement required",
+            "servers allowed: /usr/bin/mcp-server-git, /opt/acme/mcp-server",
+            "remote servers allowed: https://mcp.example.com/",
+            "console required",
+        ],
     );
-    for want in [
-        "roots within:",
-        "read-only:",
-        "consent always:",
-        "[limits] max_file_size at most 104857600",
-        "audit required, with copies to syslog",
-        "confinement required",
-        "servers allowed: /usr/bin/mcp-server-git, /opt/acme/mcp-server",
-        "remote servers allowed: https://mcp.example.com/",
-        "console required",
-    ] {
-        assert!(text.contains(want), "missing {want:?}:\n{text}");
-    }
 }
 
 /// A folder above a managed read-only or consent-only path cannot be moved or deleted
