@@ -53,7 +53,8 @@
 //!   of them shares (`driver.rs`), pipe writes (`pipe.rs`), and the proxy: `proxy/` (the
 //!   server's process, the relay loops, the broker side, and `proxy/remote/`: a remote
 //!   server's Streamable HTTP client made to look like a child's stdin and stdout, with its
-//!   session, event streams and bounds), `relay.rs` (its queues), `eras/`
+//!   session, event streams and bounds, and `auth/`: signing in when it answers 401, the
+//!   person in a browser, the tokens kept for the next start), `relay.rs` (its queues), `eras/`
 //!   and `modern/` (the MCP 2026-07-28 era), `lenient/` (how the loosest host reader might
 //!   read a server's line, so that no reader can be handed one of the broker's methods, and
 //!   its ids: `RequestId`, the one meaning of "the same id"), `pending.rs` (the one bounded
@@ -94,7 +95,8 @@
 //!   `watch/` (`files/watch`: one notify watcher per broker, registered and unregistered by
 //!   a thread of its own), `random.rs` (ids and nonces), `rfc3339.rs` (timestamps),
 //!   `rundir.rs` (the user's private runtime directory: the audit log's lock, and the key a
-//!   proxy proves its link to a shared broker with).
+//!   proxy proves its link to a shared broker with; and where the person's sign-ins to
+//!   remote servers are kept, in their private state directory).
 //! - [`confine`]: `proxy --confine`, the Landlock domain and seccomp filter a server runs in,
 //!   and its launcher (`confine::launch`: npx, npm installs, uvx, uv run, pipx run, venvs)
 //!   resolved to the installation it runs.

@@ -443,3 +443,25 @@ pub(crate) const REMOTE_IN_FLIGHT_MIN: usize = 32 << 20;
 
 /// The smallest `files/read` length the proxy clamps to after HTTP 413s.
 pub(crate) const REMOTE_MIN_CHUNK: u64 = 4096;
+
+// ---- Signing in to a remote server (`proxy --url`, MCP authorization) ----
+
+/// How long one request of the sign-in (a metadata document, a registration, the token
+/// endpoint) may take, body included: an authorization server that stalls fails the step.
+pub(crate) const SIGN_IN_FETCH: Duration = Duration::from_secs(30);
+
+/// The longest body the sign-in reads from a metadata document, a registration or the token
+/// endpoint: those are a few KiB.
+pub(crate) const SIGN_IN_BODY: usize = 256 << 10;
+
+/// How long the host's request that met a 401 waits for the person to sign in before it gets
+/// an error saying how to finish: under the 60 s a host's SDK waits for an answer by default,
+/// so the host hears the reason from the proxy rather than a time-out of its own.
+pub(crate) const SIGN_IN_WAIT: Duration = Duration::from_secs(45);
+
+/// How long a sign-in stays open for the person (the redirect listener, the console's card):
+/// the host's next request, once they signed in, finds the token there.
+pub(crate) const SIGN_IN_OPEN: Duration = Duration::from_secs(600);
+
+/// A token this close to its expiry is refreshed before it is sent, not after a 401.
+pub(crate) const TOKEN_REFRESH_MARGIN: Duration = Duration::from_secs(60);

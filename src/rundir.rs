@@ -175,6 +175,33 @@ pub(crate) fn every_brokers_files() -> Vec<PathBuf> {
         .collect()
 }
 
+/// The folder of the person's cached sign-ins to remote servers (`proxy --url`): in the
+/// user's private state directory, `$XDG_STATE_HOME/fsbroker/sign-in`, else
+/// `~/.local/state/fsbroker/sign-in`. `None` when neither variable is an absolute path.
+pub(crate) fn sign_in_dir() -> Option<PathBuf> {
+    let absolute = |var| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    let base =
+        absolute("XDG_STATE_HOME").or_else(|| absolute("HOME").map(|h| h.join(".local/state")))?;
+    Some(base.join("fsbroker").join("sign-in"))
+}
+
+/// The start of the name of every file of the sign-in cache (`token-…`, and the temporary
+/// files a save writes through, `token-….tmp`): each holds a person's tokens, so no server
+/// may read or replace one, whatever root holds the state directory.
+pub(crate) const SIGN_IN_FILE: &str = "token-";
+
+/// [`sign_in_dir`]'s files, as the start of their names (for the broker's protected files).
+pub(crate) fn sign_in_files() -> Vec<PathBuf> {
+    sign_in_dir()
+        .map(|d| d.join(SIGN_IN_FILE))
+        .into_iter()
+        .collect()
+}
+
 /// Both places the directory may be, whichever it is now: it moves when `/run/user/UID`
 /// comes or goes, and a broker's protection must cover another broker's files wherever
 /// that one put them.

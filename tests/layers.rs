@@ -87,7 +87,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "transport",
         &[
-            "broker", "buffers", "confine", "error", "fast", "host", "jsonrpc", "limits",
+            "audit", "broker", "buffers", "confine", "error", "fast", "host", "jsonrpc", "limits",
             "methods", "outgoing", "policy", "random", "rundir",
         ],
     ),
@@ -144,8 +144,12 @@ const INSIDE: &[(&str, Table)] = &[
         // of paths cannot see: `remote/mod.rs` says so).
         "transport/proxy/remote",
         &[
-            ("options", &[]),
-            ("http", &["options"]),
+            ("given", &[]),
+            ("client", &["given"]),
+            // Signing in when the server answers 401, on the same client.
+            ("auth", &["client", "given"]),
+            ("options", &["auth", "given"]),
+            ("http", &["auth", "client", "given"]),
             ("sse", &[]),
             ("reads", &[]),
             ("session", &[]),
@@ -158,6 +162,18 @@ const INSIDE: &[(&str, Table)] = &[
                 &["failure", "http", "session", "sse", "streams"],
             ),
             ("pump", &["exchange", "failure"]),
+        ],
+    ),
+    (
+        // Signing in: the sign-in's HTTP, then what finds the authorization server on it,
+        // and the browser's side (which shows server-made words as `discover` does).
+        "transport/proxy/remote/auth",
+        &[
+            ("board", &[]),
+            ("cache", &[]),
+            ("fetch", &[]),
+            ("discover", &["fetch"]),
+            ("browser", &["discover"]),
         ],
     ),
     (

@@ -324,6 +324,15 @@ impl AuditLog {
         self.append(line, Some(Instant::now() + OWN_LINE_WAIT))
     }
 
+    /// Records a sign-in to a remote server (`proxy --url`): a `{"event":"sign-in",
+    /// "signIn":{"server","issuer","scopes","outcome",…}}` line, chained like the rest. The
+    /// caller puts no secret in `details` (no token, code or client secret).
+    pub fn sign_in(&self, details: Value) -> Result<(), AuditError> {
+        let mut line = event("sign-in");
+        line.insert("signIn", details);
+        self.append(line, Some(Instant::now() + OWN_LINE_WAIT))
+    }
+
     /// What a proxy reported about the server behind it, on a shared broker (the proxy's
     /// account, not the broker's own knowledge): `{"event":"confine","account":"proxy",
     /// "session":N,"confinement":{…}}`, written on the blocking pool. `details` is bounded by

@@ -11,6 +11,7 @@
 
 mod activation;
 mod audit;
+mod auth;
 mod bench;
 mod confine;
 mod console;
@@ -103,6 +104,12 @@ enum Command {
     ///
     /// Example: fsbroker bench --size 1GiB --chunk-size 256KiB,1MiB,8MiB --compare-sftp --compare-mcp 'rust-mcp-filesystem {dir}'
     Bench(BenchArgs),
+    /// The sign-ins kept for remote servers (`proxy --url`): list them, or forget one.
+    ///
+    /// They are kept in ~/.local/state/fsbroker/sign-in ($XDG_STATE_HOME/fsbroker/sign-in),
+    /// one owner-only file per server and authorization server; no token is ever printed.
+    #[command(subcommand)]
+    Auth(AuthCommand),
     /// Write a man page for fsbroker and each of its subcommands (fsbroker.1,
     /// fsbroker-serve.1, ...) into DIR, from these same definitions. For packagers
     /// (dist/debian/build), hence hidden from `--help`, the man pages and completions.
@@ -110,6 +117,18 @@ enum Command {
     GenerateMan {
         /// An existing directory; pages already there are overwritten.
         dir: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuthCommand {
+    /// List the kept sign-ins: server, authorization server, scopes, expiry.
+    List,
+    /// Forget the sign-ins to the server at URL (as given to `proxy --url`): the next start
+    /// signs in again.
+    Logout {
+        /// The server's URL.
+        url: String,
     },
 }
 
@@ -292,6 +311,26 @@ struct ProxyArgs {
     /// from the first answer the server refuses (HTTP 413) and clamps later reads.
     #[arg(long, value_name = "SIZE", value_parser = crate::bench::parse_size, requires = "url")]
     max_chunk_size: Option<u64>,
+    /// Do not sign in when --url answers HTTP 401: the host gets the 401 as an error. By
+    /// default the proxy signs in (MCP authorization: the browser opens at the server's
+    /// authorization server, `$BROWSER` or xdg-open, and with --console the console shows a
+    /// "Sign in" card), keeps the token in ~/.local/state/fsbroker/sign-in for the next start
+    /// (`fsbroker auth list`), and sends it to --url alone. Never with an Authorization
+    /// header of your own.
+    #[arg(long, requires = "url")]
+    no_sign_in: bool,
+    /// Sign in as this client, registered beforehand with the authorization server, instead
+    /// of registering one dynamically (RFC 7591).
+    #[arg(long, value_name = "ID", requires = "url")]
+    oauth_client_id: Option<String>,
+    /// The --oauth-client-id's secret, from the environment variable VAR (never the command
+    /// line, which other users can read).
+    #[arg(long, value_name = "VAR", requires = "oauth_client_id")]
+    oauth_client_secret_env: Option<String>,
+    /// Receive the sign-in on this loopback port (http://127.0.0.1:PORT/callback), for a
+    /// client registered with a fixed redirect; by default any free port.
+    #[arg(long, value_name = "PORT", requires = "url")]
+    oauth_redirect_port: Option<u16>,
 }
 
 /// A registry `--confine-fetch` allows.
@@ -487,6 +526,8 @@ pub(crate) fn main() -> ExitCode {
         }
         Command::Audit(AuditCommand::Head { files }) => audit::head(&files),
         Command::Bench(args) => bench::run(args),
+        Command::Auth(AuthCommand::List) => auth::list(),
+        Command::Auth(AuthCommand::Logout { url }) => auth::logout(&url),
         Command::Console(args) => console::open(args.url_file, args.pid, args.print),
         Command::Confine(ConfineCommand::Check {
             serve,

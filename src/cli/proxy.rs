@@ -19,7 +19,9 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
         Ok(m) => m,
         Err(e) => return refuse(&e.to_string()),
     };
-    let remote = match remote(&args) {
+    // The sign-ins of `--url`, shown on the console and recorded in the audit log.
+    let board = transport::proxy::SignIns::new();
+    let remote = match remote(&args, &board) {
         Ok(r) => r,
         Err(e) => return refuse(&e),
     };
@@ -130,7 +132,7 @@ pub(super) fn run(args: ProxyArgs) -> ExitCode {
             code
         }),
         None => {
-            let running = match start(&args.serve) {
+            let running = match start(&args.serve, &board) {
                 Ok(r) => r,
                 Err(e) => return refuse(&e),
             };
@@ -204,7 +206,10 @@ fn refuse(why: &str) -> ExitCode {
 
 /// The remote server of `--url`, with its headers, checked before anything starts; `None`
 /// without `--url`. `--url` with a server command or `--confine` is refused.
-fn remote(args: &ProxyArgs) -> Result<Option<transport::proxy::RemoteOptions>, String> {
+fn remote(
+    args: &ProxyArgs,
+    board: &transport::proxy::SignIns,
+) -> Result<Option<transport::proxy::RemoteOptions>, String> {
     let Some(url) = &args.url else {
         return Ok(None);
     };
@@ -241,6 +246,21 @@ fn remote(args: &ProxyArgs) -> Result<Option<transport::proxy::RemoteOptions>, S
     }
     if let Some(max) = args.max_chunk_size {
         remote = remote.max_chunk(max);
+    }
+    if !args.no_sign_in {
+        let mut sign_in = transport::proxy::SignIn::new().board(board.clone());
+        if let Some(id) = &args.oauth_client_id {
+            sign_in = sign_in.client_id(id);
+        }
+        if let Some(var) = &args.oauth_client_secret_env {
+            sign_in = sign_in
+                .client_secret_from_env(var)
+                .map_err(|e| e.to_string())?;
+        }
+        if let Some(port) = args.oauth_redirect_port {
+            sign_in = sign_in.redirect_port(port);
+        }
+        remote = remote.sign_in(sign_in);
     }
     Ok(Some(remote))
 }

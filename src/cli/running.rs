@@ -39,7 +39,10 @@ pub(super) fn load_policy(args: &ServeArgs) -> Result<Policy, String> {
 
 /// Loads the policy (its warnings and roots logged), builds the runtime and the broker, and
 /// watches the policy file.
-pub(super) fn start(args: &ServeArgs) -> Result<Running<impl Sized + use<>>, String> {
+pub(super) fn start(
+    args: &ServeArgs,
+    sign_ins: &fsbroker::transport::proxy::SignIns,
+) -> Result<Running<impl Sized + use<>>, String> {
     let overrides = overrides(args);
     let policy = Policy::load(args.policy.as_deref(), &overrides).map_err(|e| e.to_string())?;
     for warning in policy.warnings() {
@@ -58,7 +61,11 @@ pub(super) fn start(args: &ServeArgs) -> Result<Running<impl Sized + use<>>, Str
     // The policy file is watched, and SIGHUP reloads it too: either is how a user revokes
     // access in the middle of a session.
     let watcher = broker.watch_policy();
-    let console = start_console(args, &broker, &runtime)?;
+    // A proxy's sign-ins to its remote server are recorded with the rest.
+    if let Some(log) = broker.audit() {
+        sign_ins.audit_to(Arc::clone(log));
+    }
+    let console = start_console(args, &broker, &runtime, sign_ins)?;
     Ok(Running {
         broker,
         runtime,
@@ -72,6 +79,7 @@ fn start_console(
     args: &ServeArgs,
     broker: &Arc<Broker>,
     runtime: &tokio::runtime::Runtime,
+    sign_ins: &fsbroker::transport::proxy::SignIns,
 ) -> Result<Option<crate::console::Console>, String> {
     let policy = broker.policy();
     let config = policy.console();
@@ -90,7 +98,7 @@ fn start_console(
             .map_err(|e| format!("cannot place the console's URL file: {e}"))?,
     };
     let _in_runtime = runtime.enter();
-    let console = crate::console::start(broker, addr, Some(&url_file))?;
+    let console = crate::console::start(broker, addr, Some(&url_file), sign_ins)?;
     // On stderr, which hosts keep in their logs (where a server with a root over them could
     // read it): the bare address, never the one-time ticket, which only the URL file holds.
     let how = if fsbroker::console_url_file().is_ok_and(|default| default == url_file) {

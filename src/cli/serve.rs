@@ -60,7 +60,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
         (None, None) => None,
     };
     raise_descriptor_limit();
-    let running = match start(&args) {
+    let running = match start(&args, &fsbroker::transport::proxy::SignIns::new()) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("fsbroker: {e}");

@@ -219,6 +219,25 @@ fn build_state(shared: &Shared) -> Value {
             })
         })
         .collect();
+    // What the person is shown of the proxy's sign-ins: never a token, code or secret (the
+    // authorization URL carries none).
+    let sign_ins: Vec<Value> = shared
+        .sign_ins
+        .cards()
+        .into_iter()
+        .map(|c| {
+            json!({
+                "server": c.server,
+                "state": c.state,
+                "issuer": c.issuer,
+                "scopes": c.scopes,
+                "authorize": c.authorize,
+                "origin": c.origin,
+                "reason": c.reason,
+                "at": timestamp(c.at),
+            })
+        })
+        .collect();
     let audit = broker.audit().map(|log| {
         let status = log.status();
         json!({
@@ -236,6 +255,7 @@ fn build_state(shared: &Shared) -> Value {
             "startedAt": shared.started,
         },
         "sessions": sessions,
+        "signIns": sign_ins,
         "prompts": prompts,
         "roots": roots,
         "audit": audit,

@@ -70,6 +70,8 @@ pub(crate) struct Shared {
     pub(crate) started: String,
     /// Where the URL is kept for the person (rewritten when its ticket is spent).
     url_file: Option<PathBuf>,
+    /// The proxy's sign-ins to its remote server (none for `serve`).
+    pub(crate) sign_ins: fsbroker::transport::proxy::SignIns,
 }
 
 /// Starts the console for `broker` on `addr` (loopback only), on the current tokio runtime;
@@ -78,6 +80,7 @@ pub(crate) fn start(
     broker: &Arc<Broker>,
     addr: SocketAddr,
     url_file: Option<&Path>,
+    sign_ins: &fsbroker::transport::proxy::SignIns,
 ) -> Result<Console, String> {
     if !addr.ip().is_loopback() {
         return Err(format!(
@@ -103,7 +106,9 @@ pub(crate) fn start(
         kinds: api::Kinds::default(),
         started: fsbroker::audit::timestamp(std::time::SystemTime::now()),
         url_file: url_file.map(Path::to_path_buf),
+        sign_ins: sign_ins.clone(),
     });
+    sign_ins.shown_on_console();
     let app = Router::new()
         .route("/", get(page))
         .route("/console.js", get(script))

@@ -319,6 +319,8 @@ impl Policy {
                 .cloned()
                 .chain(crate::rundir::console_files())
                 .chain(crate::rundir::every_brokers_files())
+                // The person's sign-ins to remote servers hold their tokens.
+                .chain(crate::rundir::sign_in_files())
                 .collect(),
             // A folder the managed policy makes read-only or consent-only is kept where it is
             // as a root is: moving or deleting a folder above it would take its files out of

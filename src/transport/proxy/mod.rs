@@ -64,7 +64,10 @@ pub use crate::limits::{
 };
 use child::{GroupGuard, Target, end_orphans, end_server, exit_code, wait_gone};
 use lines::relay_server;
-pub use remote::{RemoteError, RemoteOptions};
+pub use remote::{
+    CacheError, CachedSignIn, RemoteError, RemoteOptions, SignIn, SignInCard, SignInState, SignIns,
+    TokenCache,
+};
 use sides::{Plumbing, Sides, broker_stopped, finish, plumbing, start_sides, stop_relaying};
 use start::Start;
 pub use start::answer_refused_start;

@@ -5,20 +5,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, HeaderMap};
-use http::{Method, Request, Response};
+use http::header::{AUTHORIZATION, CONTENT_LENGTH, HeaderMap, HeaderValue, WWW_AUTHENTICATE};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
-use super::options::{RemoteError, shown_url};
-use crate::limits::{REMOTE_BODY_IDLE, REMOTE_BODY_TOTAL, REMOTE_CONNECT, REMOTE_HEAD};
+use super::auth::Auth;
+use super::client::{self, chain};
+use super::given::{RemoteError, shown_url};
+use crate::limits::{REMOTE_BODY_IDLE, REMOTE_BODY_TOTAL, REMOTE_HEAD};
 
 /// One remote server's endpoint and the client that reaches it.
 pub(super) struct Http {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: client::Client,
     uri: http::Uri,
     /// The endpoint as given, for messages (a URL carries no secret the proxy adds).
     pub(super) url: Arc<str>,
@@ -26,6 +25,8 @@ pub(super) struct Http {
     headers: HeaderMap,
     /// What of those values [`Http::redact`] hides, longest first.
     secrets: Vec<String>,
+    /// Signing in, when the server asks for it (a 401) and the user sent no token.
+    auth: Option<Arc<Auth>>,
 }
 
 /// Why a request got no response to look at.
@@ -37,6 +38,16 @@ pub(super) enum SendError {
     /// The headers did not come in time.
     #[error("{url} sent no response within {}s", REMOTE_HEAD.as_secs())]
     NoHead { url: Arc<str> },
+    /// The server asked for a sign-in (HTTP 401, or 403 for more scope) that gave no token.
+    #[error(
+        "the MCP server at {url} requires authorization (HTTP {status}{metadata}), and signing in did not give a token: {reason}. To send a token of your own instead: --header-env Authorization=VAR, the environment variable VAR holding \"Bearer <token>\""
+    )]
+    SignIn {
+        url: Arc<str>,
+        status: u16,
+        metadata: String,
+        reason: String,
+    },
 }
 
 /// Why a response body could not be read whole.
@@ -65,37 +76,20 @@ impl Http {
         url: &url::Url,
         headers: HeaderMap,
         ca_certs: &[PathBuf],
+        auth: Option<Arc<Auth>>,
     ) -> Result<Http, RemoteError> {
         let uri: http::Uri = url.as_str().parse().map_err(|e| RemoteError::Url {
             url: shown_url(url),
             reason: format!("{e}"),
         })?;
-        let tls = tls_config(ca_certs)?;
-        let mut tcp = HttpConnector::new();
-        tcp.set_connect_timeout(Some(REMOTE_CONNECT));
-        tcp.set_nodelay(true);
-        // The scheme is checked by the TLS connector, which takes both.
-        tcp.enforce_http(false);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(tcp);
-        // hyper's client follows no redirect: a 3xx is reported as it is, so the user's
-        // headers (a token) never go to another origin.
-        // No connection is kept for the next request: a kept one the server closes (its
-        // idle timeout, a stream it cut) just as it is taken fails the request after it was
-        // sent, and a POST is not safe to send twice (a tool call would run twice). A new
-        // connection per message costs a handshake; the messages that matter are large.
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(0)
-            .build(connector);
+        let client = client::new(ca_certs)?;
         Ok(Http {
             client,
             uri,
             url: shown_url(url).into(),
             secrets: secrets(&headers, url),
             headers,
+            auth,
         })
     }
 
@@ -109,16 +103,74 @@ impl Http {
                 out = out.replace(secret.as_str(), "[redacted]");
             }
         }
-        out
+        match &self.auth {
+            Some(auth) => auth.redact(&out),
+            None => out,
+        }
     }
 
     /// Sends one request to the endpoint: the user's headers, then `protocol`'s (which the
-    /// user's may not replace), and `body`. Resolves once the response's headers have come.
+    /// user's may not replace), the token when signed in, and `body`. Resolves once the
+    /// response's headers have come. A 401 (or a 403 asking for more scope) to a POST or GET
+    /// is answered by signing in, and the request sent once more with the new token.
     pub(super) async fn send(
         &self,
         method: Method,
         protocol: HeaderMap,
         body: Bytes,
+    ) -> Result<Response<Incoming>, SendError> {
+        let Some(auth) = &self.auth else {
+            return self.send_once(method, protocol, body, None).await;
+        };
+        auth.prepare().await;
+        let sent = auth.token();
+        let response = self
+            .send_once(
+                method.clone(),
+                protocol.clone(),
+                body.clone(),
+                sent.as_deref(),
+            )
+            .await?;
+        let status = response.status();
+        let header = response
+            .headers()
+            .get(WWW_AUTHENTICATE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let more_scope = status == StatusCode::FORBIDDEN
+            && header
+                .as_deref()
+                .is_some_and(|h| h.contains("insufficient_scope"));
+        if !(status == StatusCode::UNAUTHORIZED || more_scope) || method == Method::DELETE {
+            return Ok(response);
+        }
+        drop(response);
+        match auth.challenged(sent.as_deref(), header.as_deref()).await {
+            Ok(()) => {
+                self.send_once(method, protocol, body, auth.token().as_deref())
+                    .await
+            }
+            Err(e) => Err(SendError::SignIn {
+                url: Arc::clone(&self.url),
+                status: status.as_u16(),
+                metadata: header
+                    .as_deref()
+                    .and_then(|h| super::auth::resource_metadata(&self.redact(h)))
+                    .map(|m| format!("; resource metadata: {m}"))
+                    .unwrap_or_default(),
+                reason: self.redact(&e.to_string()),
+            }),
+        }
+    }
+
+    /// One request, with `token` as its bearer token.
+    async fn send_once(
+        &self,
+        method: Method,
+        protocol: HeaderMap,
+        body: Bytes,
+        token: Option<&str>,
     ) -> Result<Response<Incoming>, SendError> {
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = method;
@@ -126,6 +178,14 @@ impl Http {
         let headers = request.headers_mut();
         headers.extend(self.headers.clone());
         headers.extend(protocol);
+        if let Some(token) = token {
+            // Only ever to this endpoint (the resource it was issued for): no redirect is
+            // followed, and the URI is the one the server was given as.
+            if let Ok(mut value) = HeaderValue::from_str(&format!("Bearer {token}")) {
+                value.set_sensitive(true);
+                headers.insert(AUTHORIZATION, value);
+            }
+        }
         match tokio::time::timeout(REMOTE_HEAD, self.client.request(request)).await {
             Err(_) => Err(SendError::NoHead {
                 url: Arc::clone(&self.url),
@@ -197,21 +257,6 @@ fn percent_encoded(text: &str) -> String {
     out
 }
 
-/// An error and its causes, as one line (hyper's own says only "client error (Connect)").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
-}
-
 /// The byte budget everything being read from the server shares, and its size.
 pub(super) struct InFlight {
     pub(super) bytes: Arc<tokio::sync::Semaphore>,
@@ -276,41 +321,6 @@ pub(super) async fn read_body(
     }
 }
 
-/// rustls with the ring provider, trusting the system's roots and the given PEM files.
-fn tls_config(ca_certs: &[PathBuf]) -> Result<rustls::ClientConfig, RemoteError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    let native = rustls_native_certs::load_native_certs();
-    for e in &native.errors {
-        tracing::debug!(error = %e, "a system root certificate could not be loaded");
-    }
-    let (added, _) = roots.add_parsable_certificates(native.certs);
-    tracing::debug!(added, "system root certificates");
-    for path in ca_certs {
-        let bad = |reason: String| RemoteError::CaCert {
-            path: path.clone(),
-            reason,
-        };
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .map_err(|e| bad(e.to_string()))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| bad(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(bad("no PEM certificate in it".into()));
-        }
-        for cert in certs {
-            roots.add(cert).map_err(|e| bad(e.to_string()))?;
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| RemoteError::Tls(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::options::user_header;
@@ -321,7 +331,7 @@ mod tests {
         let url =
             url::Url::parse("http://127.0.0.1/mcp?team=blue&api_key=k3y%2FSECRET99#frag-SECRET")
                 .unwrap();
-        let http = Http::new(&url, HeaderMap::new(), &[]).unwrap();
+        let http = Http::new(&url, HeaderMap::new(), &[], None).unwrap();
         for echo in [
             "bad request to /mcp?team=blue&api_key=k3y%2FSECRET99",
             "no such key k3y/SECRET99",
@@ -343,6 +353,7 @@ mod tests {
             &url::Url::parse("http://127.0.0.1/mcp").unwrap(),
             headers,
             &[],
+            None,
         )
         .unwrap();
         for echo in [

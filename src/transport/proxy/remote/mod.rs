@@ -10,19 +10,26 @@
 //! answer) are written there too, as the server's JSON-RPC error for the request concerned, so
 //! that every host request gets an answer and nothing else reaches the host.
 //!
-//! The parts, each leaning only on those before it: `options.rs` is what the proxy is given
-//! ([`RemoteOptions`], public); `http.rs` the client (TLS, headers, timeouts, bounded
-//! bodies); `sse.rs` bounds the events; `reads.rs` clamps `files/read` after a 413;
-//! `session.rs` is the era and the 2025 era's session (its id, its version, its expiry);
-//! `failure.rs` why a message got no answer; `requests.rs` the host's requests by id,
-//! pending and failed; `inbound.rs` what goes to the relay (the server's messages, the
-//! proxy's errors); `streams.rs` the server's event streams, followed and resumed, and the
-//! session's GET stream; `exchange.rs` one message's POST and what comes back; `pump.rs` the
-//! send loop and the goodbye. This file connects them: [`connect`], and `Remote`, what every
-//! exchange shares, whose methods are each in the file of its part.
+//! The parts, each leaning only on those before it: `given.rs` is the server as given (its
+//! URL as messages show it, and [`RemoteError`]); `client.rs` the HTTP client (TLS, no
+//! redirects); `auth/` signs in when the server answers 401 (MCP authorization: the person
+//! signs in in a browser, and a token for this server alone is sent from then on);
+//! `options.rs` is what the proxy is given ([`RemoteOptions`], public); `http.rs` the
+//! server's endpoint (headers, the token, timeouts, bounded bodies); `sse.rs` bounds the
+//! events; `reads.rs` clamps `files/read` after a 413; `session.rs` is the era and the 2025
+//! era's session (its id, its version, its expiry); `failure.rs` why a message got no answer;
+//! `requests.rs` the host's requests by id, pending and failed; `inbound.rs` what goes to the
+//! relay (the server's messages, the proxy's errors); `streams.rs` the server's event
+//! streams, followed and resumed, and the session's GET stream; `exchange.rs` one message's
+//! POST and what comes back; `pump.rs` the send loop and the goodbye. This file connects
+//! them: [`connect`], and `Remote`, what every exchange shares, whose methods are each in the
+//! file of its part.
 
+mod auth;
+mod client;
 mod exchange;
 mod failure;
+mod given;
 mod http;
 mod inbound;
 mod options;
@@ -42,8 +49,10 @@ use tokio::sync::mpsc;
 use crate::limits::{OUTPUT_QUEUE, REMOTE_IN_FLIGHT_MIN};
 use crate::outgoing::Outgoing;
 use crate::transport::relay::{Budget, ToServer};
+pub use auth::{CacheError, CachedSignIn, SignIn, SignInCard, SignInState, SignIns, TokenCache};
+pub use given::RemoteError;
 use http::Http;
-pub use options::{RemoteError, RemoteOptions};
+pub use options::RemoteOptions;
 pub(super) use pump::Ends;
 use reads::Reads;
 use requests::Ids;
@@ -79,7 +88,14 @@ pub(super) fn connect(
     from_relay: mpsc::Receiver<ToServer>,
     ends: Ends,
 ) -> Result<Connected, RemoteError> {
-    let http = Http::new(&opts.url, opts.headers, &opts.ca_certs)?;
+    // The user's own token is sent as it is: no sign-in replaces it.
+    let auth = match opts.sign_in {
+        Some(sign_in) if !opts.headers.contains_key(::http::header::AUTHORIZATION) => Some(
+            Arc::new(auth::Auth::new(&opts.url, sign_in, &opts.ca_certs)?),
+        ),
+        _ => None,
+    };
+    let http = Http::new(&opts.url, opts.headers, &opts.ca_certs, auth)?;
     let (output, mut input) = tokio::io::duplex(64 << 10);
     let (inbound, mut lines) = mpsc::channel::<Outgoing>(OUTPUT_QUEUE);
     // The server's messages, written for the relay by one task: each holds its share of a

@@ -6,6 +6,9 @@ use std::path::PathBuf;
 
 use ::http::header::{HeaderMap, HeaderName, HeaderValue};
 
+use super::auth::SignIn;
+use super::given::{RemoteError, shown_given, shown_url};
+
 /// A remote MCP server to relay to (`proxy --url`), with the headers every request carries.
 ///
 /// Header values never appear in logs or errors (its `Debug` names the headers only).
@@ -26,6 +29,7 @@ pub struct RemoteOptions {
     pub(super) headers: HeaderMap,
     pub(super) ca_certs: Vec<PathBuf>,
     pub(super) max_chunk: Option<u64>,
+    pub(super) sign_in: Option<SignIn>,
 }
 
 impl std::fmt::Debug for RemoteOptions {
@@ -35,49 +39,9 @@ impl std::fmt::Debug for RemoteOptions {
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("ca_certs", &self.ca_certs)
             .field("max_chunk", &self.max_chunk)
+            .field("sign_in", &self.sign_in)
             .finish()
     }
-}
-
-/// Why a remote server cannot be used as given.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RemoteError {
-    /// The URL is not an `http` or `https` URL.
-    #[error("--url {url}: {reason}")]
-    Url {
-        /// The URL as given.
-        url: String,
-        /// Why it is refused.
-        reason: String,
-    },
-    /// A header the proxy will not send (its value is never shown).
-    #[error("header {name:?}: {reason}")]
-    Header {
-        /// The header's name.
-        name: String,
-        /// Why it is refused.
-        reason: String,
-    },
-    /// `--header-env NAME=VAR` names a variable that is not set (or not UTF-8).
-    #[error("--header-env {name}={var}: the environment variable {var} is not set (or not UTF-8)")]
-    MissingVar {
-        /// The header's name.
-        name: String,
-        /// The variable.
-        var: String,
-    },
-    /// A `--ca-cert` file that cannot be used.
-    #[error("--ca-cert {}: {reason}", path.display())]
-    CaCert {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// TLS could not be set up.
-    #[error("TLS: {0}")]
-    Tls(String),
 }
 
 impl RemoteOptions {
@@ -120,6 +84,7 @@ impl RemoteOptions {
             headers: HeaderMap::new(),
             ca_certs: Vec::new(),
             max_chunk: None,
+            sign_in: None,
         })
     }
 
@@ -156,6 +121,14 @@ impl RemoteOptions {
         self
     }
 
+    /// Signs in when the server answers 401 (MCP authorization): the person signs in in a
+    /// browser, and the token is kept for the next start. Not used when an `Authorization`
+    /// header is given (the user's own token is sent as it is).
+    pub fn sign_in(mut self, sign_in: SignIn) -> RemoteOptions {
+        self.sign_in = Some(sign_in);
+        self
+    }
+
     /// The server's URL.
     pub fn url(&self) -> &str {
         self.url.as_str()
@@ -183,46 +156,6 @@ pub(super) const RESERVED: &[&str] = &[
     "transfer-encoding",
     "connection",
 ];
-
-/// The URL as messages show it: without its query or fragment, which some services use for
-/// a key (`?api_key=…`); `?…` says one was there.
-pub(super) fn shown_url(url: &url::Url) -> String {
-    let mut shown = url.clone();
-    let hidden = shown.query().is_some() || shown.fragment().is_some();
-    shown.set_query(None);
-    shown.set_fragment(None);
-    let mut text = shown.to_string();
-    if hidden {
-        text.push_str("?…");
-    }
-    text
-}
-
-/// A URL as given on the command line, for an error that refuses it: without its query and
-/// fragment (`?…`) or credentials (`user:password@`), and at most 200 characters, since it may
-/// not even parse.
-pub(super) fn shown_given(url: &str) -> String {
-    let (bare, hidden) = match url.split_once(['?', '#']) {
-        Some((before, _)) => (before, true),
-        None => (url, false),
-    };
-    let bare = match bare.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-            format!("{scheme}://{host}{path}")
-        }
-        None => bare.to_owned(),
-    };
-    let mut shown: String = bare.chars().take(200).collect();
-    if shown.len() < bare.len() {
-        shown.push('…');
-    }
-    if hidden {
-        shown.push_str("?…");
-    }
-    shown
-}
 
 /// A user's header, checked: a token name, a value without CR, LF or NUL, and not one the
 /// protocol sets. Errors name the header, never its value.

@@ -1,0 +1,399 @@
+//! Finding where to sign in: the 401's (or 403's) `WWW-Authenticate: Bearer` challenge, the
+//! server's protected resource metadata (RFC 9728) and its authorization server's metadata
+//! (RFC 8414, or OpenID discovery), each checked before anything is sent to what it names.
+
+use super::super::given::shown_url;
+use super::SignInError;
+use super::fetch::{Fetch, allowed};
+
+/// What a `WWW-Authenticate: Bearer` challenge says.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Challenge {
+    /// `error` (`invalid_token`, `insufficient_scope`).
+    pub(super) error: Option<String>,
+    /// `scope`: the scopes the request needs.
+    pub(super) scope: Option<String>,
+    /// `resource_metadata`: where the server's metadata is.
+    pub(super) resource_metadata: Option<String>,
+}
+
+impl Challenge {
+    /// The `Bearer` challenge in a `WWW-Authenticate` value (RFC 6750 §3: auth-params, their
+    /// values tokens or quoted strings); none when it names no `Bearer` scheme.
+    pub(super) fn parse(header: &str) -> Option<Challenge> {
+        let at = header.to_ascii_lowercase().find("bearer")?;
+        let mut rest = &header[at + "bearer".len()..];
+        let mut out = Challenge::default();
+        loop {
+            rest = rest.trim_start_matches([' ', '\t', ',']);
+            let Some(eq) = rest.find('=') else { break };
+            let name = rest[..eq].trim().to_ascii_lowercase();
+            // A name with a blank in it is the next challenge's scheme: this one ended.
+            if name.contains([' ', '\t']) {
+                break;
+            }
+            rest = rest[eq + 1..].trim_start();
+            let value = if let Some(quoted) = rest.strip_prefix('"') {
+                let mut value = String::new();
+                let mut chars = quoted.char_indices();
+                let mut end = quoted.len();
+                while let Some((i, c)) = chars.next() {
+                    match c {
+                        '\\' => {
+                            if let Some((_, next)) = chars.next() {
+                                value.push(next);
+                            }
+                        }
+                        '"' => {
+                            end = i + 1;
+                            break;
+                        }
+                        c => value.push(c),
+                    }
+                }
+                rest = &quoted[end.min(quoted.len())..];
+                value
+            } else {
+                let end = rest.find([',', ' ', '\t']).unwrap_or(rest.len());
+                let value = rest[..end].to_owned();
+                rest = &rest[end..];
+                value
+            };
+            match name.as_str() {
+                "error" => out.error = Some(value),
+                "scope" => out.scope = Some(value),
+                "resource_metadata" => out.resource_metadata = Some(value),
+                _ => {}
+            }
+        }
+        Some(out)
+    }
+
+    /// The scopes the challenge names.
+    pub(super) fn scopes(&self) -> Vec<String> {
+        words(self.scope.as_deref())
+    }
+}
+
+/// What signing in to the server needs: its authorization server, checked.
+#[derive(Debug, Clone)]
+pub(super) struct Discovered {
+    /// The authorization server's issuer, as its metadata states it (and checked against the
+    /// URL the metadata came from).
+    pub(super) issuer: String,
+    pub(super) metadata: AsMetadata,
+    /// The resource tokens are asked for (RFC 8707): the server's, as its metadata names it.
+    pub(super) resource: String,
+    /// The scopes to ask for: the challenge's, else the server's `scopes_supported`.
+    pub(super) scopes: Vec<String>,
+}
+
+/// RFC 9728 protected resource metadata (the members the sign-in uses).
+#[derive(Debug, serde::Deserialize)]
+struct ProtectedResource {
+    resource: String,
+    #[serde(default)]
+    authorization_servers: Vec<String>,
+    #[serde(default)]
+    scopes_supported: Vec<String>,
+}
+
+/// RFC 8414 authorization server metadata (the members the sign-in uses).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(super) struct AsMetadata {
+    pub(super) issuer: String,
+    pub(super) authorization_endpoint: String,
+    pub(super) token_endpoint: String,
+    #[serde(default)]
+    pub(super) registration_endpoint: Option<String>,
+    #[serde(default)]
+    pub(super) code_challenge_methods_supported: Vec<String>,
+    #[serde(default)]
+    pub(super) scopes_supported: Vec<String>,
+    #[serde(default)]
+    pub(super) token_endpoint_auth_methods_supported: Vec<String>,
+}
+
+/// Finds and checks the authorization server of `server`, from `challenge` or the well-known
+/// URLs (MCP authorization, 2025-06-18 and 2025-11-25).
+pub(super) async fn discover(
+    fetch: &Fetch,
+    server: &url::Url,
+    challenge: &Challenge,
+) -> Result<Discovered, SignInError> {
+    let failed = |reason: String| SignInError::Discovery {
+        server: shown_url(server),
+        reason,
+    };
+    // The server's metadata: where its challenge says, else where RFC 9728 puts it (the
+    // path-aware URL first, then the origin's).
+    let mut candidates = Vec::new();
+    if let Some(given) = &challenge.resource_metadata {
+        let url = server
+            .join(given)
+            .map_err(|e| failed(format!("resource_metadata {given:?} is not a URL: {e}")))?;
+        candidates.push(url);
+    } else {
+        candidates.extend(well_known(server, "oauth-protected-resource"));
+    }
+    let mut resource = None;
+    for url in &candidates {
+        allowed(url).map_err(|e| failed(e.to_string()))?;
+        if let Some(found) = fetch
+            .json::<ProtectedResource>(url)
+            .await
+            .map_err(|e| failed(format!("its resource metadata: {e}")))?
+        {
+            resource = Some(found);
+            break;
+        }
+    }
+    let (resource_id, issuer_url, mut scopes) = match resource {
+        Some(found) => {
+            let id = checked_resource(server, &found.resource).map_err(failed)?;
+            let Some(first) = found.authorization_servers.first() else {
+                return Err(failed(
+                    "its resource metadata names no authorization server".into(),
+                ));
+            };
+            let issuer = url::Url::parse(first)
+                .map_err(|e| failed(format!("authorization server {first:?}: {e}")))?;
+            (id, issuer, found.scopes_supported)
+        }
+        // 2025-03-26: no resource metadata; the server's origin is its authorization server.
+        None => {
+            let mut origin = server.clone();
+            origin.set_path("/");
+            origin.set_query(None);
+            origin.set_fragment(None);
+            (canonical(server), origin, Vec::new())
+        }
+    };
+    allowed(&issuer_url).map_err(|e| failed(e.to_string()))?;
+    let metadata = authorization_server(fetch, &issuer_url)
+        .await
+        .map_err(failed)?;
+    // The challenge's scopes first: the request that met it needs them.
+    let challenged = challenge.scopes();
+    if !challenged.is_empty() {
+        scopes = challenged;
+    } else if scopes.is_empty() {
+        scopes = metadata.scopes_supported.clone();
+    }
+    scopes.retain(|s| !s.is_empty());
+    Ok(Discovered {
+        issuer: metadata.issuer.clone(),
+        metadata,
+        resource: resource_id,
+        scopes,
+    })
+}
+
+/// The authorization server's metadata for `issuer` (RFC 8414 §3 and OpenID discovery, in
+/// the order MCP 2025-11-25 gives), checked: its `issuer` is the URL it was found for, every
+/// endpoint is `https` (or loopback), and it does PKCE with S256.
+async fn authorization_server(fetch: &Fetch, issuer: &url::Url) -> Result<AsMetadata, String> {
+    let path = issuer.path().trim_end_matches('/');
+    let at = |suffix: &str| {
+        let mut url = issuer.clone();
+        url.set_query(None);
+        url.set_fragment(None);
+        url.set_path(suffix);
+        url
+    };
+    let mut urls = vec![at(&format!(
+        "/.well-known/oauth-authorization-server{path}"
+    ))];
+    urls.push(at(&format!("/.well-known/openid-configuration{path}")));
+    if !path.is_empty() {
+        urls.push(at(&format!("{path}/.well-known/openid-configuration")));
+    }
+    for url in urls {
+        let Some(metadata) = fetch
+            .json::<AsMetadata>(&url)
+            .await
+            .map_err(|e| format!("its authorization server's metadata: {e}"))?
+        else {
+            continue;
+        };
+        // RFC 8414 §3.3: the issuer must be the one the metadata was asked for, or a server
+        // could name another's endpoints as its own.
+        let stated = url::Url::parse(&metadata.issuer).map_err(|e| {
+            format!(
+                "the authorization server's metadata at {} states an issuer that is not a URL: {e}",
+                shown_url(&url)
+            )
+        })?;
+        if stated != *issuer {
+            return Err(format!(
+                "the authorization server's metadata at {} states the issuer {}, not {}: refused (RFC 8414 §3.3)",
+                shown_url(&url),
+                shown(&metadata.issuer),
+                shown_url(issuer)
+            ));
+        }
+        for (name, endpoint) in [
+            (
+                "authorization_endpoint",
+                Some(&metadata.authorization_endpoint),
+            ),
+            ("token_endpoint", Some(&metadata.token_endpoint)),
+            (
+                "registration_endpoint",
+                metadata.registration_endpoint.as_ref(),
+            ),
+        ] {
+            let Some(endpoint) = endpoint else { continue };
+            let parsed = url::Url::parse(endpoint)
+                .map_err(|e| format!("its {name} {:?} is not a URL: {e}", shown(endpoint)))?;
+            allowed(&parsed).map_err(|e| format!("its {name}: {e}"))?;
+        }
+        if !metadata
+            .code_challenge_methods_supported
+            .iter()
+            .any(|m| m == "S256")
+        {
+            return Err(format!(
+                "the authorization server {} does not list PKCE with S256 (code_challenge_methods_supported), which MCP requires",
+                shown_url(issuer)
+            ));
+        }
+        return Ok(metadata);
+    }
+    Err(format!(
+        "no authorization server metadata found for {} (RFC 8414 or OpenID discovery)",
+        shown_url(issuer)
+    ))
+}
+
+/// RFC 9728's well-known URLs for `server`: with its path inserted, then at its origin.
+fn well_known(server: &url::Url, name: &str) -> Vec<url::Url> {
+    let path = server.path().trim_end_matches('/');
+    let mut out = Vec::new();
+    for suffix in [
+        format!("/.well-known/{name}{path}"),
+        format!("/.well-known/{name}"),
+    ] {
+        let mut url = server.clone();
+        url.set_query(None);
+        url.set_fragment(None);
+        url.set_path(&suffix);
+        if !out.contains(&url) {
+            out.push(url);
+        }
+    }
+    out
+}
+
+/// The `resource` a server's metadata states, checked against the server itself (RFC 9728
+/// §3.3): its origin, and its path the server's or a whole-segment prefix of it. Any other
+/// would have the person sign in for, and the proxy then hold, a token for another resource.
+fn checked_resource(server: &url::Url, stated: &str) -> Result<String, String> {
+    let refused = || {
+        format!(
+            "its resource metadata names the resource {}, which is not this server ({}): refused, a token for it must not be sent here (RFC 9728 §3.3)",
+            shown(stated),
+            shown_url(server)
+        )
+    };
+    let parsed = url::Url::parse(stated).map_err(|_| refused())?;
+    if parsed.origin() != server.origin() || parsed.query().is_some() || parsed.fragment().is_some()
+    {
+        return Err(refused());
+    }
+    let theirs = parsed.path().trim_end_matches('/');
+    let ours = server.path().trim_end_matches('/');
+    let prefix = theirs.is_empty()
+        || ours == theirs
+        || ours
+            .strip_prefix(theirs)
+            .is_some_and(|rest| rest.starts_with('/'));
+    if !prefix {
+        return Err(refused());
+    }
+    Ok(stated.to_owned())
+}
+
+/// The server's URL as a resource indicator: without its fragment.
+fn canonical(server: &url::Url) -> String {
+    let mut url = server.clone();
+    url.set_fragment(None);
+    url.to_string()
+}
+
+/// Space-separated scopes.
+pub(super) fn words(text: Option<&str>) -> Vec<String> {
+    text.unwrap_or_default()
+        .split_ascii_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A server-made string as an error shows it: printable, at most 200 characters.
+pub(super) fn shown(text: &str) -> String {
+    text.chars().filter(|c| !c.is_control()).take(200).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_bearer_challenge() {
+        let c = Challenge::parse(
+            r#"Bearer error="insufficient_scope", scope="files:read files:write", resource_metadata="https://a.example/.well-known/oauth-protected-resource/mcp""#,
+        )
+        .unwrap();
+        assert_eq!(c.error.as_deref(), Some("insufficient_scope"));
+        assert_eq!(c.scopes(), ["files:read", "files:write"]);
+        assert_eq!(
+            c.resource_metadata.as_deref(),
+            Some("https://a.example/.well-known/oauth-protected-resource/mcp")
+        );
+        let c = Challenge::parse(r#"Basic realm="x", Bearer error=invalid_token, scope="a\"b""#)
+            .unwrap();
+        assert_eq!(c.error.as_deref(), Some("invalid_token"));
+        assert_eq!(c.scope.as_deref(), Some("a\"b"));
+        assert!(Challenge::parse("Basic realm=x").is_none());
+    }
+
+    #[test]
+    fn a_resource_must_be_this_server() {
+        let server = url::Url::parse("https://mcp.example/team/mcp").unwrap();
+        for ok in [
+            "https://mcp.example/team/mcp",
+            "https://mcp.example/team/",
+            "https://mcp.example/",
+            "https://mcp.example",
+        ] {
+            assert!(checked_resource(&server, ok).is_ok(), "{ok}");
+        }
+        for no in [
+            "https://other.example/team/mcp",
+            "http://mcp.example/team/mcp",
+            "https://mcp.example:8443/team/mcp",
+            "https://mcp.example/tea",
+            "https://mcp.example/team/mcp/more",
+            "https://mcp.example/team/mcp?x=1",
+            "not a url",
+        ] {
+            assert!(checked_resource(&server, no).is_err(), "{no}");
+        }
+    }
+
+    #[test]
+    fn the_well_known_urls_keep_the_path() {
+        let server = url::Url::parse("https://mcp.example/team/mcp?k=1").unwrap();
+        let urls: Vec<String> = well_known(&server, "oauth-protected-resource")
+            .iter()
+            .map(|u| u.to_string())
+            .collect();
+        assert_eq!(
+            urls,
+            [
+                "https://mcp.example/.well-known/oauth-protected-resource/team/mcp",
+                "https://mcp.example/.well-known/oauth-protected-resource"
+            ]
+        );
+    }
+}

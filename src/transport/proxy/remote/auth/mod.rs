@@ -1,0 +1,748 @@
+//! Signing in to a remote server that answers 401 (MCP authorization, 2025-06-18 and
+//! 2025-11-25): the person signs in in a browser, and every request then carries a token
+//! meant for this server alone.
+//!
+//! The parts: `fetch.rs` is the sign-in's HTTP (https off loopback, no redirects, bounded);
+//! `discover.rs` reads the challenge and finds the authorization server, checking what each
+//! document names; `browser.rs` opens the authorization URL and takes the one code that comes
+//! back for its `state`; `cache.rs` keeps the tokens for the next start ([`TokenCache`]);
+//! `board.rs` is what the person is shown ([`SignIns`]) and the audit line. This file is the
+//! flow: [`SignIn`] (what the proxy is given), and `Auth`, which the proxy's HTTP client asks
+//! for the token to send and tells of each challenge. The `oauth2` crate does PKCE, `state`
+//! and the token requests.
+
+mod board;
+mod browser;
+mod cache;
+mod discover;
+mod fetch;
+
+use std::sync::{Arc, Mutex};
+
+use oauth2::basic::{BasicClient, BasicTokenType};
+use oauth2::{
+    AuthType, AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken, EndpointNotSet,
+    EndpointSet, PkceCodeChallenge, RedirectUrl, RefreshToken, RequestTokenError, Scope,
+    TokenResponse, TokenUrl,
+};
+use tokio::sync::watch;
+
+pub use board::{SignInCard, SignInState, SignIns};
+pub use cache::{CacheError, CachedSignIn, TokenCache};
+use cache::{Grant, now};
+use discover::{Challenge, Discovered, discover, shown};
+use fetch::{Fetch, FetchError};
+
+use super::given::{RemoteError, shown_url};
+use crate::limits::{SIGN_IN_OPEN, SIGN_IN_WAIT, TOKEN_REFRESH_MARGIN};
+
+/// How `proxy --url` signs in to a server that answers 401: on by default on the command
+/// line (`--no-sign-in` turns it off), and never when the user sends an `Authorization`
+/// header of their own.
+///
+/// Its `Debug` never shows the client secret.
+#[derive(Clone)]
+pub struct SignIn {
+    client_id: Option<String>,
+    client_secret: Option<String>,
+    redirect_port: Option<u16>,
+    board: SignIns,
+    cache: Option<TokenCache>,
+    open_browser: bool,
+}
+
+impl std::fmt::Debug for SignIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignIn")
+            .field("client_id", &self.client_id)
+            .field("client_secret", &self.client_secret.as_ref().map(|_| "…"))
+            .field("redirect_port", &self.redirect_port)
+            .field("cache", &self.cache)
+            .field("open_browser", &self.open_browser)
+            .finish()
+    }
+}
+
+impl Default for SignIn {
+    fn default() -> SignIn {
+        SignIn::new()
+    }
+}
+
+impl SignIn {
+    /// Dynamic registration, the browser opened with `$BROWSER` or `xdg-open`, and the
+    /// tokens kept in the user's private state directory ([`TokenCache::default_location`]).
+    pub fn new() -> SignIn {
+        SignIn {
+            client_id: None,
+            client_secret: None,
+            redirect_port: None,
+            board: SignIns::new(),
+            cache: TokenCache::default_location().ok(),
+            open_browser: true,
+        }
+    }
+
+    /// A client registered beforehand with the authorization server (no dynamic
+    /// registration).
+    pub fn client_id(mut self, id: &str) -> SignIn {
+        self.client_id = Some(id.to_owned());
+        self
+    }
+
+    /// The registered client's secret, from the environment variable `var` (never from the
+    /// command line, where other users can read it).
+    pub fn client_secret_from_env(mut self, var: &str) -> Result<SignIn, RemoteError> {
+        let value = std::env::var(var).map_err(|_| RemoteError::MissingVar {
+            name: "the OAuth client secret".into(),
+            var: var.to_owned(),
+        })?;
+        self.client_secret = Some(value);
+        Ok(self)
+    }
+
+    /// The port of the loopback redirect (`http://127.0.0.1:PORT/callback`), for a client
+    /// registered with a fixed one; otherwise the system picks one per sign-in.
+    pub fn redirect_port(mut self, port: u16) -> SignIn {
+        self.redirect_port = Some(port);
+        self
+    }
+
+    /// Shows the sign-ins on `board` (a console), and records them in its audit log.
+    pub fn board(mut self, board: SignIns) -> SignIn {
+        self.board = board;
+        self
+    }
+
+    /// Keeps tokens in `cache`; `None` keeps them in memory only.
+    pub fn cache(mut self, cache: Option<TokenCache>) -> SignIn {
+        self.cache = cache;
+        self
+    }
+
+    /// Whether to open the person's browser (`$BROWSER`, `xdg-open`); without, the sign-in
+    /// is offered on the console and on stderr only.
+    pub fn open_browser(mut self, open: bool) -> SignIn {
+        self.open_browser = open;
+        self
+    }
+}
+
+/// Why signing in did not give a token.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(super) enum SignInError {
+    /// The server's or its authorization server's metadata could not be found or was refused.
+    #[error("cannot find where to sign in to {server}: {reason}")]
+    Discovery { server: String, reason: String },
+    /// Dynamic registration failed, or is not offered.
+    #[error("cannot register fsbroker with the authorization server {issuer}: {reason}")]
+    Registration { issuer: String, reason: String },
+    /// The loopback listener could not be set up.
+    #[error("{reason}")]
+    Callback { reason: String },
+    /// The authorization server sent the person back with an error.
+    #[error("the authorization server did not sign you in: {reason}")]
+    Refused { reason: String },
+    /// The code (or a refresh token) was refused at the token endpoint.
+    #[error("the authorization server {issuer} refused to issue a token: {reason}")]
+    Token { issuer: String, reason: String },
+    /// The person has not signed in yet; the sign-in stays open.
+    #[error(
+        "waiting for you to sign in at {origin} ({how}); the sign-in stays open for {} minutes: retry once signed in",
+        SIGN_IN_OPEN.as_secs() / 60
+    )]
+    Pending { origin: String, how: String },
+    /// Nobody signed in while the sign-in was open.
+    #[error("nobody signed in within {} minutes", SIGN_IN_OPEN.as_secs() / 60)]
+    Expired,
+    /// The server refused the token its authorization server had just issued.
+    #[error(
+        "the server refused the token it was just issued (its authorization server and it disagree); fsbroker does not sign in again in a loop"
+    )]
+    Rejected,
+    /// A token would travel in the clear.
+    #[error(
+        "{server} is plain http to a host that is not loopback: a token sent there would travel in the clear; use https"
+    )]
+    Plain { server: String },
+}
+
+/// The sign-in state of one remote server, which the proxy's HTTP client consults.
+pub(super) struct Auth {
+    server: url::Url,
+    /// The server as messages show it.
+    shown: String,
+    fetch: Arc<Fetch>,
+    options: SignIn,
+    grant: Mutex<Option<Grant>>,
+    /// One decision at a time about refreshing or signing in.
+    turn: tokio::sync::Mutex<Turn>,
+    /// Every token and secret this process has held, for [`Auth::redact`].
+    seen: Mutex<Vec<String>>,
+}
+
+#[derive(Default)]
+struct Turn {
+    /// The interactive sign-in under way (`None` inside until it ends).
+    signing_in: Option<watch::Receiver<Option<Result<(), SignInError>>>>,
+    /// The access token the last interactive sign-in got.
+    last_interactive: Option<String>,
+}
+
+/// The `oauth2` client with a token endpoint.
+type TokenClient =
+    BasicClient<EndpointNotSet, EndpointNotSet, EndpointNotSet, EndpointNotSet, EndpointSet>;
+
+impl Auth {
+    /// The sign-in state of `server`, with its cached sign-in if there is one.
+    pub(super) fn new(
+        server: &url::Url,
+        options: SignIn,
+        ca_certs: &[std::path::PathBuf],
+    ) -> Result<Auth, RemoteError> {
+        let auth = Auth {
+            server: server.clone(),
+            shown: shown_url(server),
+            fetch: Arc::new(Fetch::new(ca_certs)?),
+            options,
+            grant: Mutex::new(None),
+            turn: tokio::sync::Mutex::default(),
+            seen: Mutex::new(Vec::new()),
+        };
+        let cached = auth.options.cache.as_ref().map(|c| c.load(server));
+        match cached {
+            Some(Ok(Some(grant))) => {
+                tracing::info!(server = %auth.shown, issuer = %grant.issuer, "using the sign-in kept from before");
+                auth.options.board.record(
+                    &auth.shown,
+                    Some(&grant.issuer),
+                    &grant.scopes,
+                    "cached",
+                    None,
+                );
+                auth.signed_in(grant);
+            }
+            Some(Err(e)) => tracing::warn!(error = %e, "the kept sign-ins cannot be read"),
+            _ => {}
+        }
+        Ok(auth)
+    }
+
+    /// The access token to send now, if signed in.
+    pub(super) fn token(&self) -> Option<String> {
+        self.lock_grant().as_ref().map(|g| g.access_token.clone())
+    }
+
+    /// Refreshes the token first when it expires within [`TOKEN_REFRESH_MARGIN`] and can be.
+    pub(super) async fn prepare(&self) {
+        let due = |g: &Grant| {
+            g.refresh_token.is_some()
+                && g.expires_at
+                    .is_some_and(|at| at <= now() + TOKEN_REFRESH_MARGIN.as_secs())
+        };
+        if !self.lock_grant().as_ref().is_some_and(due) {
+            return;
+        }
+        let _turn = self.turn.lock().await;
+        let Some(grant) = self.lock_grant().clone().filter(due) else {
+            return;
+        };
+        if let Err(e) = self.refresh(&grant).await {
+            tracing::warn!(server = %self.shown, error = %e, "the token could not be refreshed before it expires");
+        }
+    }
+
+    /// The server refused `sent` (a 401, or a 403 asking for more scope): gets a token it
+    /// may take (refreshed, or from a new sign-in), or says why not. Waits at most
+    /// [`SIGN_IN_WAIT`] for the person.
+    pub(super) async fn challenged(
+        self: &Arc<Self>,
+        sent: Option<&str>,
+        header: Option<&str>,
+    ) -> Result<(), SignInError> {
+        if self.server.scheme() == "http" && !fetch::is_loopback(&self.server) {
+            return Err(SignInError::Plain {
+                server: self.shown.clone(),
+            });
+        }
+        let challenge = header.and_then(Challenge::parse).unwrap_or_default();
+        let step_up = challenge.error.as_deref() == Some("insufficient_scope");
+        let mut waiting = {
+            let mut turn = self.turn.lock().await;
+            let now_held = self.token();
+            if now_held.is_some() && now_held.as_deref() != sent {
+                // Another request got a new token meanwhile.
+                return Ok(());
+            }
+            let under_way = turn
+                .signing_in
+                .as_ref()
+                .filter(|rx| rx.borrow().is_none())
+                .cloned();
+            match under_way {
+                Some(rx) => rx,
+                None => {
+                    if !step_up {
+                        let held = self.lock_grant().clone();
+                        if let Some(grant) = held {
+                            if grant.refresh_token.is_some() {
+                                match self.refresh(&grant).await {
+                                    Ok(()) => return Ok(()),
+                                    Err(e) => {
+                                        tracing::warn!(server = %self.shown, error = %e, "the token could not be refreshed; signing in again")
+                                    }
+                                }
+                            }
+                        }
+                        if sent.is_some() && sent == turn.last_interactive.as_deref() {
+                            return Err(SignInError::Rejected);
+                        }
+                    }
+                    let keep = if step_up {
+                        self.lock_grant()
+                            .as_ref()
+                            .map(|g| g.scopes.clone())
+                            .unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    let (tx, rx) = watch::channel(None);
+                    turn.signing_in = Some(rx.clone());
+                    let me = Arc::clone(self);
+                    tokio::spawn(async move {
+                        let outcome = me.sign_in(challenge, keep).await;
+                        let shared = match outcome {
+                            Ok(grant) => {
+                                me.turn.lock().await.last_interactive =
+                                    Some(grant.access_token.clone());
+                                me.keep(grant, "signed-in");
+                                Ok(())
+                            }
+                            Err(e) => {
+                                tracing::error!(server = %me.shown, error = %e, "signing in failed");
+                                me.failed(&e);
+                                Err(e)
+                            }
+                        };
+                        let _ = tx.send(Some(shared));
+                    });
+                    rx
+                }
+            }
+        };
+        match tokio::time::timeout(SIGN_IN_WAIT, waiting.wait_for(Option::is_some)).await {
+            Ok(Ok(outcome)) => outcome.clone().unwrap_or(Err(SignInError::Expired)),
+            Ok(Err(_)) => Err(SignInError::Expired),
+            Err(_) => {
+                let card = self
+                    .options
+                    .board
+                    .cards()
+                    .into_iter()
+                    .find(|c| c.server == self.shown);
+                Err(SignInError::Pending {
+                    origin: card
+                        .as_ref()
+                        .and_then(|c| c.origin.clone())
+                        .unwrap_or_else(|| "the authorization server".into()),
+                    how: self.how_offered(),
+                })
+            }
+        }
+    }
+
+    /// `text` without any token or secret this process has held.
+    pub(super) fn redact(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for secret in self.seen.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            if secret.len() >= 8 && out.contains(secret.as_str()) {
+                out = out.replace(secret.as_str(), "[redacted]");
+            }
+        }
+        out
+    }
+
+    /// One interactive sign-in: discovery, registration, the browser, the code, the token.
+    async fn sign_in(&self, challenge: Challenge, keep: Vec<String>) -> Result<Grant, SignInError> {
+        let found = discover(&self.fetch, &self.server, &challenge).await?;
+        let mut scopes = keep;
+        for s in &found.scopes {
+            if !scopes.contains(s) {
+                scopes.push(s.clone());
+            }
+        }
+        let callback = browser::Callback::bind(self.options.redirect_port).await?;
+        let (client_id, secret, method) = self.client(&found, &callback.redirect).await?;
+        let token_failed = |reason: String| SignInError::Token {
+            issuer: found.issuer.clone(),
+            reason,
+        };
+        let client = token_client(
+            &found.metadata.token_endpoint,
+            &client_id,
+            secret.as_deref(),
+            &method,
+        )
+        .map_err(token_failed)?
+        .set_auth_uri(
+            AuthUrl::new(found.metadata.authorization_endpoint.clone())
+                .map_err(|e| token_failed(e.to_string()))?,
+        )
+        .set_redirect_uri(
+            RedirectUrl::new(callback.redirect.clone()).map_err(|e| token_failed(e.to_string()))?,
+        );
+        let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
+        let mut request = client
+            .authorize_url(CsrfToken::new_random)
+            .set_pkce_challenge(challenge)
+            .add_extra_param("resource", found.resource.clone());
+        for scope in &scopes {
+            request = request.add_scope(Scope::new(scope.clone()));
+        }
+        let (authorize, state) = request.url();
+        let (code, _serving) = callback.serve(state.secret().clone());
+        let origin = authorize.origin().ascii_serialization();
+        self.options.board.set(SignInCard {
+            server: self.shown.clone(),
+            state: SignInState::Needed,
+            issuer: Some(found.issuer.clone()),
+            scopes: scopes.clone(),
+            authorize: Some(authorize.to_string()),
+            origin: Some(origin.clone()),
+            reason: None,
+            at: std::time::SystemTime::now(),
+        });
+        let opened = if self.options.open_browser {
+            browser::open(authorize.as_str())
+        } else {
+            Err("opening a browser is turned off".into())
+        };
+        match &opened {
+            Ok(how) => {
+                tracing::info!(server = %self.shown, at = %origin, "sign-in opened in the browser with {how}")
+            }
+            Err(why) if self.options.board.is_shown() => tracing::warn!(
+                server = %self.shown,
+                "sign in to {} on the console (`fsbroker console`); no browser was opened ({why})",
+                self.shown
+            ),
+            // The one line that says how to finish: the URL carries no secret (PKCE keeps a
+            // code sent to it useless to anyone but this process).
+            Err(why) => tracing::warn!(
+                "sign in to {}: open {} in a browser on this machine (no browser was opened: {why}); waiting {} minutes",
+                self.shown,
+                authorize,
+                SIGN_IN_OPEN.as_secs() / 60
+            ),
+        }
+        let code = match tokio::time::timeout(SIGN_IN_OPEN, code).await {
+            Ok(Ok(Ok(code))) => code,
+            Ok(Ok(Err(e))) => return Err(e),
+            _ => return Err(SignInError::Expired),
+        };
+        let http = fetch::for_oauth2(&self.fetch);
+        let token = client
+            .exchange_code(AuthorizationCode::new(code))
+            .set_pkce_verifier(verifier)
+            .add_extra_param("resource", found.resource.clone())
+            .request_async(&http)
+            .await
+            .map_err(|e| token_failed(token_error(&e)))?;
+        if *token.token_type() != BasicTokenType::Bearer {
+            return Err(token_failed(format!(
+                "it issued a {:?} token; MCP takes Bearer tokens",
+                token.token_type()
+            )));
+        }
+        let granted = token
+            .scopes()
+            .map(|s| s.iter().map(|s| s.to_string()).collect())
+            .unwrap_or(scopes);
+        Ok(Grant {
+            server: self.server.to_string(),
+            issuer: found.issuer.clone(),
+            token_endpoint: found.metadata.token_endpoint.clone(),
+            resource: found.resource.clone(),
+            client_id,
+            client_secret: secret,
+            auth_method: method,
+            access_token: token.access_token().secret().clone(),
+            refresh_token: token.refresh_token().map(|r| r.secret().clone()),
+            expires_at: token.expires_in().map(|d| now() + d.as_secs()),
+            scopes: granted,
+            saved_at: now(),
+        })
+    }
+
+    /// The client to sign in as: the one configured, else one registered now (RFC 7591)
+    /// for `redirect`. Its id, secret and how it authenticates at the token endpoint.
+    async fn client(
+        &self,
+        found: &Discovered,
+        redirect: &str,
+    ) -> Result<(String, Option<String>, String), SignInError> {
+        let methods = &found.metadata.token_endpoint_auth_methods_supported;
+        if let Some(id) = &self.options.client_id {
+            let secret = self.options.client_secret.clone();
+            let method = match &secret {
+                None => "none",
+                Some(_)
+                    if methods.is_empty() || methods.iter().any(|m| m == "client_secret_basic") =>
+                {
+                    "basic"
+                }
+                Some(_) => "post",
+            };
+            if let Some(s) = &secret {
+                self.remember(s);
+            }
+            return Ok((id.clone(), secret, method.to_owned()));
+        }
+        let failed = |reason: String| SignInError::Registration {
+            issuer: found.issuer.clone(),
+            reason,
+        };
+        let Some(endpoint) = &found.metadata.registration_endpoint else {
+            return Err(failed(
+                "it offers no dynamic registration (no registration_endpoint): give a client registered with it, --oauth-client-id ID".into(),
+            ));
+        };
+        let body = serde_json::json!({
+            "client_name": "fsbroker",
+            "redirect_uris": [redirect],
+            "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"],
+            "token_endpoint_auth_method": "none",
+        });
+        let request = http::Request::post(endpoint.as_str())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json")
+            .body(body.to_string().into_bytes())
+            .map_err(|e| failed(e.to_string()))?;
+        let response = self
+            .fetch
+            .request(request)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        if !response.status().is_success() {
+            let why = serde_json::from_slice::<serde_json::Value>(response.body())
+                .ok()
+                .and_then(|v| {
+                    let e = v.get("error")?.as_str()?.to_owned();
+                    let d = v.get("error_description").and_then(|d| d.as_str());
+                    Some(match d {
+                        Some(d) => format!("{}: {}", shown(&e), shown(d)),
+                        None => shown(&e),
+                    })
+                })
+                .unwrap_or_default();
+            return Err(failed(format!("HTTP {} {why}", response.status().as_u16())));
+        }
+        #[derive(serde::Deserialize)]
+        struct Registered {
+            client_id: String,
+            #[serde(default)]
+            client_secret: Option<String>,
+            #[serde(default)]
+            token_endpoint_auth_method: Option<String>,
+        }
+        let registered: Registered = serde_json::from_slice(response.body())
+            .map_err(|e| failed(format!("its answer is not a registration: {e}")))?;
+        if let Some(s) = &registered.client_secret {
+            self.remember(s);
+        }
+        let method = match (
+            &registered.client_secret,
+            registered.token_endpoint_auth_method.as_deref(),
+        ) {
+            (None, _) | (_, Some("none")) => "none",
+            (Some(_), Some("client_secret_post")) => "post",
+            (Some(_), _) => "basic",
+        };
+        Ok((
+            registered.client_id,
+            registered.client_secret,
+            method.to_owned(),
+        ))
+    }
+
+    /// Refreshes `grant`'s token at the token endpoint it came from.
+    async fn refresh(&self, grant: &Grant) -> Result<(), SignInError> {
+        let failed = |reason: String| SignInError::Token {
+            issuer: grant.issuer.clone(),
+            reason,
+        };
+        let Some(refresh) = &grant.refresh_token else {
+            return Err(failed("no refresh token was issued".into()));
+        };
+        // The endpoint was checked when it was found; a cache edited since is checked again.
+        let endpoint = url::Url::parse(&grant.token_endpoint).map_err(|e| failed(e.to_string()))?;
+        fetch::allowed(&endpoint).map_err(|e| failed(e.to_string()))?;
+        let client = token_client(
+            &grant.token_endpoint,
+            &grant.client_id,
+            grant.client_secret.as_deref(),
+            &grant.auth_method,
+        )
+        .map_err(failed)?;
+        let http = fetch::for_oauth2(&self.fetch);
+        let refresh = RefreshToken::new(refresh.clone());
+        let outcome = client
+            .exchange_refresh_token(&refresh)
+            .add_extra_param("resource", grant.resource.clone())
+            .request_async(&http)
+            .await;
+        let token = match outcome {
+            Ok(t) => t,
+            Err(e) => {
+                let reason = token_error(&e);
+                // A refresh token refused for good is forgotten, so no later start sends it.
+                if matches!(e, RequestTokenError::ServerResponse(_)) {
+                    *self.lock_grant() = None;
+                    if let Some(cache) = &self.options.cache {
+                        let _ = cache.forget(&grant.server, &grant.issuer);
+                    }
+                }
+                self.options.board.record(
+                    &self.shown,
+                    Some(&grant.issuer),
+                    &grant.scopes,
+                    "refresh-failed",
+                    Some(&reason),
+                );
+                return Err(failed(reason));
+            }
+        };
+        let mut next = grant.clone();
+        next.access_token = token.access_token().secret().clone();
+        if let Some(r) = token.refresh_token() {
+            next.refresh_token = Some(r.secret().clone());
+        }
+        next.expires_at = token.expires_in().map(|d| now() + d.as_secs());
+        if let Some(s) = token.scopes() {
+            next.scopes = s.iter().map(|s| s.to_string()).collect();
+        }
+        next.saved_at = now();
+        self.keep(next, "refreshed");
+        Ok(())
+    }
+
+    /// Holds `grant` from now on, keeps it in the cache, and shows and records it.
+    fn keep(&self, grant: Grant, outcome: &str) {
+        if let Some(cache) = &self.options.cache {
+            if let Err(e) = cache.save(&grant) {
+                tracing::warn!(error = %e, "the sign-in is not kept for the next start");
+            }
+        }
+        tracing::info!(server = %self.shown, issuer = %grant.issuer, scopes = %grant.scopes.join(" "), "{outcome}");
+        self.options.board.record(
+            &self.shown,
+            Some(&grant.issuer),
+            &grant.scopes,
+            outcome,
+            None,
+        );
+        self.signed_in(grant);
+    }
+
+    fn signed_in(&self, grant: Grant) {
+        self.remember(&grant.access_token);
+        if let Some(r) = &grant.refresh_token {
+            self.remember(r);
+        }
+        self.options.board.set(SignInCard {
+            server: self.shown.clone(),
+            state: SignInState::SignedIn,
+            issuer: Some(grant.issuer.clone()),
+            scopes: grant.scopes.clone(),
+            authorize: None,
+            origin: None,
+            reason: None,
+            at: std::time::SystemTime::now(),
+        });
+        *self.lock_grant() = Some(grant);
+    }
+
+    fn failed(&self, error: &SignInError) {
+        let reason = self.redact(&error.to_string());
+        let issuer = self.lock_grant().as_ref().map(|g| g.issuer.clone());
+        self.options
+            .board
+            .record(&self.shown, issuer.as_deref(), &[], "failed", Some(&reason));
+        self.options.board.set(SignInCard {
+            server: self.shown.clone(),
+            state: SignInState::Failed,
+            issuer,
+            scopes: Vec::new(),
+            authorize: None,
+            origin: None,
+            reason: Some(reason),
+            at: std::time::SystemTime::now(),
+        });
+    }
+
+    /// How the person was offered the sign-in, for an error that asks them to finish it.
+    fn how_offered(&self) -> String {
+        let mut ways = Vec::new();
+        if self.options.open_browser {
+            ways.push("a browser was opened");
+        }
+        if self.options.board.is_shown() {
+            ways.push("the console shows it: `fsbroker console`");
+        }
+        ways.push("fsbroker's log has the URL");
+        ways.join("; ")
+    }
+
+    fn remember(&self, secret: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if !seen.iter().any(|s| s == secret) {
+            seen.push(secret.to_owned());
+            seen.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        }
+    }
+
+    fn lock_grant(&self) -> std::sync::MutexGuard<'_, Option<Grant>> {
+        self.grant.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The `resource_metadata` of a `WWW-Authenticate` value, as messages show it.
+pub(super) fn resource_metadata(header: &str) -> Option<String> {
+    Challenge::parse(header)?
+        .resource_metadata
+        .map(|m| shown(&m))
+}
+
+/// The `oauth2` client for a token endpoint, as `client_id` authenticating by `method`.
+fn token_client(
+    endpoint: &str,
+    client_id: &str,
+    secret: Option<&str>,
+    method: &str,
+) -> Result<TokenClient, String> {
+    let mut client = BasicClient::new(ClientId::new(client_id.to_owned()))
+        .set_token_uri(TokenUrl::new(endpoint.to_owned()).map_err(|e| e.to_string())?);
+    if let Some(secret) = secret.filter(|_| method != "none") {
+        client = client.set_client_secret(ClientSecret::new(secret.to_owned()));
+    }
+    Ok(client.set_auth_type(if method == "post" {
+        AuthType::RequestBody
+    } else {
+        AuthType::BasicAuth
+    }))
+}
+
+/// A token request's failure in words: the authorization server's error code and
+/// description (shown as text), never its whole body.
+fn token_error<T: oauth2::ErrorResponse + 'static>(e: &RequestTokenError<FetchError, T>) -> String {
+    match e {
+        RequestTokenError::ServerResponse(r) => shown(&r.to_string()),
+        RequestTokenError::Request(e) => e.to_string(),
+        RequestTokenError::Parse(e, _) => format!(
+            "its answer is not a token response ({})",
+            shown(&e.to_string())
+        ),
+        RequestTokenError::Other(e) => shown(e),
+    }
+}
