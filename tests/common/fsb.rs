@@ -233,6 +233,8 @@ pub struct Cmd {
     program: OsString,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    /// Variables of the test's own environment the process does not get.
+    unset: Vec<OsString>,
     cwd: Option<PathBuf>,
     log: Log,
     group: bool,
@@ -256,6 +258,7 @@ impl Cmd {
             program: program.as_ref().to_owned(),
             args: args.iter().map(|a| a.as_ref().to_owned()).collect(),
             env: Vec::new(),
+            unset: Vec::new(),
             cwd: None,
             log: Log::Inherit,
             group: false,
@@ -271,6 +274,12 @@ impl Cmd {
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Cmd {
         self.env
             .push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// Leaves an environment variable of the test's out.
+    pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> Cmd {
+        self.unset.push(key.as_ref().to_owned());
         self
     }
 
@@ -341,6 +350,9 @@ impl Cmd {
                 c
             }
         };
+        for key in &self.unset {
+            cmd.env_remove(key);
+        }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(stdin)
             .stdout(stdout);

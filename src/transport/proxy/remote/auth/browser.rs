@@ -37,8 +37,8 @@ pub(super) fn open(url: &str) -> Result<String, String> {
             }
         }
     }
-    let desktop =
-        std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
+    let set = |var| std::env::var_os(var).is_some_and(|v| !v.is_empty());
+    let desktop = set("DISPLAY") || set("WAYLAND_DISPLAY");
     if desktop {
         match spawn(&["xdg-open".to_owned(), url.to_owned()]) {
             Ok(()) => return Ok("xdg-open".to_owned()),
