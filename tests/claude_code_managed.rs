@@ -97,7 +97,7 @@ impl World {
             ));
             return None;
         }
-        let Some(node) = on_path(&common::peers::node()) else {
+        let Some(node) = common::peers::on_path(&common::peers::node()) else {
             panic!("Node.js is not on PATH (the npm peers need it)");
         };
         let server =
@@ -268,15 +268,6 @@ fn server_log(home: &Path, name: &str) -> String {
 }
 
 /// The absolute path of `program` on `PATH` (or `program` itself when it has a slash).
-fn on_path(program: &str) -> Option<PathBuf> {
-    if program.contains('/') {
-        return Some(PathBuf::from(program));
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-}
-
 fn serial() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);

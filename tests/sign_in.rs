@@ -411,3 +411,138 @@ fn without_a_browser_one_line_says_how_and_the_host_hears_why() {
     assert!(log.contains("signed-in"), "{log}");
     assert_nowhere(&secrets(&desk), &[("stderr", log)]);
 }
+
+/// The section "A remote server that needs sign-in" of docs/hosts.md.
+fn documented_section() -> String {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/hosts.md")).unwrap();
+    let at = doc
+        .find("### A remote server that needs sign-in")
+        .expect("docs/hosts.md has the section");
+    let rest = &doc[at..];
+    let end = rest[4..].find("\n### ").map_or(rest.len(), |e| e + 4);
+    rest[..end].to_owned()
+}
+
+/// The section's code block that starts with `first`.
+fn block(section: &str, first: &str) -> String {
+    section
+        .split("```")
+        .skip(1)
+        .step_by(2)
+        .map(|b| b.split_once('\n').map_or("", |(_, body)| body))
+        .find(|b| b.trim_start().starts_with(first))
+        .unwrap_or_else(|| panic!("no block starting {first:?} in the section"))
+        .to_owned()
+}
+
+/// The documented entries, run as written (their example paths and URL made this machine's):
+/// Claude Desktop's as a host runs it, and Claude Code's added with `claude mcp add-json`,
+/// then `claude mcp list` connected through a sign-in in the browser, and a second time from
+/// the kept sign-in, without it.
+#[test]
+fn the_documented_entries_sign_in_claude_code_included() {
+    require_npm();
+    let claude = peers_dir().join("node_modules/.bin/claude");
+    let runs = std::process::Command::new(&claude)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        runs,
+        "{} --version fails: npm ci --prefix tests/peers",
+        claude.display()
+    );
+    let demo = Demo::start(&["--oauth"]);
+    let desk = Desk::new();
+    let policy = desk.base.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!("[[root]]\npath = {:?}\n", path_str(&desk.base.join("root"))),
+    )
+    .unwrap();
+    let ours = |text: &str| {
+        text.replace("/home/ana/.cargo/bin/fsbroker", common::bin())
+            .replace("/Users/ana/.cargo/bin/fsbroker", common::bin())
+            .replace("/home/ana/.config/fsbroker/policy.toml", &path_str(&policy))
+            .replace(
+                "/Users/ana/.config/fsbroker/policy.toml",
+                &path_str(&policy),
+            )
+            .replace("https://mcp.example.com/mcp", &demo.server.url)
+    };
+    let section = documented_section();
+
+    // Claude Desktop's entry, run as the host runs it.
+    let desktop: Value = serde_json::from_str(&ours(&block(&section, "{"))).unwrap();
+    let entry = &desktop["mcpServers"]["acme"];
+    let args: Vec<String> = entry["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    let cmd = Cmd::program(entry["command"].as_str().unwrap(), &args)
+        .env("XDG_STATE_HOME", desk.state())
+        .env("BROWSER", peers_dir().join("browser_follow.py"))
+        .env("BROWSER_LOG", desk.browser_log())
+        .log(Log::Keep)
+        .record()
+        .deadline(WAIT);
+    let mut host = Host::new(cmd.spawn(), None);
+    round(&mut host);
+    host.finish();
+    assert_eq!(desk.browser_calls().len(), 1);
+    let (ok, out, err) = auth(&desk, &["logout", &demo.server.url]);
+    assert!(ok, "{out}{err}");
+
+    // Claude Code's, added as written, then listed: it connects through the sign-in.
+    let home = desk.base.join("home");
+    let project = desk.base.join("project");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&project).unwrap();
+    let node_dir = common::peers::on_path(&common::peers::node())
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .expect("node on PATH");
+    let path = format!(
+        "{}:{}:/usr/local/bin:/usr/bin:/bin",
+        claude.parent().unwrap().display(),
+        node_dir.display()
+    );
+    let run = |script: &str| {
+        let mut cmd = std::process::Command::new("bash");
+        cmd.arg("-c")
+            .arg(script)
+            .current_dir(&project)
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", &home)
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("XDG_STATE_HOME", desk.state())
+            .env("BROWSER", peers_dir().join("browser_follow.py"))
+            .env("BROWSER_LOG", desk.browser_log());
+        let out = common::registry::output_within(&mut cmd, Duration::from_secs(120));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "`{script}` failed:\n{text}");
+        text
+    };
+    run(&ours(&block(&section, "claude mcp add-json acme")));
+    let listed = run("claude mcp list");
+    let connected = |text: &str| {
+        text.lines()
+            .any(|l| l.starts_with("acme: ") && l.ends_with("\u{2714} Connected"))
+    };
+    assert!(connected(&listed), "{listed}");
+    assert_eq!(desk.browser_calls().len(), 2, "signed in once more");
+    let listed = run("claude mcp list");
+    assert!(connected(&listed), "{listed}");
+    assert_eq!(
+        desk.browser_calls().len(),
+        2,
+        "the second start was signed in already"
+    );
+}

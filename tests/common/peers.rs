@@ -278,3 +278,13 @@ pub fn run_node(script: &str) -> Value {
         &[],
     )
 }
+
+/// Where `program` is: itself when it names a path, else the first match on `PATH`.
+pub fn on_path(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        return Some(PathBuf::from(program));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
