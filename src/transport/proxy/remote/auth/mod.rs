@@ -297,6 +297,19 @@ impl Auth {
                         if sent.is_some() && sent == turn.last_interactive.as_deref() {
                             return Err(SignInError::Rejected);
                         }
+                    } else {
+                        // A server that asks again for scopes the sign-in just granted would
+                        // have the person sign in forever.
+                        let granted = self
+                            .lock_grant()
+                            .as_ref()
+                            .map(|g| g.scopes.clone())
+                            .unwrap_or_default();
+                        let nothing_new = challenge.scopes().iter().all(|s| granted.contains(s));
+                        if sent.is_some() && sent == turn.last_interactive.as_deref() && nothing_new
+                        {
+                            return Err(SignInError::Rejected);
+                        }
                     }
                     let keep = if step_up {
                         self.lock_grant()
