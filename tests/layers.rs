@@ -153,7 +153,7 @@ const INSIDE: &[(&str, Table)] = &[
             ("sse", &[]),
             ("reads", &[]),
             ("session", &[]),
-            ("failure", &["http", "sse"]),
+            ("failure", &["given", "http", "sse"]),
             ("requests", &[]),
             ("inbound", &["failure", "reads"]),
             ("streams", &["failure", "session", "sse"]),

@@ -75,9 +75,13 @@ fn failed(why: &str) -> ExitCode {
 }
 
 /// A server-made string (an issuer, a scope) without control characters, which would forge
-/// another row.
+/// another row, nor the invisible ones that reorder or hide text (bidi controls, zero-width
+/// characters).
 fn printable(text: &str) -> String {
     text.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
+        .map(|c| {
+            let invisible = matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}');
+            if c.is_control() || invisible { '?' } else { c }
+        })
         .collect()
 }

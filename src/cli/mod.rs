@@ -64,7 +64,7 @@ enum Command {
     ///
     /// Example, a remote server with a bearer token from the environment (the token stays
     /// out of the command line, `ps` and the logs): MCP_TOKEN="Bearer $(cat ~/.config/acme/token)" fsbroker proxy --root ~/src/project --url https://mcp.example.com/mcp --header-env Authorization=MCP_TOKEN
-    Proxy(ProxyArgs),
+    Proxy(Box<ProxyArgs>),
     /// Check a policy file, or print its JSON Schema.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -324,9 +324,14 @@ struct ProxyArgs {
     #[arg(long, value_name = "ID", requires = "url")]
     oauth_client_id: Option<String>,
     /// The --oauth-client-id's secret, from the environment variable VAR (never the command
-    /// line, which other users can read).
-    #[arg(long, value_name = "VAR", requires = "oauth_client_id")]
+    /// line, which other users can read). Needs --oauth-issuer.
+    #[arg(long, value_name = "VAR", requires_all = ["oauth_client_id", "oauth_issuer"])]
     oauth_client_secret_env: Option<String>,
+    /// The authorization server (its issuer URL) the --oauth-client-id is registered with:
+    /// the client's id and secret are sent to it alone, whichever authorization server the
+    /// remote server names.
+    #[arg(long, value_name = "URL", requires = "oauth_client_id")]
+    oauth_issuer: Option<String>,
     /// Receive the sign-in on this loopback port (http://127.0.0.1:PORT/callback), for a
     /// client registered with a fixed redirect; by default any free port.
     #[arg(long, value_name = "PORT", requires = "url")]
@@ -512,7 +517,7 @@ pub(crate) fn main() -> ExitCode {
     logging::init();
     match cli.command {
         Command::Serve(args) => serve::run(args),
-        Command::Proxy(args) => proxy::run(args),
+        Command::Proxy(args) => proxy::run(*args),
         Command::Policy(PolicyCommand::Check {
             file,
             managed: false,

@@ -252,6 +252,9 @@ fn remote(
         if let Some(id) = &args.oauth_client_id {
             sign_in = sign_in.client_id(id);
         }
+        if let Some(issuer) = &args.oauth_issuer {
+            sign_in = sign_in.issuer(issuer);
+        }
         if let Some(var) = &args.oauth_client_secret_env {
             sign_in = sign_in
                 .client_secret_from_env(var)

@@ -10,6 +10,7 @@ use ::http::header::{HeaderValue, LOCATION, WWW_AUTHENTICATE};
 use hyper::body::Incoming;
 
 use super::Remote;
+use super::given::shown;
 use super::http::{BodyError, SendError, read_body};
 use super::sse::StreamError;
 use crate::error::ErrorKind;
@@ -162,21 +163,6 @@ fn resource_metadata(header: &str) -> Option<String> {
         None => rest.split([',', ' ']).next()?,
     };
     Some(value.to_owned())
-}
-
-/// A server-made string, as the proxy shows it: no control characters, nor the invisible
-/// ones that reorder or hide text on a terminal (bidi controls, zero-width characters), at
-/// most 300 chars.
-fn shown(text: &str) -> String {
-    text.chars()
-        .filter(|&c| !c.is_control() && !invisible(c))
-        .take(300)
-        .collect()
-}
-
-/// Bidi embeddings, overrides and isolates, and zero-width characters.
-fn invisible(c: char) -> bool {
-    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
 }
 
 #[cfg(test)]

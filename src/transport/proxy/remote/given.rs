@@ -83,3 +83,18 @@ pub(super) fn shown_given(url: &str) -> String {
     }
     shown
 }
+
+/// A server-made string, as the proxy shows it: no control characters, nor the invisible
+/// ones that reorder or hide text on a terminal (bidi controls, zero-width characters), at
+/// most 300 chars.
+pub(super) fn shown(text: &str) -> String {
+    text.chars()
+        .filter(|&c| !c.is_control() && !invisible(c))
+        .take(300)
+        .collect()
+}
+
+/// Bidi embeddings, overrides and isolates, and zero-width characters.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
+}

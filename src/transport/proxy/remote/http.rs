@@ -142,14 +142,27 @@ impl Http {
             && header
                 .as_deref()
                 .is_some_and(|h| h.contains("insufficient_scope"));
-        if !(status == StatusCode::UNAUTHORIZED || more_scope) || method == Method::DELETE {
+        let refused = status == StatusCode::UNAUTHORIZED || more_scope;
+        if !refused {
+            if let Some(token) = &sent {
+                auth.accepted(token);
+            }
+        }
+        if !refused || method == Method::DELETE {
             return Ok(response);
         }
         drop(response);
         match auth.challenged(sent.as_deref(), header.as_deref()).await {
             Ok(()) => {
-                self.send_once(method, protocol, body, auth.token().as_deref())
-                    .await
+                let token = auth.token();
+                let response = self
+                    .send_once(method, protocol, body, token.as_deref())
+                    .await?;
+                if let Some(token) = token.filter(|_| response.status() != StatusCode::UNAUTHORIZED)
+                {
+                    auth.accepted(&token);
+                }
+                Ok(response)
             }
             Err(e) => Err(SendError::SignIn {
                 url: Arc::clone(&self.url),

@@ -72,8 +72,16 @@ pub(super) struct Callback {
     listener: tokio::net::TcpListener,
 }
 
-/// What the listener got for the sign-in's `state`.
-type Outcome = Result<String, SignInError>;
+/// What the listener got for the sign-in's `state`: the code, and the `iss` the
+/// authorization server added (RFC 9207), if it did.
+type Outcome = Result<(String, Option<String>), SignInError>;
+
+/// Connections the listener serves at once: a local process that opens many and holds them
+/// must not take the proxy's descriptors (the one that matters, the person's, comes once).
+const CALLBACK_CONNECTIONS: usize = 32;
+
+/// How long one connection to the listener may take, its request and the answer.
+const CALLBACK_CONNECTION: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Callback {
     /// Listens on `127.0.0.1`, on `port` or one the system picks.
@@ -108,19 +116,31 @@ impl Callback {
         let slot = Arc::new(Mutex::new(Some(tx)));
         let state = Arc::new(state);
         let task = tokio::spawn(async move {
+            let room = Arc::new(tokio::sync::Semaphore::new(CALLBACK_CONNECTIONS));
             loop {
-                let Ok((stream, _)) = self.listener.accept().await else {
+                let stream = match self.listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of descriptors, say: wait rather than spin on the error.
+                        tracing::debug!(error = %e, "the sign-in listener could not accept");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                // Past the bound, a new connection is closed at once.
+                let Ok(permit) = Arc::clone(&room).try_acquire_owned() else {
                     continue;
                 };
                 let slot = Arc::clone(&slot);
                 let state = Arc::clone(&state);
                 tokio::spawn(async move {
+                    let _permit = permit;
                     let service = hyper::service::service_fn(move |request| {
                         let answer = answer(&request, &state, &slot);
                         async move { Ok::<_, Infallible>(answer) }
                     });
                     let _ = tokio::time::timeout(
-                        std::time::Duration::from_secs(30),
+                        CALLBACK_CONNECTION,
                         hyper::server::conn::http1::Builder::new()
                             .keep_alive(false)
                             .serve_connection(TokioIo::new(stream), service),
@@ -159,6 +179,7 @@ fn answer(
     let mut given_state = None;
     let mut error = None;
     let mut description = None;
+    let mut iss = None;
     for (name, value) in url::form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
     {
         match name.as_ref() {
@@ -166,6 +187,7 @@ fn answer(
             "state" => given_state = Some(value.into_owned()),
             "error" => error = Some(value.into_owned()),
             "error_description" => description = Some(value.into_owned()),
+            "iss" => iss = Some(value.into_owned()),
             _ => {}
         }
     }
@@ -191,7 +213,7 @@ fn answer(
     };
     match (code, error) {
         (Some(code), None) => {
-            let _ = tx.send(Ok(code));
+            let _ = tx.send(Ok((code, iss)));
             page(
                 StatusCode::OK,
                 "Signed in",

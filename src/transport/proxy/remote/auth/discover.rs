@@ -2,9 +2,10 @@
 //! server's protected resource metadata (RFC 9728) and its authorization server's metadata
 //! (RFC 8414, or OpenID discovery), each checked before anything is sent to what it names.
 
+pub(super) use super::super::given::shown;
 use super::super::given::shown_url;
 use super::SignInError;
-use super::fetch::{Fetch, allowed};
+use super::fetch::Fetch;
 
 /// What a `WWW-Authenticate: Bearer` challenge says.
 #[derive(Debug, Default, Clone)]
@@ -112,6 +113,9 @@ pub(super) struct AsMetadata {
     pub(super) scopes_supported: Vec<String>,
     #[serde(default)]
     pub(super) token_endpoint_auth_methods_supported: Vec<String>,
+    /// RFC 9207: the authorization response carries `iss`.
+    #[serde(default)]
+    pub(super) authorization_response_iss_parameter_supported: bool,
 }
 
 /// Finds and checks the authorization server of `server`, from `challenge` or the well-known
@@ -138,7 +142,7 @@ pub(super) async fn discover(
     }
     let mut resource = None;
     for url in &candidates {
-        allowed(url).map_err(|e| failed(e.to_string()))?;
+        fetch.allowed(url).map_err(|e| failed(e.to_string()))?;
         if let Some(found) = fetch
             .json::<ProtectedResource>(url)
             .await
@@ -158,7 +162,7 @@ pub(super) async fn discover(
             };
             let issuer = url::Url::parse(first)
                 .map_err(|e| failed(format!("authorization server {first:?}: {e}")))?;
-            (id, issuer, found.scopes_supported)
+            (id, issuer, scope_tokens(found.scopes_supported))
         }
         // 2025-03-26: no resource metadata; the server's origin is its authorization server.
         None => {
@@ -169,7 +173,9 @@ pub(super) async fn discover(
             (canonical(server), origin, Vec::new())
         }
     };
-    allowed(&issuer_url).map_err(|e| failed(e.to_string()))?;
+    fetch
+        .allowed(&issuer_url)
+        .map_err(|e| failed(e.to_string()))?;
     let metadata = authorization_server(fetch, &issuer_url)
         .await
         .map_err(failed)?;
@@ -178,9 +184,8 @@ pub(super) async fn discover(
     if !challenged.is_empty() {
         scopes = challenged;
     } else if scopes.is_empty() {
-        scopes = metadata.scopes_supported.clone();
+        scopes = scope_tokens(metadata.scopes_supported.clone());
     }
-    scopes.retain(|s| !s.is_empty());
     Ok(Discovered {
         issuer: metadata.issuer.clone(),
         metadata,
@@ -232,6 +237,10 @@ async fn authorization_server(fetch: &Fetch, issuer: &url::Url) -> Result<AsMeta
                 shown_url(issuer)
             ));
         }
+        // Kept as parsed: the text as written may carry what a URL drops (line breaks, tabs)
+        // into every log line that names the issuer.
+        let mut metadata = metadata;
+        metadata.issuer = stated.to_string();
         for (name, endpoint) in [
             (
                 "authorization_endpoint",
@@ -246,7 +255,24 @@ async fn authorization_server(fetch: &Fetch, issuer: &url::Url) -> Result<AsMeta
             let Some(endpoint) = endpoint else { continue };
             let parsed = url::Url::parse(endpoint)
                 .map_err(|e| format!("its {name} {:?} is not a URL: {e}", shown(endpoint)))?;
-            allowed(&parsed).map_err(|e| format!("its {name}: {e}"))?;
+            fetch
+                .allowed(&parsed)
+                .map_err(|e| format!("its {name}: {e}"))?;
+        }
+        // A mix-up (RFC 9207 §1): metadata of its own naming another server's sign-in page
+        // and its own token endpoint, so that the code a person gets at the honest page, and
+        // this process's PKCE verifier, are sent to it. The page must be on the issuer's origin
+        // or the token endpoint's.
+        let origin = |u: &str| url::Url::parse(u).map(|u| u.origin());
+        let page = origin(&metadata.authorization_endpoint);
+        if page.is_err()
+            || (page != Ok(stated.origin()) && page != origin(&metadata.token_endpoint))
+        {
+            return Err(format!(
+                "the authorization server {}'s sign-in page ({}) is on neither its own origin nor its token endpoint's: refused, the code from that page would go to another server",
+                shown_url(issuer),
+                shown(&metadata.authorization_endpoint)
+            ));
         }
         if !metadata
             .code_challenge_methods_supported
@@ -297,7 +323,11 @@ fn checked_resource(server: &url::Url, stated: &str) -> Result<String, String> {
         )
     };
     let parsed = url::Url::parse(stated).map_err(|_| refused())?;
-    if parsed.origin() != server.origin() || parsed.query().is_some() || parsed.fragment().is_some()
+    if parsed.origin() != server.origin()
+        || parsed.query().is_some()
+        || parsed.fragment().is_some()
+        || !parsed.username().is_empty()
+        || parsed.password().is_some()
     {
         return Err(refused());
     }
@@ -311,7 +341,9 @@ fn checked_resource(server: &url::Url, stated: &str) -> Result<String, String> {
     if !prefix {
         return Err(refused());
     }
-    Ok(stated.to_owned())
+    // Sent as parsed (dot segments resolved, the host as a URL reads it), never as written:
+    // an authorization server that compares resources as text must see what was checked.
+    Ok(parsed.to_string())
 }
 
 /// The server's URL as a resource indicator: without its fragment.
@@ -321,17 +353,33 @@ fn canonical(server: &url::Url) -> String {
     url.to_string()
 }
 
-/// Space-separated scopes.
+/// Space-separated scopes (only the well-formed ones: [`scope_tokens`]).
 pub(super) fn words(text: Option<&str>) -> Vec<String> {
-    text.unwrap_or_default()
-        .split_ascii_whitespace()
-        .map(str::to_owned)
-        .collect()
+    scope_tokens(
+        text.unwrap_or_default()
+            .split_ascii_whitespace()
+            .map(str::to_owned)
+            .collect(),
+    )
 }
 
-/// A server-made string as an error shows it: printable, at most 200 characters.
-pub(super) fn shown(text: &str) -> String {
-    text.chars().filter(|c| !c.is_control()).take(200).collect()
+/// The scopes that are RFC 6749 §3.3 scope-tokens (printable ASCII but blank, `"` and `\`):
+/// a server-made scope with anything else (a control character, an escape sequence) would
+/// reach logs and the console; it is dropped, with a warning.
+pub(super) fn scope_tokens(scopes: Vec<String>) -> Vec<String> {
+    let token = |s: &String| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c == '!' || ('#'..='[').contains(&c) || (']'..='~').contains(&c))
+    };
+    let (ok, bad): (Vec<String>, Vec<String>) = scopes.into_iter().partition(token);
+    if !bad.is_empty() {
+        tracing::warn!(
+            dropped = bad.len(),
+            "scopes that are not well-formed (RFC 6749 §3.3) were dropped"
+        );
+    }
+    ok
 }
 
 #[cfg(test)]
@@ -355,6 +403,9 @@ mod tests {
         assert_eq!(c.error.as_deref(), Some("invalid_token"));
         assert_eq!(c.scope.as_deref(), Some("a\"b"));
         assert!(Challenge::parse("Basic realm=x").is_none());
+        // An escape sequence in a scope never reaches a log: the scope is dropped.
+        let c = Challenge::parse("Bearer scope=\"ok \u{1b}]52;c;x\u{7} a\\b\"").unwrap();
+        assert_eq!(c.scopes(), ["ok", "ab"]);
     }
 
     #[test]
@@ -375,6 +426,7 @@ mod tests {
             "https://mcp.example/tea",
             "https://mcp.example/team/mcp/more",
             "https://mcp.example/team/mcp?x=1",
+            "https://user@mcp.example/team/mcp",
             "not a url",
         ] {
             assert!(checked_resource(&server, no).is_err(), "{no}");

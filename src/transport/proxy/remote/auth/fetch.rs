@@ -24,6 +24,14 @@ pub(super) enum FetchError {
         /// The URL refused.
         url: String,
     },
+    /// A loopback address named by a server that is not itself on loopback.
+    #[error(
+        "{url}: a loopback address, named by a server that is not on this machine: refused (its metadata would reach this machine's own services)"
+    )]
+    Local {
+        /// The URL refused.
+        url: String,
+    },
     /// Not an `http`/`https` URL at all.
     #[error("{url}: not an http or https URL")]
     Scheme {
@@ -59,14 +67,25 @@ pub(super) enum FetchError {
 /// The sign-in's HTTP client.
 pub(super) struct Fetch {
     client: client::Client,
+    /// Whether the MCP server is on loopback: only then may what it names be too.
+    local: bool,
 }
 
 impl Fetch {
     /// A client trusting the system's roots and `ca_certs`, as the proxy's own does.
-    pub(super) fn new(ca_certs: &[std::path::PathBuf]) -> Result<Fetch, RemoteError> {
+    pub(super) fn new(
+        ca_certs: &[std::path::PathBuf],
+        server: &url::Url,
+    ) -> Result<Fetch, RemoteError> {
         Ok(Fetch {
             client: client::new(ca_certs)?,
+            local: is_loopback(server),
         })
+    }
+
+    /// Whether the sign-in may talk to `url` ([`allowed`], for this server).
+    pub(super) fn allowed(&self, url: &url::Url) -> Result<(), FetchError> {
+        allowed(url, self.local)
     }
 
     /// Sends `request` to an `https` URL (or `http` on loopback) and reads its whole response.
@@ -77,7 +96,7 @@ impl Fetch {
         let url = url::Url::parse(&request.uri().to_string()).map_err(|_| FetchError::Scheme {
             url: request.uri().to_string(),
         })?;
-        allowed(&url)?;
+        self.allowed(&url)?;
         let shown = shown_url(&url);
         let (parts, body) = request.into_parts();
         let request = Request::from_parts(parts, Full::new(Bytes::from(body)));
@@ -167,11 +186,17 @@ pub(super) fn for_oauth2(fetch: &Arc<Fetch>) -> impl Fn(Request<Vec<u8>>) -> Pen
     }
 }
 
-/// Whether the sign-in may talk to `url`: `https`, or `http` to a loopback host.
-pub(super) fn allowed(url: &url::Url) -> Result<(), FetchError> {
+/// Whether the sign-in may talk to `url`: `https`, or `http` to a loopback host; and a
+/// loopback host only when the MCP server is one too (`local`), so that a remote server's
+/// metadata cannot turn the proxy against this machine's own services.
+pub(super) fn allowed(url: &url::Url, local: bool) -> Result<(), FetchError> {
+    let loopback = is_loopback(url);
     match url.scheme() {
+        "https" | "http" if loopback && !local => Err(FetchError::Local {
+            url: shown_url(url),
+        }),
         "https" => Ok(()),
-        "http" if is_loopback(url) => Ok(()),
+        "http" if loopback => Ok(()),
         "http" => Err(FetchError::NotHttps {
             url: shown_url(url),
         }),
@@ -203,7 +228,7 @@ mod tests {
             "http://[::1]/",
             "http://localhost:3001/",
         ] {
-            assert!(allowed(&url::Url::parse(ok).unwrap()).is_ok(), "{ok}");
+            assert!(allowed(&url::Url::parse(ok).unwrap(), true).is_ok(), "{ok}");
         }
         for no in [
             "http://as.example/",
@@ -211,7 +236,22 @@ mod tests {
             "http://10.0.0.1/",
             "ftp://127.0.0.1/",
         ] {
-            assert!(allowed(&url::Url::parse(no).unwrap()).is_err(), "{no}");
+            assert!(
+                allowed(&url::Url::parse(no).unwrap(), true).is_err(),
+                "{no}"
+            );
         }
+        // A remote server's metadata may not name this machine.
+        for no in [
+            "http://127.0.0.1:9/token",
+            "https://localhost/",
+            "https://[::1]/",
+        ] {
+            assert!(
+                allowed(&url::Url::parse(no).unwrap(), false).is_err(),
+                "{no}"
+            );
+        }
+        assert!(allowed(&url::Url::parse("https://as.example/").unwrap(), false).is_ok());
     }
 }

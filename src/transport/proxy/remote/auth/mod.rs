@@ -19,6 +19,7 @@ mod fetch;
 
 use std::sync::{Arc, Mutex};
 
+use futures_util::FutureExt;
 use oauth2::basic::{BasicClient, BasicTokenType};
 use oauth2::{
     AuthType, AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken, EndpointNotSet,
@@ -44,6 +45,8 @@ use crate::limits::{SIGN_IN_OPEN, SIGN_IN_WAIT, TOKEN_REFRESH_MARGIN};
 #[derive(Clone)]
 pub struct SignIn {
     client_id: Option<String>,
+    /// The authorization server the configured client is registered with.
+    issuer: Option<String>,
     client_secret: Option<String>,
     redirect_port: Option<u16>,
     board: SignIns,
@@ -55,6 +58,7 @@ impl std::fmt::Debug for SignIn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SignIn")
             .field("client_id", &self.client_id)
+            .field("issuer", &self.issuer)
             .field("client_secret", &self.client_secret.as_ref().map(|_| "…"))
             .field("redirect_port", &self.redirect_port)
             .field("cache", &self.cache)
@@ -75,6 +79,7 @@ impl SignIn {
     pub fn new() -> SignIn {
         SignIn {
             client_id: None,
+            issuer: None,
             client_secret: None,
             redirect_port: None,
             board: SignIns::new(),
@@ -87,6 +92,14 @@ impl SignIn {
     /// registration).
     pub fn client_id(mut self, id: &str) -> SignIn {
         self.client_id = Some(id.to_owned());
+        self
+    }
+
+    /// The authorization server (its issuer URL) the client of [`SignIn::client_id`] is
+    /// registered with: the client's id and secret go to that server only, whichever
+    /// authorization server a remote server names. Needed with a secret.
+    pub fn issuer(mut self, issuer: &str) -> SignIn {
+        self.issuer = Some(issuer.to_owned());
         self
     }
 
@@ -160,6 +173,12 @@ pub(super) enum SignInError {
         "the server refused the token it was just issued (its authorization server and it disagree); fsbroker does not sign in again in a loop"
     )]
     Rejected,
+    /// The person was asked too often in a while.
+    #[error(
+        "the server keeps refusing the tokens it is given: you were asked to sign in {SIGN_INS_AT_MOST} times in {} minutes, and are not asked again before that",
+        SIGN_IN_OPEN.as_secs() / 60
+    )]
+    TooMany,
     /// A token would travel in the clear.
     #[error(
         "{server} is plain http to a host that is not loopback: a token sent there would travel in the clear; use https"
@@ -179,15 +198,43 @@ pub(super) struct Auth {
     turn: tokio::sync::Mutex<Turn>,
     /// Every token and secret this process has held, for [`Auth::redact`].
     seen: Mutex<Vec<String>>,
+    /// The access token this process last got (signed in, or refreshed) until the server
+    /// takes it.
+    unproven: Mutex<Option<String>>,
+    /// When a refresh ahead of expiry last failed.
+    refresh_failed: Mutex<Option<std::time::Instant>>,
+    /// How the person was offered the sign-in under way, for the error of a request that
+    /// waited for it.
+    offered: Mutex<Option<String>>,
 }
 
 #[derive(Default)]
 struct Turn {
     /// The interactive sign-in under way (`None` inside until it ends).
     signing_in: Option<watch::Receiver<Option<Result<(), SignInError>>>>,
-    /// The access token the last interactive sign-in got.
-    last_interactive: Option<String>,
+    /// When the person was last asked to sign in (within [`SIGN_IN_OPEN`]).
+    asked: Vec<std::time::Instant>,
 }
+
+/// What a refusal of the token leads to.
+enum Decision {
+    /// Send the request again, with the token held now.
+    Retry,
+    /// Give up, for this reason.
+    Refused(SignInError),
+    /// Wait for the sign-in under way.
+    Wait(watch::Receiver<Option<Result<(), SignInError>>>),
+}
+
+/// How many times the person is asked to sign in within [`SIGN_IN_OPEN`], whatever a server
+/// keeps asking for.
+const SIGN_INS_AT_MOST: usize = 3;
+
+/// How long after a failed refresh the proxy waits before trying one again ahead of expiry.
+const REFRESH_BACKOFF: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The longest lifetime a token is taken to have, whatever `expires_in` says.
+const LONGEST_LIFETIME: u64 = 366 * 24 * 3600;
 
 /// The `oauth2` client with a token endpoint.
 type TokenClient =
@@ -203,11 +250,14 @@ impl Auth {
         let auth = Auth {
             server: server.clone(),
             shown: shown_url(server),
-            fetch: Arc::new(Fetch::new(ca_certs)?),
+            fetch: Arc::new(Fetch::new(ca_certs, server)?),
             options,
             grant: Mutex::new(None),
             turn: tokio::sync::Mutex::default(),
             seen: Mutex::new(Vec::new()),
+            unproven: Mutex::new(None),
+            refresh_failed: Mutex::new(None),
+            offered: Mutex::new(None),
         };
         let cached = auth.options.cache.as_ref().map(|c| c.load(server));
         match cached {
@@ -233,28 +283,44 @@ impl Auth {
         self.lock_grant().as_ref().map(|g| g.access_token.clone())
     }
 
-    /// Refreshes the token first when it expires within [`TOKEN_REFRESH_MARGIN`] and can be.
+    /// Refreshes the token first when it expires within [`TOKEN_REFRESH_MARGIN`] and can be:
+    /// at most one refresh at a time (a request that finds one under way sends the token it
+    /// has), and none for [`REFRESH_BACKOFF`] after one failed.
     pub(super) async fn prepare(&self) {
         let due = |g: &Grant| {
             g.refresh_token.is_some()
                 && g.expires_at
-                    .is_some_and(|at| at <= now() + TOKEN_REFRESH_MARGIN.as_secs())
+                    .is_some_and(|at| at <= now().saturating_add(TOKEN_REFRESH_MARGIN.as_secs()))
         };
         if !self.lock_grant().as_ref().is_some_and(due) {
             return;
         }
-        let _turn = self.turn.lock().await;
+        let failed_lately = self
+            .refresh_failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|at| at.elapsed() < REFRESH_BACKOFF);
+        if failed_lately {
+            return;
+        }
+        let Ok(_turn) = self.turn.try_lock() else {
+            return;
+        };
         let Some(grant) = self.lock_grant().clone().filter(due) else {
             return;
         };
         if let Err(e) = self.refresh(&grant).await {
+            *self
+                .refresh_failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
             tracing::warn!(server = %self.shown, error = %e, "the token could not be refreshed before it expires");
         }
     }
 
     /// The server refused `sent` (a 401, or a 403 asking for more scope): gets a token it
     /// may take (refreshed, or from a new sign-in), or says why not. Waits at most
-    /// [`SIGN_IN_WAIT`] for the person.
+    /// [`SIGN_IN_WAIT`] in all, for a refresh under way and for the person.
     pub(super) async fn challenged(
         self: &Arc<Self>,
         sent: Option<&str>,
@@ -265,102 +331,127 @@ impl Auth {
                 server: self.shown.clone(),
             });
         }
+        let until = tokio::time::Instant::now() + SIGN_IN_WAIT;
         let challenge = header.and_then(Challenge::parse).unwrap_or_default();
-        let step_up = challenge.error.as_deref() == Some("insufficient_scope");
-        let mut waiting = {
-            let mut turn = self.turn.lock().await;
-            let now_held = self.token();
-            if now_held.is_some() && now_held.as_deref() != sent {
-                // Another request got a new token meanwhile.
-                return Ok(());
-            }
-            let under_way = turn
-                .signing_in
-                .as_ref()
-                .filter(|rx| rx.borrow().is_none())
-                .cloned();
-            match under_way {
-                Some(rx) => rx,
-                None => {
-                    if !step_up {
-                        let held = self.lock_grant().clone();
-                        if let Some(grant) = held {
-                            if grant.refresh_token.is_some() {
-                                match self.refresh(&grant).await {
-                                    Ok(()) => return Ok(()),
-                                    Err(e) => {
-                                        tracing::warn!(server = %self.shown, error = %e, "the token could not be refreshed; signing in again")
-                                    }
-                                }
-                            }
-                        }
-                        if sent.is_some() && sent == turn.last_interactive.as_deref() {
-                            return Err(SignInError::Rejected);
-                        }
-                    } else {
-                        // A server that asks again for scopes the sign-in just granted would
-                        // have the person sign in forever.
-                        let granted = self
-                            .lock_grant()
-                            .as_ref()
-                            .map(|g| g.scopes.clone())
-                            .unwrap_or_default();
-                        let nothing_new = challenge.scopes().iter().all(|s| granted.contains(s));
-                        if sent.is_some() && sent == turn.last_interactive.as_deref() && nothing_new
-                        {
-                            return Err(SignInError::Rejected);
-                        }
-                    }
-                    let keep = if step_up {
-                        self.lock_grant()
-                            .as_ref()
-                            .map(|g| g.scopes.clone())
-                            .unwrap_or_default()
-                    } else {
-                        Vec::new()
-                    };
-                    let (tx, rx) = watch::channel(None);
-                    turn.signing_in = Some(rx.clone());
-                    let me = Arc::clone(self);
-                    tokio::spawn(async move {
-                        let outcome = me.sign_in(challenge, keep).await;
-                        let shared = match outcome {
-                            Ok(grant) => {
-                                me.turn.lock().await.last_interactive =
-                                    Some(grant.access_token.clone());
-                                me.keep(grant, "signed-in");
-                                Ok(())
-                            }
-                            Err(e) => {
-                                tracing::error!(server = %me.shown, error = %e, "signing in failed");
-                                me.failed(&e);
-                                Err(e)
-                            }
-                        };
-                        let _ = tx.send(Some(shared));
-                    });
-                    rx
-                }
-            }
+        let decided = tokio::time::timeout_at(until, self.decide(sent, challenge)).await;
+        let mut waiting = match decided {
+            Ok(Decision::Retry) => return Ok(()),
+            Ok(Decision::Refused(e)) => return Err(e),
+            Ok(Decision::Wait(rx)) => rx,
+            Err(_) => return Err(self.pending()),
         };
-        match tokio::time::timeout(SIGN_IN_WAIT, waiting.wait_for(Option::is_some)).await {
+        match tokio::time::timeout_at(until, waiting.wait_for(Option::is_some)).await {
             Ok(Ok(outcome)) => outcome.clone().unwrap_or(Err(SignInError::Expired)),
             Ok(Err(_)) => Err(SignInError::Expired),
-            Err(_) => {
-                let card = self
-                    .options
-                    .board
-                    .cards()
-                    .into_iter()
-                    .find(|c| c.server == self.shown);
-                Err(SignInError::Pending {
-                    origin: card
-                        .as_ref()
-                        .and_then(|c| c.origin.clone())
-                        .unwrap_or_else(|| "the authorization server".into()),
-                    how: self.how_offered(),
-                })
+            Err(_) => Err(self.pending()),
+        }
+    }
+
+    /// What to do about a refusal of `sent`, decided under the turn: send again (another
+    /// request got a new token, or a refresh did), give up, or wait for a sign-in.
+    async fn decide(self: &Arc<Self>, sent: Option<&str>, challenge: Challenge) -> Decision {
+        let step_up = challenge.error.as_deref() == Some("insufficient_scope");
+        let mut turn = self.turn.lock().await;
+        let now_held = self.token();
+        if now_held.is_some() && now_held.as_deref() != sent {
+            return Decision::Retry;
+        }
+        if let Some(rx) = turn.signing_in.as_ref().filter(|rx| rx.borrow().is_none()) {
+            return Decision::Wait(rx.clone());
+        }
+        // A token this process just got, refused before the server ever took it: getting
+        // another the same way would loop (a browser window per request).
+        let unproven = sent.is_some() && sent == self.lock_unproven().as_deref();
+        let granted = self
+            .lock_grant()
+            .as_ref()
+            .map(|g| g.scopes.clone())
+            .unwrap_or_default();
+        if step_up {
+            let nothing_new = challenge.scopes().iter().all(|s| granted.contains(s));
+            if unproven && nothing_new {
+                return Decision::Refused(SignInError::Rejected);
             }
+        } else {
+            if unproven {
+                return Decision::Refused(SignInError::Rejected);
+            }
+            let held = self.lock_grant().clone();
+            if let Some(grant) = held.filter(|g| g.refresh_token.is_some()) {
+                match self.refresh(&grant).await {
+                    Ok(()) => return Decision::Retry,
+                    Err(e) => {
+                        tracing::warn!(server = %self.shown, error = %e, "the token could not be refreshed; signing in again")
+                    }
+                }
+            }
+        }
+        // However the server asks, the person is asked a few times in a while at most.
+        let now = std::time::Instant::now();
+        turn.asked
+            .retain(|at| now.duration_since(*at) < SIGN_IN_OPEN);
+        if turn.asked.len() >= SIGN_INS_AT_MOST {
+            return Decision::Refused(SignInError::TooMany);
+        }
+        turn.asked.push(now);
+        let keep = if step_up { granted } else { Vec::new() };
+        let (tx, rx) = watch::channel(None);
+        turn.signing_in = Some(rx.clone());
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            // A sign-in that panicked must still end, or every later request would wait
+            // for it.
+            let outcome = std::panic::AssertUnwindSafe(me.sign_in(challenge, keep))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SignInError::Refused {
+                        reason: "the sign-in failed unexpectedly".into(),
+                    })
+                });
+            let shared = match outcome {
+                Ok(grant) => {
+                    me.keep(grant, "signed-in");
+                    Ok(())
+                }
+                Err(e) => {
+                    tracing::error!(server = %me.shown, error = %e, "signing in failed");
+                    me.failed(&e);
+                    Err(e)
+                }
+            };
+            let _ = tx.send(Some(shared));
+        });
+        Decision::Wait(rx)
+    }
+
+    /// The server took `token` (it answered a request carrying it other than with a 401).
+    pub(super) fn accepted(&self, token: &str) {
+        let mut unproven = self.lock_unproven();
+        if unproven.as_deref() == Some(token) {
+            *unproven = None;
+        }
+    }
+
+    /// The error for a request that waited as long as it may for the person.
+    fn pending(&self) -> SignInError {
+        let card = self
+            .options
+            .board
+            .cards()
+            .into_iter()
+            .find(|c| c.server == self.shown);
+        SignInError::Pending {
+            origin: card
+                .as_ref()
+                .and_then(|c| c.origin.clone())
+                .unwrap_or_else(|| "the authorization server".into()),
+            how: self
+                .offered
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_else(|| "the sign-in is being prepared".into()),
         }
     }
 
@@ -430,29 +521,60 @@ impl Auth {
         } else {
             Err("opening a browser is turned off".into())
         };
-        match &opened {
+        let console = if self.options.board.is_shown() {
+            " (or on the console: `fsbroker console`)"
+        } else {
+            ""
+        };
+        let offered = match &opened {
             Ok(how) => {
-                tracing::info!(server = %self.shown, at = %origin, "sign-in opened in the browser with {how}")
+                tracing::info!(server = %self.shown, at = %origin, "sign-in opened in the browser with {how}");
+                format!("a browser was opened with {how}{console}")
             }
-            Err(why) if self.options.board.is_shown() => tracing::warn!(
-                server = %self.shown,
-                "sign in to {} on the console (`fsbroker console`); no browser was opened ({why})",
-                self.shown
-            ),
             // The one line that says how to finish: the URL carries no secret (PKCE keeps a
             // code sent to it useless to anyone but this process).
-            Err(why) => tracing::warn!(
-                "sign in to {}: open {} in a browser on this machine (no browser was opened: {why}); waiting {} minutes",
-                self.shown,
-                authorize,
-                SIGN_IN_OPEN.as_secs() / 60
-            ),
-        }
-        let code = match tokio::time::timeout(SIGN_IN_OPEN, code).await {
-            Ok(Ok(Ok(code))) => code,
+            Err(why) => {
+                tracing::warn!(
+                    "sign in to {}: open {} in a browser on this machine{console}; no browser was opened ({why}); waiting {} minutes",
+                    self.shown,
+                    authorize,
+                    SIGN_IN_OPEN.as_secs() / 60
+                );
+                format!("no browser could be opened: the URL is on fsbroker's stderr{console}")
+            }
+        };
+        *self.offered.lock().unwrap_or_else(|e| e.into_inner()) = Some(offered);
+        let (code, iss) = match tokio::time::timeout(SIGN_IN_OPEN, code).await {
+            Ok(Ok(Ok(answer))) => answer,
             Ok(Ok(Err(e))) => return Err(e),
             _ => return Err(SignInError::Expired),
         };
+        // RFC 9207: the answer says which authorization server sent it; one that is not the
+        // server this sign-in started at (a mix-up) is refused before the code goes anywhere.
+        let same = |iss: &str| url::Url::parse(iss).is_ok_and(|i| i.as_str() == found.issuer);
+        match iss {
+            Some(iss) if !same(&iss) => {
+                return Err(SignInError::Refused {
+                    reason: format!(
+                        "the answer came from the authorization server {} (its iss), not {}: refused (a mix-up, RFC 9207)",
+                        shown(&iss),
+                        found.issuer
+                    ),
+                });
+            }
+            None if found
+                .metadata
+                .authorization_response_iss_parameter_supported =>
+            {
+                return Err(SignInError::Refused {
+                    reason: format!(
+                        "the answer carries no iss, which {} says it always sends: refused (RFC 9207)",
+                        found.issuer
+                    ),
+                });
+            }
+            _ => {}
+        }
         let http = fetch::for_oauth2(&self.fetch);
         let token = client
             .exchange_code(AuthorizationCode::new(code))
@@ -469,7 +591,7 @@ impl Auth {
         }
         let granted = token
             .scopes()
-            .map(|s| s.iter().map(|s| s.to_string()).collect())
+            .map(|s| discover::scope_tokens(s.iter().map(|s| s.to_string()).collect()))
             .unwrap_or(scopes);
         Ok(Grant {
             server: self.server.to_string(),
@@ -481,7 +603,7 @@ impl Auth {
             auth_method: method,
             access_token: token.access_token().secret().clone(),
             refresh_token: token.refresh_token().map(|r| r.secret().clone()),
-            expires_at: token.expires_in().map(|d| now() + d.as_secs()),
+            expires_at: token.expires_in().map(expiry),
             scopes: granted,
             saved_at: now(),
         })
@@ -496,6 +618,26 @@ impl Auth {
     ) -> Result<(String, Option<String>, String), SignInError> {
         let methods = &found.metadata.token_endpoint_auth_methods_supported;
         if let Some(id) = &self.options.client_id {
+            // The server chooses the authorization server: a client registered with one
+            // (and its secret above all) goes to that one only.
+            let pinned = self.options.issuer.as_deref().map(url::Url::parse);
+            let matches = |i: &url::Url| i.as_str() == found.issuer;
+            match pinned {
+                Some(Ok(ref i)) if matches(i) => {}
+                None if self.options.client_secret.is_none() => {}
+                _ => {
+                    return Err(SignInError::Registration {
+                        issuer: found.issuer.clone(),
+                        reason: format!(
+                            "the client given (--oauth-client-id) is registered with {}, not with this server's authorization server: refused, its id and secret go to that one only",
+                            self.options.issuer.as_deref().map_or(
+                                "an authorization server not named (give --oauth-issuer)".into(),
+                                shown
+                            )
+                        ),
+                    });
+                }
+            }
             let secret = self.options.client_secret.clone();
             let method = match &secret {
                 None => "none",
@@ -590,7 +732,9 @@ impl Auth {
         };
         // The endpoint was checked when it was found; a cache edited since is checked again.
         let endpoint = url::Url::parse(&grant.token_endpoint).map_err(|e| failed(e.to_string()))?;
-        fetch::allowed(&endpoint).map_err(|e| failed(e.to_string()))?;
+        self.fetch
+            .allowed(&endpoint)
+            .map_err(|e| failed(e.to_string()))?;
         let client = token_client(
             &grant.token_endpoint,
             &grant.client_id,
@@ -631,9 +775,9 @@ impl Auth {
         if let Some(r) = token.refresh_token() {
             next.refresh_token = Some(r.secret().clone());
         }
-        next.expires_at = token.expires_in().map(|d| now() + d.as_secs());
+        next.expires_at = token.expires_in().map(expiry);
         if let Some(s) = token.scopes() {
-            next.scopes = s.iter().map(|s| s.to_string()).collect();
+            next.scopes = discover::scope_tokens(s.iter().map(|s| s.to_string()).collect());
         }
         next.saved_at = now();
         self.keep(next, "refreshed");
@@ -642,6 +786,7 @@ impl Auth {
 
     /// Holds `grant` from now on, keeps it in the cache, and shows and records it.
     fn keep(&self, grant: Grant, outcome: &str) {
+        *self.lock_unproven() = Some(grant.access_token.clone());
         if let Some(cache) = &self.options.cache {
             if let Err(e) = cache.save(&grant) {
                 tracing::warn!(error = %e, "the sign-in is not kept for the next start");
@@ -694,19 +839,6 @@ impl Auth {
         });
     }
 
-    /// How the person was offered the sign-in, for an error that asks them to finish it.
-    fn how_offered(&self) -> String {
-        let mut ways = Vec::new();
-        if self.options.open_browser {
-            ways.push("a browser was opened");
-        }
-        if self.options.board.is_shown() {
-            ways.push("the console shows it: `fsbroker console`");
-        }
-        ways.push("fsbroker's log has the URL");
-        ways.join("; ")
-    }
-
     fn remember(&self, secret: &str) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if !seen.iter().any(|s| s == secret) {
@@ -715,9 +847,19 @@ impl Auth {
         }
     }
 
+    fn lock_unproven(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.unproven.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn lock_grant(&self) -> std::sync::MutexGuard<'_, Option<Grant>> {
         self.grant.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// When a token given `lifetime` expires, in seconds since the epoch: an authorization
+/// server's `expires_in` is taken at most as [`LONGEST_LIFETIME`].
+fn expiry(lifetime: std::time::Duration) -> u64 {
+    now().saturating_add(lifetime.as_secs().min(LONGEST_LIFETIME))
 }
 
 /// The `resource_metadata` of a `WWW-Authenticate` value, as messages show it.
