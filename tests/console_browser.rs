@@ -23,9 +23,16 @@
 //!   card was does not answer the card that moved up into its place; a folder's path is never
 //!   put raw in a field (U+202E, zero-width spaces, look-alikes) and is sent exactly as asked,
 //!   a line break and all.
+//! - Signing in to a remote server (`proxy --url`, the TypeScript SDK's own OAuth example
+//!   behind it): the "Sign in to" card names the sign-in page's origin and links to it in a
+//!   new tab; following the link from the keyboard signs in, the page then lists the session
+//!   as signed in and the host's held request is answered; no token reaches the page or
+//!   `/api/state`. A hostile server's URL, issuer, scope and refusal are shown as text.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`, Debian's `firefox-esr`, and `geckodriver`
 //! (`cargo install geckodriver`; found through `$GECKODRIVER`, `PATH` or cargo's bin folder).
+//! The sign-in test needs Node.js and the pinned peers too (`tests/peers`, installed on first
+//! use like the other peer tests).
 //! `.ci/run` installs them all; without one, the tests of that browser print `SKIPPED` and
 //! pass (fail with `FSBROKER_TEST_STRICT=1`, as in CI). Every wait is bounded; no time is a pass criterion.
 
@@ -627,6 +634,8 @@ in_each_browser!(a_second_click_does_not_answer_the_prompt_that_moved_up);
 in_each_browser!(a_deceptive_folder_path_is_shown_escaped_and_sent_as_asked);
 in_each_browser!(a_folder_with_a_line_break_in_its_name_can_be_approved);
 in_each_browser!(a_stray_or_double_click_never_widens_a_narrowed_folder);
+in_each_browser!(a_remote_server_is_signed_in_to_from_the_page);
+in_each_browser!(hostile_sign_in_strings_render_as_text);
 
 // ---------------------------------------------------------------------------------------------
 // Brokers
@@ -2473,6 +2482,674 @@ async fn a_stray_or_double_click_never_widens_a_narrowed_folder(engine: Engine) 
             answer["result"],
             json!({"granted": true, "approvedPaths": [docs.join("a/inner")]}),
             "{answer}"
+        );
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signing in to a remote server (`proxy --url`)
+// ---------------------------------------------------------------------------------------------
+
+/// The TypeScript SDK's own OAuth example (`simpleStreamableHttp.js --oauth`, as pinned in
+/// `tests/peers`): an MCP server at `http://localhost:MCP/mcp` (it names that resource, with
+/// `localhost`, whatever it is reached as) and its demo authorization server at
+/// `http://localhost:AUTH/`, which registers clients dynamically and approves every sign-in at
+/// once. Killed when dropped.
+struct OAuthExample {
+    child: Child,
+    mcp: u16,
+    auth: u16,
+    log: Arc<std::sync::Mutex<String>>,
+}
+
+impl OAuthExample {
+    fn start() -> OAuthExample {
+        common::peers::require_npm();
+        let script = common::peers::peers_dir().join(
+            "node_modules/@modelcontextprotocol/sdk/dist/esm/examples/server/simpleStreamableHttp.js",
+        );
+        // Ports found free may be taken before the example binds them: it exits then, and is
+        // started again on others.
+        for _ in 0..5 {
+            let (mcp, auth) = (free_port(), free_port());
+            if mcp == auth {
+                continue;
+            }
+            let mut child = Command::new(common::peers::node())
+                .arg(&script)
+                .arg("--oauth")
+                .env("MCP_PORT", mcp.to_string())
+                .env("MCP_AUTH_PORT", auth.to_string())
+                .current_dir(common::peers::peers_dir())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0)
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {}: {e}", script.display()));
+            let log = Arc::new(std::sync::Mutex::new(String::new()));
+            for out in [
+                Box::new(child.stdout.take().expect("stdout")) as Box<dyn Read + Send>,
+                Box::new(child.stderr.take().expect("stderr")),
+            ] {
+                let sink = Arc::clone(&log);
+                std::thread::spawn(move || {
+                    use std::io::BufRead;
+                    for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                        let mut log = sink.lock().unwrap_or_else(|e| e.into_inner());
+                        log.push_str(&line);
+                        log.push('\n');
+                    }
+                });
+            }
+            let mut example = OAuthExample {
+                child,
+                mcp,
+                auth,
+                log,
+            };
+            let ready = [
+                format!("MCP Streamable HTTP Server listening on port {mcp}"),
+                format!("OAuth Authorization Server listening on port {auth}"),
+            ];
+            let end = Instant::now() + Duration::from_secs(60);
+            loop {
+                let said = example.log();
+                if ready.iter().all(|r| said.contains(r.as_str())) {
+                    return example;
+                }
+                if let Ok(Some(status)) = example.child.try_wait() {
+                    eprintln!("the OAuth example ended ({status}), trying other ports: {said}");
+                    break;
+                }
+                assert!(
+                    Instant::now() < end,
+                    "the OAuth example never said it listens on {mcp} and {auth}: {said}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        panic!("the OAuth example could not listen on any of 5 pairs of ports");
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl Drop for OAuthExample {
+    fn drop(&mut self) {
+        kill_group(self.child.id());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `fsbroker proxy --root DIR --console 127.0.0.1:0 --url URL`, with the test as its host: its
+/// token cache in a state directory of the test's own (`XDG_STATE_HOME`), and `/bin/true` as
+/// its browser, so nothing but the page leads to the sign-in page and its card stays "needed"
+/// until the test follows it. The host's `initialize` is not sent yet.
+struct SignInProxy {
+    _dir: tempfile::TempDir,
+    state: PathBuf,
+    host: Fsb,
+    console: Console,
+}
+
+impl SignInProxy {
+    fn start(url: &str) -> SignInProxy {
+        let (dir, base) = common::tempdir();
+        let root = base.join("root");
+        let state = base.join("state");
+        std::fs::create_dir(&root).expect("make the root");
+        let url_file = base.join("console.url");
+        let host = Cmd::new(&[
+            "proxy",
+            "--root",
+            &common::path_str(&root),
+            "--console",
+            "127.0.0.1:0",
+            "--console-url-file",
+            &common::path_str(&url_file),
+            "--url",
+            url,
+        ])
+        .env("XDG_STATE_HOME", &state)
+        .env("BROWSER", "/bin/true")
+        .group()
+        .deadline(WAIT)
+        .spawn();
+        let console = Console::from_url_file(&url_file);
+        SignInProxy {
+            _dir: dir,
+            state,
+            host,
+            console,
+        }
+    }
+
+    /// Sends the host's `initialize` as request `id`.
+    fn initialize(&mut self, id: u64) {
+        self.host.send_msg(&json!({
+            "jsonrpc": "2.0", "id": id, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "browser-test-host", "version": "1.0"}
+            }
+        }));
+    }
+
+    /// The answer to the host's request `id` (the proxy may hold it while it waits for the
+    /// person to sign in).
+    fn answer(&mut self, id: u64, limit: Duration) -> Value {
+        tokio::task::block_in_place(|| self.host.answer(&json!(id), limit))
+    }
+
+    /// Every token the sign-in cache holds (`token-*.json`: `access_token`, `refresh_token`).
+    fn cached_tokens(&self) -> Vec<String> {
+        let dir = self.state.join("fsbroker/sign-in");
+        let mut tokens = Vec::new();
+        for entry in std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("the sign-in cache {}: {e}", dir.display()))
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("token-") && name.ends_with(".json")) {
+                continue;
+            }
+            let text = std::fs::read_to_string(entry.path()).expect("a cached sign-in");
+            let grant: Value = serde_json::from_str(&text).expect("a cached sign-in's JSON");
+            for key in ["access_token", "refresh_token"] {
+                if let Some(t) = grant[key].as_str() {
+                    tokens.push(t.to_owned());
+                }
+            }
+        }
+        tokens
+    }
+}
+
+/// What the page shows of the "Sign in to" cards, the signed-in sessions and the failures.
+const SIGN_INS: &str = "const needed = [...document.querySelectorAll('#signins-needed [data-signin=needed]')];
+     const link = (c) => c.querySelector('a[data-action=sign-in]');
+     return {
+       sectionShown: !document.getElementById('signins-section').hidden,
+       needed: needed.map((c) => ({
+         heading: c.querySelector('h3').textContent,
+         origin: c.querySelector('[data-origin]').textContent,
+         text: c.textContent,
+         href: link(c) && link(c).getAttribute('href'),
+         target: link(c) && link(c).getAttribute('target'),
+         rel: link(c) && link(c).getAttribute('rel'),
+         noLink: c.querySelector('[data-no-link]') !== null,
+       })),
+       signedIn: [...document.querySelectorAll('#signins-list [data-signin=signed-in]')].map((c) => c.textContent),
+       failed: [...document.querySelectorAll('#signins-list [data-signin=failed]')].map((c) => ({
+         text: c.textContent,
+         reason: c.querySelector('[data-reason]').textContent,
+       })),
+       elements: [...new Set([...document.querySelectorAll('#signins-section *')].map((e) => e.tagName))].sort(),
+     };";
+
+/// Rule: a remote server that answers 401 is signed in to from the console. With the page
+/// open first (so the card reaches it through the event stream), the host's `initialize` makes
+/// a "Sign in to SERVER" card that says where the sign-in page is (the authorization server's
+/// origin, as text) with one link, to a new tab without opener or referrer; following it (a
+/// click, the new tab) signs in with the TypeScript SDK's own example, and the page then lists
+/// the session as signed in, the card gone; the host's `initialize`, held meanwhile, gets the
+/// server's result, and a request after it is answered too. No token the proxy holds is ever
+/// in the page or in `/api/state`.
+async fn a_remote_server_is_signed_in_to_from_the_page(engine: Engine) {
+    let Some(b) = Browser::start(engine).await else {
+        return;
+    };
+    let example = OAuthExample::start();
+    let server = format!("http://localhost:{}/mcp", example.mcp);
+    let mut p = SignInProxy::start(&server);
+    finish(&b, async {
+        b.open_console(&p.console).await;
+        // Nothing asks for a sign-in yet: the page has no section for it.
+        let before = b.js(SIGN_INS).await;
+        assert_eq!(before["sectionShown"], false, "{before:#}");
+
+        p.initialize(0);
+        b.wait_js(
+            "the \"Sign in to\" card, with its link",
+            "document.querySelector('#signins-needed [data-signin=needed] a[data-action=sign-in]')",
+        )
+        .await;
+        let shown = b.js(SIGN_INS).await;
+        let card = &shown["needed"][0];
+        assert_eq!(
+            shown["needed"].as_array().map(Vec::len),
+            Some(1),
+            "{shown:#}"
+        );
+        assert_eq!(
+            card["heading"],
+            json!(format!("Sign in to {server}")),
+            "{shown:#}"
+        );
+        assert_eq!(
+            card["origin"],
+            json!(format!("http://localhost:{}", example.auth)),
+            "{shown:#}"
+        );
+        let href = card["href"].as_str().expect("the link's address");
+        assert!(
+            href.starts_with(&format!("http://localhost:{}/authorize?", example.auth)),
+            "{shown:#}"
+        );
+        assert_eq!(card["target"], "_blank", "{shown:#}");
+        assert_eq!(card["rel"], "noopener noreferrer", "{shown:#}");
+        assert_eq!(card["noLink"], false, "{shown:#}");
+        assert_eq!(shown["signedIn"], json!([]), "{shown:#}");
+
+        // The person follows the link, from the keyboard: Tab from the section's heading
+        // reaches it, Enter opens the sign-in page in a new tab, and the example approves at
+        // once and sends the browser back to the proxy's loopback listener.
+        let console_window = b.c.window().await.expect("the console's window");
+        b.js("document.getElementById('signins-h').focus();").await;
+        b.c.active_element()
+            .await
+            .expect("the focused heading")
+            .send_keys(&Key::Tab.to_string())
+            .await
+            .expect("press Tab");
+        b.wait_js(
+            "the focus on the sign-in link",
+            "document.activeElement && document.activeElement.dataset.action === 'sign-in'",
+        )
+        .await;
+        b.c.active_element()
+            .await
+            .expect("the focused link")
+            .send_keys(&Key::Enter.to_string())
+            .await
+            .expect("press Enter");
+        let tab = until("the sign-in page's new tab", || async {
+            let all = b.c.windows().await.expect("the browser's windows");
+            all.into_iter().find(|w| *w != console_window)
+        })
+        .await;
+        b.c.switch_to_window(tab)
+            .await
+            .expect("switch to the new tab");
+        until(
+            "the proxy's listener saying the sign-in was received",
+            || async {
+                let url = b.c.current_url().await.ok()?;
+                let back = url.host_str() == Some("127.0.0.1") && url.path() == "/callback";
+                let said = b
+                    .js("return document.body ? document.body.textContent : '';")
+                    .await;
+                (back
+                    && said
+                        .as_str()
+                        .is_some_and(|t| t.contains("fsbroker received the sign-in")))
+                .then_some(())
+            },
+        )
+        .await;
+        b.c.close_window().await.expect("close the sign-in tab");
+        b.c.switch_to_window(console_window)
+            .await
+            .expect("back to the console");
+
+        b.wait_js(
+            "the session listed as signed in, its card gone",
+            "document.querySelector('#signins-list [data-signin=signed-in]') && \
+             !document.querySelector('#signins-needed [data-signin=needed]')",
+        )
+        .await;
+        let shown = b.js(SIGN_INS).await;
+        let row = shown["signedIn"][0].as_str().expect("the signed-in row");
+        assert!(row.contains(&format!("Signed in to {server}")), "{shown:#}");
+        assert!(
+            row.contains(&format!("http://localhost:{}/", example.auth)),
+            "the authorization server that signed the person in: {shown:#}"
+        );
+        assert!(row.contains("mcp:tools"), "the access granted: {shown:#}");
+        assert_eq!(shown["failed"], json!([]), "{shown:#}");
+
+        // The host's request, held while the person signed in, gets the server's answer.
+        let init = p.answer(0, Duration::from_secs(60));
+        assert!(
+            init["result"]["serverInfo"]["name"].is_string(),
+            "{init}\nthe example's log:\n{}",
+            example.log()
+        );
+        p.host
+            .send_msg(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        p.host
+            .send_msg(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
+        let tools = p.answer(1, WAIT);
+        assert!(
+            tools["result"]["tools"]
+                .as_array()
+                .is_some_and(|t| !t.is_empty()),
+            "{tools}"
+        );
+
+        // The tokens stay with the proxy: not in the page, not in what the page reads.
+        let tokens = p.cached_tokens();
+        assert!(
+            !tokens.is_empty(),
+            "the sign-in was kept in the test's cache"
+        );
+        let page = b.c.source().await.expect("the page's HTML");
+        let dom = b
+            .js("return document.documentElement.outerHTML;")
+            .await
+            .as_str()
+            .expect("the page's HTML")
+            .to_owned();
+        let state = p.console.get("/api/state");
+        assert_eq!(state.status, 200, "{state:?}");
+        assert!(state.body.contains("signed-in"), "{}", state.body);
+        for token in &tokens {
+            assert!(token.len() >= 16, "a token worth looking for: {token:?}");
+            assert!(
+                !page.contains(token.as_str()),
+                "a token in the page's source"
+            );
+            assert!(!dom.contains(token.as_str()), "a token in the page");
+            assert!(
+                !state.body.contains(token.as_str()),
+                "a token in /api/state"
+            );
+        }
+    })
+    .await;
+}
+
+/// Asserts that the page, in the narrowest window the engine opens (see
+/// `the_page_renders_wide_and_narrow`), does not scroll sideways with `what` on it; then
+/// gives the window back its size.
+async fn fits_narrow(b: &Browser, engine: Engine, what: &str) {
+    let narrowest: u64 = match engine {
+        Engine::Chromium => 400,
+        Engine::Firefox => 500,
+    };
+    b.c.set_window_size(360, 800)
+        .await
+        .expect("a narrow window");
+    until("the narrow viewport", || async {
+        let w = b.js("return window.innerWidth;").await.as_u64()?;
+        (w <= narrowest).then_some(())
+    })
+    .await;
+    let fit = b
+        .js(
+            "return {scroll: document.documentElement.scrollWidth, inner: window.innerWidth, \
+             wide: [...document.querySelectorAll('#signins-section *')].filter((e) => \
+             e.getBoundingClientRect().right > window.innerWidth + 1) \
+             .slice(0, 5).map((e) => e.tagName + '.' + e.className)};",
+        )
+        .await;
+    assert!(
+        fit["scroll"].as_u64() <= fit["inner"].as_u64().map(|w| w + 1),
+        "the page scrolls sideways with {what} on it: {fit:#}"
+    );
+    assert_eq!(
+        fit["wide"],
+        json!([]),
+        "{what} overflows the window: {fit:#}"
+    );
+    b.c.set_window_size(1280, 900)
+        .await
+        .expect("the window's own size");
+}
+
+/// The hostile server's HTML: an image whose error handler would retitle the page.
+const HOSTILE_HTML: &str = "<img src=x onerror=\"document.title='pwned'\">";
+/// A scope that is a script element.
+const HOSTILE_SCOPE: &str = "<script>document.title='pwned'</script>";
+
+/// A remote server whose every string is hostile, on 127.0.0.1, with its own authorization
+/// server. `argv[1]`: JSON `{"html", "scope"}`. Prints its port, then serves:
+///
+/// - `/mcp…` (any method): 401, `WWW-Authenticate: Bearer resource_metadata=BASE/prm`;
+/// - `/prm`: its resource `BASE/mcp`, the scope, and as its authorization server
+///   `BASE/as/HTML` (a URL parser percent-encodes the HTML);
+/// - `/.well-known/oauth-authorization-server/as/…`: metadata whose `issuer` is
+///   `BASE/as/HTML` with the HTML raw (it parses to the very URL asked for, so it passes the
+///   issuer check and reaches the card as it is), with every endpoint on BASE;
+/// - `POST /register`: a client id;
+/// - `/authorize`: back to the redirect URI with `error=access_denied` and the HTML as its
+///   `error_description` (which the failure's reason quotes).
+const HOSTILE_AS: &str = r##"
+import json, sys, urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+CONFIG = json.loads(sys.argv[1])
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        sys.stderr.write((args[0] % args[1:]) + "\n")
+
+    def base(self):
+        return "http://127.0.0.1:%d" % self.server.server_address[1]
+
+    def answer(self, status, body=None, headers=()):
+        data = json.dumps(body).encode() if body is not None else b""
+        self.send_response(status)
+        if body is not None:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in headers:
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def challenge(self):
+        self.answer(401, {"error": "unauthorized"}, [
+            ("WWW-Authenticate", 'Bearer resource_metadata="%s/prm"' % self.base())])
+
+    def do_GET(self):
+        url = urllib.parse.urlsplit(self.path)
+        base = self.base()
+        if url.path.startswith("/mcp"):
+            self.challenge()
+        elif url.path == "/prm":
+            self.answer(200, {"resource": base + "/mcp",
+                              "authorization_servers": [base + "/as/" + CONFIG["html"]],
+                              "scopes_supported": [CONFIG["scope"]]})
+        elif url.path.startswith("/.well-known/oauth-authorization-server/as/"):
+            self.answer(200, {"issuer": base + "/as/" + CONFIG["html"],
+                              "authorization_endpoint": base + "/authorize",
+                              "token_endpoint": base + "/token",
+                              "registration_endpoint": base + "/register",
+                              "response_types_supported": ["code"],
+                              "code_challenge_methods_supported": ["S256"]})
+        elif url.path == "/authorize":
+            q = urllib.parse.parse_qs(url.query)
+            back = q["redirect_uri"][0] + "?" + urllib.parse.urlencode({
+                "error": "access_denied", "error_description": CONFIG["html"],
+                "state": q["state"][0]})
+            self.answer(302, None, [("Location", back)])
+        else:
+            self.answer(404, {"error": "not found"})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        path = urllib.parse.urlsplit(self.path).path
+        if path.startswith("/mcp"):
+            self.challenge()
+        elif path == "/register":
+            self.answer(201, {"client_id": "hostile-client"})
+        else:
+            self.answer(404, {"error": "not found"})
+
+    do_DELETE = do_POST
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"##;
+
+/// [`HOSTILE_AS`], running. Killed when dropped.
+struct HostileAs {
+    child: Child,
+    port: u16,
+}
+
+impl HostileAs {
+    fn start(dir: &Path) -> HostileAs {
+        let script = dir.join("hostile_as.py");
+        std::fs::write(&script, HOSTILE_AS).expect("write the hostile server");
+        let config = json!({"html": HOSTILE_HTML, "scope": HOSTILE_SCOPE}).to_string();
+        let mut child = Command::new(common::python())
+            .arg(&script)
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the hostile server");
+        let mut out = child.stdout.take().expect("its stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = Vec::new();
+            let mut byte = [0u8; 1];
+            while out.read(&mut byte).is_ok_and(|n| n == 1) && byte[0] != b'\n' {
+                line.push(byte[0]);
+            }
+            let _ = tx.send(String::from_utf8_lossy(&line).into_owned());
+        });
+        let said = rx.recv_timeout(WAIT).expect("the hostile server's port");
+        let port = said
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("the hostile server printed {said:?}, not a port"));
+        HostileAs { child, port }
+    }
+}
+
+impl Drop for HostileAs {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Rule: what a remote server and its authorization server make of a sign-in is shown as text.
+/// Its URL (`…/mcp/<b>bold</b>`, which the proxy holds percent-encoded), its issuer (HTML that
+/// passes the issuer check), its scope (a script element) and its refusal's reason (HTML) make
+/// no element and run nothing (the title stays, no alert opens), on the "Sign in to" card and
+/// on the failure's row; the link still works, and the failure reaches the host as an error.
+async fn hostile_sign_in_strings_render_as_text(engine: Engine) {
+    let Some(b) = Browser::start(engine).await else {
+        return;
+    };
+    let (_scripts, scripts_dir) = common::tempdir();
+    let hostile = HostileAs::start(&scripts_dir);
+    let given = format!("http://127.0.0.1:{}/mcp/<b>bold</b>", hostile.port);
+    let server = format!("http://127.0.0.1:{}/mcp/%3Cb%3Ebold%3C/b%3E", hostile.port);
+    let issuer = format!("http://127.0.0.1:{}/as/{HOSTILE_HTML}", hostile.port);
+    let mut p = SignInProxy::start(&given);
+    finish(&b, async {
+        b.open_console(&p.console).await;
+        p.initialize(0);
+        b.wait_js(
+            "the \"Sign in to\" card",
+            "document.querySelector('#signins-needed [data-signin=needed] a[data-action=sign-in]')",
+        )
+        .await;
+        let shown = b.js(SIGN_INS).await;
+        let card = &shown["needed"][0];
+        assert_eq!(
+            card["heading"],
+            json!(format!("Sign in to {server}")),
+            "{shown:#}"
+        );
+        assert_eq!(
+            card["origin"],
+            json!(format!("http://127.0.0.1:{}", hostile.port)),
+            "{shown:#}"
+        );
+        let text = card["text"].as_str().expect("the card's text");
+        assert!(text.contains(&issuer), "the issuer, as text: {shown:#}");
+        assert!(
+            text.contains(HOSTILE_SCOPE),
+            "the scope, as text: {shown:#}"
+        );
+        // Only the page's own elements: no IMG, SCRIPT or B of the server's.
+        let own = json!([
+            "A", "ARTICLE", "BDI", "DD", "DETAILS", "DIV", "DL", "DT", "H2", "H3", "P", "SUMMARY",
+            "TIME", "UL"
+        ]);
+        assert_eq!(shown["elements"], own, "{shown:#}");
+        fits_narrow(&b, engine, "the \"Sign in to\" card").await;
+
+        let console_window = b.c.window().await.expect("the console's window");
+        b.click("#signins-needed a[data-action=sign-in]").await;
+        let tab = until("the sign-in page's new tab", || async {
+            let all = b.c.windows().await.expect("the browser's windows");
+            all.into_iter().find(|w| *w != console_window)
+        })
+        .await;
+        b.c.switch_to_window(tab)
+            .await
+            .expect("switch to the new tab");
+        until(
+            "the proxy's listener saying the sign-in was refused",
+            || async {
+                let said = b
+                    .js("return document.body ? document.body.textContent : '';")
+                    .await;
+                said.as_str()
+                    .is_some_and(|t| t.contains("did not sign you in"))
+                    .then_some(())
+            },
+        )
+        .await;
+        b.c.close_window().await.expect("close the sign-in tab");
+        b.c.switch_to_window(console_window)
+            .await
+            .expect("back to the console");
+
+        b.wait_js(
+            "the failure listed, the card gone",
+            "document.querySelector('#signins-list [data-signin=failed]') && \
+             !document.querySelector('#signins-needed [data-signin=needed]')",
+        )
+        .await;
+        let shown = b.js(SIGN_INS).await;
+        let failed = &shown["failed"][0];
+        let row = failed["text"].as_str().expect("the failure's text");
+        assert!(
+            row.contains(&format!("Sign-in failed for {server}")),
+            "{shown:#}"
+        );
+        let reason = failed["reason"].as_str().expect("the failure's reason");
+        assert!(
+            reason.contains(&format!("access_denied: {HOSTILE_HTML}")),
+            "the reason, as text: {shown:#}"
+        );
+        let own = json!([
+            "BDI", "DD", "DIV", "DL", "DT", "H2", "LI", "P", "STRONG", "TIME", "UL"
+        ]);
+        assert_eq!(shown["elements"], own, "{shown:#}");
+        fits_narrow(&b, engine, "the failure's row").await;
+        let imgs = b
+            .js("return document.querySelectorAll('img, b').length;")
+            .await;
+        assert_eq!(imgs, 0, "no element of the server's anywhere on the page");
+
+        let title = b.c.title().await.expect("the title");
+        assert!(!title.contains("pwned"), "{title}");
+        assert!(
+            b.c.get_alert_text().await.is_err(),
+            "no dialog is open: nothing of the server's ran"
+        );
+        let init = p.answer(0, WAIT);
+        let message = init["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("did not sign you in"),
+            "the host is told the sign-in failed: {init}"
         );
     })
     .await;

@@ -1,8 +1,8 @@
 //! `GET /api/events`: Server-Sent Events for the page. The stream opens with a `retry` field
 //! (how soon to reopen it), then:
 //!
-//! - `state` (`{}`): sessions, prompts, grants or roots changed ([`Broker::changes`]); the
-//!   page reads `/api/state` again.
+//! - `state` (`{}`): sessions, prompts, grants or roots changed ([`Broker::changes`]), or a
+//!   sign-in of the proxy's ([`SignIns::changes`]); the page reads `/api/state` again.
 //! - `activity`: one answered request as the audit log records it ([`Broker::events`]: the
 //!   same members, redacted the same way), or one of the person's acts. Successful reads and
 //!   writes of one path by one session in a row are merged, and sent at most every
@@ -14,6 +14,7 @@
 //!
 //! [`Broker::changes`]: fsbroker::Broker::changes
 //! [`Broker::events`]: fsbroker::Broker::events
+//! [`SignIns::changes`]: fsbroker::transport::proxy::SignIns::changes
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -42,6 +43,7 @@ pub(crate) async fn events(
     let feed = Feed {
         shared: Arc::clone(&shared),
         changes: shared.broker.changes(),
+        sign_ins: Some(shared.sign_ins.changes()),
         events: shared.broker.events(),
         pending: None,
         out: VecDeque::new(),
@@ -65,6 +67,8 @@ struct Feed {
     /// `order`.
     shared: Arc<Shared>,
     changes: tokio::sync::watch::Receiver<u64>,
+    /// The sign-ins' board; `None` once it is gone (it lives as long as the console).
+    sign_ins: Option<tokio::sync::watch::Receiver<u64>>,
     events: tokio::sync::broadcast::Receiver<fsbroker::Event>,
     /// Records being merged, not yet sent.
     pending: Option<Merged>,
@@ -95,6 +99,14 @@ impl Feed {
                     }
                     self.changes.borrow_and_update();
                     self.out.push_back(Event::default().event("state").data("{}"));
+                }
+                seen = board_changed(&mut self.sign_ins), if self.sign_ins.is_some() => {
+                    if seen {
+                        self.out.push_back(Event::default().event("state").data("{}"));
+                    } else {
+                        // Without its board, the feed still carries the broker's changes.
+                        self.sign_ins = None;
+                    }
                 }
                 got = self.events.recv() => match got {
                     Ok(event) => {
@@ -170,6 +182,15 @@ impl Feed {
             self.out
                 .push_back(activity(m.fields, m.count, Some(m.bytes)));
         }
+    }
+}
+
+/// Waits for the sign-ins' next change (or the first one not seen yet), and marks it seen;
+/// false when the board is gone.
+async fn board_changed(board: &mut Option<tokio::sync::watch::Receiver<u64>>) -> bool {
+    match board {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => false,
     }
 }
 

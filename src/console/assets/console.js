@@ -8,7 +8,9 @@
  * in another typeface, cut to a length the page chose, with invisible, spacing and
  * direction-changing characters shown as ⟨U+XXXX⟩ and other characters outside printable
  * ASCII marked). Nothing here uses innerHTML, and no API string goes into a URL except a
- * root name through encodeURIComponent; ids in URLs are checked to be safe integers.
+ * root name through encodeURIComponent; ids in URLs are checked to be safe integers. The one
+ * URL the API hands over, a sign-in page's, becomes a link only once checked to be https (or
+ * http on this computer), and its origin is shown as text beside it.
  *
  * The page speaks to a person who may never have heard of MCP: a server is named by what it
  * calls itself (boxed, as its claim) and by the order it connected in ("server 3"); what it
@@ -48,6 +50,13 @@
  *                                strict, best-effort, direct or gone
  *     details[data-tech]         the technical details (session number, connection, names and
  *                                paths in full)
+ *   #signins-section             shown while the proxy has sign-ins to show
+ *   #signins-needed [data-signin=needed]  a "Sign in to SERVER" card, one per server
+ *     [data-origin]              the origin of its sign-in page, as text
+ *     a[data-action=sign-in]     opens the sign-in page in a new tab: only an https address,
+ *                                or http on a loopback host; otherwise [data-no-link] says why
+ *   #signins-list [data-signin=signed-in|failed]  a remote session signed in, or a failed
+ *                                sign-in ([data-reason]: why)
  *   #sessions tr[data-session-id=N]   a session; button[data-action=end-session]
  *     li[data-grant-id=N]        one of its grants; button[data-action=revoke]
  *   #roots tr[data-root-name]    a root (dataset.rootName is its name); [data-action=pause|resume]
@@ -563,6 +572,7 @@
       if (num(x.order) !== null) orders.set(x.id, x.order);
     }
     renderPrompts(Array.isArray(s.prompts) ? s.prompts : [], sessions, at);
+    renderSignIns(Array.isArray(s.signIns) ? s.signIns : []);
     $('sessions-empty').hidden = sessions.length > 0;
     $('sessions-table').hidden = sessions.length === 0;
     redraw('sessions', [sessions, roots], () => sessionRows(sessions, roots));
@@ -923,6 +933,103 @@
     if (ok && card.isConnected) {
       const cards = $('prompts');
       if (removeCard(card)) focusOn(cards.querySelector('h3') || $('prompts-h'));
+    }
+  }
+
+  // ---------------------------------------------------------------- sign-ins
+
+  // Whether the page links to a sign-in page at `authorize`: an https address, or http on
+  // this computer (a loopback host: nothing crosses the network), without a user name or
+  // password (`https://bank.example@elsewhere.example/` reads as a bank's). {url} or {why}.
+  function signInLink(authorize) {
+    if (typeof authorize !== 'string' || authorize === '') {
+      return { why: 'fsbroker gave no address for it.' };
+    }
+    let url;
+    try {
+      url = new URL(authorize);
+    } catch (_) {
+      return { why: 'its address is not a web address.' };
+    }
+    const host = url.hostname;
+    const loopback = host === 'localhost' || host === '[::1]' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+    if (url.protocol !== 'https:' && !(url.protocol === 'http:' && loopback)) {
+      return { why: 'its address is not a secure (https) one, and not on this computer.' };
+    }
+    if (url.username || url.password) return { why: 'its address holds a user name or password.' };
+    return { url };
+  }
+
+  // The scopes asked for or granted, each as the server's text.
+  function scopesOf(list) {
+    const scopes = Array.isArray(list) ? list.filter((x) => typeof x === 'string' && x !== '') : [];
+    if (scopes.length === 0) return 'none named';
+    return scopes.map((x, i) => [i ? ', ' : '', srv(x)]);
+  }
+
+  // A "Sign in to SERVER" card: where the sign-in page is (its origin, as text, for the
+  // person to recognise), and one link that opens it in a new tab.
+  function signInCard(c, i) {
+    const hid = 'signin-' + i;
+    const link = signInLink(c.authorize);
+    // The origin of the address the link opens, when there is a link: what the person checks
+    // is where the link goes.
+    const origin = link.url ? link.url.origin : c.origin;
+    return h('article', { class: 'signin', 'aria-labelledby': hid + '-h',
+      dataset: { signin: 'needed', key: 'n' + JSON.stringify(c.server) } },
+    h('h3', { id: hid + '-h', tabindex: '-1' }, 'Sign in to ', text(c.server)),
+    h('p', {}, 'This remote server asks you to sign in before it works with fsbroker. Its sign-in page is at:'),
+    h('p', { class: 'origin', dataset: { origin: '' } }, text(origin)),
+    h('p', { class: 'note' }, 'Sign in only if you know this address and expected it. ' +
+      'fsbroker receives what the page hands back, never your password.'),
+    link.url
+      ? h('p', { class: 'actions' }, h('a', { href: link.url.href, target: '_blank',
+        rel: 'noopener noreferrer', class: 'button primary', dataset: { action: 'sign-in' } },
+      'Open the sign-in page (new tab)'))
+      : h('p', { class: 'warn', dataset: { noLink: '' } },
+        'This page offers no link to sign in: ', link.why),
+    tech('Technical details', [
+      ['Server', text(c.server)],
+      ['Signs you in', text(c.issuer)],
+      ['Access asked for', scopesOf(c.scopes)],
+      ['Asked at', when(c.at)],
+    ]));
+  }
+
+  // A remote session signed in, or a sign-in that failed.
+  function signInRow(c) {
+    const key = (c.state === 'failed' ? 'f' : 's') + JSON.stringify(c.server);
+    if (c.state === 'failed') {
+      return h('li', { class: 'signin-failed', dataset: { signin: 'failed', key } },
+        h('strong', { class: 'bad' }, 'Sign-in failed'), ' for ', text(c.server),
+        h('p', { class: 'reason', dataset: { reason: '' } }, 'Why: ', text(c.reason)),
+        h('dl', { class: 'facts inline' },
+          c.issuer ? [h('dt', {}, 'Signing in at'), h('dd', {}, text(c.issuer))] : '',
+          h('dt', {}, 'When'), h('dd', {}, when(c.at))));
+    }
+    return h('li', { class: 'signed-in', dataset: { signin: 'signed-in', key } },
+      h('strong', {}, 'Signed in'), ' to ', text(c.server),
+      h('dl', { class: 'facts inline' },
+        h('dt', {}, 'Signed in by'), h('dd', {}, text(c.issuer)),
+        h('dt', {}, 'Access'), h('dd', {}, scopesOf(c.scopes)),
+        h('dt', {}, 'Since'), h('dd', {}, when(c.at))));
+  }
+
+  const announcedSignIns = new Set(); // needed sign-ins already announced, by server and address
+
+  function renderSignIns(list) {
+    const cards = list.filter((c) => c && typeof c === 'object' && typeof c.server === 'string');
+    const needed = cards.filter((c) => c.state === 'needed');
+    const rest = cards.filter((c) => c.state === 'signed-in' || c.state === 'failed');
+    $('signins-section').hidden = needed.length + rest.length === 0;
+    $('signins-list').hidden = rest.length === 0;
+    redraw('signins-needed', needed, () => needed.map(signInCard));
+    redraw('signins-list', rest, () => rest.map(signInRow));
+    const fresh = needed.filter((c) => !announcedSignIns.has(JSON.stringify([c.server, c.authorize])));
+    for (const c of fresh) announcedSignIns.add(JSON.stringify([c.server, c.authorize]));
+    if (fresh.length) {
+      const heads = [...$('signins-needed').querySelectorAll('h3')].map((el) => el.textContent);
+      $('announce').textContent = heads.join('. ') + '.';
     }
   }
 

@@ -19,7 +19,8 @@ struct Inner {
     audit: Mutex<Option<Arc<AuditLog>>>,
     /// Whether a console shows the cards (then a sign-in need not be spelled out on stderr).
     shown: std::sync::atomic::AtomicBool,
-    changed: tokio::sync::Notify,
+    /// Counts the changes: a receiver that was busy when one came still sees it.
+    version: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for SignIns {
@@ -99,7 +100,16 @@ impl SignIns {
 
     /// Resolves at the next change.
     pub async fn changed(&self) {
-        self.inner.changed.notified().await;
+        let mut changes = self.changes();
+        // The board holds the sender: it cannot close while `self` is here.
+        let _ = changes.changed().await;
+    }
+
+    /// Every change from now on, for a loop that waits on other things too: a change that
+    /// came while it was busy is still seen (its `changed()` resolves at once), where each new
+    /// [`SignIns::changed`] sees only changes after it starts.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.version.subscribe()
     }
 
     /// Sets `server`'s card.
@@ -111,7 +121,7 @@ impl SignIns {
                 None => cards.push(card),
             }
         }
-        self.inner.changed.notify_waiters();
+        self.inner.version.send_modify(|v| *v = v.wrapping_add(1));
     }
 
     /// Records an outcome in the audit log, when there is one: never a secret.
@@ -145,5 +155,39 @@ impl SignIns {
                 tracing::error!(error = %e, "cannot record a sign-in in the audit log");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn card(server: &str, state: SignInState) -> SignInCard {
+        SignInCard {
+            server: server.to_owned(),
+            state,
+            issuer: None,
+            scopes: Vec::new(),
+            authorize: None,
+            origin: None,
+            reason: None,
+            at: SystemTime::now(),
+        }
+    }
+
+    /// The console's feed waits on other things too: a change made while it was busy with
+    /// them must still wake it (a `Notify` would have dropped it).
+    #[test]
+    fn a_change_made_while_nobody_waits_is_still_seen() {
+        let board = SignIns::new();
+        let mut changes = board.changes();
+        assert!(!changes.has_changed().unwrap());
+        board.set(card("http://127.0.0.1:9/mcp", SignInState::Needed));
+        board.set(card("http://127.0.0.1:9/mcp", SignInState::SignedIn));
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        assert!(!changes.has_changed().unwrap());
+        assert_eq!(board.cards().len(), 1);
+        assert_eq!(board.cards()[0].state, SignInState::SignedIn);
     }
 }
