@@ -3036,8 +3036,8 @@ impl Drop for HostileAs {
 }
 
 /// Rule: what a remote server and its authorization server make of a sign-in is shown as text.
-/// Its URL (`…/mcp/<b>bold</b>`, which the proxy holds percent-encoded), its issuer (HTML that
-/// passes the issuer check), its scope (a script element) and its refusal's reason (HTML) make
+/// Its URL (`…/mcp/<b>bold</b>`) and its issuer (HTML that passes the issuer check), both of
+/// which the proxy holds percent-encoded, its scope (a script element) and its refusal's reason (HTML) make
 /// no element and run nothing (the title stays, no alert opens), on the "Sign in to" card and
 /// on the failure's row; the link still works, and the failure reaches the host as an error.
 async fn hostile_sign_in_strings_render_as_text(engine: Engine) {
@@ -3048,7 +3048,13 @@ async fn hostile_sign_in_strings_render_as_text(engine: Engine) {
     let hostile = HostileAs::start(&scripts_dir);
     let given = format!("http://127.0.0.1:{}/mcp/<b>bold</b>", hostile.port);
     let server = format!("http://127.0.0.1:{}/mcp/%3Cb%3Ebold%3C/b%3E", hostile.port);
-    let issuer = format!("http://127.0.0.1:{}/as/{HOSTILE_HTML}", hostile.port);
+    // The proxy holds the issuer as a URL reads it: percent-encoded.
+    let issuer = url::Url::parse(&format!(
+        "http://127.0.0.1:{}/as/{HOSTILE_HTML}",
+        hostile.port
+    ))
+    .expect("a URL")
+    .to_string();
     let mut p = SignInProxy::start(&given);
     finish(&b, async {
         b.open_console(&p.console).await;
