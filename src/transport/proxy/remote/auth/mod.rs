@@ -792,7 +792,7 @@ impl Auth {
                 tracing::warn!(error = %e, "the sign-in is not kept for the next start");
             }
         }
-        tracing::info!(server = %self.shown, issuer = %grant.issuer, scopes = %grant.scopes.join(" "), "{outcome}");
+        tracing::info!(server = %self.shown, issuer = %grant.issuer, scopes = ?grant.scopes, "{outcome}");
         self.options.board.record(
             &self.shown,
             Some(&grant.issuer),
