@@ -31,6 +31,8 @@ pub struct RemoteServer {
     log: Arc<Mutex<String>>,
     /// `http(s)://127.0.0.1:PORT/mcp`, as the server printed it.
     pub url: String,
+    /// The whole line it printed (a peer may say more than its URL).
+    pub line: Value,
 }
 
 impl RemoteServer {
@@ -69,6 +71,7 @@ impl RemoteServer {
             stdin: None,
             log,
             url: String::new(),
+            line: Value::Null,
         };
         server.stdin = server.child.stdin.take();
         let first = match rx.recv_timeout(START) {
@@ -84,6 +87,7 @@ impl RemoteServer {
             .as_str()
             .unwrap_or_else(|| panic!("`{what}` printed {first:?}, without a url"))
             .to_owned();
+        server.line = parsed;
         server
     }
 

@@ -180,6 +180,9 @@ pub(super) async fn discover(
     } else if scopes.is_empty() {
         scopes = metadata.scopes_supported.clone();
     }
+    // The servers' text, shown and recorded as the scopes asked for: printable only (as
+    // the granted ones, `granted` in mod.rs).
+    let mut scopes: Vec<String> = scopes.iter().map(|s| shown(s)).collect();
     scopes.retain(|s| !s.is_empty());
     Ok(Discovered {
         issuer: metadata.issuer.clone(),
@@ -209,7 +212,7 @@ async fn authorization_server(fetch: &Fetch, issuer: &url::Url) -> Result<AsMeta
         urls.push(at(&format!("{path}/.well-known/openid-configuration")));
     }
     for url in urls {
-        let Some(metadata) = fetch
+        let Some(mut metadata) = fetch
             .json::<AsMetadata>(&url)
             .await
             .map_err(|e| format!("its authorization server's metadata: {e}"))?
@@ -231,6 +234,19 @@ async fn authorization_server(fetch: &Fetch, issuer: &url::Url) -> Result<AsMeta
                 shown(&metadata.issuer),
                 shown_url(issuer)
             ));
+        }
+        // The check above compares parsed URLs, and a URL parser drops tabs, CR and LF
+        // anywhere and control characters and spaces around the URL: an issuer stated as
+        // "http://as\r\n.example/\x1b" passes. That string goes on to messages, stderr, the
+        // audit log, the cache and `auth list`, so one holding anything the parser dropped is
+        // kept as the URL it parsed to instead (tests/sign_in_hostile.rs:
+        // hostile_strings_reach_stderr_only_as_text).
+        if metadata
+            .issuer
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace())
+        {
+            metadata.issuer = stated.to_string();
         }
         for (name, endpoint) in [
             (

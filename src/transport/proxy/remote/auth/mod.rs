@@ -19,7 +19,7 @@ mod fetch;
 
 use std::sync::{Arc, Mutex};
 
-use oauth2::basic::{BasicClient, BasicTokenType};
+use oauth2::basic::{BasicClient, BasicErrorResponseType, BasicTokenType};
 use oauth2::{
     AuthType, AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken, EndpointNotSet,
     EndpointSet, PkceCodeChallenge, RedirectUrl, RefreshToken, RequestTokenError, Scope,
@@ -454,10 +454,7 @@ impl Auth {
                 token.token_type()
             )));
         }
-        let granted = token
-            .scopes()
-            .map(|s| s.iter().map(|s| s.to_string()).collect())
-            .unwrap_or(scopes);
+        let granted = token.scopes().map(|s| granted(s)).unwrap_or(scopes);
         Ok(Grant {
             server: self.server.to_string(),
             issuer: found.issuer.clone(),
@@ -468,7 +465,7 @@ impl Auth {
             auth_method: method,
             access_token: token.access_token().secret().clone(),
             refresh_token: token.refresh_token().map(|r| r.secret().clone()),
-            expires_at: token.expires_in().map(|d| now() + d.as_secs()),
+            expires_at: expiry(token.expires_in()),
             scopes: granted,
             saved_at: now(),
         })
@@ -597,7 +594,19 @@ impl Auth {
             Err(e) => {
                 let reason = token_error(&e);
                 // A refresh token refused for good is forgotten, so no later start sends it.
-                if matches!(e, RequestTokenError::ServerResponse(_)) {
+                // Only an error that says so (RFC 6749 §5.2: the grant is invalid, or the
+                // client may not use it): any answer with an error code used to count, and a
+                // token endpoint down for a while (503 `temporarily_unavailable`) cost the
+                // person their sign-in and a trip to the browser
+                // (tests/sign_in_hostile.rs: a_refresh_failing_for_a_while_keeps_the_sign_in).
+                if let RequestTokenError::ServerResponse(r) = &e
+                    && matches!(
+                        r.error(),
+                        BasicErrorResponseType::InvalidGrant
+                            | BasicErrorResponseType::InvalidClient
+                            | BasicErrorResponseType::UnauthorizedClient
+                    )
+                {
                     *self.lock_grant() = None;
                     if let Some(cache) = &self.options.cache {
                         let _ = cache.forget(&grant.server, &grant.issuer);
@@ -618,9 +627,9 @@ impl Auth {
         if let Some(r) = token.refresh_token() {
             next.refresh_token = Some(r.secret().clone());
         }
-        next.expires_at = token.expires_in().map(|d| now() + d.as_secs());
+        next.expires_at = expiry(token.expires_in());
         if let Some(s) = token.scopes() {
-            next.scopes = s.iter().map(|s| s.to_string()).collect();
+            next.scopes = granted(s);
         }
         next.saved_at = now();
         self.keep(next, "refreshed");
@@ -712,6 +721,28 @@ pub(super) fn resource_metadata(header: &str) -> Option<String> {
     Challenge::parse(header)?
         .resource_metadata
         .map(|m| shown(&m))
+}
+
+/// When a token that expires in `expires_in` (as the token response says) expires, in seconds
+/// since the epoch. Saturating: the authorization server's number may be any u64, and
+/// `now() + 2^64 - 1` overflowed, which panicked the sign-in's task (the person was told
+/// nobody signed in; tests/sign_in_hostile.rs: an_expiry_past_the_end_of_time_is_no_crash).
+fn expiry(expires_in: Option<std::time::Duration>) -> Option<u64> {
+    expires_in.map(|d| now().saturating_add(d.as_secs()))
+}
+
+/// The scopes a token response says it granted, as fsbroker keeps and shows them: without
+/// control characters. The response is the authorization server's text, and the scopes go to
+/// stderr (logged at info), the audit log, the console and `auth list`; `oauth2` splits them
+/// at spaces only, so "a\r\nFORGED LINE\x1b[2J" came through whole and forged a log line
+/// (tests/sign_in_hostile.rs: hostile_strings_reach_stderr_only_as_text). RFC 6749 §3.3 allows
+/// none of them in a scope anyway.
+fn granted(scopes: &[Scope]) -> Vec<String> {
+    scopes
+        .iter()
+        .map(|s| shown(s))
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 /// The `oauth2` client for a token endpoint, as `client_id` authenticating by `method`.
