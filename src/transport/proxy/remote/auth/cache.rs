@@ -116,9 +116,12 @@ impl TokenCache {
                     .unwrap_or_else(|_| "?".into()),
                 issuer: g.issuer,
                 scopes: g.scopes,
+                // Checked: a time past what `SystemTime` holds (an authorization server's
+                // `expires_in` of 2^63 s and more) panicked `auth list`; it is shown as not
+                // said (tests/sign_in_hostile.rs: an_expiry_past_the_end_of_time_is_no_crash).
                 expires_at: g
                     .expires_at
-                    .map(|s| UNIX_EPOCH + std::time::Duration::from_secs(s)),
+                    .and_then(|s| UNIX_EPOCH.checked_add(std::time::Duration::from_secs(s))),
                 refreshable: g.refresh_token.is_some(),
             })
             .collect())

@@ -214,7 +214,7 @@ async fn authorization_server(fetch: &Fetch, issuer: &url::Url) -> Result<AsMeta
         urls.push(at(&format!("{path}/.well-known/openid-configuration")));
     }
     for url in urls {
-        let Some(metadata) = fetch
+        let Some(mut metadata) = fetch
             .json::<AsMetadata>(&url)
             .await
             .map_err(|e| format!("its authorization server's metadata: {e}"))?
@@ -239,7 +239,6 @@ async fn authorization_server(fetch: &Fetch, issuer: &url::Url) -> Result<AsMeta
         }
         // Kept as parsed: the text as written may carry what a URL drops (line breaks, tabs)
         // into every log line that names the issuer.
-        let mut metadata = metadata;
         metadata.issuer = stated.to_string();
         for (name, endpoint) in [
             (

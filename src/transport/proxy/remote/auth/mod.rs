@@ -20,7 +20,7 @@ mod fetch;
 use std::sync::{Arc, Mutex};
 
 use futures_util::FutureExt;
-use oauth2::basic::{BasicClient, BasicTokenType};
+use oauth2::basic::{BasicClient, BasicErrorResponseType, BasicTokenType};
 use oauth2::{
     AuthType, AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken, EndpointNotSet,
     EndpointSet, PkceCodeChallenge, RedirectUrl, RefreshToken, RequestTokenError, Scope,
@@ -754,7 +754,19 @@ impl Auth {
             Err(e) => {
                 let reason = token_error(&e);
                 // A refresh token refused for good is forgotten, so no later start sends it.
-                if matches!(e, RequestTokenError::ServerResponse(_)) {
+                // Only an error that says so (RFC 6749 §5.2: the grant is invalid, or the
+                // client may not use it): any answer with an error code used to count, and a
+                // token endpoint down for a while (503 `temporarily_unavailable`) cost the
+                // person their sign-in and a trip to the browser
+                // (tests/sign_in_hostile.rs: a_refresh_failing_for_a_while_keeps_the_sign_in).
+                if let RequestTokenError::ServerResponse(r) = &e
+                    && matches!(
+                        r.error(),
+                        BasicErrorResponseType::InvalidGrant
+                            | BasicErrorResponseType::InvalidClient
+                            | BasicErrorResponseType::UnauthorizedClient
+                    )
+                {
                     *self.lock_grant() = None;
                     if let Some(cache) = &self.options.cache {
                         let _ = cache.forget(&grant.server, &grant.issuer);
@@ -857,7 +869,9 @@ impl Auth {
 }
 
 /// When a token given `lifetime` expires, in seconds since the epoch: an authorization
-/// server's `expires_in` is taken at most as [`LONGEST_LIFETIME`].
+/// server's `expires_in` is taken at most as [`LONGEST_LIFETIME`], so the sum cannot overflow
+/// (`2^64 - 1` panicked the sign-in's task: tests/sign_in_hostile.rs,
+/// `an_expiry_past_the_end_of_time_is_no_crash`).
 fn expiry(lifetime: std::time::Duration) -> u64 {
     now().saturating_add(lifetime.as_secs().min(LONGEST_LIFETIME))
 }
