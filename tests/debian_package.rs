@@ -22,7 +22,7 @@ use common::registry::output_within;
 
 /// A man page for the program and for every subcommand, nested ones included, by the name
 /// `man` finds it by. `generate-man` is hidden and has none; neither has clap's `help`.
-const MAN_PAGES: [&str; 15] = [
+const MAN_PAGES: [&str; 18] = [
     "fsbroker",
     "fsbroker-serve",
     "fsbroker-proxy",
@@ -33,6 +33,9 @@ const MAN_PAGES: [&str; 15] = [
     "fsbroker-audit",
     "fsbroker-audit-verify",
     "fsbroker-audit-head",
+    "fsbroker-auth",
+    "fsbroker-auth-list",
+    "fsbroker-auth-logout",
     "fsbroker-confine",
     "fsbroker-confine-check",
     "fsbroker-completions",
