@@ -204,18 +204,29 @@ impl Person {
 
     /// `fsbroker proxy --root R --url URL --audit AUDIT`, the run named `run`, at trace level.
     fn proxy(&self, url: &str, run: &str) -> (tempfile::TempDir, Fsb) {
+        self.proxy_with(url, run, &[], &[])
+    }
+
+    /// [`Person::proxy`] with more arguments and environment.
+    fn proxy_with(
+        &self,
+        url: &str,
+        run: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> (tempfile::TempDir, Fsb) {
         let browser = self.browser();
         let state = path_str(&self.state);
         let audit = path_str(&self.audit(run));
-        proxy(
-            url,
-            &["--audit", &audit],
-            &[
-                ("BROWSER", &browser),
-                ("XDG_STATE_HOME", &state),
-                ("RUST_LOG", "fsbroker=trace"),
-            ],
-        )
+        let mut all = vec!["--audit", &audit];
+        all.extend_from_slice(args);
+        let mut environment = vec![
+            ("BROWSER", browser.as_str()),
+            ("XDG_STATE_HOME", state.as_str()),
+            ("RUST_LOG", "fsbroker=trace"),
+        ];
+        environment.extend_from_slice(env);
+        proxy(url, &all, &environment)
     }
 
     /// What the browser was asked to open, in order.
@@ -1198,4 +1209,146 @@ fn hostile_strings_reach_stderr_only_as_text() {
         None,
         "{list:?}"
     );
+}
+
+// -------------------------------------------------------------------------------------------
+// The hostile review's findings: a mix-up, a client's secret, loops
+// -------------------------------------------------------------------------------------------
+
+/// A mix-up: metadata naming another server's sign-in page beside its own token endpoint
+/// (the person would sign in at the honest page, and the code and verifier go to this
+/// server's token endpoint). Refused before the browser opens; the other server sees nothing.
+#[test]
+fn a_sign_in_page_of_another_origin_is_refused() {
+    let person = Person::new();
+    let peer = Peer::start("mixup", &person.dir);
+    let (_root, mut fsb) = person.proxy(&peer.url, "m");
+    refused(
+        &mut fsb,
+        &[
+            &format!("{}/authorize", peer.other),
+            "is on neither its own origin nor its token endpoint's",
+        ],
+    );
+    let log = finish(fsb);
+    browser_opened(&person, &log, 0, 0);
+    assert!(peer.token_forms().is_empty(), "a token was asked for");
+    peer.other_saw_nothing();
+}
+
+/// RFC 9207: an answer whose `iss` names another authorization server, and one without the
+/// `iss` the metadata promised, are refused at the listener: the code is never exchanged.
+#[test]
+fn an_answer_from_another_authorization_server_is_refused() {
+    for (mode, says) in [
+        ("iss-other", "(a mix-up, RFC 9207)"),
+        ("iss-required", "the answer carries no iss"),
+    ] {
+        let person = Person::new();
+        let peer = Peer::start(mode, &person.dir);
+        let (_root, mut fsb) = person.proxy(&peer.url, "i");
+        let message = refused(&mut fsb, &["did not sign you in", says]);
+        let log = finish(fsb);
+        browser_opened(&person, &log, 1, 1);
+        assert!(
+            peer.token_forms().is_empty(),
+            "{mode}: the code was exchanged: {message}"
+        );
+        assert!(person.kept().is_empty(), "{mode}: something was kept");
+    }
+}
+
+/// A client registered beforehand goes with its secret to the authorization server it is
+/// registered with (`--oauth-issuer`) alone: a server naming another gets neither.
+#[test]
+fn a_registered_clients_secret_goes_to_its_own_authorization_server_alone() {
+    let person = Person::new();
+    let peer = Peer::start("ok", &person.dir);
+    let secret = "corp-secret-7f3a9c2e11";
+    let theirs = format!("{}/", peer.other);
+    let (_root, mut fsb) = person.proxy_with(
+        &peer.url,
+        "c",
+        &[
+            "--oauth-client-id",
+            "corp-client",
+            "--oauth-issuer",
+            &theirs,
+            "--oauth-client-secret-env",
+            "CORP_SECRET",
+        ],
+        &[("CORP_SECRET", secret)],
+    );
+    refused(
+        &mut fsb,
+        &[&format!(
+            "is registered with {theirs}, not with this server's authorization server"
+        )],
+    );
+    let log = finish(fsb);
+    browser_opened(&person, &log, 0, 0);
+    assert!(!log.contains(secret), "the secret was logged");
+    let peer_log = std::fs::read_to_string(&peer.log).unwrap_or_default();
+    assert!(
+        !peer_log.contains(secret) && !peer_log.contains("corp-client"),
+        "the client reached the server's authorization server:\n{peer_log}"
+    );
+
+    // Without --oauth-issuer, a secret is refused at start.
+    let (_root, mut fsb) = person.proxy_with(
+        &peer.url,
+        "c2",
+        &[
+            "--oauth-client-id",
+            "corp-client",
+            "--oauth-client-secret-env",
+            "CORP_SECRET",
+        ],
+        &[("CORP_SECRET", secret)],
+    );
+    let (status, _) = fsb.end();
+    assert!(!status.success());
+    assert!(
+        fsb.log_text().contains("--oauth-issuer"),
+        "{}",
+        fsb.log_text()
+    );
+}
+
+/// A server that refuses every token, or asks for one more scope each time, does not have
+/// the browser opened for every request: a token this process just got and the server
+/// refused is an error, and the person is asked at most 3 times in 10 minutes.
+#[test]
+fn a_server_refusing_every_token_asks_the_person_a_few_times_at_most() {
+    let person = Person::new();
+    let peer = Peer::start("always-401", &person.dir);
+    let (_root, mut fsb) = person.proxy(&peer.url, "l1");
+    // The request that met the first 401 is sent once more, with the new token, and its
+    // 401 is the host's error; later ones are refused without asking anyone.
+    let first = error_message(&initialize(&mut fsb));
+    assert!(first.contains("HTTP 401"), "{first}");
+    for _ in 0..4 {
+        let r = fsb.request("tools/list", json!({}));
+        assert!(
+            error_message(&r).contains("the server refused the token it was just issued"),
+            "{r}"
+        );
+    }
+    let log = finish(fsb);
+    browser_opened(&person, &log, 1, 1);
+
+    let person = Person::new();
+    let peer = Peer::start("always-403", &person.dir);
+    let (_root, mut fsb) = person.proxy(&peer.url, "l2");
+    let mut last = String::new();
+    for _ in 0..6 {
+        let r = fsb.request("tools/list", json!({}));
+        last = error_message(&r);
+    }
+    assert!(
+        last.contains("you were asked to sign in 3 times in 10 minutes"),
+        "{last}"
+    );
+    let log = finish(fsb);
+    browser_opened(&person, &log, 3, 3);
 }

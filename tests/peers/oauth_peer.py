@@ -53,6 +53,16 @@ MODE (what differs from an ordinary server; `ok` is the ordinary one):
 - refresh-unavailable: every token lives 5 s; every refresh is answered 503
   `{"error": "temporarily_unavailable"}` (the authorization server is down for a while).
 - hostile-expiry: tokens "expire" in 2^64 - 1 seconds.
+- mixup: the metadata names the "other" listener's /authorize as its sign-in page (a mix-up:
+  another server's page, this one's token endpoint).
+- iss-other: /authorize sends the browser back with `iss` naming the "other" listener
+  (RFC 9207: the answer came from another authorization server).
+- iss-required: the metadata says `authorization_response_iss_parameter_supported`, and
+  /authorize sends no `iss`.
+- always-403: every MCP request with a valid token gets 403 `insufficient_scope`, asking for
+  one more scope each time ("a b1", "a b2", ...).
+- always-401: every MCP request gets 401, valid token or not (tokens come with a refresh
+  token).
 - echo-token: tools/list is refused with HTTP 400 and a JSON-RPC error whose message echoes
   the Authorization header it came with, and the refresh token.
 """
@@ -78,6 +88,11 @@ MODES = {
     "token-plain",
     "token-redirect",
     "double-code",
+    "mixup",
+    "iss-other",
+    "iss-required",
+    "always-403",
+    "always-401",
     "refresh",
     "refresh-invalid",
     "step-up",
@@ -109,6 +124,7 @@ STATE = {
     "refresh": {},  # refresh token -> scopes
     "tokens_by_code": 0,  # tokens issued for a code so far
     "second_code_sent": False,
+    "refusals": 0,  # always-403: the scopes asked so far
 }
 
 
@@ -148,9 +164,13 @@ def metadata_of_as():
         # Once a token is issued, the metadata names another token endpoint: a refresh
         # must go where the token came from, not where the metadata says now.
         token = STATE["other"] + "/token"
+    page = base + "/authorize"
+    if STATE["mode"] == "mixup":
+        page = STATE["other"] + "/authorize"
     return {
         "issuer": issuer(),
-        "authorization_endpoint": base + "/authorize",
+        "authorization_response_iss_parameter_supported": STATE["mode"] == "iss-required",
+        "authorization_endpoint": page,
         "token_endpoint": token,
         "registration_endpoint": base + "/register",
         "response_types_supported": ["code"],
@@ -289,8 +309,14 @@ class Rs(Handler):
         token = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
         with STATE["lock"]:
             scopes = STATE["access"].get(token)
-        if scopes is None:
+        if scopes is None or STATE["mode"] == "always-401":
             return self.send(401, {"error": "unauthorized"}, [("WWW-Authenticate", challenge())])
+        if STATE["mode"] == "always-403":
+            with STATE["lock"]:
+                STATE["refusals"] += 1
+                n = STATE["refusals"]
+            why = challenge(f'error="insufficient_scope", scope="a b{n}", ')
+            return self.send(403, {"error": "insufficient_scope"}, [("WWW-Authenticate", why)])
         if STATE["mode"] == "redirect-mcp":
             return self.send(307, b"", [("Location", STATE["other"] + "/mcp")])
         msg = req.get("json") or {}
@@ -366,7 +392,10 @@ class As(Handler):
             callback(redirect, {"code": grant(), "state": state + "x"}, "wrong-state")
             callback(redirect, {"code": grant()}, "no-state")
         code = grant()
-        location = redirect + "?" + urllib.parse.urlencode({"code": code, "state": state})
+        back = {"code": code, "state": state}
+        if mode == "iss-other":
+            back["iss"] = STATE["other"] + "/"
+        location = redirect + "?" + urllib.parse.urlencode(back)
         self.send(302, b"", [("Location", location)])
 
     def refuse(self, error, description, status=400):
