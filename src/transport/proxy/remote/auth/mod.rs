@@ -201,6 +201,8 @@ pub(super) struct Auth {
     /// The access token this process last got (signed in, or refreshed) until the server
     /// takes it.
     unproven: Mutex<Option<String>>,
+    /// Whether that token came from the person signing in (not from a refresh).
+    unproven_by_person: Mutex<bool>,
     /// When a refresh ahead of expiry last failed.
     refresh_failed: Mutex<Option<std::time::Instant>>,
     /// How the person was offered the sign-in under way, for the error of a request that
@@ -256,6 +258,7 @@ impl Auth {
             turn: tokio::sync::Mutex::default(),
             seen: Mutex::new(Vec::new()),
             unproven: Mutex::new(None),
+            unproven_by_person: Mutex::new(false),
             refresh_failed: Mutex::new(None),
             offered: Mutex::new(None),
         };
@@ -373,10 +376,14 @@ impl Auth {
                 return Decision::Refused(SignInError::Rejected);
             }
         } else {
-            if unproven {
+            // One the person signed in for: asking them again would loop. One a refresh got:
+            // refreshing again would loop, but the person may sign in once more (the
+            // authorization server and the resource may have parted ways).
+            let by_person = *self.lock_unproven_by_person();
+            if unproven && by_person {
                 return Decision::Refused(SignInError::Rejected);
             }
-            let held = self.lock_grant().clone();
+            let held = self.lock_grant().clone().filter(|_| !unproven);
             if let Some(grant) = held.filter(|g| g.refresh_token.is_some()) {
                 match self.refresh(&grant).await {
                     Ok(()) => return Decision::Retry,
@@ -799,6 +806,7 @@ impl Auth {
     /// Holds `grant` from now on, keeps it in the cache, and shows and records it.
     fn keep(&self, grant: Grant, outcome: &str) {
         *self.lock_unproven() = Some(grant.access_token.clone());
+        *self.lock_unproven_by_person() = outcome == "signed-in";
         if let Some(cache) = &self.options.cache {
             if let Err(e) = cache.save(&grant) {
                 tracing::warn!(error = %e, "the sign-in is not kept for the next start");
@@ -857,6 +865,12 @@ impl Auth {
             seen.push(secret.to_owned());
             seen.sort_by_key(|s| std::cmp::Reverse(s.len()));
         }
+    }
+
+    fn lock_unproven_by_person(&self) -> std::sync::MutexGuard<'_, bool> {
+        self.unproven_by_person
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_unproven(&self) -> std::sync::MutexGuard<'_, Option<String>> {
