@@ -1352,3 +1352,57 @@ fn a_server_refusing_every_token_asks_the_person_a_few_times_at_most() {
     let log = finish(fsb);
     browser_opened(&person, &log, 3, 3);
 }
+
+/// A client registered beforehand (`--oauth-client-id`, its secret from the environment) at
+/// its own authorization server: no dynamic registration, its id in the authorization
+/// request, its secret at the token endpoint alone, and never on stderr or in the audit log.
+#[test]
+fn a_registered_client_signs_in_without_registering() {
+    let person = Person::new();
+    let peer = Peer::start("ok", &person.dir);
+    let secret = "corp-secret-5d1e90aa42";
+    let issuer = format!("{}/", peer.issuer);
+    let (_root, mut fsb) = person.proxy_with(
+        &peer.url,
+        "rc",
+        &[
+            "--oauth-client-id",
+            "corp-client",
+            "--oauth-issuer",
+            &issuer,
+            "--oauth-client-secret-env",
+            "CORP_SECRET",
+        ],
+        &[("CORP_SECRET", secret)],
+    );
+    signed_in(&mut fsb, &peer);
+    tools_list(&mut fsb, &peer);
+    let log = finish(fsb);
+    browser_opened(&person, &log, 1, 1);
+    let registered: Vec<Value> = peer
+        .requests("as")
+        .into_iter()
+        .filter(|e| e["path"] == "/register")
+        .collect();
+    assert!(registered.is_empty(), "it registered: {registered:#?}");
+    let asked = peer.authorizations();
+    assert_eq!(asked.len(), 1, "{asked:#?}");
+    assert_eq!(asked[0]["client_id"], "corp-client", "{asked:#?}");
+    let forms = peer.token_forms();
+    assert_eq!(forms.len(), 1, "{forms:#?}");
+    // The metadata lists no client_secret_basic: the secret goes in the form.
+    assert_eq!(forms[0]["client_id"], "corp-client", "{forms:#?}");
+    assert_eq!(forms[0]["client_secret"], secret, "{forms:#?}");
+    let carried: Vec<Value> = peer
+        .entries()
+        .into_iter()
+        .filter(|e| e.to_string().contains(secret))
+        .collect();
+    assert_eq!(
+        carried.len(),
+        1,
+        "the secret went elsewhere too: {carried:#?}"
+    );
+    let audit = std::fs::read_to_string(person.audit("rc")).unwrap_or_default();
+    assert!(!log.contains(secret) && !audit.contains(secret));
+}
