@@ -1552,10 +1552,14 @@ fn r2_the_consent_command_does_not_run_the_users_python_site_code() {
         ),
     )
     .unwrap();
+    // The person's state directory outside the root: under HOME it would hold the broker's
+    // own files (the sign-in cache, `~/.local/state/fsbroker/sign-in`), and no server may
+    // then make `~/.local`, which this test's server must, to plant its site code.
     let mut b = Fsb::spawn_program(
         "env",
         &[
             format!("HOME={}", s(&home)),
+            format!("XDG_STATE_HOME={}", s(&dir.join("state"))),
             bin().to_owned(),
             "serve".into(),
             "--policy".into(),
