@@ -44,7 +44,7 @@ export const log = (name) => (...parts) => process.stderr.write(`[${name}] ${par
 /**
  * Cuts an SSE response after its `n`th event (comments such as keep-alives do not count):
  * the event is flushed, then the socket is destroyed without the chunked terminator, as a
- * dropped connection looks to the client.
+ * dropped connection looks to the client (the response never ends, so no client reuses it).
  */
 export function dropAfter(res, n, onDrop) {
   let events = 0;
@@ -57,6 +57,10 @@ export function dropAfter(res, n, onDrop) {
     events += text.split("\n\n").length - 1;
     if (events < n) return write(chunk, ...rest);
     res.write = () => true; // nothing more goes out on this response
+    // Nor its end: the SDK ends a POST stream right after its answer, and a terminator sent
+    // before the socket is destroyed would make the response whole, the connection reusable
+    // by the client's pool, and the destroy a cut of the client's next request instead.
+    res.end = () => res;
     onDrop?.();
     return write(chunk, () => res.destroy());
   };
