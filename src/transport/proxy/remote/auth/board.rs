@@ -130,7 +130,7 @@ impl SignIns {
         server: &str,
         issuer: Option<&str>,
         scopes: &[String],
-        outcome: &str,
+        outcome: Outcome,
         reason: Option<&str>,
     ) {
         let log = self
@@ -144,7 +144,7 @@ impl SignIns {
             "server": server,
             "issuer": issuer,
             "scopes": scopes,
-            "outcome": outcome,
+            "outcome": outcome.as_str(),
         });
         if let Some(reason) = reason {
             details["reason"] = serde_json::Value::from(reason);
@@ -155,6 +155,34 @@ impl SignIns {
                 tracing::error!(error = %e, "cannot record a sign-in in the audit log");
             }
         });
+    }
+}
+
+/// How a sign-in ended, as the audit log names it (docs/protocol.md, "Signing in").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// The person signed in in a browser.
+    SignedIn,
+    /// A refresh token got a new access token, with no one asked.
+    Refreshed,
+    /// A sign-in kept from an earlier start is used.
+    Cached,
+    /// The authorization server refused a refresh.
+    RefreshFailed,
+    /// Signing in did not end with a token.
+    Failed,
+}
+
+impl Outcome {
+    /// The audit log's and the log line's word for it.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::SignedIn => "signed-in",
+            Outcome::Refreshed => "refreshed",
+            Outcome::Cached => "cached",
+            Outcome::RefreshFailed => "refresh-failed",
+            Outcome::Failed => "failed",
+        }
     }
 }
 

@@ -28,6 +28,7 @@ use oauth2::{
 };
 use tokio::sync::watch;
 
+use board::Outcome;
 pub use board::{SignInCard, SignInState, SignIns};
 pub use cache::{CacheError, CachedSignIn, TokenCache};
 use cache::{Grant, now};
@@ -270,7 +271,7 @@ impl Auth {
                     &auth.shown,
                     Some(&grant.issuer),
                     &grant.scopes,
-                    "cached",
+                    Outcome::Cached,
                     None,
                 );
                 auth.signed_in(grant);
@@ -418,7 +419,7 @@ impl Auth {
                 });
             let shared = match outcome {
                 Ok(grant) => {
-                    me.keep(grant, "signed-in");
+                    me.keep(grant, Outcome::SignedIn);
                     Ok(())
                 }
                 Err(e) => {
@@ -783,7 +784,7 @@ impl Auth {
                     &self.shown,
                     Some(&grant.issuer),
                     &grant.scopes,
-                    "refresh-failed",
+                    Outcome::RefreshFailed,
                     Some(&reason),
                 );
                 return Err(failed(reason));
@@ -799,20 +800,20 @@ impl Auth {
             next.scopes = discover::scope_tokens(s.iter().map(|s| s.to_string()).collect());
         }
         next.saved_at = now();
-        self.keep(next, "refreshed");
+        self.keep(next, Outcome::Refreshed);
         Ok(())
     }
 
     /// Holds `grant` from now on, keeps it in the cache, and shows and records it.
-    fn keep(&self, grant: Grant, outcome: &str) {
+    fn keep(&self, grant: Grant, outcome: Outcome) {
         *self.lock_unproven() = Some(grant.access_token.clone());
-        *self.lock_unproven_by_person() = outcome == "signed-in";
+        *self.lock_unproven_by_person() = outcome == Outcome::SignedIn;
         if let Some(cache) = &self.options.cache {
             if let Err(e) = cache.save(&grant) {
                 tracing::warn!(error = %e, "the sign-in is not kept for the next start");
             }
         }
-        tracing::info!(server = %self.shown, issuer = %grant.issuer, scopes = ?grant.scopes, "{outcome}");
+        tracing::info!(server = %self.shown, issuer = %grant.issuer, scopes = ?grant.scopes, "{}", outcome.as_str());
         self.options.board.record(
             &self.shown,
             Some(&grant.issuer),
@@ -844,9 +845,13 @@ impl Auth {
     fn failed(&self, error: &SignInError) {
         let reason = self.redact(&error.to_string());
         let issuer = self.lock_grant().as_ref().map(|g| g.issuer.clone());
-        self.options
-            .board
-            .record(&self.shown, issuer.as_deref(), &[], "failed", Some(&reason));
+        self.options.board.record(
+            &self.shown,
+            issuer.as_deref(),
+            &[],
+            Outcome::Failed,
+            Some(&reason),
+        );
         self.options.board.set(SignInCard {
             server: self.shown.clone(),
             state: SignInState::Failed,
