@@ -2,7 +2,7 @@
 //! merely one that tests each rule of the sign-in: `tests/peers/oauth_peer.py` plays the MCP
 //! server and its authorization server, in the mode each test names, plus a third listener no
 //! token, code or verifier may ever reach, and logs every request it reads (method, path,
-//! query, headers with `Authorization`, form body); `tests/peers/oauth_browser.py`, given as
+//! query, headers with `Authorization`, form body); `tests/peers/browser_follow.py`, given as
 //! `$BROWSER`, signs in at once by following the authorization server's redirects back to the
 //! proxy's loopback listener, logging what it opened. The real binary is the proxy, the test
 //! its host; each test has its own state directory (`XDG_STATE_HOME`, where tokens are kept)
@@ -184,9 +184,9 @@ impl Person {
     /// the proxy.
     fn browser(&self) -> String {
         let command = format!(
-            "{} {} {} {}",
+            "{} {} --log {} --kept {}",
             python(),
-            path_str(&peers_dir().join("oauth_browser.py")),
+            path_str(&peers_dir().join("browser_follow.py")),
             path_str(&self.browser_log),
             path_str(&self.cache())
         );
