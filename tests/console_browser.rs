@@ -2693,6 +2693,47 @@ const SIGN_INS: &str = "const needed = [...document.querySelectorAll('#signins-n
        elements: [...new Set([...document.querySelectorAll('#signins-section *')].map((e) => e.tagName))].sort(),
      };";
 
+/// The person in the sign-in page's new tab, opened from the console's window `console`: the
+/// authorization server sends the tab back to the proxy's loopback listener, which says
+/// `says`; the person closes the tab, and the console then lists the session as `row`
+/// (`signed-in` or `failed`), the "Sign in to" card gone.
+async fn in_the_sign_in_tab(
+    b: &Browser,
+    console: fantoccini::wd::WindowHandle,
+    says: &str,
+    row: &str,
+) {
+    let tab = until("the sign-in page's new tab", || async {
+        let all = b.c.windows().await.expect("the browser's windows");
+        all.into_iter().find(|w| *w != console)
+    })
+    .await;
+    b.c.switch_to_window(tab)
+        .await
+        .expect("switch to the new tab");
+    until(&format!("the proxy's listener saying {says:?}"), || async {
+        let url = b.c.current_url().await.ok()?;
+        let back = url.host_str() == Some("127.0.0.1") && url.path() == "/callback";
+        let said = b
+            .js("return document.body ? document.body.textContent : '';")
+            .await;
+        (back && said.as_str().is_some_and(|t| t.contains(says))).then_some(())
+    })
+    .await;
+    b.c.close_window().await.expect("close the sign-in tab");
+    b.c.switch_to_window(console)
+        .await
+        .expect("back to the console");
+    b.wait_js(
+        &format!("the session listed as {row}, its card gone"),
+        &format!(
+            "document.querySelector('#signins-list [data-signin={row}]') && \
+             !document.querySelector('#signins-needed [data-signin=needed]')"
+        ),
+    )
+    .await;
+}
+
 /// Rule: a remote server that answers 401 is signed in to from the console. With the page
 /// open first (so the card reaches it through the event stream), the host's `initialize` makes
 /// a "Sign in to SERVER" card that says where the sign-in page is (the authorization server's
@@ -2769,39 +2810,11 @@ async fn a_remote_server_is_signed_in_to_from_the_page(engine: Engine) {
             .send_keys(&Key::Enter.to_string())
             .await
             .expect("press Enter");
-        let tab = until("the sign-in page's new tab", || async {
-            let all = b.c.windows().await.expect("the browser's windows");
-            all.into_iter().find(|w| *w != console_window)
-        })
-        .await;
-        b.c.switch_to_window(tab)
-            .await
-            .expect("switch to the new tab");
-        until(
-            "the proxy's listener saying the sign-in was received",
-            || async {
-                let url = b.c.current_url().await.ok()?;
-                let back = url.host_str() == Some("127.0.0.1") && url.path() == "/callback";
-                let said = b
-                    .js("return document.body ? document.body.textContent : '';")
-                    .await;
-                (back
-                    && said
-                        .as_str()
-                        .is_some_and(|t| t.contains("fsbroker received the sign-in")))
-                .then_some(())
-            },
-        )
-        .await;
-        b.c.close_window().await.expect("close the sign-in tab");
-        b.c.switch_to_window(console_window)
-            .await
-            .expect("back to the console");
-
-        b.wait_js(
-            "the session listed as signed in, its card gone",
-            "document.querySelector('#signins-list [data-signin=signed-in]') && \
-             !document.querySelector('#signins-needed [data-signin=needed]')",
+        in_the_sign_in_tab(
+            &b,
+            console_window,
+            "fsbroker received the sign-in",
+            "signed-in",
         )
         .await;
         let shown = b.js(SIGN_INS).await;
@@ -3092,37 +3105,7 @@ async fn hostile_sign_in_strings_render_as_text(engine: Engine) {
 
         let console_window = b.c.window().await.expect("the console's window");
         b.click("#signins-needed a[data-action=sign-in]").await;
-        let tab = until("the sign-in page's new tab", || async {
-            let all = b.c.windows().await.expect("the browser's windows");
-            all.into_iter().find(|w| *w != console_window)
-        })
-        .await;
-        b.c.switch_to_window(tab)
-            .await
-            .expect("switch to the new tab");
-        until(
-            "the proxy's listener saying the sign-in was refused",
-            || async {
-                let said = b
-                    .js("return document.body ? document.body.textContent : '';")
-                    .await;
-                said.as_str()
-                    .is_some_and(|t| t.contains("did not sign you in"))
-                    .then_some(())
-            },
-        )
-        .await;
-        b.c.close_window().await.expect("close the sign-in tab");
-        b.c.switch_to_window(console_window)
-            .await
-            .expect("back to the console");
-
-        b.wait_js(
-            "the failure listed, the card gone",
-            "document.querySelector('#signins-list [data-signin=failed]') && \
-             !document.querySelector('#signins-needed [data-signin=needed]')",
-        )
-        .await;
+        in_the_sign_in_tab(&b, console_window, "did not sign you in", "failed").await;
         let shown = b.js(SIGN_INS).await;
         let failed = &shown["failed"][0];
         let row = failed["text"].as_str().expect("the failure's text");
