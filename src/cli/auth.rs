@@ -1,9 +1,11 @@
-//! `fsbroker auth`: the sign-ins kept for remote servers (`proxy --url`), listed or forgotten.
+//! `fsbroker auth`: the sign-ins kept for remote servers (`proxy --url`), listed, or signed
+//! out of (revoked and forgotten).
 //! Nothing here prints a token.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use fsbroker::transport::proxy::TokenCache;
+use fsbroker::transport::proxy::{Revoked, TokenCache};
 
 /// `fsbroker auth list`.
 pub(super) fn list() -> ExitCode {
@@ -47,26 +49,55 @@ pub(super) fn list() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `fsbroker auth logout URL`.
-pub(super) fn logout(url: &str) -> ExitCode {
+/// `fsbroker auth logout URL`: revoked where the issuer offers it (`revoke`), forgotten here.
+pub(super) fn logout(url: &str, ca_certs: &[PathBuf], revoke: bool) -> ExitCode {
     let cache = match TokenCache::default_location() {
         Ok(c) => c,
         Err(e) => return failed(&e.to_string()),
     };
-    match cache.logout(url) {
-        Ok(0) => {
-            eprintln!("fsbroker: no sign-in kept for {url} (`fsbroker auth list` shows them)");
-            ExitCode::FAILURE
-        }
-        Ok(n) => {
-            println!(
-                "forgot {n} sign-in{} to {url}",
-                if n == 1 { "" } else { "s" }
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => failed(&e.to_string()),
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return failed(&format!("cannot start: {e}")),
+    };
+    let signed_out = runtime.block_on(cache.sign_out(url, ca_certs, revoke, |server, issuer| {
+        eprintln!(
+            "fsbroker: asking {} to revoke the sign-in to {}…",
+            printable(issuer),
+            printable(server)
+        );
+    }));
+    let signed_out = match signed_out {
+        Ok(s) => s,
+        Err(e) => return failed(&e.to_string()),
+    };
+    if signed_out.is_empty() {
+        eprintln!("fsbroker: no sign-in kept for {url} (`fsbroker auth list` shows them)");
+        return ExitCode::FAILURE;
     }
+    let mut code = ExitCode::SUCCESS;
+    for s in signed_out {
+        let (server, issuer) = (printable(&s.server), printable(&s.issuer));
+        match s.revoked {
+            Revoked::Yes => println!("signed out of {server}: {issuer} revoked its tokens"),
+            Revoked::NotAsked => println!(
+                "forgot the sign-in to {server} (not revoked at {issuer}: --no-revoke)"
+            ),
+            Revoked::NotOffered => println!(
+                "forgot the sign-in to {server}; {issuer} offers no revocation (RFC 7009), so its tokens stay valid there until they expire"
+            ),
+            Revoked::Failed(why) => {
+                eprintln!(
+                    "fsbroker: {issuer} did not revoke the sign-in to {server}: {}; it is forgotten here all the same, and its tokens stay valid there until they expire",
+                    printable(&why)
+                );
+                code = ExitCode::FAILURE;
+            }
+        }
+    }
+    code
 }
 
 fn failed(why: &str) -> ExitCode {

@@ -124,11 +124,24 @@ enum Command {
 enum AuthCommand {
     /// List the kept sign-ins: server, authorization server, scopes, expiry.
     List,
-    /// Forget the sign-ins to the server at URL (as given to `proxy --url`): the next start
-    /// signs in again.
+    /// Sign out of the server at URL (as given to `proxy --url`): its tokens are revoked at
+    /// the authorization server that issued them, where it offers that (RFC 7009), and
+    /// forgotten here in every case, so the next start signs in again.
+    ///
+    /// Exits 1 when an authorization server was asked and did not revoke the tokens (they are
+    /// forgotten here all the same; they stay valid there until they expire).
+    ///
+    /// Example: fsbroker auth logout https://mcp.example.com/mcp
     Logout {
         /// The server's URL.
         url: String,
+        /// Also trust the certificates of this PEM file (a private CA) when revoking, as
+        /// `proxy --ca-cert` does (repeatable).
+        #[arg(long = "ca-cert", value_name = "FILE")]
+        ca_certs: Vec<PathBuf>,
+        /// Only forget the tokens here; do not ask the authorization server to revoke them.
+        #[arg(long)]
+        no_revoke: bool,
     },
 }
 
@@ -532,7 +545,11 @@ pub(crate) fn main() -> ExitCode {
         Command::Audit(AuditCommand::Head { files }) => audit::head(&files),
         Command::Bench(args) => bench::run(args),
         Command::Auth(AuthCommand::List) => auth::list(),
-        Command::Auth(AuthCommand::Logout { url }) => auth::logout(&url),
+        Command::Auth(AuthCommand::Logout {
+            url,
+            ca_certs,
+            no_revoke,
+        }) => auth::logout(&url, &ca_certs, !no_revoke),
         Command::Console(args) => console::open(args.url_file, args.pid, args.print),
         Command::Confine(ConfineCommand::Check {
             serve,

@@ -65,8 +65,8 @@ pub use crate::limits::{
 use child::{GroupGuard, Target, end_orphans, end_server, exit_code, wait_gone};
 use lines::relay_server;
 pub use remote::{
-    CacheError, CachedSignIn, RemoteError, RemoteOptions, SignIn, SignInCard, SignInState, SignIns,
-    TokenCache,
+    CacheError, CachedSignIn, RemoteError, RemoteOptions, Revoked, SignIn, SignInCard, SignInState,
+    SignIns, SignedOut, TokenCache,
 };
 use sides::{Plumbing, Sides, broker_stopped, finish, plumbing, start_sides, stop_relaying};
 use start::Start;

@@ -49,7 +49,10 @@ use tokio::sync::mpsc;
 use crate::limits::{OUTPUT_QUEUE, REMOTE_IN_FLIGHT_MIN};
 use crate::outgoing::Outgoing;
 use crate::transport::relay::{Budget, ToServer};
-pub use auth::{CacheError, CachedSignIn, SignIn, SignInCard, SignInState, SignIns, TokenCache};
+pub use auth::{
+    CacheError, CachedSignIn, Revoked, SignIn, SignInCard, SignInState, SignIns, SignedOut,
+    TokenCache,
+};
 pub use given::RemoteError;
 use http::Http;
 pub use options::RemoteOptions;

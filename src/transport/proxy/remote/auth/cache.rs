@@ -33,6 +33,10 @@ pub(super) struct Grant {
     pub(super) issuer: String,
     /// Where its refresh token goes (the issuer's, as its metadata said when it was issued).
     pub(super) token_endpoint: String,
+    /// Where signing out revokes its tokens (RFC 7009), if the issuer offered one that passed
+    /// the checks.
+    #[serde(default)]
+    pub(super) revocation_endpoint: Option<String>,
     /// The resource the tokens were asked for (RFC 8707).
     pub(super) resource: String,
     pub(super) client_id: String,
@@ -127,20 +131,17 @@ impl TokenCache {
             .collect())
     }
 
-    /// Forgets every sign-in to the server at `url` (whichever issuer); how many were.
-    pub fn logout(&self, url: &str) -> Result<usize, CacheError> {
+    /// Every sign-in kept for the server at `url` (whichever issuer), with its file.
+    pub(super) fn kept_for(&self, url: &str) -> Result<Vec<(PathBuf, Grant)>, CacheError> {
         let wanted = url::Url::parse(url).map_err(|e| CacheError {
             path: self.dir.clone(),
             reason: format!("{url:?} is not a URL: {e}"),
         })?;
-        let mut n = 0;
-        for (path, grant) in self.grants()? {
-            if url::Url::parse(&grant.server).is_ok_and(|s| s == wanted) {
-                remove(&path)?;
-                n += 1;
-            }
-        }
-        Ok(n)
+        Ok(self
+            .grants()?
+            .into_iter()
+            .filter(|(_, g)| url::Url::parse(&g.server).is_ok_and(|s| s == wanted))
+            .collect())
     }
 
     /// The latest sign-in to `server` whose token was asked for it.
@@ -290,7 +291,7 @@ fn read(path: &Path) -> Result<Grant, CacheError> {
     Ok(grant)
 }
 
-fn remove(path: &Path) -> Result<(), CacheError> {
+pub(super) fn remove(path: &Path) -> Result<(), CacheError> {
     std::fs::remove_file(path).map_err(|e| CacheError {
         path: path.to_owned(),
         reason: e.to_string(),

@@ -116,6 +116,10 @@ pub(super) struct AsMetadata {
     /// RFC 9207: the authorization response carries `iss`.
     #[serde(default)]
     pub(super) authorization_response_iss_parameter_supported: bool,
+    /// RFC 7009: where `fsbroker auth logout` revokes the tokens. Kept only when it passes
+    /// [`revocation_endpoint`]'s checks.
+    #[serde(default)]
+    pub(super) revocation_endpoint: Option<String>,
 }
 
 /// Finds and checks the authorization server of `server`, from `challenge` or the well-known
@@ -192,6 +196,31 @@ pub(super) async fn discover(
         resource: resource_id,
         scopes,
     })
+}
+
+/// The metadata's revocation endpoint, if it may be used: `https` (RFC 7009 §2: the client
+/// must check it is), on the issuer's origin or its token endpoint's, since the refresh token
+/// and the client's secret go there, and they were only ever meant for that server. One that
+/// fails is dropped, not a reason to refuse the sign-in: only signing out needs it, and it
+/// then says the tokens were not revoked.
+fn revocation_endpoint(metadata: &AsMetadata, issuer: &url::Url) -> Option<String> {
+    let stated = metadata.revocation_endpoint.as_deref()?;
+    let parsed = url::Url::parse(stated);
+    let token = url::Url::parse(&metadata.token_endpoint).map(|u| u.origin());
+    let why = match &parsed {
+        Err(e) => format!("not a URL: {e}"),
+        Ok(u) if u.scheme() != "https" => "not https (RFC 7009 §2)".to_owned(),
+        Ok(u) if u.origin() != issuer.origin() && Ok(u.origin()) != token => {
+            "on neither the issuer's origin nor its token endpoint's".to_owned()
+        }
+        Ok(u) => return Some(u.to_string()),
+    };
+    tracing::warn!(
+        issuer = %shown_url(issuer),
+        endpoint = %shown(stated),
+        "the authorization server's revocation endpoint is not used ({why}): signing out will forget its tokens without revoking them"
+    );
+    None
 }
 
 /// The authorization server's metadata for `issuer` (RFC 8414 §3 and OpenID discovery, in
@@ -273,6 +302,7 @@ async fn authorization_server(fetch: &Fetch, issuer: &url::Url) -> Result<AsMeta
                 shown(&metadata.authorization_endpoint)
             ));
         }
+        metadata.revocation_endpoint = revocation_endpoint(&metadata, &stated);
         if !metadata
             .code_challenge_methods_supported
             .iter()

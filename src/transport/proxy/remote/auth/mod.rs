@@ -6,16 +6,17 @@
 //! `discover.rs` reads the challenge and finds the authorization server, checking what each
 //! document names; `browser.rs` opens the authorization URL and takes the one code that comes
 //! back for its `state`; `cache.rs` keeps the tokens for the next start ([`TokenCache`]);
-//! `board.rs` is what the person is shown ([`SignIns`]) and the audit line. This file is the
-//! flow: [`SignIn`] (what the proxy is given), and `Auth`, which the proxy's HTTP client asks
-//! for the token to send and tells of each challenge. The `oauth2` crate does PKCE, `state`
-//! and the token requests.
+//! `board.rs` is what the person is shown ([`SignIns`]) and the audit line; `revoke.rs` signs
+//! out, revoking the tokens (RFC 7009). This file is the flow: [`SignIn`] (what the proxy is
+//! given), and `Auth`, which the proxy's HTTP client asks for the token to send and tells of
+//! each challenge. The `oauth2` crate does PKCE, `state`, the token requests and revocation.
 
 mod board;
 mod browser;
 mod cache;
 mod discover;
 mod fetch;
+mod revoke;
 
 use std::sync::{Arc, Mutex};
 
@@ -31,6 +32,7 @@ use tokio::sync::watch;
 use board::Outcome;
 pub use board::{SignInCard, SignInState, SignIns};
 pub use cache::{CacheError, CachedSignIn, TokenCache};
+pub use revoke::{Revoked, SignedOut};
 use cache::{Grant, now};
 use discover::{Challenge, Discovered, discover, shown};
 use fetch::{Fetch, FetchError};
@@ -605,6 +607,7 @@ impl Auth {
             server: self.server.to_string(),
             issuer: found.issuer.clone(),
             token_endpoint: found.metadata.token_endpoint.clone(),
+            revocation_endpoint: found.metadata.revocation_endpoint.clone(),
             resource: found.resource.clone(),
             client_id,
             client_secret: secret,
