@@ -582,6 +582,71 @@ fn a_server_echoing_the_token_sees_it_redacted() {
     }
 }
 
+/// An authorization server that echoes what it was sent in its refusals: the refresh token
+/// when it refuses a refresh, the code and the PKCE verifier when it refuses a code. The
+/// refusals are said (the host's error, stderr, the audit log's `refresh-failed` and `failed`
+/// lines) with every one of them redacted.
+#[test]
+fn secrets_an_authorization_server_echoes_are_redacted_everywhere() {
+    let person = Person::new();
+    let peer = Peer::start("echo-secrets", &person.dir);
+    let (_root, mut fsb) = person.proxy(&peer.url, "echo");
+    signed_in(&mut fsb, &peer);
+    // The token is due (5 s, inside the refresh margin): the refresh is refused for good and
+    // the sign-in forgotten; the request then goes without a token, and the server's 401
+    // leads to a sign-in whose code is refused.
+    let r = fsb.request("tools/list", json!({}));
+    let message = error_message(&r);
+    assert!(
+        message.contains("refused to issue a token")
+            && message.contains("code [redacted] with verifier [redacted]"),
+        "{message}"
+    );
+    log_holding(&fsb, &["could not be refreshed", "[redacted] was revoked"]);
+    let log = finish(fsb);
+    browser_opened(&person, &log, 2, 2);
+    let forms = peer.token_forms();
+    assert!(
+        forms.iter().any(|f| f["grant_type"] == "refresh_token"),
+        "no refresh was asked: {forms:#?}"
+    );
+    assert_eq!(
+        forms
+            .iter()
+            .filter(|f| f["grant_type"] == "authorization_code")
+            .count(),
+        2,
+        "{forms:#?}"
+    );
+    let audit: Vec<String> = person
+        .sign_ins("echo")
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    for outcome in ["refresh-failed", "failed"] {
+        assert!(
+            audit
+                .iter()
+                .any(|l| l.contains(&format!("\"outcome\":\"{outcome}\""))
+                    && l.contains("[redacted]")),
+            "no {outcome} line with its reason: {audit:#?}"
+        );
+    }
+    for secret in secrets(&peer) {
+        assert!(
+            !message.contains(&secret),
+            "the host's error holds {secret}: {message}"
+        );
+        assert!(!log.contains(&secret), "stderr holds {secret}:\n{log}");
+        for line in &audit {
+            assert!(
+                !line.contains(&secret),
+                "the audit log holds {secret}: {line}"
+            );
+        }
+    }
+}
+
 // -------------------------------------------------------------------------------------------
 // 2. The issuer is the URL the metadata was found for
 // -------------------------------------------------------------------------------------------
@@ -1117,7 +1182,28 @@ fn the_cache_is_private_and_tokens_appear_nowhere() {
 // Hostile strings
 // -------------------------------------------------------------------------------------------
 
-/// Control characters and ANSI escapes in what the servers say (an issuer with CR, LF, ESC
+/// What the peer's hostile words carry besides controls (`HOSTILE` in oauth_peer.py): each
+/// shows nothing, or reorders what follows.
+const HIDDEN: [char; 10] = [
+    '\u{202E}',
+    '\u{200B}',
+    '\u{2028}',
+    '\u{00AD}',
+    '\u{E0069}',
+    '\u{E0067}',
+    '\u{3164}',
+    '\u{2800}',
+    '\u{FE0F}',
+    '\u{E000}',
+];
+
+/// The first control character (but a line break) or [`HIDDEN`] character of `text`.
+fn raw(text: &str) -> Option<char> {
+    text.chars()
+        .find(|c| (c.is_control() && *c != '\n') || HIDDEN.contains(c))
+}
+
+/// Control characters, ANSI escapes and invisible characters in what the servers say (an issuer with CR, LF, ESC
 /// and BEL that still parses as the right URL; an issuer of another origin with colours; a
 /// token endpoint's and an authorization redirect's `error_description` with a screen clear,
 /// a title change, a C1 CSI and a forged log line after CR LF) reach neither stderr nor the
@@ -1145,7 +1231,6 @@ fn hostile_strings_reach_stderr_only_as_text() {
             assert!(message.contains(&clean), "{message:?}");
         }
         let log = finish(fsb);
-        let raw = |text: &str| text.chars().find(|c| c.is_control() && *c != '\n');
         assert_eq!(
             raw(&message),
             None,
@@ -1169,7 +1254,7 @@ fn hostile_strings_reach_stderr_only_as_text() {
         for line in person.sign_ins(mode) {
             let text = line.to_string();
             assert!(
-                !text.contains("\\u001b") && !text.contains("\\r"),
+                !text.contains("\\u001b") && !text.contains("\\r") && raw(&text).is_none(),
                 "{mode}: {text}"
             );
         }
@@ -1186,7 +1271,7 @@ fn hostile_strings_reach_stderr_only_as_text() {
     finish(fsb);
     for line in log.lines() {
         assert_eq!(
-            line.chars().find(|c| c.is_control()),
+            raw(line),
             None,
             "hostile-scope: stderr holds a control character: {line:?}"
         );
@@ -1198,17 +1283,13 @@ fn hostile_strings_reach_stderr_only_as_text() {
     for line in person.sign_ins("hostile-scope") {
         let text = line.to_string();
         assert!(
-            !text.contains("\\u001b") && !text.contains("\\r"),
+            !text.contains("\\u001b") && !text.contains("\\r") && raw(&text).is_none(),
             "hostile-scope: {text}"
         );
     }
     let (ok, list, err) = person.auth(&["list"]);
     assert!(ok, "{err}");
-    assert_eq!(
-        list.chars().find(|c| c.is_control() && *c != '\n'),
-        None,
-        "{list:?}"
-    );
+    assert_eq!(raw(&list), None, "{list:?}");
 }
 
 // -------------------------------------------------------------------------------------------

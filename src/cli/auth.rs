@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use fsbroker::transport::proxy::{Revoked, TokenCache};
+use fsbroker::transport::proxy::{Revoked, TokenCache, invisible};
 
 /// `fsbroker auth list`.
 pub(super) fn list() -> ExitCode {
@@ -82,9 +82,9 @@ pub(super) fn logout(url: &str, ca_certs: &[PathBuf], revoke: bool) -> ExitCode 
         let (server, issuer) = (printable(&s.server), printable(&s.issuer));
         match s.revoked {
             Revoked::Yes => println!("signed out of {server}: {issuer} revoked its tokens"),
-            Revoked::NotAsked => println!(
-                "forgot the sign-in to {server} (not revoked at {issuer}: --no-revoke)"
-            ),
+            Revoked::NotAsked => {
+                println!("forgot the sign-in to {server} (not revoked at {issuer}: --no-revoke)")
+            }
             Revoked::NotOffered => println!(
                 "forgot the sign-in to {server}; {issuer} offers no revocation (RFC 7009), so its tokens stay valid there until they expire"
             ),
@@ -105,14 +105,10 @@ fn failed(why: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// A server-made string (an issuer, a scope) without control characters, which would forge
-/// another row, nor the invisible ones that reorder or hide text (bidi controls, zero-width
-/// characters).
+/// A server-made string (an issuer, a scope) with `?` for each character that would not show
+/// as itself: a control would forge another row, and the invisible ones reorder or hide text.
 fn printable(text: &str) -> String {
     text.chars()
-        .map(|c| {
-            let invisible = matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}');
-            if c.is_control() || invisible { '?' } else { c }
-        })
+        .map(|c| if invisible(c) { '?' } else { c })
         .collect()
 }

@@ -65,6 +65,9 @@ MODE (what differs from an ordinary server; `ok` is the ordinary one):
   token).
 - echo-token: tools/list is refused with HTTP 400 and a JSON-RPC error whose message echoes
   the Authorization header it came with, and the refresh token.
+- echo-secrets: the first token lives 5 s; every refresh is refused (invalid_grant) with a
+  description that echoes the refresh token; every later code is refused (invalid_grant)
+  with a description that echoes the code and the PKCE verifier.
 """
 
 import argparse
@@ -103,13 +106,18 @@ MODES = {
     "refresh-unavailable",
     "hostile-expiry",
     "echo-token",
+    "echo-secrets",
 }
 
 # What a hostile server puts in its words: a colour, a screen clear, a title change, a bell,
-# a C1 CSI, and a line of its own that looks like the client's log.
+# a C1 CSI, and a line of its own that looks like the client's log; then what shows nothing
+# or reorders text: a right-to-left override, a zero-width space, a line separator, a soft
+# hyphen, tag characters (text a model reads and a person does not see), a Hangul filler, a
+# blank Braille pattern, a variation selector and a private-use character.
 HOSTILE = (
     "\x1b[31mRED\x1b[0m \x1b[2J\x1b]0;pwned\x07 \x9b31m \r\n"
     "2099-01-01T00:00:00.000000Z ERROR fsbroker: FORGED LINE\x08\x7f"
+    " \u202etxt.exe\u200b\u2028\u00ad\U000e0069\U000e0067\u3164\u2800\ufe0f\ue000"
 )
 
 STATE = {
@@ -203,7 +211,7 @@ def expires_in():
         return 5
     if mode == "hostile-expiry":
         return 2**64 - 1
-    if mode == "refresh-invalid" and STATE["tokens_by_code"] == 1:
+    if mode in ("refresh-invalid", "echo-secrets") and STATE["tokens_by_code"] == 1:
         return 5
     return 3600
 
@@ -421,6 +429,8 @@ class As(Handler):
                 return self.refuse("invalid_grant", "PKCE verifier does not match")
             if form.get("redirect_uri") != asked.get("redirect_uri"):
                 return self.refuse("invalid_grant", "redirect_uri differs")
+            if mode == "echo-secrets" and STATE["tokens_by_code"] >= 1:
+                return self.refuse("invalid_grant", f"code {code} with verifier {verifier} is no good")
             if mode == "double-code" and not STATE["second_code_sent"]:
                 STATE["second_code_sent"] = True
                 # The sign-in is still open (its token request is this one): a second code
@@ -438,6 +448,9 @@ class As(Handler):
         if grant == "refresh_token":
             if mode == "refresh-invalid":
                 return self.refuse("invalid_grant", "the refresh token was revoked")
+            if mode == "echo-secrets":
+                echo = form.get("refresh_token")
+                return self.refuse("invalid_grant", f"the refresh token {echo} was revoked")
             if mode == "refresh-unavailable":
                 return self.refuse("temporarily_unavailable", "down for maintenance", 503)
             with STATE["lock"]:

@@ -66,7 +66,7 @@ use child::{GroupGuard, Target, end_orphans, end_server, exit_code, wait_gone};
 use lines::relay_server;
 pub use remote::{
     CacheError, CachedSignIn, RemoteError, RemoteOptions, Revoked, SignIn, SignInCard, SignInState,
-    SignIns, SignedOut, TokenCache,
+    SignIns, SignedOut, TokenCache, invisible,
 };
 use sides::{Plumbing, Sides, broker_stopped, finish, plumbing, start_sides, stop_relaying};
 use start::Start;

@@ -84,17 +84,91 @@ pub(super) fn shown_given(url: &str) -> String {
     shown
 }
 
-/// A server-made string, as the proxy shows it: no control characters, nor the invisible
-/// ones that reorder or hide text on a terminal (bidi controls, zero-width characters), at
-/// most 300 chars.
+/// A server-made string, as the proxy shows it: no character that would not show as itself
+/// ([`invisible`]), at most 300 chars.
 pub(super) fn shown(text: &str) -> String {
-    text.chars()
-        .filter(|&c| !c.is_control() && !invisible(c))
-        .take(300)
-        .collect()
+    text.chars().filter(|&c| !invisible(c)).take(300).collect()
 }
 
-/// Bidi embeddings, overrides and isolates, and zero-width characters.
-fn invisible(c: char) -> bool {
-    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
+/// Whether a character in a server's text would not show as itself, and so could forge or
+/// hide words on a terminal, in a log or before a model: controls (C0, C1), format characters
+/// (bidi controls, zero-width characters, the soft hyphen, tag characters, which a model
+/// reads and a person does not see), line and paragraph separators, private-use and
+/// unassigned code points, and the letters and symbols that draw nothing (Hangul fillers, the
+/// blank Braille pattern, variation selectors, the combining grapheme joiner, the object
+/// replacement character).
+pub fn invisible(c: char) -> bool {
+    use unicode_properties::{GeneralCategory as G, UnicodeGeneralCategory};
+    matches!(
+        c.general_category(),
+        G::Control
+            | G::Format
+            | G::LineSeparator
+            | G::ParagraphSeparator
+            | G::PrivateUse
+            | G::Unassigned
+            | G::Surrogate
+    ) || matches!(
+        c,
+        '\u{034F}'
+            | '\u{115F}'
+            | '\u{1160}'
+            | '\u{17B4}'
+            | '\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{2800}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FFA0}'
+            | '\u{FFFC}'
+            | '\u{E0100}'..='\u{E01EF}'
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_hides_or_reorders_text_is_not_shown() {
+        let hidden = [
+            '\u{1B}',
+            '\u{9B}',
+            '\u{7F}',
+            '\u{202E}',
+            '\u{2066}',
+            '\u{200B}',
+            '\u{200F}',
+            '\u{FEFF}',
+            '\u{061C}',
+            '\u{2028}',
+            '\u{2029}',
+            '\u{00AD}',
+            '\u{E0041}',
+            '\u{E007F}',
+            '\u{FFF9}',
+            '\u{1D173}',
+            '\u{180E}',
+            '\u{206A}',
+            '\u{3164}',
+            '\u{115F}',
+            '\u{FFA0}',
+            '\u{2800}',
+            '\u{034F}',
+            '\u{FE0F}',
+            '\u{E0100}',
+            '\u{FFFC}',
+            '\u{17B4}',
+            '\u{E000}',
+            '\u{F0000}',
+            '\u{0378}',
+        ];
+        for c in hidden {
+            assert!(invisible(c), "U+{:04X} is shown", u32::from(c));
+        }
+        let text = "plain é д 中 → 😀 ~!@#$%^&*()_+ and spaces";
+        assert_eq!(shown(text), text, "visible text is kept whole");
+        let hostile: String = hidden.iter().collect();
+        assert_eq!(shown(&format!("a{hostile}b")), "ab");
+    }
 }

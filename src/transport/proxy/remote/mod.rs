@@ -53,7 +53,7 @@ pub use auth::{
     CacheError, CachedSignIn, Revoked, SignIn, SignInCard, SignInState, SignIns, SignedOut,
     TokenCache,
 };
-pub use given::RemoteError;
+pub use given::{RemoteError, invisible};
 use http::Http;
 pub use options::RemoteOptions;
 pub(super) use pump::Ends;

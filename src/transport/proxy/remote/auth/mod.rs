@@ -32,10 +32,10 @@ use tokio::sync::watch;
 use board::Outcome;
 pub use board::{SignInCard, SignInState, SignIns};
 pub use cache::{CacheError, CachedSignIn, TokenCache};
-pub use revoke::{Revoked, SignedOut};
 use cache::{Grant, now};
 use discover::{Challenge, Discovered, discover, shown};
 use fetch::{Fetch, FetchError};
+pub use revoke::{Revoked, SignedOut};
 
 use super::given::{RemoteError, shown_url};
 use crate::limits::{SIGN_IN_OPEN, SIGN_IN_WAIT, TOKEN_REFRESH_MARGIN};
@@ -187,6 +187,33 @@ pub(super) enum SignInError {
         "{server} is plain http to a host that is not loopback: a token sent there would travel in the clear; use https"
     )]
     Plain { server: String },
+}
+
+impl SignInError {
+    /// The same error with `redact` applied to every text a server could have made.
+    fn redacted(self, redact: impl Fn(&str) -> String) -> SignInError {
+        match self {
+            SignInError::Discovery { server, reason } => SignInError::Discovery {
+                server,
+                reason: redact(&reason),
+            },
+            SignInError::Registration { issuer, reason } => SignInError::Registration {
+                issuer,
+                reason: redact(&reason),
+            },
+            SignInError::Callback { reason } => SignInError::Callback {
+                reason: redact(&reason),
+            },
+            SignInError::Refused { reason } => SignInError::Refused {
+                reason: redact(&reason),
+            },
+            SignInError::Token { issuer, reason } => SignInError::Token {
+                issuer,
+                reason: redact(&reason),
+            },
+            other => other,
+        }
+    }
 }
 
 /// The sign-in state of one remote server, which the proxy's HTTP client consults.
@@ -425,6 +452,9 @@ impl Auth {
                     Ok(())
                 }
                 Err(e) => {
+                    // Every path's words pass here before they are logged, recorded, shown on
+                    // the console or sent to the host: none keeps a secret the servers echoed.
+                    let e = e.redacted(|t| me.redact(t));
                     tracing::error!(server = %me.shown, error = %e, "signing in failed");
                     me.failed(&e);
                     Err(e)
@@ -559,6 +589,9 @@ impl Auth {
             Ok(Ok(Err(e))) => return Err(e),
             _ => return Err(SignInError::Expired),
         };
+        // The token endpoint may echo them in a refusal, which is logged and shown.
+        self.remember(&code);
+        self.remember(verifier.secret());
         // RFC 9207: the answer says which authorization server sent it; one that is not the
         // server this sign-in started at (a mix-up) is refused before the code goes anywhere.
         let same = |iss: &str| url::Url::parse(iss).is_ok_and(|i| i.as_str() == found.issuer);
@@ -763,7 +796,7 @@ impl Auth {
         let token = match outcome {
             Ok(t) => t,
             Err(e) => {
-                let reason = token_error(&e);
+                let reason = self.redact(&token_error(&e));
                 // A refresh token refused for good is forgotten, so no later start sends it.
                 // Only an error that says so (RFC 6749 §5.2: the grant is invalid, or the
                 // client may not use it): any answer with an error code used to count, and a

@@ -105,7 +105,11 @@ async fn revoke_at_issuer(grant: &Grant, ca_certs: &[PathBuf]) -> Result<(), Str
     fetch.allowed(&parsed).map_err(|e| e.to_string())?;
     let mut client = BasicClient::new(ClientId::new(grant.client_id.clone()))
         .set_revocation_url(RevocationUrl::from_url(parsed));
-    if let Some(secret) = grant.client_secret.as_ref().filter(|_| grant.auth_method != "none") {
+    if let Some(secret) = grant
+        .client_secret
+        .as_ref()
+        .filter(|_| grant.auth_method != "none")
+    {
         client = client.set_client_secret(ClientSecret::new(secret.clone()));
     }
     let client = client.set_auth_type(if grant.auth_method == "post" {
