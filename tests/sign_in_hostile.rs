@@ -647,6 +647,27 @@ fn secrets_an_authorization_server_echoes_are_redacted_everywhere() {
     }
 }
 
+/// A local process floods the sign-in's loopback listener with idle connections (40, more
+/// than the 32 it serves at once), opening a new one each time the listener closes one: the
+/// person's redirect still lands (the oldest connection that sent nothing makes room for
+/// it), and the sign-in succeeds.
+#[test]
+fn a_flood_of_idle_connections_does_not_keep_the_person_out() {
+    let person = Person::new();
+    let peer = Peer::start("ok", &person.dir);
+    let (_root, mut fsb) = person.proxy_with(&peer.url, "flood", &[], &[("BROWSER_FLOOD", "40")]);
+    signed_in(&mut fsb, &peer);
+    tools_list(&mut fsb, &peer);
+    let log = finish(fsb);
+    browser_opened(&person, &log, 1, 1);
+    let opened = person.wait_opened(1);
+    assert_eq!(opened[0]["status"], 200, "{opened:#?}");
+    assert!(
+        opened[0]["reopened"].as_u64().is_some_and(|n| n > 0),
+        "the listener never closed an idle connection (was it full?): {opened:#?}"
+    );
+}
+
 // -------------------------------------------------------------------------------------------
 // 2. The issuer is the URL the metadata was found for
 // -------------------------------------------------------------------------------------------

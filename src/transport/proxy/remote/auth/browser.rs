@@ -2,14 +2,16 @@
 //! (`$BROWSER`, else `xdg-open`), and the loopback listener the code comes back to
 //! (RFC 8252 §7.3), which takes one code, for this sign-in's `state` only.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::oneshot;
 
 use super::SignInError;
@@ -83,6 +85,36 @@ const CALLBACK_CONNECTIONS: usize = 32;
 /// How long one connection to the listener may take, its request and the answer.
 const CALLBACK_CONNECTION: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a connection may take to send its request's head: a browser sends it at once.
+const CALLBACK_HEAD: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// One connection the listener serves.
+struct Served {
+    task: tokio::task::AbortHandle,
+    /// Whether its request's head has arrived.
+    asked: Arc<AtomicBool>,
+}
+
+/// Makes room for a new connection when [`CALLBACK_CONNECTIONS`] are served: the oldest that
+/// has sent no request yet is closed. A local process holding idle connections open (and
+/// opening new ones as they close) then loses its own, not the person's redirect, which
+/// sends its request as soon as it connects. False when every one has sent its request.
+fn make_room(served: &mut VecDeque<Served>) -> bool {
+    served.retain(|c| !c.task.is_finished());
+    if served.len() < CALLBACK_CONNECTIONS {
+        return true;
+    }
+    match served.iter().position(|c| !c.asked.load(Ordering::Acquire)) {
+        Some(i) => {
+            if let Some(idle) = served.remove(i) {
+                idle.task.abort();
+            }
+            true
+        }
+        None => false,
+    }
+}
+
 impl Callback {
     /// Listens on `127.0.0.1`, on `port` or one the system picks.
     pub(super) async fn bind(port: Option<u16>) -> Result<Callback, SignInError> {
@@ -116,7 +148,7 @@ impl Callback {
         let slot = Arc::new(Mutex::new(Some(tx)));
         let state = Arc::new(state);
         let task = tokio::spawn(async move {
-            let room = Arc::new(tokio::sync::Semaphore::new(CALLBACK_CONNECTIONS));
+            let mut served = VecDeque::with_capacity(CALLBACK_CONNECTIONS);
             loop {
                 let stream = match self.listener.accept().await {
                     Ok((stream, _)) => stream,
@@ -127,25 +159,35 @@ impl Callback {
                         continue;
                     }
                 };
-                // Past the bound, a new connection is closed at once.
-                let Ok(permit) = Arc::clone(&room).try_acquire_owned() else {
+                if !make_room(&mut served) {
+                    tracing::warn!(
+                        "the sign-in listener has {CALLBACK_CONNECTIONS} requests under way: a new connection is closed"
+                    );
                     continue;
-                };
+                }
+                let asked = Arc::new(AtomicBool::new(false));
                 let slot = Arc::clone(&slot);
                 let state = Arc::clone(&state);
-                tokio::spawn(async move {
-                    let _permit = permit;
+                let flag = Arc::clone(&asked);
+                let connection = tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |request| {
+                        flag.store(true, Ordering::Release);
                         let answer = answer(&request, &state, &slot);
                         async move { Ok::<_, Infallible>(answer) }
                     });
                     let _ = tokio::time::timeout(
                         CALLBACK_CONNECTION,
                         hyper::server::conn::http1::Builder::new()
+                            .timer(TokioTimer::new())
+                            .header_read_timeout(CALLBACK_HEAD)
                             .keep_alive(false)
                             .serve_connection(TokioIo::new(stream), service),
                     )
                     .await;
+                });
+                served.push_back(Served {
+                    task: connection.abort_handle(),
+                    asked,
                 });
             }
         });
