@@ -333,7 +333,7 @@ fn sign_in_then_cached_then_again(strict: bool) {
     );
     assert_nowhere(&secrets(&desk), &[("auth list", listed)]);
     let (ok, out, err) = auth(&desk, &["logout", &url]);
-    assert!(ok && out.contains("forgot 1 sign-in"), "{out}{err}");
+    assert!(ok && out.contains("forgot the sign-in to"), "{out}{err}");
     let (ok, listed, _) = auth(&desk, &["list"]);
     assert!(ok && listed.contains("no sign-ins kept"), "{listed}");
     let (ok, _, err) = auth(&desk, &["logout", &url]);

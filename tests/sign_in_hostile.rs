@@ -37,11 +37,15 @@ use serde_json::{Value, json};
 use common::fsb::Fsb;
 use common::http::{error_message, initialize, proxy};
 use common::peers::peers_dir;
-use common::remote::RemoteServer;
+use common::remote::{RemoteServer, TestCa, test_ca};
 use common::{bin, path_str, python, tempdir};
 
 /// How long stderr may lag behind the host's answer.
 const LOG_LAG: Duration = Duration::from_secs(10);
+
+/// How long the proxy has a request wait for a refresh and a sign-in in all (`SIGN_IN_WAIT`
+/// in src/limits.rs; docs/protocol.md).
+const SIGN_IN_WAIT: Duration = Duration::from_secs(45);
 
 /// `tests/peers/oauth_peer.py` in one mode, and its request log.
 struct Peer {
@@ -57,12 +61,22 @@ struct Peer {
 
 impl Peer {
     fn start(mode: &str, dir: &Path) -> Peer {
+        Peer::start_with(mode, dir, &[])
+    }
+
+    /// The peer in `mode` serving https with the certificate of `ca` on all three listeners.
+    fn start_tls(mode: &str, dir: &Path, ca: &TestCa) -> Peer {
+        let (cert, key) = (path_str(&ca.cert), path_str(&ca.key));
+        Peer::start_with(mode, dir, &["--tls", &cert, &key])
+    }
+
+    fn start_with(mode: &str, dir: &Path, more: &[&str]) -> Peer {
         let log = dir.join(format!("peer-{mode}.jsonl"));
         let script = path_str(&peers_dir().join("oauth_peer.py"));
-        let server = RemoteServer::start(
-            Path::new(python()),
-            &[&script, "--mode", mode, "--log", &path_str(&log)],
-        );
+        let log_arg = path_str(&log);
+        let mut args = vec![script.as_str(), "--mode", mode, "--log", &log_arg];
+        args.extend_from_slice(more);
+        let server = RemoteServer::start(Path::new(python()), &args);
         let text = |k: &str| {
             server.line[k]
                 .as_str()
@@ -668,6 +682,34 @@ fn a_flood_of_idle_connections_does_not_keep_the_person_out() {
     );
 }
 
+/// One deadline per request: a token due for a refresh that stalls (25 s, then refused) and
+/// that the server refuses, then a sign-in the person never finishes. The host's request is
+/// answered with the sign-in's error [`SIGN_IN_WAIT`] after it was sent (within 5 s), not
+/// after the refresh's wait plus a whole wait of the sign-in's own (55 s before this rule).
+#[test]
+fn a_stalled_refresh_and_a_sign_in_share_one_deadline() {
+    let person = Person::new();
+    let peer = Peer::start("refresh-stall", &person.dir);
+    let (_root, mut fsb) = person.proxy(&peer.url, "stall");
+    signed_in(&mut fsb, &peer);
+    let sent = Instant::now();
+    let r = fsb.request("tools/list", json!({}));
+    let took = sent.elapsed();
+    let message = error_message(&r);
+    assert!(message.contains("waiting for you to sign in"), "{message}");
+    assert!(
+        took < SIGN_IN_WAIT + Duration::from_secs(5),
+        "answered after {took:?}: {message}"
+    );
+    let log = finish(fsb);
+    browser_opened(&person, &log, 2, 2);
+    let forms = peer.token_forms();
+    assert!(
+        forms.iter().any(|f| f["grant_type"] == "refresh_token"),
+        "no refresh was asked: {forms:#?}"
+    );
+}
+
 // -------------------------------------------------------------------------------------------
 // 2. The issuer is the URL the metadata was found for
 // -------------------------------------------------------------------------------------------
@@ -1177,7 +1219,12 @@ fn the_cache_is_private_and_tokens_appear_nowhere() {
 
     let (ok, out, err) = person.auth(&["logout", &peer.url]);
     assert!(ok, "auth logout failed: {err}");
-    assert!(out.contains("forgot 1 sign-in"), "{out}");
+    // Its revocation endpoint is plain http: not used (RFC 7009 §2), and said so.
+    assert!(
+        out.contains(&format!("forgot the sign-in to {}", peer.url))
+            && out.contains("offers no revocation endpoint"),
+        "{out}"
+    );
     assert!(person.kept().is_empty(), "{:?}", person.kept());
     let (ok, list, _) = person.auth(&["list"]);
     assert!(ok && list.contains("no sign-ins kept"), "{list}");
@@ -1196,6 +1243,128 @@ fn the_cache_is_private_and_tokens_appear_nowhere() {
             !audit3.contains(&secret),
             "the audit log holds {secret}:\n{audit3}"
         );
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// Signing out (RFC 7009)
+// -------------------------------------------------------------------------------------------
+
+/// `fsbroker auth logout URL` against an authorization server on https (a private CA,
+/// `--ca-cert`): the refresh token, then the access token, are revoked at its revocation
+/// endpoint, as the client that got them; the sign-in is forgotten and the next start signs in
+/// again. Nothing printed holds a secret.
+#[test]
+fn logout_revokes_the_tokens_at_the_authorization_server() {
+    let (_ca_dir, ca_path) = tempdir();
+    let Some(ca) = test_ca(&ca_path) else {
+        return;
+    };
+    let ca_cert = path_str(&ca.ca_cert);
+    let person = Person::new();
+    let peer = Peer::start_tls("ok", &person.dir, &ca);
+    assert!(peer.url.starts_with("https://"), "{}", peer.url);
+    let trust = [("SSL_CERT_FILE", ca_cert.as_str())];
+    let (_root, mut fsb) = person.proxy_with(&peer.url, "rv", &["--ca-cert", &ca_cert], &trust);
+    signed_in(&mut fsb, &peer);
+    tools_list(&mut fsb, &peer);
+    finish(fsb);
+    let issued = peer.issued();
+    assert_eq!(issued.len(), 1, "{issued:#?}");
+    let access = issued[0]["access_token"].as_str().unwrap();
+    let refresh = issued[0]["refresh_token"].as_str().unwrap();
+
+    let (ok, out, err) = person.auth(&["logout", &peer.url, "--ca-cert", &ca_cert]);
+    assert!(ok, "auth logout failed: {out}{err}");
+    assert!(
+        out.contains(&format!(
+            "signed out of {}: {}/ revoked its tokens",
+            peer.url, peer.issuer
+        )),
+        "{out}"
+    );
+    assert!(
+        err.contains("to revoke the sign-in to"),
+        "no progress said: {err}"
+    );
+    let revoked: Vec<Value> = peer
+        .entries()
+        .into_iter()
+        .filter(|e| e["event"] == "revoked")
+        .collect();
+    assert_eq!(
+        revoked,
+        vec![
+            json!({"event": "revoked", "token": refresh, "hint": "refresh_token"}),
+            json!({"event": "revoked", "token": access, "hint": "access_token"}),
+        ],
+        "the refresh token first, then the access token"
+    );
+    let client = peer.authorizations()[0]["client_id"].clone();
+    for r in peer
+        .requests("as")
+        .iter()
+        .filter(|e| e["path"] == "/revoke")
+    {
+        assert_eq!(
+            r["form"]["client_id"], client,
+            "as the client that got them: {r}"
+        );
+    }
+    assert!(person.kept().is_empty(), "{:?}", person.kept());
+    for secret in secrets(&peer) {
+        assert!(!out.contains(&secret) && !err.contains(&secret), "{secret}");
+    }
+    peer.other_saw_nothing();
+}
+
+/// An authorization server that refuses the revocation (and echoes the token): `auth logout`
+/// exits 1 saying so, the token redacted, and the sign-in is forgotten here all the same. One
+/// whose metadata names a revocation endpoint on another origin: it is never used (the tokens
+/// and the client would go to a server they were not issued by), and logout says the tokens
+/// were not revoked.
+#[test]
+fn a_refused_or_foreign_revocation_is_said_and_the_sign_in_still_forgotten() {
+    let (_ca_dir, ca_path) = tempdir();
+    let Some(ca) = test_ca(&ca_path) else {
+        return;
+    };
+    let ca_cert = path_str(&ca.ca_cert);
+    let trust = [("SSL_CERT_FILE", ca_cert.as_str())];
+    for mode in ["revoke-refused", "revoke-other"] {
+        let person = Person::new();
+        let peer = Peer::start_tls(mode, &person.dir, &ca);
+        let (_root, mut fsb) = person.proxy_with(&peer.url, mode, &["--ca-cert", &ca_cert], &trust);
+        signed_in(&mut fsb, &peer);
+        let log = finish(fsb);
+        let (ok, out, err) = person.auth(&["logout", &peer.url, "--ca-cert", &ca_cert]);
+        if mode == "revoke-refused" {
+            assert!(!ok, "{mode}: logout succeeded: {out}");
+            assert!(
+                err.contains("did not revoke the sign-in")
+                    && err.contains("cannot revoke [redacted] now")
+                    && err.contains("forgotten here all the same"),
+                "{mode}: {err}"
+            );
+        } else {
+            assert!(ok, "{mode}: {out}{err}");
+            assert!(
+                out.contains("offers no revocation endpoint"),
+                "{mode}: {out}"
+            );
+            assert!(
+                log.contains("revocation endpoint is not used"),
+                "{mode}: the sign-in did not say it: {log}"
+            );
+            peer.other_saw_nothing();
+        }
+        assert!(person.kept().is_empty(), "{mode}: {:?}", person.kept());
+        for secret in secrets(&peer) {
+            assert!(
+                !out.contains(&secret) && !err.contains(&secret),
+                "{mode}: {secret}"
+            );
+        }
     }
 }
 
@@ -1455,13 +1624,42 @@ fn a_server_refusing_every_token_asks_the_person_a_few_times_at_most() {
     browser_opened(&person, &log, 3, 3);
 }
 
+/// A server listing two authorization servers, the client's (`--oauth-issuer`) second: the
+/// client signs in at its own, and the first listed is never asked anything.
+#[test]
+fn a_registered_client_picks_its_own_of_the_listed_authorization_servers() {
+    let person = Person::new();
+    let peer = Peer::start("two-as", &person.dir);
+    let issuer = format!("{}/", peer.issuer);
+    let (_root, mut fsb) = person.proxy_with(
+        &peer.url,
+        "two",
+        &[
+            "--oauth-client-id",
+            "corp-client",
+            "--oauth-issuer",
+            &issuer,
+            "--oauth-client-secret-env",
+            "CORP_SECRET",
+        ],
+        &[("CORP_SECRET", "corp-secret-0b8e3c7d55")],
+    );
+    signed_in(&mut fsb, &peer);
+    let log = finish(fsb);
+    browser_opened(&person, &log, 1, 1);
+    assert_eq!(peer.authorizations()[0]["client_id"], "corp-client");
+    peer.other_saw_nothing();
+}
+
 /// A client registered beforehand (`--oauth-client-id`, its secret from the environment) at
 /// its own authorization server: no dynamic registration, its id in the authorization
-/// request, its secret at the token endpoint alone, and never on stderr or in the audit log.
+/// request, its secret at the token endpoint alone (for the code, then for a refresh), and
+/// never on stderr, in the audit log or in the sign-in cache (it is the person's to give at
+/// each start).
 #[test]
 fn a_registered_client_signs_in_without_registering() {
     let person = Person::new();
-    let peer = Peer::start("ok", &person.dir);
+    let peer = Peer::start("refresh", &person.dir);
     let secret = "corp-secret-5d1e90aa42";
     let issuer = format!("{}/", peer.issuer);
     let (_root, mut fsb) = person.proxy_with(
@@ -1479,6 +1677,8 @@ fn a_registered_client_signs_in_without_registering() {
     );
     signed_in(&mut fsb, &peer);
     tools_list(&mut fsb, &peer);
+    // The token lives 5 s: inside the refresh margin, refreshed with the configured secret.
+    log_holding(&fsb, &["refreshed"]);
     let log = finish(fsb);
     browser_opened(&person, &log, 1, 1);
     let registered: Vec<Value> = peer
@@ -1491,20 +1691,33 @@ fn a_registered_client_signs_in_without_registering() {
     assert_eq!(asked.len(), 1, "{asked:#?}");
     assert_eq!(asked[0]["client_id"], "corp-client", "{asked:#?}");
     let forms = peer.token_forms();
-    assert_eq!(forms.len(), 1, "{forms:#?}");
-    // The metadata lists no client_secret_basic: the secret goes in the form.
-    assert_eq!(forms[0]["client_id"], "corp-client", "{forms:#?}");
-    assert_eq!(forms[0]["client_secret"], secret, "{forms:#?}");
+    assert!(forms.len() >= 2, "{forms:#?}");
+    assert_eq!(forms[1]["grant_type"], "refresh_token", "{forms:#?}");
+    for form in &forms {
+        // The metadata lists no client_secret_basic: the secret goes in the form.
+        assert_eq!(form["client_id"], "corp-client", "{forms:#?}");
+        assert_eq!(form["client_secret"], secret, "{forms:#?}");
+    }
     let carried: Vec<Value> = peer
         .entries()
         .into_iter()
         .filter(|e| e.to_string().contains(secret))
         .collect();
-    assert_eq!(
-        carried.len(),
-        1,
+    assert!(
+        carried
+            .iter()
+            .all(|e| e["listener"] == "as" && e["path"] == "/token"),
         "the secret went elsewhere too: {carried:#?}"
     );
     let audit = std::fs::read_to_string(person.audit("rc")).unwrap_or_default();
     assert!(!log.contains(secret) && !audit.contains(secret));
+    let kept = person.kept();
+    assert!(!kept.is_empty(), "nothing kept");
+    for (path, text) in kept {
+        assert!(
+            !text.contains(secret),
+            "{} holds the secret",
+            path.display()
+        );
+    }
 }

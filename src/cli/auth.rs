@@ -50,10 +50,25 @@ pub(super) fn list() -> ExitCode {
 }
 
 /// `fsbroker auth logout URL`: revoked where the issuer offers it (`revoke`), forgotten here.
-pub(super) fn logout(url: &str, ca_certs: &[PathBuf], revoke: bool) -> ExitCode {
+pub(super) fn logout(
+    url: &str,
+    ca_certs: &[PathBuf],
+    client_secret_env: Option<&str>,
+    revoke: bool,
+) -> ExitCode {
     let cache = match TokenCache::default_location() {
         Ok(c) => c,
         Err(e) => return failed(&e.to_string()),
+    };
+    let client_secret = match client_secret_env.map(std::env::var) {
+        None => None,
+        Some(Ok(secret)) => Some(secret),
+        Some(Err(_)) => {
+            return failed(&format!(
+                "the environment variable {} (--oauth-client-secret-env) is not set",
+                client_secret_env.unwrap_or_default()
+            ));
+        }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -62,13 +77,17 @@ pub(super) fn logout(url: &str, ca_certs: &[PathBuf], revoke: bool) -> ExitCode 
         Ok(r) => r,
         Err(e) => return failed(&format!("cannot start: {e}")),
     };
-    let signed_out = runtime.block_on(cache.sign_out(url, ca_certs, revoke, |server, issuer| {
-        eprintln!(
-            "fsbroker: asking {} to revoke the sign-in to {}…",
-            printable(issuer),
-            printable(server)
+    let secret = client_secret.as_deref();
+    let signed_out =
+        runtime.block_on(
+            cache.sign_out(url, ca_certs, secret, revoke, |server, issuer| {
+                eprintln!(
+                    "fsbroker: asking {} to revoke the sign-in to {}…",
+                    printable(issuer),
+                    printable(server)
+                );
+            }),
         );
-    }));
     let signed_out = match signed_out {
         Ok(s) => s,
         Err(e) => return failed(&e.to_string()),
@@ -86,7 +105,7 @@ pub(super) fn logout(url: &str, ca_certs: &[PathBuf], revoke: bool) -> ExitCode 
                 println!("forgot the sign-in to {server} (not revoked at {issuer}: --no-revoke)")
             }
             Revoked::NotOffered => println!(
-                "forgot the sign-in to {server}; {issuer} offers no revocation (RFC 7009), so its tokens stay valid there until they expire"
+                "forgot the sign-in to {server}; {issuer} offers no revocation endpoint fsbroker may use (RFC 7009: https, on its own origin), so its tokens stay valid there until they expire"
             ),
             Revoked::Failed(why) => {
                 eprintln!(

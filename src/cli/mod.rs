@@ -139,8 +139,13 @@ enum AuthCommand {
         /// `proxy --ca-cert` does (repeatable).
         #[arg(long = "ca-cert", value_name = "FILE")]
         ca_certs: Vec<PathBuf>,
+        /// The environment variable holding the secret of a client registered beforehand
+        /// (as given to `proxy --oauth-client-secret-env`): the sign-in cache does not keep
+        /// it, and the authorization server may want it to revoke that client's tokens.
+        #[arg(long = "oauth-client-secret-env", value_name = "VAR")]
+        client_secret_env: Option<String>,
         /// Only forget the tokens here; do not ask the authorization server to revoke them.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "client_secret_env")]
         no_revoke: bool,
     },
 }
@@ -548,8 +553,9 @@ pub(crate) fn main() -> ExitCode {
         Command::Auth(AuthCommand::Logout {
             url,
             ca_certs,
+            client_secret_env,
             no_revoke,
-        }) => auth::logout(&url, &ca_certs, !no_revoke),
+        }) => auth::logout(&url, &ca_certs, client_secret_env.as_deref(), !no_revoke),
         Command::Console(args) => console::open(args.url_file, args.pid, args.print),
         Command::Confine(ConfineCommand::Check {
             serve,

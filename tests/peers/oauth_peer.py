@@ -1,7 +1,7 @@
 """A configurable, and when asked hostile, MCP resource server with its own OAuth 2.1
 authorization server, for tests/sign_in_hostile.rs (`fsbroker proxy --url` signing in).
 
-    python3 oauth_peer.py --mode MODE --log FILE
+    python3 oauth_peer.py --mode MODE --log FILE [--tls CERT KEY]
 
 Python 3.11 standard library only. Three listeners on 127.0.0.1, each on a port the system
 picks:
@@ -10,12 +10,14 @@ picks:
   resource metadata (RFC 9728) at /.well-known/oauth-protected-resource[/mcp];
 - "as": its authorization server: metadata (RFC 8414) at
   /.well-known/oauth-authorization-server, /register (RFC 7591), /authorize (PKCE S256,
-  `state`, `resource`), /token (authorization_code and refresh_token);
+  `state`, `resource`), /token (authorization_code and refresh_token), /revoke (RFC 7009: the
+  token is no longer valid, and a `{"event": "revoked", "token", "hint"}` line is logged);
 - "other": a listener that is no part of the sign-in: whatever reaches it is the leak a test
   looks for. It answers 200 `{}` to anything, to tempt a client.
 
 When all three listen it prints one line to stdout:
 `{"url": "http://127.0.0.1:RS/mcp", "as": "http://127.0.0.1:AS", "other": "http://127.0.0.1:OT"}`.
+With `--tls CERT KEY` all three serve https with that certificate instead.
 It runs until its stdin closes.
 
 Every request any listener reads is appended to FILE as one JSON line:
@@ -65,6 +67,14 @@ MODE (what differs from an ordinary server; `ok` is the ordinary one):
   token).
 - echo-token: tools/list is refused with HTTP 400 and a JSON-RPC error whose message echoes
   the Authorization header it came with, and the refresh token.
+- refresh-stall: tokens live 30 s (inside the client's 60 s margin), with a refresh token;
+  a refresh is answered after 25 s, refused (invalid_grant); tools/list is refused 401 whatever
+  the token; /authorize redirects the person back the first time only, later it shows a page
+  and nothing more (a person who does not finish signing in).
+- two-as: the resource metadata names two authorization servers, the "other" listener first.
+- revoke-refused: /revoke refuses (400 invalid_request) with a description that echoes the
+  token it was sent.
+- revoke-other: the metadata's revocation_endpoint is the "other" listener's /revoke.
 - echo-secrets: the first token lives 5 s; every refresh is refused (invalid_grant) with a
   description that echoes the refresh token; every later code is refused (invalid_grant)
   with a description that echoes the code and the PKCE verifier.
@@ -75,8 +85,10 @@ import base64
 import hashlib
 import json
 import secrets
+import ssl
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -107,6 +119,10 @@ MODES = {
     "hostile-expiry",
     "echo-token",
     "echo-secrets",
+    "refresh-stall",
+    "revoke-refused",
+    "revoke-other",
+    "two-as",
 }
 
 # What a hostile server puts in its words: a colour, a screen clear, a title change, a bell,
@@ -175,12 +191,16 @@ def metadata_of_as():
     page = base + "/authorize"
     if STATE["mode"] == "mixup":
         page = STATE["other"] + "/authorize"
+    revoke = base + "/revoke"
+    if STATE["mode"] == "revoke-other":
+        revoke = STATE["other"] + "/revoke"
     return {
         "issuer": issuer(),
         "authorization_response_iss_parameter_supported": STATE["mode"] == "iss-required",
         "authorization_endpoint": page,
         "token_endpoint": token,
         "registration_endpoint": base + "/register",
+        "revocation_endpoint": revoke,
         "response_types_supported": ["code"],
         "grant_types_supported": ["authorization_code", "refresh_token"],
         "code_challenge_methods_supported": ["S256"],
@@ -197,6 +217,8 @@ def metadata_of_rs():
     servers = [STATE["as"]]
     if mode == "as-plain":
         servers = ["http://as.example.invalid/"]
+    if mode == "two-as":
+        servers = [STATE["other"], STATE["as"]]
     return {
         "resource": resource,
         "authorization_servers": servers,
@@ -209,6 +231,8 @@ def expires_in():
     mode = STATE["mode"]
     if mode in ("refresh", "refresh-unavailable"):
         return 5
+    if mode == "refresh-stall":
+        return 30
     if mode == "hostile-expiry":
         return 2**64 - 1
     if mode in ("refresh-invalid", "echo-secrets") and STATE["tokens_by_code"] == 1:
@@ -325,6 +349,8 @@ class Rs(Handler):
                 n = STATE["refusals"]
             why = challenge(f'error="insufficient_scope", scope="a b{n}", ')
             return self.send(403, {"error": "insufficient_scope"}, [("WWW-Authenticate", why)])
+        if STATE["mode"] == "refresh-stall" and (req.get("json") or {}).get("method") == "tools/list":
+            return self.send(401, {"error": "unauthorized"}, [("WWW-Authenticate", challenge())])
         if STATE["mode"] == "redirect-mcp":
             return self.send(307, b"", [("Location", STATE["other"] + "/mcp")])
         msg = req.get("json") or {}
@@ -375,7 +401,19 @@ class As(Handler):
             return self.authorize(req["query"])
         if path == "/token" and req["method"] == "POST":
             return self.token(req.get("form") or {})
+        if path == "/revoke" and req["method"] == "POST":
+            return self.revoke(req.get("form") or {})
         self.send(404, {"error": "not found"})
+
+    def revoke(self, form):
+        token = form.get("token", "")
+        if STATE["mode"] == "revoke-refused":
+            return self.refuse("invalid_request", f"cannot revoke {token} now")
+        with STATE["lock"]:
+            STATE["access"].pop(token, None)
+            STATE["refresh"].pop(token, None)
+        log({"event": "revoked", "token": token, "hint": form.get("token_type_hint")})
+        self.send(200)
 
     def authorize(self, q):
         redirect = q.get("redirect_uri", "")
@@ -383,6 +421,8 @@ class As(Handler):
         if not redirect.startswith("http://127.0.0.1:") or not state:
             return self.send(400, {"error": "invalid_request"})
         mode = STATE["mode"]
+        if mode == "refresh-stall" and STATE["tokens_by_code"] >= 1:
+            return self.send(200, b"<p>Sign in here.</p>", ctype="text/html")
         if mode == "hostile-refused":
             params = {"error": "access_denied", "error_description": HOSTILE, "state": state}
             location = redirect + "?" + urllib.parse.urlencode(params)
@@ -448,6 +488,9 @@ class As(Handler):
         if grant == "refresh_token":
             if mode == "refresh-invalid":
                 return self.refuse("invalid_grant", "the refresh token was revoked")
+            if mode == "refresh-stall":
+                time.sleep(25)
+                return self.refuse("invalid_grant", "the refresh token was revoked")
             if mode == "echo-secrets":
                 echo = form.get("refresh_token")
                 return self.refuse("invalid_grant", f"the refresh token {echo} was revoked")
@@ -502,6 +545,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mode", default="ok", choices=sorted(MODES))
     p.add_argument("--log", required=True)
+    p.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     args = p.parse_args()
     STATE["mode"] = args.mode
     STATE["log"] = args.log
@@ -510,8 +554,14 @@ def main():
     for name, handler in (("rs", Rs), ("as", As), ("other", Other)):
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         server.daemon_threads = True
+        scheme = "http"
+        if args.tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*args.tls)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+            scheme = "https"
         servers[name] = server
-        STATE[name] = f"http://127.0.0.1:{server.server_address[1]}"
+        STATE[name] = f"{scheme}://127.0.0.1:{server.server_address[1]}"
         threading.Thread(target=server.serve_forever, daemon=True).start()
     print(
         json.dumps({"url": STATE["rs"] + "/mcp", "as": STATE["as"], "other": STATE["other"]}),

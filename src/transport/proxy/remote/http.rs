@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use super::auth::Auth;
 use super::client::{self, chain};
 use super::given::{RemoteError, shown_url};
-use crate::limits::{REMOTE_BODY_IDLE, REMOTE_BODY_TOTAL, REMOTE_HEAD};
+use crate::limits::{REMOTE_BODY_IDLE, REMOTE_BODY_TOTAL, REMOTE_HEAD, SIGN_IN_WAIT};
 
 /// One remote server's endpoint and the client that reaches it.
 pub(super) struct Http {
@@ -122,7 +122,9 @@ impl Http {
         let Some(auth) = &self.auth else {
             return self.send_once(method, protocol, body, None).await;
         };
-        auth.prepare().await;
+        // One deadline for the whole request: a refresh to wait for, then a sign-in.
+        let until = tokio::time::Instant::now() + SIGN_IN_WAIT;
+        auth.prepare(until).await;
         let sent = auth.token();
         let response = self
             .send_once(
@@ -152,7 +154,10 @@ impl Http {
             return Ok(response);
         }
         drop(response);
-        match auth.challenged(sent.as_deref(), header.as_deref()).await {
+        match auth
+            .challenged(sent.as_deref(), header.as_deref(), until)
+            .await
+        {
             Ok(()) => {
                 let token = auth.token();
                 let response = self

@@ -123,11 +123,13 @@ pub(super) struct AsMetadata {
 }
 
 /// Finds and checks the authorization server of `server`, from `challenge` or the well-known
-/// URLs (MCP authorization, 2025-06-18 and 2025-11-25).
+/// URLs (MCP authorization, 2025-06-18 and 2025-11-25); of several listed, `preferred` if it
+/// is one of them.
 pub(super) async fn discover(
     fetch: &Fetch,
     server: &url::Url,
     challenge: &Challenge,
+    preferred: Option<&str>,
 ) -> Result<Discovered, SignInError> {
     let failed = |reason: String| SignInError::Discovery {
         server: shown_url(server),
@@ -159,7 +161,14 @@ pub(super) async fn discover(
     let (resource_id, issuer_url, mut scopes) = match resource {
         Some(found) => {
             let id = checked_resource(server, &found.resource).map_err(failed)?;
-            let Some(first) = found.authorization_servers.first() else {
+            // The one a client was registered with (--oauth-issuer) when the server lists it,
+            // else its first.
+            let same = |a: &String| {
+                let parsed = |u: &str| url::Url::parse(u).ok();
+                preferred.is_some_and(|p| parsed(p).is_some() && parsed(p) == parsed(a))
+            };
+            let listed = &found.authorization_servers;
+            let Some(first) = listed.iter().find(|a| same(a)).or(listed.first()) else {
                 return Err(failed(
                     "its resource metadata names no authorization server".into(),
                 ));

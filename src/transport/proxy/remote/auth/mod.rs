@@ -38,7 +38,7 @@ use fetch::{Fetch, FetchError};
 pub use revoke::{Revoked, SignedOut};
 
 use super::given::{RemoteError, shown_url};
-use crate::limits::{SIGN_IN_OPEN, SIGN_IN_WAIT, TOKEN_REFRESH_MARGIN};
+use crate::limits::{SIGN_IN_OPEN, TOKEN_REFRESH_MARGIN};
 
 /// How `proxy --url` signs in to a server that answers 401: on by default on the command
 /// line (`--no-sign-in` turns it off), and never when the user sends an `Authorization`
@@ -225,7 +225,7 @@ pub(super) struct Auth {
     options: SignIn,
     grant: Mutex<Option<Grant>>,
     /// One decision at a time about refreshing or signing in.
-    turn: tokio::sync::Mutex<Turn>,
+    turn: Arc<tokio::sync::Mutex<Turn>>,
     /// Every token and secret this process has held, for [`Auth::redact`].
     seen: Mutex<Vec<String>>,
     /// The access token this process last got (signed in, or refreshed) until the server
@@ -285,7 +285,7 @@ impl Auth {
             fetch: Arc::new(Fetch::new(ca_certs, server)?),
             options,
             grant: Mutex::new(None),
-            turn: tokio::sync::Mutex::default(),
+            turn: Arc::default(),
             seen: Mutex::new(Vec::new()),
             unproven: Mutex::new(None),
             unproven_by_person: Mutex::new(false),
@@ -318,8 +318,9 @@ impl Auth {
 
     /// Refreshes the token first when it expires within [`TOKEN_REFRESH_MARGIN`] and can be:
     /// at most one refresh at a time (a request that finds one under way sends the token it
-    /// has), and none for [`REFRESH_BACKOFF`] after one failed.
-    pub(super) async fn prepare(&self) {
+    /// has), and none for [`REFRESH_BACKOFF`] after one failed. The refresh runs on its own:
+    /// a request waits for it only while its token has expired, and only until `until`.
+    pub(super) async fn prepare(self: &Arc<Self>, until: tokio::time::Instant) {
         let due = |g: &Grant| {
             g.refresh_token.is_some()
                 && g.expires_at
@@ -336,35 +337,44 @@ impl Auth {
         if failed_lately {
             return;
         }
-        let Ok(_turn) = self.turn.try_lock() else {
+        let Ok(turn) = Arc::clone(&self.turn).try_lock_owned() else {
             return;
         };
         let Some(grant) = self.lock_grant().clone().filter(due) else {
             return;
         };
-        if let Err(e) = self.refresh(&grant).await {
-            *self
-                .refresh_failed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
-            tracing::warn!(server = %self.shown, error = %e, "the token could not be refreshed before it expires");
+        let expired = grant.expires_at.is_some_and(|at| at <= now());
+        let me = Arc::clone(self);
+        // Its own task, holding the turn: a request that stops waiting (or goes) must not cut
+        // a refresh short, whose new refresh token would then be lost.
+        let refreshing = tokio::spawn(async move {
+            let _turn = turn;
+            if let Err(e) = me.refresh(&grant).await {
+                *me.refresh_failed.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(std::time::Instant::now());
+                tracing::warn!(server = %me.shown, error = %e, "the token could not be refreshed before it expires");
+            }
+        });
+        if expired {
+            let _ = tokio::time::timeout_at(until, refreshing).await;
         }
     }
 
     /// The server refused `sent` (a 401, or a 403 asking for more scope): gets a token it
-    /// may take (refreshed, or from a new sign-in), or says why not. Waits at most
-    /// [`SIGN_IN_WAIT`] in all, for a refresh under way and for the person.
+    /// may take (refreshed, or from a new sign-in), or says why not. Waits until `until` at
+    /// most (the request's one deadline, [`SIGN_IN_WAIT`](crate::limits::SIGN_IN_WAIT) from
+    /// when it was sent), for a refresh under way and for the person.
     pub(super) async fn challenged(
         self: &Arc<Self>,
         sent: Option<&str>,
         header: Option<&str>,
+        until: tokio::time::Instant,
     ) -> Result<(), SignInError> {
         if self.server.scheme() == "http" && !fetch::is_loopback(&self.server) {
             return Err(SignInError::Plain {
                 server: self.shown.clone(),
             });
         }
-        let until = tokio::time::Instant::now() + SIGN_IN_WAIT;
         let challenge = header.and_then(Challenge::parse).unwrap_or_default();
         let decided = tokio::time::timeout_at(until, self.decide(sent, challenge)).await;
         let mut waiting = match decided {
@@ -415,7 +425,19 @@ impl Auth {
             }
             let held = self.lock_grant().clone().filter(|_| !unproven);
             if let Some(grant) = held.filter(|g| g.refresh_token.is_some()) {
-                match self.refresh(&grant).await {
+                // Its own task, as in `prepare`: a request that stops waiting must not cut it
+                // short (the turn it holds ends then, and a second refresh with the same
+                // refresh token may start; `refresh` forgets a grant only if it is the one
+                // refused).
+                let me = Arc::clone(self);
+                let refreshed = tokio::spawn(async move { me.refresh(&grant).await })
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(SignInError::Refused {
+                            reason: "the refresh failed unexpectedly".into(),
+                        })
+                    });
+                match refreshed {
                     Ok(()) => return Decision::Retry,
                     Err(e) => {
                         tracing::warn!(server = %self.shown, error = %e, "the token could not be refreshed; signing in again")
@@ -508,7 +530,8 @@ impl Auth {
 
     /// One interactive sign-in: discovery, registration, the browser, the code, the token.
     async fn sign_in(&self, challenge: Challenge, keep: Vec<String>) -> Result<Grant, SignInError> {
-        let found = discover(&self.fetch, &self.server, &challenge).await?;
+        let preferred = self.options.issuer.as_deref();
+        let found = discover(&self.fetch, &self.server, &challenge, preferred).await?;
         let mut scopes = keep;
         for s in &found.scopes {
             if !scopes.contains(s) {
@@ -642,8 +665,10 @@ impl Auth {
             token_endpoint: found.metadata.token_endpoint.clone(),
             revocation_endpoint: found.metadata.revocation_endpoint.clone(),
             resource: found.resource.clone(),
+            // A configured client's secret is the person's to give at each start
+            // (--oauth-client-secret-env), not the cache's to keep: one registered here is.
+            client_secret: secret.filter(|_| self.options.client_id.as_deref() != Some(&client_id)),
             client_id,
-            client_secret: secret,
             auth_method: method,
             access_token: token.access_token().secret().clone(),
             refresh_token: token.refresh_token().map(|r| r.secret().clone()),
@@ -779,10 +804,22 @@ impl Auth {
         self.fetch
             .allowed(&endpoint)
             .map_err(|e| failed(e.to_string()))?;
+        // A configured client's secret comes from this start's environment, and only for the
+        // authorization server it was given for (as when signing in).
+        let configured =
+            self.options
+                .client_secret
+                .as_deref()
+                .filter(|_| self.options.client_id.as_deref() == Some(&grant.client_id))
+                .filter(|_| {
+                    self.options.issuer.as_deref().is_some_and(|i| {
+                        url::Url::parse(i).is_ok_and(|i| i.as_str() == grant.issuer)
+                    })
+                });
         let client = token_client(
             &grant.token_endpoint,
             &grant.client_id,
-            grant.client_secret.as_deref(),
+            grant.client_secret.as_deref().or(configured),
             &grant.auth_method,
         )
         .map_err(failed)?;
@@ -811,9 +848,17 @@ impl Auth {
                             | BasicErrorResponseType::UnauthorizedClient
                     )
                 {
-                    *self.lock_grant() = None;
-                    if let Some(cache) = &self.options.cache {
-                        let _ = cache.forget(&grant.server, &grant.issuer);
+                    // Unless another refresh has already replaced it.
+                    let mut held = self.lock_grant();
+                    if held
+                        .as_ref()
+                        .is_some_and(|g| g.refresh_token == grant.refresh_token)
+                    {
+                        *held = None;
+                        drop(held);
+                        if let Some(cache) = &self.options.cache {
+                            let _ = cache.forget(&grant.server, &grant.issuer);
+                        }
                     }
                 }
                 self.options.board.record(

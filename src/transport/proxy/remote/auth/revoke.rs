@@ -47,12 +47,14 @@ impl TokenCache {
     /// Signs out of the server at `url` (as given to `proxy --url`): every sign-in kept for it,
     /// whichever issuer, is revoked where its issuer offers it (when `revoke`), then forgotten.
     /// `ca_certs` are trusted besides the system's roots, as `proxy --ca-cert` does;
-    /// `revoking(server, issuer)` is told before each authorization server is asked, since
-    /// that can take a while.
+    /// `client_secret` is the secret of a client registered beforehand (which the cache does
+    /// not keep), for a sign-in made as that client; `revoking(server, issuer)` is told before
+    /// each authorization server is asked, since that can take a while.
     pub async fn sign_out(
         &self,
         url: &str,
         ca_certs: &[PathBuf],
+        client_secret: Option<&str>,
         revoke: bool,
         mut revoking: impl FnMut(&str, &str),
     ) -> Result<Vec<SignedOut>, CacheError> {
@@ -67,9 +69,9 @@ impl TokenCache {
                 Revoked::NotOffered
             } else {
                 revoking(&server, &grant.issuer);
-                match revoke_at_issuer(&grant, ca_certs).await {
+                match revoke_at_issuer(&grant, ca_certs, client_secret).await {
                     Ok(()) => Revoked::Yes,
-                    Err(why) => Revoked::Failed(redacted(&why, &grant)),
+                    Err(why) => Revoked::Failed(redacted(&why, &grant, client_secret)),
                 }
             };
             remove(&path)?;
@@ -84,7 +86,11 @@ impl TokenCache {
 }
 
 /// Revokes `grant`'s refresh token, then its access token, at its revocation endpoint.
-async fn revoke_at_issuer(grant: &Grant, ca_certs: &[PathBuf]) -> Result<(), String> {
+async fn revoke_at_issuer(
+    grant: &Grant,
+    ca_certs: &[PathBuf],
+    configured: Option<&str>,
+) -> Result<(), String> {
     let endpoint = grant
         .revocation_endpoint
         .as_deref()
@@ -105,12 +111,9 @@ async fn revoke_at_issuer(grant: &Grant, ca_certs: &[PathBuf]) -> Result<(), Str
     fetch.allowed(&parsed).map_err(|e| e.to_string())?;
     let mut client = BasicClient::new(ClientId::new(grant.client_id.clone()))
         .set_revocation_url(RevocationUrl::from_url(parsed));
-    if let Some(secret) = grant
-        .client_secret
-        .as_ref()
-        .filter(|_| grant.auth_method != "none")
-    {
-        client = client.set_client_secret(ClientSecret::new(secret.clone()));
+    let secret = grant.client_secret.as_deref().or(configured);
+    if let Some(secret) = secret.filter(|_| grant.auth_method != "none") {
+        client = client.set_client_secret(ClientSecret::new(secret.to_owned()));
     }
     let client = client.set_auth_type(if grant.auth_method == "post" {
         oauth2::AuthType::RequestBody
@@ -151,14 +154,15 @@ async fn revoke_at_issuer(grant: &Grant, ca_certs: &[PathBuf]) -> Result<(), Str
 }
 
 /// `why`, with none of `grant`'s secrets in it (an authorization server may echo them).
-fn redacted(why: &str, grant: &Grant) -> String {
+fn redacted(why: &str, grant: &Grant, configured: Option<&str>) -> String {
     let mut out = shown(why);
     let secrets = [
         Some(&grant.access_token),
         grant.refresh_token.as_ref(),
         grant.client_secret.as_ref(),
     ];
-    for secret in secrets.into_iter().flatten() {
+    let configured = configured.map(str::to_owned);
+    for secret in secrets.into_iter().flatten().chain(configured.as_ref()) {
         if secret.len() >= 8 {
             out = out.replace(secret.as_str(), "[redacted]");
         }
