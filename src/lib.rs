@@ -54,7 +54,7 @@
 //!   server's process, the relay loops, the broker side, and `proxy/remote/`: a remote
 //!   server's Streamable HTTP client made to look like a child's stdin and stdout, with its
 //!   session, event streams and bounds, and `auth/`: signing in when it answers 401, the
-//!   person in a browser, the tokens kept for the next start), `relay.rs` (its queues), `eras/`
+//!   person in a browser, the tokens kept for the next start and revoked on signing out), `relay.rs` (its queues), `eras/`
 //!   and `modern/` (the MCP 2026-07-28 era), `lenient/` (how the loosest host reader might
 //!   read a server's line, so that no reader can be handed one of the broker's methods, and
 //!   its ids: `RequestId`, the one meaning of "the same id"), `pending.rs` (the one bounded

@@ -166,7 +166,8 @@ const INSIDE: &[(&str, Table)] = &[
     ),
     (
         // Signing in: the sign-in's HTTP, then what finds the authorization server on it,
-        // and the browser's side (which shows server-made words as `discover` does).
+        // and the browser's side (which shows server-made words as `discover` does); signing
+        // out revokes the cache's grants over the same HTTP.
         "transport/proxy/remote/auth",
         &[
             ("board", &[]),
@@ -174,6 +175,7 @@ const INSIDE: &[(&str, Table)] = &[
             ("fetch", &[]),
             ("discover", &["fetch"]),
             ("browser", &["discover"]),
+            ("revoke", &["cache", "discover", "fetch"]),
         ],
     ),
     (
