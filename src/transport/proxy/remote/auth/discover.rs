@@ -207,6 +207,15 @@ pub(super) async fn discover(
     })
 }
 
+/// Whether `url` is on the origin of the authorization server `issuer` or of its token
+/// endpoint: where a sign-in page may be (a mix-up's is another server's), and where a
+/// revocation may send the tokens and the client's secret.
+pub(super) fn on_its_own_origins(url: &url::Url, issuer: &str, token_endpoint: &str) -> bool {
+    let origin = |u: &str| url::Url::parse(u).map(|u| u.origin()).ok();
+    let at = Some(url.origin());
+    at == origin(issuer) || at == origin(token_endpoint)
+}
+
 /// The metadata's revocation endpoint, if it may be used: `https` (RFC 7009 §2: the client
 /// must check it is), on the issuer's origin or its token endpoint's, since the refresh token
 /// and the client's secret go there, and they were only ever meant for that server. One that
@@ -215,11 +224,10 @@ pub(super) async fn discover(
 fn revocation_endpoint(metadata: &AsMetadata, issuer: &url::Url) -> Option<String> {
     let stated = metadata.revocation_endpoint.as_deref()?;
     let parsed = url::Url::parse(stated);
-    let token = url::Url::parse(&metadata.token_endpoint).map(|u| u.origin());
     let why = match &parsed {
         Err(e) => format!("not a URL: {e}"),
         Ok(u) if u.scheme() != "https" => "not https (RFC 7009 §2)".to_owned(),
-        Ok(u) if u.origin() != issuer.origin() && Ok(u.origin()) != token => {
+        Ok(u) if !on_its_own_origins(u, issuer.as_str(), &metadata.token_endpoint) => {
             "on neither the issuer's origin nor its token endpoint's".to_owned()
         }
         Ok(u) => return Some(u.to_string()),
@@ -300,11 +308,8 @@ async fn authorization_server(fetch: &Fetch, issuer: &url::Url) -> Result<AsMeta
         // and its own token endpoint, so that the code a person gets at the honest page, and
         // this process's PKCE verifier, are sent to it. The page must be on the issuer's origin
         // or the token endpoint's.
-        let origin = |u: &str| url::Url::parse(u).map(|u| u.origin());
-        let page = origin(&metadata.authorization_endpoint);
-        if page.is_err()
-            || (page != Ok(stated.origin()) && page != origin(&metadata.token_endpoint))
-        {
+        let page = url::Url::parse(&metadata.authorization_endpoint);
+        if !page.is_ok_and(|p| on_its_own_origins(&p, stated.as_str(), &metadata.token_endpoint)) {
             return Err(format!(
                 "the authorization server {}'s sign-in page ({}) is on neither its own origin nor its token endpoint's: refused, the code from that page would go to another server",
                 shown_url(issuer),

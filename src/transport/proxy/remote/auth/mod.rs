@@ -24,8 +24,8 @@ use futures_util::FutureExt;
 use oauth2::basic::{BasicClient, BasicErrorResponseType, BasicTokenType};
 use oauth2::{
     AuthType, AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken, EndpointNotSet,
-    EndpointSet, PkceCodeChallenge, RedirectUrl, RefreshToken, RequestTokenError, Scope,
-    TokenResponse, TokenUrl,
+    EndpointSet, EndpointState, PkceCodeChallenge, RedirectUrl, RefreshToken, RequestTokenError,
+    Scope, TokenResponse, TokenUrl,
 };
 use tokio::sync::watch;
 
@@ -990,16 +990,34 @@ fn token_client(
     secret: Option<&str>,
     method: &str,
 ) -> Result<TokenClient, String> {
-    let mut client = BasicClient::new(ClientId::new(client_id.to_owned()))
+    let client = BasicClient::new(ClientId::new(client_id.to_owned()))
         .set_token_uri(TokenUrl::new(endpoint.to_owned()).map_err(|e| e.to_string())?);
-    if let Some(secret) = secret.filter(|_| method != "none") {
-        client = client.set_client_secret(ClientSecret::new(secret.to_owned()));
-    }
-    Ok(client.set_auth_type(if method == "post" {
+    Ok(authenticated(client, secret, method))
+}
+
+/// `client` proving itself by `method` (`basic`, `post` or `none`, as kept in a grant) with
+/// `secret`, at whichever endpoint it is used for: the token endpoint or revocation.
+fn authenticated<A, D, I, R, T>(
+    client: BasicClient<A, D, I, R, T>,
+    secret: Option<&str>,
+    method: &str,
+) -> BasicClient<A, D, I, R, T>
+where
+    A: EndpointState,
+    D: EndpointState,
+    I: EndpointState,
+    R: EndpointState,
+    T: EndpointState,
+{
+    let client = match secret.filter(|_| method != "none") {
+        Some(secret) => client.set_client_secret(ClientSecret::new(secret.to_owned())),
+        None => client,
+    };
+    client.set_auth_type(if method == "post" {
         AuthType::RequestBody
     } else {
         AuthType::BasicAuth
-    }))
+    })
 }
 
 /// A token request's failure in words: the authorization server's error code and

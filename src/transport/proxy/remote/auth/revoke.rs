@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use oauth2::basic::BasicClient;
 use oauth2::{
-    AccessToken, ClientId, ClientSecret, RefreshToken, RequestTokenError, RevocationUrl,
-    StandardRevocableToken,
+    AccessToken, ClientId, RefreshToken, RequestTokenError, RevocationUrl, StandardRevocableToken,
 };
 
 use super::cache::{CacheError, Grant, TokenCache, remove};
+use super::discover::on_its_own_origins;
 use super::fetch::{self, Fetch};
-use super::{shown, token_error};
+use super::{authenticated, shown, token_error};
 use crate::transport::proxy::remote::given::shown_url;
 
 /// What signing out did with one kept sign-in.
@@ -99,9 +99,7 @@ async fn revoke_at_issuer(
     let parsed = url::Url::parse(endpoint).map_err(|e| e.to_string())?;
     // Checked when it was found; a cache file edited since is checked again, with the same
     // rule: the refresh token and the client's secret go to the issuer's own origins alone.
-    let origin_of = |u: &str| url::Url::parse(u).map(|u| u.origin()).ok();
-    let own = [origin_of(&grant.issuer), origin_of(&grant.token_endpoint)];
-    if !own.contains(&Some(parsed.origin())) {
+    if !on_its_own_origins(&parsed, &grant.issuer, &grant.token_endpoint) {
         return Err(format!(
             "its revocation endpoint {} is on neither its own origin nor its token endpoint's",
             shown_url(&parsed)
@@ -109,17 +107,12 @@ async fn revoke_at_issuer(
     }
     let fetch = Arc::new(Fetch::new(ca_certs, &server).map_err(|e| e.to_string())?);
     fetch.allowed(&parsed).map_err(|e| e.to_string())?;
-    let mut client = BasicClient::new(ClientId::new(grant.client_id.clone()))
-        .set_revocation_url(RevocationUrl::from_url(parsed));
-    let secret = grant.client_secret.as_deref().or(configured);
-    if let Some(secret) = secret.filter(|_| grant.auth_method != "none") {
-        client = client.set_client_secret(ClientSecret::new(secret.to_owned()));
-    }
-    let client = client.set_auth_type(if grant.auth_method == "post" {
-        oauth2::AuthType::RequestBody
-    } else {
-        oauth2::AuthType::BasicAuth
-    });
+    let client = authenticated(
+        BasicClient::new(ClientId::new(grant.client_id.clone()))
+            .set_revocation_url(RevocationUrl::from_url(parsed)),
+        grant.client_secret.as_deref().or(configured),
+        &grant.auth_method,
+    );
     let http = fetch::for_oauth2(&fetch);
     let mut refresh_revoked = false;
     if let Some(refresh) = &grant.refresh_token {
